@@ -1,0 +1,185 @@
+//! Grace-period arithmetic: one budget, counted from the first trigger.
+//!
+//! ```text
+//! hard deadline     = origin + grace_period − safety_margin
+//! quiesce deadline  = hard deadline − close_budget
+//! propagation max   ≤ quiesce deadline
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::ConfigError;
+
+/// The environment variable read for the grace period when the builder is not given one.
+pub const GRACE_PERIOD_ENV: &str = "LAMEDUCK_GRACE_PERIOD";
+
+pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+const DEFAULT_MARGIN: Duration = Duration::from_secs(1);
+const DEFAULT_CLOSE: Duration = Duration::from_secs(5);
+
+/// The resolved, validated budget. All offsets are from the drain's origin (the first trigger).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// The Pod's `terminationGracePeriodSeconds`.
+    pub grace_period: Duration,
+    /// Kept free before the hard deadline so the process exits before SIGKILL.
+    pub safety_margin: Duration,
+    /// Reserved for resource closers, before the hard deadline.
+    pub close_budget: Duration,
+}
+
+impl Budget {
+    /// Resolves the budget from explicit settings, the environment and the defaults.
+    ///
+    /// Defaults are sized for a 30 s grace period; for a shorter one the *defaults* of the
+    /// margin and the close budget shrink in proportion. Explicit values are never changed.
+    pub(crate) fn resolve(
+        grace: Option<Duration>,
+        margin: Option<Duration>,
+        close: Option<Duration>,
+        env: Option<&str>,
+    ) -> Result<Self, ConfigError> {
+        let grace_period = match (grace, env) {
+            (Some(g), _) => g,
+            (None, Some(raw)) => parse_duration(raw).map_err(|e| {
+                ConfigError::env(format!(
+                    "{GRACE_PERIOD_ENV}={raw:?} is not a duration ({e}); set it to e.g. `30s` or `30`"
+                ))
+            })?,
+            (None, None) => DEFAULT_GRACE,
+        };
+        if grace_period.is_zero() {
+            return Err(ConfigError::budget(
+                "grace_period is zero: set it to the Pod's terminationGracePeriodSeconds (e.g. 30s)",
+            ));
+        }
+        let scale = |default: Duration| {
+            if grace_period >= DEFAULT_GRACE {
+                default
+            } else {
+                default.mul_f64(grace_period.as_secs_f64() / DEFAULT_GRACE.as_secs_f64())
+            }
+        };
+        let safety_margin = margin.unwrap_or_else(|| scale(DEFAULT_MARGIN));
+        let close_budget = close.unwrap_or_else(|| scale(DEFAULT_CLOSE));
+        if close_budget + safety_margin >= grace_period {
+            return Err(ConfigError::budget(format!(
+                "close_budget ({}) + safety_margin ({}) leaves nothing of grace_period ({}): \
+                 lower close_budget or safety_margin, or raise grace_period",
+                DurationDisplay(close_budget),
+                DurationDisplay(safety_margin),
+                DurationDisplay(grace_period),
+            )));
+        }
+        Ok(Self {
+            grace_period,
+            safety_margin,
+            close_budget,
+        })
+    }
+
+    /// Offset of the hard deadline from the origin: the process must be gone by then.
+    pub fn hard_deadline(&self) -> Duration {
+        self.grace_period - self.safety_margin
+    }
+
+    /// Offset of the quiesce deadline from the origin: stragglers are cut here so closers get
+    /// `close_budget`.
+    pub fn quiesce_deadline(&self) -> Duration {
+        self.hard_deadline() - self.close_budget
+    }
+}
+
+/// Parses a duration such as `30s`, `1500ms`, `2m`, `1h`, or a bare number of seconds (`30`,
+/// as in `terminationGracePeriodSeconds`).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lameduck::parse_duration;
+///
+/// assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+/// assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
+/// assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+/// assert_eq!(parse_duration("45").unwrap(), Duration::from_secs(45));
+/// assert!(parse_duration("soon").is_err());
+/// ```
+pub fn parse_duration(raw: &str) -> Result<Duration, ConfigError> {
+    let s = raw.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    if digits.is_empty() {
+        return Err(ConfigError::parse(format!(
+            "`{raw}` is not a duration: expected a whole number with an optional unit (ms, s, m, h), e.g. `30s`"
+        )));
+    }
+    let n: u64 = digits.parse().map_err(|_| {
+        ConfigError::parse(format!("`{raw}` is not a duration: the number is too large"))
+    })?;
+    let d = match unit.trim() {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        other => {
+            return Err(ConfigError::parse(format!(
+                "`{raw}` is not a duration: unknown unit `{other}` (use ms, s, m or h)"
+            )))
+        }
+    };
+    Ok(d)
+}
+
+/// Formats a duration the way it is parsed: `1500ms`, `30s`.
+#[derive(Clone, Copy)]
+pub(crate) struct DurationDisplay(pub(crate) Duration);
+
+impl fmt::Display for DurationDisplay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        if d.subsec_nanos() == 0 {
+            write!(f, "{}s", d.as_secs())
+        } else if d.subsec_nanos() % 1_000_000 == 0 {
+            write!(f, "{}ms", d.as_millis())
+        } else {
+            write!(f, "{:?}", d)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_shrink_for_short_grace_periods() {
+        let b = Budget::resolve(Some(Duration::from_secs(6)), None, None, None).unwrap();
+        assert_eq!(b.safety_margin, Duration::from_millis(200));
+        assert_eq!(b.close_budget, Duration::from_secs(1));
+        let b = Budget::resolve(None, None, None, None).unwrap();
+        assert_eq!(b.hard_deadline(), Duration::from_secs(29));
+        assert_eq!(b.quiesce_deadline(), Duration::from_secs(24));
+    }
+
+    #[test]
+    fn explicit_values_are_not_shrunk() {
+        let err = Budget::resolve(
+            Some(Duration::from_secs(5)),
+            None,
+            Some(Duration::from_secs(5)),
+            None,
+        )
+        .unwrap_err();
+        assert!(err.is_budget());
+        assert!(err.to_string().contains("close_budget (5s)"), "{err}");
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in ["30s", "1500ms", "0s"] {
+            assert_eq!(DurationDisplay(parse_duration(s).unwrap()).to_string(), s);
+        }
+    }
+}

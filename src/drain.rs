@@ -1,0 +1,1206 @@
+//! The coordinator: [`Drain`], its builder, startup gates, and the drain's driver.
+//!
+//! # Invariants
+//!
+//! * `Drain` is a thin handle over `Arc<Inner>`; the hot-path counter lives in a leaked
+//!   [`Core`] so that request guards need no reference count (see `guard.rs`).
+//! * The first trigger wins: it fixes the budget's origin under the `state` lock, sets the
+//!   counter's draining flag, and spawns the one driver task. Later triggers only add a
+//!   `signal_received` event.
+//! * The `state` mutex is never held across an `.await` and never taken on the request path,
+//!   so it cannot deadlock with the driver or stall a request.
+//! * Phases only move forward; each transition is published on a `watch` channel.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::budget::{Budget, GRACE_PERIOD_ENV};
+use crate::closers::{BoxError, Closer, CloserResult};
+use crate::guard::{Core, InFlightGuard};
+use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
+use crate::propagation::{Policy, Propagation};
+use crate::report::{
+    AfterFlipReport, BudgetReport, DrainReport, Outcome, PeerCount, PodInfo, Sinks, Straggler,
+};
+use crate::signal::Signals;
+use crate::tasks::{Recovery, TaskKind, Tasks};
+use crate::ConfigError;
+
+/// What `/readyz` says while draining: a policy, because neither answer is right everywhere.
+///
+/// When a Pod is deleted, the EndpointSlice controller marks its endpoint `ready=false`,
+/// `terminating=true` whatever the probe says; `serving` follows the Pod's Ready condition,
+/// i.e. this probe. Proxies ignore terminating endpoints, except that when *every* endpoint of
+/// a Service is terminating, kube-proxy falls back to those still `serving`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadinessWhileDraining {
+    /// 503 from the trigger on (the default; the convention of kube-apiserver). Load balancers
+    /// that probe the Pod directly stop sending soonest; kube-proxy's all-terminating fallback
+    /// loses this endpoint.
+    #[default]
+    NotReady,
+    /// 200 until `stopped_accepting`, then 503. Keeps kube-proxy's all-terminating fallback
+    /// (scale to zero, one replica, `externalTrafficPolicy: Local` on a draining node), at the
+    /// cost of load balancers that probe the Pod directly sending new work for longer.
+    ServingUntilStop,
+}
+
+impl ReadinessWhileDraining {
+    /// The policy's name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReadinessWhileDraining::NotReady => "not_ready",
+            ReadinessWhileDraining::ServingUntilStop => "serving_until_stop",
+        }
+    }
+}
+
+/// Builds a [`Drain`]. Every setting has a default; [`build`](Self::build) validates them.
+#[derive(Clone, Debug, Default)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct DrainBuilder {
+    grace_period: Option<Duration>,
+    safety_margin: Option<Duration>,
+    close_budget: Option<Duration>,
+    propagation: Propagation,
+    signals: Option<Signals>,
+    readiness: ReadinessWhileDraining,
+    sinks: Sinks,
+    hurry_lead: Option<Duration>,
+}
+
+impl DrainBuilder {
+    /// The Pod's `terminationGracePeriodSeconds`. Default: env `LAMEDUCK_GRACE_PERIOD`
+    /// (`30s`, `1500ms`, `2m`, or a bare number of seconds), else 30 s.
+    pub fn grace_period(mut self, d: Duration) -> Self {
+        self.grace_period = Some(d);
+        self
+    }
+
+    /// Kept free before SIGKILL. Default 1 s (scaled down for grace periods under 30 s).
+    pub fn safety_margin(mut self, d: Duration) -> Self {
+        self.safety_margin = Some(d);
+        self
+    }
+
+    /// Reserved for resource closers. Default 5 s (scaled down for grace periods under 30 s).
+    pub fn close_budget(mut self, d: Duration) -> Self {
+        self.close_budget = Some(d);
+        self
+    }
+
+    /// When to stop accepting. Default: [`Propagation::default`] (quiet window 2 s, min 2 s,
+    /// max half the grace period).
+    pub fn propagation(mut self, p: Propagation) -> Self {
+        self.propagation = p;
+        self
+    }
+
+    /// Which OS signals [`Drain::run`] listens to. Default [`Signals::default`].
+    pub fn signals(mut self, s: Signals) -> Self {
+        self.signals = Some(s);
+        self
+    }
+
+    /// What `/readyz` says while draining. Default [`ReadinessWhileDraining::NotReady`].
+    pub fn readiness_while_draining(mut self, r: ReadinessWhileDraining) -> Self {
+        self.readiness = r;
+        self
+    }
+
+    /// Also write the final report (one JSON line) to this file.
+    pub fn report_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.sinks.file = Some(path.into());
+        self
+    }
+
+    /// Write the report's JSON line to stderr (default `true`).
+    pub fn report_to_stderr(mut self, yes: bool) -> Self {
+        self.sinks.stderr = yes;
+        self
+    }
+
+    /// Where the short summary goes; default `/dev/termination-log`, written only when that
+    /// file exists and is writable. `None` turns it off.
+    pub fn termination_log(mut self, path: Option<PathBuf>) -> Self {
+        self.sinks.termination_log = path;
+        self
+    }
+
+    /// How long before the quiesce deadline cancellable tasks get their *hurry* signal
+    /// ([`TaskContext::hurry`]). Default: a fifth of the window between the trigger and the
+    /// quiesce deadline, at most 5 s.
+    pub fn hurry_lead(mut self, d: Duration) -> Self {
+        self.hurry_lead = Some(d);
+        self
+    }
+
+    /// Validates the settings and builds the coordinator.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting to change: a zero grace period, a close budget plus
+    /// safety margin that leave nothing of the grace period, a propagation `min` above `max`
+    /// or a `max` past the quiesce deadline, an unparsable `LAMEDUCK_GRACE_PERIOD`.
+    pub fn build(self) -> Result<Drain, ConfigError> {
+        let env = std::env::var(GRACE_PERIOD_ENV).ok();
+        let budget = Budget::resolve(
+            self.grace_period,
+            self.safety_margin,
+            self.close_budget,
+            env.as_deref(),
+        )?;
+        let policy = self.propagation.resolve(&budget)?;
+        let window = budget.quiesce_deadline();
+        let hurry_lead = match self.hurry_lead {
+            Some(d) if d > window => {
+                return Err(ConfigError::budget(format!(
+                    "hurry_lead ({}) is longer than the window before the quiesce deadline ({}): lower hurry_lead",
+                    crate::budget::DurationDisplay(d),
+                    crate::budget::DurationDisplay(window)
+                )))
+            }
+            Some(d) => d,
+            None => (window / 5).min(Duration::from_secs(5)),
+        };
+        let (phase, _) = watch::channel(Phase::Starting);
+        Ok(Drain {
+            inner: Arc::new(Inner {
+                core: Core::leak(),
+                budget,
+                policy,
+                signals: self.signals.unwrap_or_default(),
+                readiness: self.readiness,
+                sinks: self.sinks,
+                hurry_lead,
+                phase,
+                state: Mutex::new(State::default()),
+                drain_token: CancellationToken::new(),
+                stop_token: CancellationToken::new(),
+                hurry_token: CancellationToken::new(),
+                deadline_token: CancellationToken::new(),
+                force_token: CancellationToken::new(),
+                forced: AtomicBool::new(false),
+                terminate_seen: Notify::new(),
+                tasks: Tasks::default(),
+            }),
+        })
+    }
+}
+
+#[derive(Default)]
+struct State {
+    origin: Option<Origin>,
+    trigger: Option<Trigger>,
+    timeline: Vec<Event>,
+    gates: Vec<GateState>,
+    checks: Vec<Check>,
+    closers: Vec<Closer>,
+    sigterm_seen: bool,
+    signals_installed: bool,
+    report: Option<DrainReport>,
+}
+
+#[derive(Clone, Copy)]
+struct Origin {
+    at: Instant,
+    unix_ms: u64,
+}
+
+struct GateState {
+    name: String,
+    open: bool,
+}
+
+type CheckFn = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+struct Check {
+    name: String,
+    f: Arc<CheckFn>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) core: &'static Core,
+    budget: Budget,
+    policy: Policy,
+    signals: Signals,
+    readiness: ReadinessWhileDraining,
+    sinks: Sinks,
+    hurry_lead: Duration,
+    phase: watch::Sender<Phase>,
+    state: Mutex<State>,
+    drain_token: CancellationToken,
+    stop_token: CancellationToken,
+    hurry_token: CancellationToken,
+    deadline_token: CancellationToken,
+    force_token: CancellationToken,
+    forced: AtomicBool,
+    terminate_seen: Notify,
+    tasks: Tasks,
+}
+
+/// The drain coordinator: a cheap-to-clone handle shared by the server, the admin endpoint,
+/// background tasks and `main`.
+///
+/// It holds the lifecycle [`Phase`], counts in-flight work ([`enter`](Self::enter), the HTTP
+/// layer), tracks named background tasks ([`spawn`](Self::spawn)), and on the first trigger
+/// drives the drain: readiness flip, propagation window, stop accepting, wait for zero or the
+/// quiesce deadline, close resources in reverse order, emit the [`DrainReport`].
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lameduck::{Drain, Phase, Propagation, Signals, Trigger};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), lameduck::ConfigError> {
+/// let drain = Drain::builder()
+///     .grace_period(Duration::from_secs(30))
+///     .propagation(Propagation::fixed(Duration::from_secs(1)))
+///     .signals(Signals::none())
+///     .report_to_stderr(false)
+///     .build()?;
+///
+/// let gate = drain.startup_gate("cache-warmup");
+/// assert!(!drain.is_ready());
+/// gate.open();
+/// assert!(drain.is_ready());
+///
+/// let guard = drain.enter(); // one request in flight
+/// assert!(drain.start(Trigger::Api));
+/// assert!(!drain.start(Trigger::Api)); // idempotent
+/// drop(guard);
+///
+/// let report = drain.drained().await;
+/// assert_eq!(report.exit_code, 0);
+/// assert_eq!(drain.phase(), Phase::Done);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Drain {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Drain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Drain")
+            .field("phase", &self.phase())
+            .field("in_flight", &self.in_flight())
+            .field("budget", &self.inner.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A startup gate: readiness stays false until every gate is [`open`](Self::open)ed.
+///
+/// Dropping a gate without opening it keeps it closed for good (readiness never turns true) and
+/// logs a warning: a warm-up that failed must not make the service look ready.
+#[derive(Debug)]
+#[must_use = "readiness stays false until the gate is opened"]
+pub struct StartupGate {
+    drain: Drain,
+    index: usize,
+    opened: bool,
+}
+
+impl StartupGate {
+    /// Opens the gate. When it was the last closed one, the phase moves to Serving.
+    pub fn open(mut self) {
+        self.opened = true;
+        let name = {
+            let mut st = self.drain.inner.lock();
+            let gate = &mut st.gates[self.index];
+            gate.open = true;
+            gate.name.clone()
+        };
+        tracing::info!(gate = %name, "lameduck: startup gate opened");
+        self.drain.maybe_serving();
+    }
+}
+
+impl Drop for StartupGate {
+    fn drop(&mut self) {
+        if !self.opened {
+            let st = self.drain.inner.lock();
+            tracing::warn!(
+                gate = %st.gates[self.index].name,
+                "lameduck: startup gate dropped without open(); readiness stays false"
+            );
+        }
+    }
+}
+
+/// Readiness and why, as `/readyz` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    /// `true` when `/readyz` answers 200.
+    pub ready: bool,
+    /// `ok`, `starting: waiting for <gate>`, `draining`, `check <name> failed: <why>`.
+    pub reason: String,
+    /// Every check, one per line, as `/readyz?verbose` shows: `[+]name ok` / `[-]name failed: …`.
+    pub checks: Vec<String>,
+}
+
+/// A snapshot of the coordinator, as `/status` serves it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The current phase.
+    pub phase: Phase,
+    /// Whether `/readyz` answers 200.
+    pub ready: bool,
+    /// The first trigger, once draining.
+    pub trigger: Option<Trigger>,
+    /// Requests (guards) in flight.
+    pub in_flight: usize,
+    /// Open connections on `lameduck::serve` listeners.
+    pub connections: usize,
+    /// Background tasks still running.
+    pub tasks: usize,
+    /// The readiness policy in force.
+    pub readiness_policy: ReadinessWhileDraining,
+    /// The budget: grace, used so far, remaining (all zero-used before the drain starts).
+    pub budget: BudgetReport,
+    /// The timeline so far.
+    pub timeline: Vec<Event>,
+}
+
+/// Given to cancellable tasks: when to stop taking new work, and when to hurry.
+#[derive(Clone, Debug)]
+pub struct TaskContext {
+    drain: CancellationToken,
+    hurry: CancellationToken,
+    deadline: CancellationToken,
+    drain_handle: Drain,
+}
+
+impl TaskContext {
+    /// Fires when the drain starts: stop taking new work.
+    pub fn stop(&self) -> &CancellationToken {
+        &self.drain
+    }
+
+    /// Fires `hurry_lead` before the quiesce deadline: checkpoint, nack, re-enqueue now.
+    pub fn hurry(&self) -> &CancellationToken {
+        &self.hurry
+    }
+
+    /// Fires at the quiesce deadline, just before unfinished tasks are aborted.
+    pub fn deadline_reached(&self) -> &CancellationToken {
+        &self.deadline
+    }
+
+    /// The quiesce deadline, once the drain has started.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.drain_handle.deadline()
+    }
+}
+
+fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves State consistent (every write is a single
+        // push/assignment), so poisoning is ignored rather than spread.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drain {
+    /// A builder with every default.
+    pub fn builder() -> DrainBuilder {
+        DrainBuilder::default()
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        *self.inner.phase.borrow()
+    }
+
+    /// A receiver that sees every phase change; `rx.wait_for(|p| *p >= Phase::Closing)` awaits
+    /// a phase.
+    pub fn subscribe(&self) -> watch::Receiver<Phase> {
+        self.inner.phase.subscribe()
+    }
+
+    /// Resolves once the phase is `phase` or later.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn reached(&self, phase: Phase) {
+        let mut rx = self.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = rx.wait_for(|p| *p >= phase).await;
+    }
+
+    /// Resolves at the next phase change and returns the new phase.
+    pub async fn phase_changed(&self) -> Phase {
+        let mut rx = self.subscribe();
+        let _ = rx.changed().await;
+        let p = *rx.borrow();
+        p
+    }
+
+    /// The validated budget.
+    pub fn budget(&self) -> Budget {
+        self.inner.budget
+    }
+
+    /// The readiness policy in force.
+    pub fn readiness_policy(&self) -> ReadinessWhileDraining {
+        self.inner.readiness
+    }
+
+    /// Counts one unit of in-flight work until the returned guard is dropped.
+    ///
+    /// This is what the HTTP layer does per request; use it directly for work the layer does
+    /// not see (a message handler, a raw TCP exchange). One atomic operation, no allocation.
+    pub fn enter(&self) -> InFlightGuard {
+        self.inner.core.enter().0
+    }
+
+    /// Requests (guards) in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.inner.core.counter.count()
+    }
+
+    /// Open connections on `lameduck::serve` listeners.
+    pub fn connections(&self) -> usize {
+        self.inner
+            .core
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Background tasks still running.
+    pub fn tasks(&self) -> usize {
+        self.inner.tasks.len()
+    }
+
+    /// `true` from the first trigger on.
+    pub fn is_draining(&self) -> bool {
+        self.inner.core.counter.is_draining()
+    }
+
+    /// A startup gate named `name`. Readiness is false until every gate is opened.
+    ///
+    /// Create every gate before the phase can turn Serving — before [`run`](Self::run) or the
+    /// server starts — since opening the last closed gate (or starting with none) makes the
+    /// service ready.
+    pub fn startup_gate(&self, name: impl Into<String>) -> StartupGate {
+        let name = name.into();
+        let index = {
+            let mut st = self.inner.lock();
+            st.gates.push(GateState {
+                name: name.clone(),
+                open: false,
+            });
+            st.gates.len() - 1
+        };
+        if self.phase() != Phase::Starting {
+            tracing::warn!(gate = %name, "lameduck: startup gate created after startup; it only affects readiness reporting");
+        }
+        StartupGate {
+            drain: self.clone(),
+            index,
+            opened: false,
+        }
+    }
+
+    /// Adds a readiness check evaluated on every `/readyz`. Keep it local: readiness must not
+    /// depend on shared downstream services, or one slow database takes every replica out of
+    /// the load balancer at once.
+    pub fn readiness_check<F>(&self, name: impl Into<String>, check: F)
+    where
+        F: Fn() -> Result<(), String> + Send + Sync + 'static,
+    {
+        let f: CheckFn = Box::new(check);
+        self.inner.lock().checks.push(Check {
+            name: name.into(),
+            f: Arc::new(f),
+        });
+    }
+
+    /// Marks startup complete if no gate is closed (Starting → Serving). Called by
+    /// [`run`](Self::run), by `serve`, and when the last gate opens.
+    pub fn mark_started(&self) {
+        self.maybe_serving();
+    }
+
+    fn maybe_serving(&self) {
+        let all_open = self.inner.lock().gates.iter().all(|g| g.open);
+        if all_open {
+            let moved = self.inner.phase.send_if_modified(|p| {
+                if *p == Phase::Starting {
+                    *p = Phase::Serving;
+                    true
+                } else {
+                    false
+                }
+            });
+            if moved {
+                tracing::info!("lameduck: serving");
+            }
+        }
+    }
+
+    /// `true` when `/readyz` answers 200.
+    pub fn is_ready(&self) -> bool {
+        self.readiness().ready
+    }
+
+    /// Readiness with its reason and every check.
+    pub fn readiness(&self) -> Readiness {
+        let phase = self.phase();
+        let (gates, checks): (Vec<(String, bool)>, Vec<(String, Arc<CheckFn>)>) = {
+            let st = self.inner.lock();
+            (
+                st.gates.iter().map(|g| (g.name.clone(), g.open)).collect(),
+                st.checks
+                    .iter()
+                    .map(|c| (c.name.clone(), Arc::clone(&c.f)))
+                    .collect(),
+            )
+        };
+        let mut lines = Vec::new();
+        let mut reason: Option<String> = None;
+        for (name, open) in &gates {
+            if *open {
+                lines.push(format!("[+]gate {name} ok"));
+            } else {
+                lines.push(format!("[-]gate {name} waiting"));
+                reason.get_or_insert_with(|| format!("starting: waiting for {name}"));
+            }
+        }
+        let draining_ready = match phase {
+            Phase::Starting | Phase::Serving => true,
+            Phase::Draining => self.inner.readiness == ReadinessWhileDraining::ServingUntilStop,
+            _ => false,
+        };
+        if draining_ready {
+            lines.push("[+]drain ok".to_owned());
+        } else {
+            lines.push(format!(
+                "[-]drain {} (policy {})",
+                phase,
+                self.inner.readiness.as_str()
+            ));
+            reason.get_or_insert_with(|| "draining".to_owned());
+        }
+        if phase == Phase::Starting && reason.is_none() {
+            reason = Some("starting".to_owned());
+        }
+        // Checks run outside the lock: they are user code.
+        for (name, f) in checks {
+            match f() {
+                Ok(()) => lines.push(format!("[+]{name} ok")),
+                Err(why) => {
+                    lines.push(format!("[-]{name} failed: {why}"));
+                    reason.get_or_insert_with(|| format!("check {name} failed: {why}"));
+                }
+            }
+        }
+        Readiness {
+            ready: reason.is_none(),
+            reason: reason.unwrap_or_else(|| "ok".to_owned()),
+            checks: lines,
+        }
+    }
+
+    /// A token that fires when the drain starts.
+    pub fn drain_token(&self) -> CancellationToken {
+        self.inner.drain_token.clone()
+    }
+
+    /// A token that fires at `stopped_accepting`: listeners close, streams should end.
+    pub fn stop_token(&self) -> CancellationToken {
+        self.inner.stop_token.clone()
+    }
+
+    /// A token that fires at the quiesce deadline (or when forced): force-close what is left.
+    pub fn deadline_token(&self) -> CancellationToken {
+        self.inner.deadline_token.clone()
+    }
+
+    /// The quiesce deadline, once the drain has started.
+    pub fn deadline(&self) -> Option<Instant> {
+        let st = self.inner.lock();
+        st.origin.map(|o| o.at + self.inner.budget.quiesce_deadline())
+    }
+
+    /// The hard deadline (grace period minus safety margin), once the drain has started.
+    pub fn hard_deadline(&self) -> Option<Instant> {
+        let st = self.inner.lock();
+        st.origin.map(|o| o.at + self.inner.budget.hard_deadline())
+    }
+
+    /// Starts the drain. Returns `true` only for the call that started it; later calls are
+    /// recorded as `signal_received` and change nothing.
+    ///
+    /// # Panics
+    ///
+    /// If called outside a Tokio runtime for the first time (the drain's driver is spawned).
+    pub fn start(&self, trigger: Trigger) -> bool {
+        let now = Instant::now();
+        let unix_ms = unix_ms_now();
+        {
+            let mut st = self.inner.lock();
+            if let Some(origin) = st.origin {
+                let mut e = Event::new(
+                    EventKind::SignalReceived,
+                    now.saturating_duration_since(origin.at),
+                    unix_ms,
+                );
+                e.trigger = Some(trigger);
+                tracing::info!(event = "signal_received", trigger = trigger.as_str(), at_ms = e.at_ms, "lameduck: trigger received while draining");
+                st.timeline.push(e);
+                return false;
+            }
+            st.origin = Some(Origin { at: now, unix_ms });
+            st.trigger = Some(trigger);
+            let mut e = Event::new(EventKind::DrainStarted, Duration::ZERO, unix_ms);
+            e.trigger = Some(trigger);
+            st.timeline.push(e);
+            if self.inner.readiness == ReadinessWhileDraining::NotReady {
+                st.timeline.push(Event::new(
+                    EventKind::ReadinessFlipped,
+                    Duration::ZERO,
+                    unix_ms,
+                ));
+            }
+        }
+        tracing::info!(
+            event = "drain_started",
+            trigger = trigger.as_str(),
+            in_flight = self.in_flight(),
+            grace_ms = self.inner.budget.grace_period.as_millis() as u64,
+            "lameduck: drain started"
+        );
+        self.inner.core.start_draining();
+        self.inner.phase.send_modify(|p| *p = Phase::Draining);
+        self.inner.drain_token.cancel();
+        let drain = self.clone();
+        tokio::spawn(async move { drain.drive(now).await });
+        true
+    }
+
+    /// A signal arrived: start (or record), and remember SIGTERM for the preStop case.
+    pub(crate) fn on_signal(&self, trigger: Trigger) {
+        if trigger == Trigger::Sigterm {
+            self.inner.lock().sigterm_seen = true;
+            self.inner.terminate_seen.notify_waiters();
+        }
+        self.start(trigger);
+    }
+
+    /// Exit now: skip the remaining waits and the closers, report `forced`. Starts the drain if
+    /// it had not started. Returns `true` if this call forced it.
+    pub fn force(&self) -> bool {
+        if self.inner.forced.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        if !self.is_draining() {
+            self.start(Trigger::Api);
+        }
+        tracing::warn!("lameduck: drain forced, exiting now");
+        self.inner.force_token.cancel();
+        true
+    }
+
+    /// Runs `fut` as a must-finish background task named `name`: the drain waits for it (up to
+    /// the quiesce deadline, where it is named as a straggler and aborted).
+    ///
+    /// A panic in the task is caught and recorded with its name.
+    pub fn spawn<F>(&self, name: impl Into<String>, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.inner
+            .tasks
+            .spawn(name.into(), TaskKind::MustFinish, None, fut);
+    }
+
+    /// Runs a cancel-on-drain task: `make` gets a [`TaskContext`] whose [`stop`](TaskContext::stop)
+    /// token fires when the drain starts (stop taking new work). The task is counted until it
+    /// returns.
+    pub fn spawn_cancellable<F, Fut>(&self, name: impl Into<String>, make: F)
+    where
+        F: FnOnce(TaskContext) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let fut = make(self.task_context());
+        self.inner
+            .tasks
+            .spawn(name.into(), TaskKind::CancelOnDrain, None, fut);
+    }
+
+    /// Like [`spawn_cancellable`](Self::spawn_cancellable), with a recovery action that runs if
+    /// the task is still unfinished at the quiesce deadline, before it is aborted (e.g. return
+    /// an unacknowledged message to its queue), bounded by `timeout`. The report records
+    /// whether it ran and its result.
+    pub fn spawn_with_recovery<F, Fut, R, RFut>(
+        &self,
+        name: impl Into<String>,
+        make: F,
+        timeout: Duration,
+        recovery: R,
+    ) where
+        F: FnOnce(TaskContext) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+        R: FnOnce() -> RFut + Send + 'static,
+        RFut: Future<Output = Result<(), String>> + Send + 'static,
+    {
+        let fut = make(self.task_context());
+        let rec: Recovery = Box::new(move || Box::pin(recovery()));
+        self.inner
+            .tasks
+            .spawn(name.into(), TaskKind::CancelOnDrain, Some((timeout, rec)), fut);
+    }
+
+    fn task_context(&self) -> TaskContext {
+        TaskContext {
+            drain: self.inner.drain_token.clone(),
+            hurry: self.inner.hurry_token.clone(),
+            deadline: self.inner.deadline_token.clone(),
+            drain_handle: self.clone(),
+        }
+    }
+
+    /// Registers a resource closer. Closers run after in-flight requests and tasks reach zero
+    /// (or the quiesce deadline passes), in reverse registration order, inside `close_budget`.
+    /// A closer that errors, panics or times out is recorded; the next one still runs.
+    pub fn on_close<F, Fut, E>(&self, name: impl Into<String>, close: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        self.push_closer(name.into(), None, close);
+    }
+
+    /// Like [`on_close`](Self::on_close), bounded by its own `timeout` (and always by what is
+    /// left of the budget).
+    pub fn on_close_with_timeout<F, Fut, E>(&self, name: impl Into<String>, timeout: Duration, close: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        self.push_closer(name.into(), Some(timeout), close);
+    }
+
+    fn push_closer<F, Fut, E>(&self, name: String, timeout: Option<Duration>, close: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        let f: crate::closers::CloseFn =
+            Box::new(move || Box::pin(async move { close().await.map_err(Into::into) }));
+        self.inner.lock().closers.push(Closer { name, timeout, f });
+    }
+
+    /// The timeline so far (empty before the drain starts).
+    pub fn timeline(&self) -> Vec<Event> {
+        self.inner.lock().timeline.clone()
+    }
+
+    /// A snapshot for `/status`.
+    pub fn status(&self) -> Status {
+        let phase = self.phase();
+        let ready = self.is_ready();
+        let (trigger, timeline, origin) = {
+            let st = self.inner.lock();
+            (st.trigger, st.timeline.clone(), st.origin)
+        };
+        let grace = self.inner.budget.grace_period;
+        let used = origin.map_or(Duration::ZERO, |o| o.at.elapsed());
+        Status {
+            phase,
+            ready,
+            trigger,
+            in_flight: self.in_flight(),
+            connections: self.connections(),
+            tasks: self.tasks(),
+            readiness_policy: self.inner.readiness,
+            budget: BudgetReport {
+                grace_ms: grace.as_millis() as u64,
+                used_ms: used.as_millis() as u64,
+                remaining_ms: grace.saturating_sub(used).as_millis() as u64,
+            },
+            timeline,
+        }
+    }
+
+    /// The report, once the drain is Done.
+    pub fn report(&self) -> Option<DrainReport> {
+        self.inner.lock().report.clone()
+    }
+
+    /// Resolves when the drain is Done, with its report. Does not start the drain.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn drained(&self) -> DrainReport {
+        self.reached(Phase::Done).await;
+        self.report().expect("the report is stored before the phase turns Done")
+    }
+
+    /// Drives the whole lifecycle for apps that want one call in `main`: listens to the
+    /// configured signals, marks startup complete when no gate is closed, waits for a trigger
+    /// and the end of the drain, and returns the report (use its `exit_code`).
+    ///
+    /// When the drain was started by a `preStop` call and finished before SIGTERM arrived, it
+    /// waits for SIGTERM before returning, so the hook never sees its own process vanish.
+    pub async fn run(&self) -> DrainReport {
+        self.install_signals();
+        self.mark_started();
+        let report = self.drained().await;
+        let wait_for_term = {
+            let st = self.inner.lock();
+            st.trigger == Some(Trigger::PreStop) && self.inner.signals.sigterm && !st.sigterm_seen
+        };
+        if wait_for_term && !self.inner.forced.load(Ordering::Acquire) {
+            tracing::info!("lameduck: drained after preStop; waiting for SIGTERM to exit");
+            loop {
+                let n = self.inner.terminate_seen.notified();
+                tokio::pin!(n);
+                n.as_mut().enable();
+                if self.inner.lock().sigterm_seen || self.inner.forced.load(Ordering::Acquire) {
+                    break;
+                }
+                tokio::select! {
+                    () = n => {}
+                    () = self.inner.force_token.cancelled() => break,
+                }
+            }
+        }
+        report
+    }
+
+    /// Installs the configured OS signal handlers (once). [`run`](Self::run) calls it; call it
+    /// yourself when you drive the lifecycle with [`drained`](Self::drained).
+    pub fn install_signals(&self) {
+        {
+            let mut st = self.inner.lock();
+            if st.signals_installed || self.inner.signals.is_none() {
+                return;
+            }
+            st.signals_installed = true;
+        }
+        if let Err(e) = crate::signal::install(self, self.inner.signals) {
+            tracing::error!(error = %e, "lameduck: cannot install signal handlers");
+        }
+    }
+
+    // ---- hooks for the HTTP parts ----
+
+    /// A new connection was accepted; counts it as activity while draining.
+    pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) -> bool {
+        let draining = self.is_draining();
+        if draining {
+            self.inner.core.note_connection(peer);
+        }
+        draining
+    }
+
+    // ---- the driver ----
+
+    fn event(&self, kind: EventKind, origin: Instant) -> Event {
+        let st = self.inner.lock();
+        let o = st.origin.expect("events are recorded after the origin is set");
+        let at = Instant::now().saturating_duration_since(origin);
+        Event::new(kind, at, o.unix_ms + at.as_millis() as u64)
+    }
+
+    fn push(&self, e: Event) {
+        tracing::info!(
+            event = e.event.as_str(),
+            at_ms = e.at_ms,
+            reason = e.reason.map(CommitReason::as_str),
+            name = e.name.as_deref(),
+            detail = e.detail.as_deref(),
+            "lameduck: {}",
+            e.event
+        );
+        self.inner.lock().timeline.push(e);
+    }
+
+    fn is_forced(&self) -> bool {
+        self.inner.forced.load(Ordering::Acquire)
+    }
+
+    async fn drive(self, origin: Instant) {
+        let inner = &self.inner;
+        let budget = inner.budget;
+        let quiesce = origin + budget.quiesce_deadline();
+        let hard = origin + budget.hard_deadline();
+        let hurry_at = quiesce.checked_sub(inner.hurry_lead).unwrap_or(origin).max(origin);
+        {
+            let hurry = inner.hurry_token.clone();
+            let deadline = inner.deadline_token.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = tokio::time::sleep_until(hurry_at) => hurry.cancel(),
+                    () = deadline.cancelled() => hurry.cancel(),
+                }
+            });
+        }
+
+        // 1. Propagation.
+        let reason = tokio::select! {
+            r = self.propagate(origin) => r,
+            () = inner.force_token.cancelled() => CommitReason::Forced,
+        };
+        let mut e = self.event(EventKind::PropagationDone, origin);
+        e.reason = Some(reason);
+        self.push(e);
+        let mut e = self.event(EventKind::StoppedAccepting, origin);
+        e.reason = Some(reason);
+        self.push(e);
+        if inner.readiness == ReadinessWhileDraining::ServingUntilStop {
+            self.push(self.event(EventKind::ReadinessFlipped, origin));
+        }
+        inner.phase.send_modify(|p| *p = Phase::StoppedAccepting);
+        inner.stop_token.cancel();
+        inner.tasks.tracker.close();
+
+        // 2. Wait for zero (requests and tasks), or the quiesce deadline.
+        let mut stragglers = Vec::new();
+        let mut deadline_hit = false;
+        if !self.is_forced() {
+            let requests = async {
+                inner.core.wait_zero().await;
+                self.push(self.event(EventKind::InFlightZero, origin));
+            };
+            let tasks = async {
+                inner.tasks.tracker.wait().await;
+                self.push(self.event(EventKind::TasksDone, origin));
+            };
+            let both = async { tokio::join!(requests, tasks) };
+            tokio::select! {
+                _ = both => {}
+                () = tokio::time::sleep_until(quiesce) => deadline_hit = true,
+                () = inner.force_token.cancelled() => {}
+            }
+        }
+        if deadline_hit {
+            stragglers = self.collect_stragglers(quiesce, origin);
+            let mut e = self.event(EventKind::DeadlineExceeded, origin);
+            e.detail = Some(format!("{} stragglers", stragglers.len()));
+            self.push(e);
+            inner.deadline_token.cancel();
+            self.recover_and_abort(&mut stragglers, hard).await;
+        }
+        if self.is_forced() {
+            inner.deadline_token.cancel();
+            for (_, _, abort, _) in inner.tasks.take_stragglers() {
+                abort.abort();
+            }
+        }
+
+        // 3. Closing.
+        inner.phase.send_modify(|p| *p = Phase::Closing);
+        let closers = std::mem::take(&mut inner.lock().closers);
+        let closers = if self.is_forced() {
+            Vec::new()
+        } else {
+            crate::closers::run_all(closers, hard, |r: &CloserResult| {
+                let mut e = self.event(EventKind::ResourceClosed, origin);
+                e.name = Some(r.name.clone());
+                e.detail = Some(r.result.clone());
+                self.push(e);
+            })
+            .await
+        };
+
+        // 4. Done.
+        let outcome = if self.is_forced() {
+            Outcome::Forced
+        } else if deadline_hit {
+            Outcome::DeadlineExceeded
+        } else if closers.iter().any(|c| !c.is_ok()) {
+            Outcome::CloserFailed
+        } else {
+            Outcome::Clean
+        };
+        let mut e = self.event(EventKind::Done, origin);
+        e.detail = Some(outcome.as_str().to_owned());
+        self.push(e);
+        let report = self.build_report(origin, outcome, stragglers, closers);
+        inner.sinks.emit(&report);
+        inner.lock().report = Some(report);
+        inner.phase.send_modify(|p| *p = Phase::Done);
+    }
+
+    /// Waits until the propagation policy commits. Event-driven: it sleeps until the earliest
+    /// instant the policy could hold, or until in-flight work reaches zero, then re-checks.
+    async fn propagate(&self, origin: Instant) -> CommitReason {
+        let core = self.inner.core;
+        match self.inner.policy {
+            Policy::Fixed(d) => {
+                tokio::time::sleep_until(origin + d).await;
+                CommitReason::Fixed
+            }
+            Policy::Quiet { quiet, min, max } => {
+                let max_at = origin + max;
+                loop {
+                    let now = Instant::now();
+                    if now >= max_at {
+                        return CommitReason::Max;
+                    }
+                    let last = core.last_activity().unwrap_or(origin).max(origin);
+                    let quiet_at = (last + quiet).max(origin + min);
+                    if now >= quiet_at {
+                        if core.counter.is_drained() {
+                            return CommitReason::Quiet;
+                        }
+                        // Quiet, but something is in flight: wait for zero (or max), then
+                        // re-check the window.
+                        tokio::select! {
+                            () = core.wait_zero() => {}
+                            () = tokio::time::sleep_until(max_at) => return CommitReason::Max,
+                        }
+                        continue;
+                    }
+                    tokio::time::sleep_until(quiet_at.min(max_at)).await;
+                }
+            }
+        }
+    }
+
+    fn collect_stragglers(&self, now: Instant, origin: Instant) -> Vec<Straggler> {
+        let mut out = Vec::new();
+        let registered = self.inner.core.registered_requests();
+        let named = registered.len();
+        for r in registered {
+            let age = now.saturating_duration_since(r.started.unwrap_or(origin));
+            out.push(Straggler {
+                kind: "request".to_owned(),
+                name: format!("{} {}", r.method, r.path),
+                age_ms: age.as_millis() as u64,
+                peer: r.peer.map(|p| p.to_string()),
+                recovery: None,
+            });
+        }
+        let unnamed = self.in_flight().saturating_sub(named);
+        for _ in 0..unnamed {
+            out.push(Straggler {
+                kind: "request".to_owned(),
+                name: "(undescribed guard)".to_owned(),
+                age_ms: now.saturating_duration_since(origin).as_millis() as u64,
+                peer: None,
+                recovery: None,
+            });
+        }
+        for (name, _, started) in self.inner.tasks.running() {
+            out.push(Straggler {
+                kind: "task".to_owned(),
+                name,
+                age_ms: now.saturating_duration_since(started).as_millis() as u64,
+                peer: None,
+                recovery: None,
+            });
+        }
+        out
+    }
+
+    /// Runs the recovery actions of unfinished tasks (each bounded by its timeout and the hard
+    /// deadline), then aborts the tasks.
+    async fn recover_and_abort(&self, stragglers: &mut [Straggler], hard: Instant) {
+        for (name, _, abort, recovery) in self.inner.tasks.take_stragglers() {
+            if let Some((timeout, rec)) = recovery {
+                let left = hard.saturating_duration_since(Instant::now());
+                let handle = tokio::spawn(rec());
+                let result = match tokio::time::timeout(timeout.min(left), handle).await {
+                    Ok(Ok(Ok(()))) => "ok".to_owned(),
+                    Ok(Ok(Err(e))) => format!("error: {e}"),
+                    Ok(Err(e)) if e.is_panic() => "panicked".to_owned(),
+                    Ok(Err(_)) => "aborted".to_owned(),
+                    Err(_) => "timed_out".to_owned(),
+                };
+                tracing::warn!(task = %name, result = %result, "lameduck: recovery action ran");
+                if let Some(s) = stragglers
+                    .iter_mut()
+                    .find(|s| s.kind == "task" && s.name == name && s.recovery.is_none())
+                {
+                    s.recovery = Some(result);
+                }
+            }
+            abort.abort();
+        }
+        // Give aborted tasks' wrappers a moment to record their end; bounded and non-blocking.
+        tokio::task::yield_now().await;
+    }
+
+    fn build_report(
+        &self,
+        origin: Instant,
+        outcome: Outcome,
+        stragglers: Vec<Straggler>,
+        closers: Vec<CloserResult>,
+    ) -> DrainReport {
+        let core = self.inner.core;
+        let af = &core.after_flip;
+        let mut peers: Vec<PeerCount> = af
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(ip, n)| PeerCount {
+                peer: ip.to_string(),
+                new_connections: *n,
+            })
+            .collect();
+        peers.sort_by(|a, b| b.new_connections.cmp(&a.new_connections).then(a.peer.cmp(&b.peer)));
+        peers.truncate(10);
+        let last_new = core
+            .unstamp(af.last_new_connection.load(Ordering::Relaxed))
+            .map(|t| t.saturating_duration_since(origin).as_millis() as u64);
+        let used = origin.elapsed();
+        let grace = self.inner.budget.grace_period;
+        let (trigger, timeline) = {
+            let st = self.inner.lock();
+            (st.trigger, st.timeline.clone())
+        };
+        DrainReport {
+            outcome,
+            trigger,
+            exit_code: outcome.exit_code(),
+            readiness_policy: self.inner.readiness,
+            budget: BudgetReport {
+                grace_ms: grace.as_millis() as u64,
+                used_ms: used.as_millis() as u64,
+                remaining_ms: grace.saturating_sub(used).as_millis() as u64,
+            },
+            timeline,
+            after_flip: AfterFlipReport {
+                new_connections: af.new_connections.load(Ordering::Relaxed),
+                requests_on_new_connections: af.requests_on_new.load(Ordering::Relaxed),
+                requests_on_reused_connections: af.requests_on_reused.load(Ordering::Relaxed),
+                last_new_connection_ms: last_new,
+                peers,
+            },
+            stragglers,
+            tasks: self.inner.tasks.ended(),
+            closers,
+            pod: PodInfo::from_env(),
+        }
+    }
+}

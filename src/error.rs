@@ -1,0 +1,103 @@
+//! Configuration errors.
+
+use std::fmt;
+
+/// A setting given to [`DrainBuilder`](crate::DrainBuilder) (or read from the environment)
+/// that cannot work.
+///
+/// The message names the setting and says what to change, e.g.
+/// `close_budget (5s) + safety_margin (1s) leaves nothing of grace_period (5s): lower one of them or raise grace_period`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let err = lameduck::Drain::builder()
+///     .grace_period(Duration::from_secs(5))
+///     .close_budget(Duration::from_secs(5))
+///     .build()
+///     .unwrap_err();
+/// assert!(err.is_budget());
+/// assert!(err.to_string().contains("close_budget"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    kind: Kind,
+    message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Budget,
+    Propagation,
+    Env,
+    Parse,
+}
+
+impl ConfigError {
+    pub(crate) fn budget(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Budget,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn propagation(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Propagation,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn env(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Env,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn parse(message: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Parse,
+            message: message.into(),
+        }
+    }
+
+    /// `true` if the grace period, safety margin and close budget do not fit together.
+    pub fn is_budget(&self) -> bool {
+        self.kind == Kind::Budget
+    }
+
+    /// `true` if the propagation policy's numbers are inconsistent (e.g. `min` above `max`).
+    pub fn is_propagation(&self) -> bool {
+        self.kind == Kind::Propagation
+    }
+
+    /// `true` if an environment variable (e.g. `LAMEDUCK_GRACE_PERIOD`) could not be used.
+    pub fn is_env(&self) -> bool {
+        self.kind == Kind::Env
+    }
+
+    /// `true` if a duration string could not be parsed (see [`parse_duration`](crate::parse_duration)).
+    pub fn is_parse(&self) -> bool {
+        self.kind == Kind::Parse
+    }
+}
+
+impl fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConfigError")
+            .field("kind", &self.kind)
+            .field("message", &self.message)
+            .finish()
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}

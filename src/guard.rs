@@ -1,0 +1,251 @@
+//! The per-coordinator hot-path block and the in-flight guard.
+//!
+//! # Invariants
+//!
+//! * [`Core`] is allocated once per [`Drain`](crate::Drain) and leaked, so an
+//!   [`InFlightGuard`] is a plain `&'static` reference: taking and releasing one is exactly one
+//!   atomic read-modify-write each (the counter), with no reference count to bump. A process
+//!   builds one coordinator, so the leak is one small fixed block for the life of the process.
+//! * While Serving nothing but the counter is touched. Activity timestamps, after-drain
+//!   connection counters and the straggler registry are written only once the counter's
+//!   draining flag is set, which `enter` learns from the value its own `fetch_add` returned.
+//! * Wake-ups: the 1→0 transition while draining (or the flag set at zero) calls
+//!   `Notify::notify_waiters`; waiters enable their `Notified` before checking the count, so a
+//!   wake-up between the check and the sleep is never lost (see `counter.rs` for the model).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::counter::Counter;
+
+/// What is known about a request that is in flight while draining, for the straggler list.
+#[derive(Clone, Debug)]
+pub(crate) struct RequestInfo {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) peer: Option<SocketAddr>,
+    /// When the request started, if known; `None` for requests that entered before the drain
+    /// and were described later (their age is then at least the drain's age).
+    pub(crate) started: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    slots: Vec<Option<RequestInfo>>,
+    free: Vec<u32>,
+}
+
+/// Counters of what arrived after the drain started (the readiness flip under the default
+/// policy): the observed propagation.
+#[derive(Debug, Default)]
+pub(crate) struct AfterFlip {
+    pub(crate) new_connections: AtomicU64,
+    pub(crate) requests_on_new: AtomicU64,
+    pub(crate) requests_on_reused: AtomicU64,
+    /// Nanoseconds since `Core::base` + 1 of the last new connection; 0 = none.
+    pub(crate) last_new_connection: AtomicU64,
+    pub(crate) peers: Mutex<HashMap<IpAddr, u64>>,
+}
+
+/// The hot-path block, leaked once per coordinator.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) counter: Counter,
+    zero: Notify,
+    pub(crate) base: Instant,
+    /// Nanoseconds since `base` + 1 of the last new request or connection while draining;
+    /// 0 = none yet.
+    last_activity: AtomicU64,
+    pub(crate) connections: AtomicUsize,
+    pub(crate) after_flip: AfterFlip,
+    requests: Mutex<Registry>,
+}
+
+const NO_SLOT: u32 = u32::MAX;
+
+impl Core {
+    pub(crate) fn leak() -> &'static Core {
+        Box::leak(Box::new(Core {
+            counter: Counter::new(),
+            zero: Notify::new(),
+            base: Instant::now(),
+            last_activity: AtomicU64::new(0),
+            connections: AtomicUsize::new(0),
+            after_flip: AfterFlip::default(),
+            requests: Mutex::new(Registry::default()),
+        }))
+    }
+
+    fn stamp(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.base).as_nanos() as u64 + 1
+    }
+
+    pub(crate) fn unstamp(&self, v: u64) -> Option<Instant> {
+        (v != 0).then(|| self.base + Duration::from_nanos(v - 1))
+    }
+
+    /// Takes a guard. Returns it with `true` if the drain has started.
+    #[inline]
+    pub(crate) fn enter(&'static self) -> (InFlightGuard, bool) {
+        let draining = self.counter.enter();
+        if draining {
+            self.record_activity();
+        }
+        (
+            InFlightGuard {
+                core: self,
+                slot: NO_SLOT,
+            },
+            draining,
+        )
+    }
+
+    pub(crate) fn record_activity(&self) {
+        let now = self.stamp(Instant::now());
+        // Relaxed: a timestamp read by the propagation policy, which tolerates staleness of a
+        // few nanoseconds; fetch_max keeps it monotonic across threads.
+        self.last_activity.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub(crate) fn last_activity(&self) -> Option<Instant> {
+        self.unstamp(self.last_activity.load(Ordering::Relaxed))
+    }
+
+    /// A new connection accepted while draining.
+    pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) {
+        let now = self.stamp(Instant::now());
+        self.last_activity.fetch_max(now, Ordering::Relaxed);
+        let af = &self.after_flip;
+        af.new_connections.fetch_add(1, Ordering::Relaxed);
+        af.last_new_connection.fetch_max(now, Ordering::Relaxed);
+        if let Some(peer) = peer {
+            *af.peers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(peer.ip())
+                .or_insert(0) += 1;
+        }
+    }
+
+    /// A request that arrived while draining, on a new or a reused connection.
+    pub(crate) fn note_request(&self, on_new_connection: bool) {
+        let c = if on_new_connection {
+            &self.after_flip.requests_on_new
+        } else {
+            &self.after_flip.requests_on_reused
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn wake_zero(&self) {
+        self.zero.notify_waiters();
+    }
+
+    /// Sets the draining flag and wakes waiters if nothing is in flight.
+    pub(crate) fn start_draining(&self) {
+        if self.counter.start_draining() {
+            self.wake_zero();
+        }
+    }
+
+    /// Resolves once draining with nothing in flight. Event-driven: no polling.
+    pub(crate) async fn wait_zero(&self) {
+        loop {
+            let notified = self.zero.notified();
+            tokio::pin!(notified);
+            // Enable first, then check: a wake-up between the check and the await is kept.
+            notified.as_mut().enable();
+            if self.counter.is_drained() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The requests registered as in flight while draining.
+    pub(crate) fn registered_requests(&self) -> Vec<RequestInfo> {
+        let reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        reg.slots.iter().flatten().cloned().collect()
+    }
+
+    fn register(&self, info: RequestInfo) -> u32 {
+        let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = reg.free.pop() {
+            reg.slots[i as usize] = Some(info);
+            i
+        } else {
+            reg.slots.push(Some(info));
+            (reg.slots.len() - 1) as u32
+        }
+    }
+
+    fn unregister(&self, slot: u32) {
+        let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = reg.slots.get_mut(slot as usize) {
+            *s = None;
+            reg.free.push(slot);
+        }
+    }
+}
+
+/// Counts one unit of in-flight work for as long as it lives.
+///
+/// Taken with [`Drain::enter`](crate::Drain::enter) (the HTTP layer takes one per request and
+/// moves it into the response body). Dropping it — normally, by panic unwinding, or by dropping
+/// the future that held it — releases it. Taking and releasing a guard is one atomic operation
+/// each; no lock, no allocation.
+///
+/// Not `Clone`: a clone would count the same work twice or release it early.
+#[must_use = "the work counts as in flight only while the guard lives"]
+pub struct InFlightGuard {
+    core: &'static Core,
+    slot: u32,
+}
+
+impl InFlightGuard {
+    /// Registers what this guard counts, for the straggler list. Only called while draining.
+    pub(crate) fn describe(&mut self, info: RequestInfo) {
+        if self.slot == NO_SLOT {
+            self.slot = self.core.register(info);
+        }
+    }
+
+    /// `true` once [`describe`](Self::describe) registered this guard.
+    #[allow(dead_code)] // used by the HTTP layer, which is feature-gated
+    pub(crate) fn is_described(&self) -> bool {
+        self.slot != NO_SLOT
+    }
+
+    #[allow(dead_code)] // used by the HTTP layer, which is feature-gated
+    pub(crate) fn core(&self) -> &'static Core {
+        self.core
+    }
+}
+
+impl fmt::Debug for InFlightGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlightGuard")
+            .field("in_flight", &self.core.counter.count())
+            .finish()
+    }
+}
+
+impl Drop for InFlightGuard {
+    #[inline]
+    fn drop(&mut self) {
+        if self.slot != NO_SLOT {
+            // Unregister before leaving, so whoever sees zero sees an empty registry.
+            self.core.unregister(self.slot);
+        }
+        if self.core.counter.leave() {
+            self.core.wake_zero();
+        }
+    }
+}

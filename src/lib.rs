@@ -1,0 +1,78 @@
+//! Graceful shutdown for services on Kubernetes.
+//!
+//! `lameduck` puts a service into *lame-duck mode* when it is asked to go away: it flips
+//! readiness, keeps serving whatever still arrives while load balancers catch up, counts
+//! in-flight requests and background tasks, closes resources in order once the work that uses
+//! them is done, and exits inside the Pod's `terminationGracePeriodSeconds` — then explains the
+//! drain with a [`DrainReport`].
+//!
+//! ```text
+//! Starting ──(all startup gates open)──▶ Serving
+//! Serving ──(preStop call │ SIGTERM │ Drain::start)──▶ Draining
+//! Draining ──(propagation policy commits)──▶ StoppedAccepting
+//! StoppedAccepting ──(in-flight = 0 and tasks = 0, or quiesce deadline)──▶ Closing ──▶ Done
+//! ```
+//!
+//! # Quick start
+//!
+//! ```
+//! use std::time::Duration;
+//! use lameduck::{Drain, Propagation, Signals, Trigger};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), lameduck::ConfigError> {
+//! let drain = Drain::builder()
+//!     .propagation(Propagation::quiet(Duration::from_secs(2)))
+//!     # .signals(Signals::none()).report_to_stderr(false)
+//!     .build()?;
+//!
+//! drain.spawn("flush-uploads", async { /* must finish before exit */ });
+//! drain.on_close("database", || async { Ok::<_, std::io::Error>(()) });
+//!
+//! # drain.start(Trigger::Api);
+//! let report = drain.run().await; // waits for SIGTERM/SIGINT (or /drain), then drains
+//! # assert_eq!(report.exit_code, 0);
+//! // std::process::exit(report.exit_code);
+//! # Ok(()) }
+//! ```
+//!
+//! # The budget
+//!
+//! One budget, counted from the first trigger, because kubelet counts the `preStop` hook inside
+//! the grace period:
+//!
+//! ```text
+//! hard deadline     = origin + grace_period − safety_margin      (margin default 1 s)
+//! quiesce deadline  = hard deadline − close_budget                (close_budget default 5 s)
+//! propagation max   ≤ quiesce deadline
+//! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod budget;
+mod closers;
+mod counter;
+mod drain;
+mod error;
+mod guard;
+mod loom;
+mod phase;
+mod propagation;
+mod report;
+mod signal;
+mod tasks;
+
+pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV};
+pub use closers::{BoxError, CloserResult};
+pub use drain::{
+    Drain, DrainBuilder, Readiness, ReadinessWhileDraining, StartupGate, Status, TaskContext,
+};
+pub use error::ConfigError;
+pub use guard::InFlightGuard;
+pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
+pub use propagation::Propagation;
+pub use report::{
+    AfterFlipReport, BudgetReport, DrainReport, Outcome, PeerCount, PodInfo, Straggler,
+    TERMINATION_LOG_LIMIT,
+};
+pub use signal::Signals;
+pub use tasks::{TaskEnd, TaskKind};

@@ -1,0 +1,218 @@
+//! Phases, triggers and the timeline of lifecycle events.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Where the service is in its life. Phases only move forward.
+///
+/// ```text
+/// Starting ──(all startup gates open)──▶ Serving
+/// Serving ──(trigger)──▶ Draining ──(commit)──▶ StoppedAccepting ──(zero or deadline)──▶ Closing ──▶ Done
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Not ready yet: at least one startup gate is closed. `/readyz` is 503, `/livez` 200.
+    Starting,
+    /// Ready and serving.
+    Serving,
+    /// A trigger arrived: readiness is flipped, everything is still served, the propagation
+    /// policy is waiting for load balancers to catch up.
+    Draining,
+    /// Committed to leaving: listeners close, idle connections close, streams are told to stop;
+    /// requests on open connections are still served.
+    StoppedAccepting,
+    /// In-flight work reached zero (or the quiesce deadline passed): closers run.
+    Closing,
+    /// The drain is over and the report is ready.
+    Done,
+}
+
+impl Phase {
+    /// The phase's name as it appears in JSON (`"stopped_accepting"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Serving => "serving",
+            Phase::Draining => "draining",
+            Phase::StoppedAccepting => "stopped_accepting",
+            Phase::Closing => "closing",
+            Phase::Done => "done",
+        }
+    }
+
+    /// `true` from the trigger on.
+    pub fn is_draining(self) -> bool {
+        self >= Phase::Draining
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What started (or asked to start) the drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Trigger {
+    /// The application called [`Drain::start`](crate::Drain::start).
+    Api,
+    /// The admin `/drain` endpoint (a Kubernetes `preStop` hook).
+    #[serde(rename = "prestop")]
+    PreStop,
+    /// SIGTERM (kubelet's stop signal).
+    Sigterm,
+    /// SIGINT (Ctrl-C).
+    Sigint,
+    /// SIGQUIT.
+    Sigquit,
+}
+
+impl Trigger {
+    /// The trigger's name as it appears in JSON (`"prestop"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Api => "api",
+            Trigger::PreStop => "prestop",
+            Trigger::Sigterm => "sigterm",
+            Trigger::Sigint => "sigint",
+            Trigger::Sigquit => "sigquit",
+        }
+    }
+
+    /// `true` for the OS signals.
+    pub fn is_signal(self) -> bool {
+        matches!(self, Trigger::Sigterm | Trigger::Sigint | Trigger::Sigquit)
+    }
+}
+
+impl fmt::Display for Trigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why the drain stopped accepting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommitReason {
+    /// The quiet window held: `min` passed, no activity for `quiet`, nothing in flight.
+    Quiet,
+    /// The quiet window never held; `max` was reached.
+    Max,
+    /// The fixed propagation delay passed.
+    Fixed,
+    /// The quiesce deadline arrived first.
+    Deadline,
+    /// The drain was forced (second SIGINT, SIGQUIT, [`Drain::force`](crate::Drain::force)).
+    Forced,
+}
+
+impl CommitReason {
+    /// The reason's name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommitReason::Quiet => "quiet",
+            CommitReason::Max => "max",
+            CommitReason::Fixed => "fixed",
+            CommitReason::Deadline => "deadline",
+            CommitReason::Forced => "forced",
+        }
+    }
+}
+
+/// The kind of a lifecycle event in the timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EventKind {
+    /// The first trigger arrived; the budget's origin.
+    DrainStarted,
+    /// `/readyz` started answering 503.
+    ReadinessFlipped,
+    /// A trigger arrived after the first one (recorded, changes nothing), or a signal arrived.
+    SignalReceived,
+    /// The propagation policy is satisfied (or gave up).
+    PropagationDone,
+    /// Listeners closed; `reason` says why.
+    StoppedAccepting,
+    /// The last in-flight request guard was released.
+    InFlightZero,
+    /// The last background task ended.
+    TasksDone,
+    /// The quiesce deadline passed with work still running.
+    DeadlineExceeded,
+    /// One resource closer finished (`name`, `result`).
+    ResourceClosed,
+    /// The drain is over.
+    Done,
+}
+
+impl EventKind {
+    /// The event's name as it appears in JSON (`"in_flight_zero"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::DrainStarted => "drain_started",
+            EventKind::ReadinessFlipped => "readiness_flipped",
+            EventKind::SignalReceived => "signal_received",
+            EventKind::PropagationDone => "propagation_done",
+            EventKind::StoppedAccepting => "stopped_accepting",
+            EventKind::InFlightZero => "in_flight_zero",
+            EventKind::TasksDone => "tasks_done",
+            EventKind::DeadlineExceeded => "deadline_exceeded",
+            EventKind::ResourceClosed => "resource_closed",
+            EventKind::Done => "done",
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One entry of the timeline.
+///
+/// JSON form: `{"event":"stopped_accepting","at_ms":2004,"unix_ms":1764477000123,"reason":"quiet"}`;
+/// optional fields are left out when empty.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// What happened.
+    pub event: EventKind,
+    /// Milliseconds since the drain's origin (the first trigger).
+    pub at_ms: u64,
+    /// Wall-clock time, milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    /// The trigger, for `drain_started` and `signal_received`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<Trigger>,
+    /// Why, for `stopped_accepting` (`quiet`, `max`, `fixed`, `deadline`, `forced`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<CommitReason>,
+    /// The closer's name, for `resource_closed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// A short free-form detail (a closer's result, the number of stragglers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl Event {
+    pub(crate) fn new(event: EventKind, at: Duration, unix_ms: u64) -> Self {
+        Self {
+            event,
+            at_ms: at.as_millis() as u64,
+            unix_ms,
+            trigger: None,
+            reason: None,
+            name: None,
+            detail: None,
+        }
+    }
+}

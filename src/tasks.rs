@@ -1,0 +1,156 @@
+//! Named background tasks, on top of `tokio_util`'s `TaskTracker` and `CancellationToken`.
+//!
+//! A task start is rare, so the registry of names and start times sits behind a `Mutex`; it is
+//! never touched on the request path. Each task runs as its own Tokio task so that a panic is
+//! caught by its `JoinHandle` and recorded by name, and so that it can be aborted at the quiesce
+//! deadline; a small tracked wrapper awaits it and keeps the `TaskTracker` count.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+/// How a background task is treated by the drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskKind {
+    /// Counted; the drain waits for it.
+    MustFinish,
+    /// Its token fires at drain start (stop taking new work); counted until it returns.
+    CancelOnDrain,
+}
+
+/// A background task that did not end normally, as recorded in the report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEnd {
+    /// The task's name.
+    pub name: String,
+    /// `panicked` or `aborted`.
+    pub result: String,
+    /// How long it ran, in milliseconds.
+    pub ran_ms: u64,
+}
+
+/// A recovery action: runs if the task is still unfinished at the quiesce deadline, before it is
+/// aborted.
+pub(crate) type Recovery =
+    Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send>;
+
+pub(crate) struct Running {
+    pub(crate) name: String,
+    pub(crate) kind: TaskKind,
+    pub(crate) started: Instant,
+    pub(crate) abort: AbortHandle,
+    pub(crate) recovery: Option<(Duration, Recovery)>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("started", &self.started)
+            .field("recovery", &self.recovery.is_some())
+            .finish()
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Tasks {
+    pub(crate) tracker: TaskTracker,
+    registry: Arc<Mutex<Registry>>,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    next_id: u64,
+    running: BTreeMap<u64, Running>,
+    /// Tasks that panicked or were aborted (completed ones are not kept).
+    ended: Vec<TaskEnd>,
+}
+
+impl Tasks {
+    pub(crate) fn spawn<F>(
+        &self,
+        name: String,
+        kind: TaskKind,
+        recovery: Option<(Duration, Recovery)>,
+        fut: F,
+    ) where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let started = Instant::now();
+        let inner = tokio::spawn(fut);
+        let abort = inner.abort_handle();
+        let id = {
+            let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+            let id = reg.next_id;
+            reg.next_id += 1;
+            reg.running.insert(
+                id,
+                Running {
+                    name,
+                    kind,
+                    started,
+                    abort,
+                    recovery,
+                },
+            );
+            id
+        };
+        let registry = Arc::clone(&self.registry);
+        self.tracker.spawn(async move {
+            let result = inner.await;
+            let mut reg = registry.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(task) = reg.running.remove(&id) else {
+                return;
+            };
+            let ended = match result {
+                Ok(()) => return,
+                Err(e) if e.is_panic() => {
+                    tracing::error!(task = %task.name, "lameduck: background task panicked");
+                    "panicked"
+                }
+                Err(_) => "aborted",
+            };
+            reg.ended.push(TaskEnd {
+                name: task.name,
+                result: ended.to_owned(),
+                ran_ms: task.started.elapsed().as_millis() as u64,
+            });
+        });
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Names and start times of the tasks still running.
+    pub(crate) fn running(&self) -> Vec<(String, TaskKind, Instant)> {
+        let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        reg.running
+            .values()
+            .map(|t| (t.name.clone(), t.kind, t.started))
+            .collect()
+    }
+
+    /// Takes the recovery actions of the tasks still running, and their abort handles.
+    pub(crate) fn take_stragglers(&self) -> Vec<(String, Instant, AbortHandle, Option<(Duration, Recovery)>)> {
+        let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        reg.running
+            .values_mut()
+            .map(|t| (t.name.clone(), t.started, t.abort.clone(), t.recovery.take()))
+            .collect()
+    }
+
+    pub(crate) fn ended(&self) -> Vec<TaskEnd> {
+        let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        reg.ended.clone()
+    }
+}
