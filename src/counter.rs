@@ -84,7 +84,7 @@ impl Counter {
     }
 }
 
-#[cfg(all(test, loom))]
+#[cfg(all(test, lameduck_loom))]
 mod loom_model {
     //! Model: the waiter must never miss the zero, whatever the interleaving of the last guard's
     //! release, the drain start, and new guards entering during the drain.

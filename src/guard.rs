@@ -119,6 +119,7 @@ impl Core {
     }
 
     /// A new connection accepted while draining.
+    #[allow(dead_code)] // called by the accept loop of the `http` feature
     pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) {
         let now = self.stamp(Instant::now());
         self.last_activity.fetch_max(now, Ordering::Relaxed);
@@ -135,6 +136,7 @@ impl Core {
     }
 
     /// A request that arrived while draining, on a new or a reused connection.
+    #[allow(dead_code)] // called by the HTTP layer of the `http` feature
     pub(crate) fn note_request(&self, on_new_connection: bool) {
         let c = if on_new_connection {
             &self.after_flip.requests_on_new
@@ -175,6 +177,7 @@ impl Core {
         reg.slots.iter().flatten().cloned().collect()
     }
 
+    #[allow(dead_code)] // reached through `describe`, called by the HTTP layer
     fn register(&self, info: RequestInfo) -> u32 {
         let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = reg.free.pop() {
@@ -211,6 +214,7 @@ pub struct InFlightGuard {
 
 impl InFlightGuard {
     /// Registers what this guard counts, for the straggler list. Only called while draining.
+    #[allow(dead_code)] // called by the HTTP layer of the `http` feature
     pub(crate) fn describe(&mut self, info: RequestInfo) {
         if self.slot == NO_SLOT {
             self.slot = self.core.register(info);

@@ -1,9 +1,9 @@
 //! A small shim so the hot-path atomics can be swapped for loom's model-checked ones.
 //!
-//! Under `--cfg loom` the counter is built on `loom::sync::atomic`; otherwise on `std`.
+//! Under `--cfg lameduck_loom` (not plain `loom`, which would also switch Tokio into its own loom mode and compile out its signal and net modules) the counter is built on `loom::sync::atomic`; otherwise on `std`.
 
-#[cfg(loom)]
+#[cfg(lameduck_loom)]
 pub(crate) use loom::sync::atomic::{AtomicUsize, Ordering};
 
-#[cfg(not(loom))]
+#[cfg(not(lameduck_loom))]
 pub(crate) use std::sync::atomic::{AtomicUsize, Ordering};

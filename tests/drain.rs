@@ -1,0 +1,520 @@
+//! Behaviour of the coordinator core, with paused Tokio time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lameduck::{CommitReason, ConfigError, Drain, EventKind, Phase, Propagation, Signals, Trigger};
+use tokio::time::Instant;
+
+fn builder() -> lameduck::DrainBuilder {
+    Drain::builder()
+        .signals(Signals::none())
+        .report_to_stderr(false)
+        .termination_log(None)
+}
+
+fn ms(d: u64) -> Duration {
+    Duration::from_millis(d)
+}
+
+#[tokio::test(start_paused = true)]
+async fn phases_move_forward_in_order() {
+    let drain = builder()
+        .grace_period(Duration::from_secs(10))
+        .propagation(Propagation::fixed(ms(500)))
+        .build()
+        .unwrap();
+    let mut rx = drain.subscribe();
+    assert_eq!(drain.phase(), Phase::Starting);
+    drain.mark_started();
+    assert_eq!(drain.phase(), Phase::Serving);
+
+    let seen = tokio::spawn(async move {
+        let mut seen = vec![*rx.borrow_and_update()];
+        while rx.changed().await.is_ok() {
+            let p = *rx.borrow_and_update();
+            seen.push(p);
+            if p == Phase::Done {
+                break;
+            }
+        }
+        seen
+    });
+    tokio::task::yield_now().await; // let the observer see Serving
+    assert!(drain.start(Trigger::Api));
+    assert_eq!(drain.phase(), Phase::Draining);
+    tokio::time::sleep(ms(600)).await;
+    assert!(drain.phase() >= Phase::StoppedAccepting);
+    let report = drain.drained().await;
+    // A watch shows the latest phase, so the observer may skip some; what it sees is in order.
+    let seen = seen.await.unwrap();
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    assert_eq!(seen.first(), Some(&Phase::Serving));
+    assert_eq!(seen.last(), Some(&Phase::Done));
+    let kinds: Vec<_> = report.timeline.iter().map(|e| e.event).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            EventKind::DrainStarted,
+            EventKind::ReadinessFlipped,
+            EventKind::PropagationDone,
+            EventKind::StoppedAccepting,
+            EventKind::InFlightZero,
+            EventKind::TasksDone,
+            EventKind::Done,
+        ]
+    );
+    assert_eq!(
+        report.event(EventKind::StoppedAccepting).unwrap().reason,
+        Some(CommitReason::Fixed)
+    );
+    assert_eq!(
+        report.event(EventKind::StoppedAccepting).unwrap().at_ms,
+        500
+    );
+    assert_eq!(report.exit_code, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_is_false_until_every_gate_opens() {
+    let drain = builder().build().unwrap();
+    let warm = drain.startup_gate("cache-warmup");
+    let migrations = drain.startup_gate("migrations");
+    drain.mark_started();
+    assert_eq!(drain.phase(), Phase::Starting);
+    let r = drain.readiness();
+    assert!(!r.ready);
+    assert_eq!(r.reason, "starting: waiting for cache-warmup");
+    warm.open();
+    assert!(!drain.is_ready());
+    assert_eq!(drain.readiness().reason, "starting: waiting for migrations");
+    assert_eq!(drain.phase(), Phase::Starting);
+    migrations.open();
+    assert!(drain.is_ready());
+    assert_eq!(drain.phase(), Phase::Serving);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_gate_keeps_readiness_false() {
+    let drain = builder().build().unwrap();
+    let gate = drain.startup_gate("warmup");
+    drop(gate);
+    drain.mark_started();
+    assert!(!drain.is_ready());
+    assert_eq!(drain.phase(), Phase::Starting);
+    assert!(drain
+        .readiness()
+        .checks
+        .iter()
+        .any(|c| c == "[-]gate warmup waiting"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_checks_are_listed_and_can_fail() {
+    let drain = builder().build().unwrap();
+    drain.mark_started();
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let h = healthy.clone();
+    drain.readiness_check("local-disk", move || {
+        if h.load(std::sync::atomic::Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("full".into())
+        }
+    });
+    assert!(drain.is_ready());
+    healthy.store(false, std::sync::atomic::Ordering::Relaxed);
+    let r = drain.readiness();
+    assert!(!r.ready);
+    assert_eq!(r.reason, "check local-disk failed: full");
+    assert!(r.checks.contains(&"[-]local-disk failed: full".to_owned()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn exactly_one_of_many_concurrent_starts_wins() {
+    let drain = builder().build().unwrap();
+    drain.mark_started();
+    let mut handles = Vec::new();
+    for i in 0..100 {
+        let d = drain.clone();
+        handles.push(tokio::spawn(async move {
+            d.start(if i % 2 == 0 {
+                Trigger::Api
+            } else {
+                Trigger::PreStop
+            })
+        }));
+    }
+    let mut wins = 0;
+    for h in handles {
+        if h.await.unwrap() {
+            wins += 1;
+        }
+    }
+    assert_eq!(wins, 1);
+    let tl = drain.timeline();
+    assert_eq!(
+        tl.iter()
+            .filter(|e| e.event == EventKind::DrainStarted)
+            .count(),
+        1
+    );
+    assert_eq!(
+        tl.iter()
+            .filter(|e| e.event == EventKind::SignalReceived)
+            .count(),
+        99
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn later_triggers_do_not_move_the_origin() {
+    let drain = builder()
+        .grace_period(Duration::from_secs(10))
+        .propagation(Propagation::fixed(Duration::from_secs(2)))
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    drain.start(Trigger::PreStop);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!drain.start(Trigger::Sigterm));
+    assert_eq!(
+        drain.deadline().unwrap(),
+        t0 + drain.budget().quiesce_deadline()
+    );
+    let report = drain.drained().await;
+    assert_eq!(report.trigger, Some(Trigger::PreStop));
+    let sig = report.event(EventKind::SignalReceived).unwrap();
+    assert_eq!(sig.trigger, Some(Trigger::Sigterm));
+    assert_eq!(sig.at_ms, 1000);
+    // Propagation still counted from the first trigger.
+    assert_eq!(
+        report.event(EventKind::StoppedAccepting).unwrap().at_ms,
+        2000
+    );
+}
+
+// ---------- budget and configuration errors ----------
+
+fn err(b: lameduck::DrainBuilder) -> ConfigError {
+    b.build().unwrap_err()
+}
+
+#[test]
+fn budget_arithmetic() {
+    let d = Drain::builder()
+        .grace_period(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let b = d.budget();
+    assert_eq!(b.hard_deadline(), Duration::from_secs(29));
+    assert_eq!(b.quiesce_deadline(), Duration::from_secs(24));
+
+    let d = Drain::builder()
+        .grace_period(Duration::from_secs(60))
+        .safety_margin(Duration::from_secs(2))
+        .close_budget(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    assert_eq!(d.budget().quiesce_deadline(), Duration::from_secs(48));
+
+    // Short grace period: the defaults shrink in proportion.
+    let d = Drain::builder().grace_period(ms(3000)).build().unwrap();
+    assert_eq!(d.budget().safety_margin, ms(100));
+    assert_eq!(d.budget().close_budget, ms(500));
+}
+
+#[test]
+fn every_config_error_names_the_setting() {
+    let e = err(Drain::builder().grace_period(Duration::ZERO));
+    assert!(
+        e.is_budget() && e.to_string().contains("grace_period is zero"),
+        "{e}"
+    );
+
+    let e = err(Drain::builder()
+        .grace_period(Duration::from_secs(5))
+        .close_budget(Duration::from_secs(5)));
+    assert!(e.is_budget());
+    assert_eq!(
+        e.to_string(),
+        "close_budget (5s) + safety_margin (166ms) leaves nothing of grace_period (5s): \
+         lower close_budget or safety_margin, or raise grace_period"
+    );
+
+    let e = err(Drain::builder()
+        .grace_period(Duration::from_secs(5))
+        .close_budget(Duration::from_secs(4))
+        .safety_margin(Duration::from_secs(1)));
+    assert!(
+        e.to_string()
+            .contains("close_budget (4s) + safety_margin (1s)"),
+        "{e}"
+    );
+
+    let e = err(Drain::builder().propagation(
+        Propagation::quiet(Duration::from_secs(1))
+            .min(Duration::from_secs(10))
+            .max(Duration::from_secs(5)),
+    ));
+    assert!(e.is_propagation());
+    assert!(e.to_string().contains("min (10s) is above max (5s)"), "{e}");
+
+    let e = err(Drain::builder()
+        .grace_period(Duration::from_secs(30))
+        .propagation(Propagation::quiet(Duration::from_secs(1)).max(Duration::from_secs(25))));
+    assert!(e.is_propagation());
+    assert!(
+        e.to_string()
+            .contains("max (25s) is past the quiesce deadline (24s"),
+        "{e}"
+    );
+
+    let e = err(Drain::builder().propagation(Propagation::fixed(Duration::from_secs(60))));
+    assert!(
+        e.to_string().contains("fixed propagation delay (60s)"),
+        "{e}"
+    );
+
+    let e = err(Drain::builder().propagation(Propagation::quiet(Duration::ZERO)));
+    assert!(e.to_string().contains("quiet window is zero"), "{e}");
+
+    let e = err(Drain::builder().hurry_lead(Duration::from_secs(100)));
+    assert!(e.to_string().contains("hurry_lead (100s)"), "{e}");
+}
+
+#[test]
+fn unparsable_durations_are_errors_not_panics() {
+    for bad in ["", "abc", "10x", "-5s", "99999999999999999999999s", "1.5s"] {
+        let e = lameduck::parse_duration(bad).unwrap_err();
+        assert!(e.is_parse(), "{bad}: {e}");
+        assert!(e.to_string().contains("is not a duration"), "{bad}: {e}");
+    }
+}
+
+/// The environment is process-wide, so this test runs in a child process of its own.
+#[test]
+fn grace_period_from_the_environment() {
+    if std::env::var_os("LAMEDUCK_ENV_CHILD").is_some() {
+        let v = std::env::var("LAMEDUCK_GRACE_PERIOD").unwrap();
+        match Drain::builder().build() {
+            Ok(d) => println!("GRACE={}", d.budget().grace_period.as_millis()),
+            Err(e) => println!("ERR={} env={}", e, e.is_env()),
+        }
+        let _ = v;
+        return;
+    }
+    let run = |value: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "grace_period_from_the_environment",
+                "--nocapture",
+                "-q",
+            ])
+            .env("LAMEDUCK_ENV_CHILD", "1")
+            .env("LAMEDUCK_GRACE_PERIOD", value)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert!(run("45").contains("GRACE=45000"));
+    assert!(run("1500ms").contains("GRACE=1500"));
+    assert!(run("2m").contains("GRACE=120000"));
+    let bad = run("soon");
+    assert!(
+        bad.contains("ERR=LAMEDUCK_GRACE_PERIOD=\"soon\" is not a duration")
+            && bad.contains("env=true"),
+        "{bad}"
+    );
+}
+
+// ---------- the quiet window ----------
+
+#[tokio::test(start_paused = true)]
+async fn quiet_window_waits_while_activity_continues() {
+    let drain = builder()
+        .grace_period(Duration::from_secs(30))
+        .propagation(
+            Propagation::quiet(Duration::from_secs(2))
+                .min(Duration::from_secs(1))
+                .max(Duration::from_secs(20)),
+        )
+        .build()
+        .unwrap();
+    drain.start(Trigger::Api);
+    // A request every second for 6 s: each one is activity.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(drain.phase(), Phase::Draining);
+        drop(drain.enter());
+    }
+    // Last activity at 6 s: commit at 8 s, not before.
+    tokio::time::sleep(ms(1900)).await;
+    assert_eq!(drain.phase(), Phase::Draining);
+    drain.reached(Phase::StoppedAccepting).await;
+    let tl = drain.timeline();
+    let e = tl
+        .iter()
+        .find(|e| e.event == EventKind::StoppedAccepting)
+        .unwrap();
+    assert_eq!(e.reason, Some(CommitReason::Quiet));
+    assert_eq!(e.at_ms, 8000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn quiet_window_respects_min() {
+    let drain = builder()
+        .propagation(
+            Propagation::quiet(ms(500))
+                .min(Duration::from_secs(3))
+                .max(Duration::from_secs(10)),
+        )
+        .build()
+        .unwrap();
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    let e = report.event(EventKind::StoppedAccepting).unwrap();
+    assert_eq!(e.reason, Some(CommitReason::Quiet));
+    assert_eq!(e.at_ms, 3000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn quiet_window_commits_at_max_under_endless_activity() {
+    let drain = builder()
+        .grace_period(Duration::from_secs(30))
+        .propagation(
+            Propagation::quiet(Duration::from_secs(2))
+                .min(Duration::from_secs(1))
+                .max(Duration::from_secs(5)),
+        )
+        .build()
+        .unwrap();
+    drain.start(Trigger::Api);
+    let d = drain.clone();
+    let load = tokio::spawn(async move {
+        // Bounded: 100 requests, one every 500 ms (50 s at most, paused time).
+        for _ in 0..100 {
+            if d.phase() >= Phase::StoppedAccepting {
+                break;
+            }
+            drop(d.enter());
+            tokio::time::sleep(ms(500)).await;
+        }
+    });
+    drain.reached(Phase::StoppedAccepting).await;
+    load.await.unwrap();
+    let tl = drain.timeline();
+    let e = tl
+        .iter()
+        .find(|e| e.event == EventKind::StoppedAccepting)
+        .unwrap();
+    assert_eq!(e.reason, Some(CommitReason::Max));
+    assert_eq!(e.at_ms, 5000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn quiet_window_waits_for_in_flight_work() {
+    let drain = builder()
+        .propagation(
+            Propagation::quiet(Duration::from_secs(1))
+                .min(Duration::from_secs(1))
+                .max(Duration::from_secs(10)),
+        )
+        .build()
+        .unwrap();
+    let guard = drain.enter(); // entered before the drain: not activity
+    drain.start(Trigger::Api);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        drain.phase(),
+        Phase::Draining,
+        "quiet, but a request is in flight"
+    );
+    drop(guard);
+    drain.reached(Phase::StoppedAccepting).await;
+    let tl = drain.timeline();
+    let e = tl
+        .iter()
+        .find(|e| e.event == EventKind::StoppedAccepting)
+        .unwrap();
+    assert_eq!(e.reason, Some(CommitReason::Quiet));
+    assert_eq!(e.at_ms, 4000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn default_policy_fits_short_grace_periods() {
+    // 4 s grace: margin 133 ms, close 666 ms, max = 2 s, min and quiet shrink to fit.
+    let drain = builder()
+        .grace_period(Duration::from_secs(4))
+        .build()
+        .unwrap();
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    assert!(report.event(EventKind::StoppedAccepting).unwrap().at_ms <= 2000);
+    assert_eq!(report.exit_code, 0);
+}
+
+// ---------- in-flight guards ----------
+
+#[tokio::test(start_paused = true)]
+async fn in_flight_zero_waits_for_the_last_guard() {
+    let drain = builder()
+        .propagation(Propagation::fixed(ms(100)))
+        .build()
+        .unwrap();
+    let guard = drain.enter();
+    assert_eq!(drain.in_flight(), 1);
+    drain.start(Trigger::Api);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(drain.phase(), Phase::StoppedAccepting);
+    drop(guard);
+    let report = drain.drained().await;
+    assert_eq!(report.event(EventKind::InFlightZero).unwrap().at_ms, 2000);
+    assert_eq!(drain.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_releases_the_guard() {
+    let drain = builder().build().unwrap();
+    let d = drain.clone();
+    let r = tokio::spawn(async move {
+        let _guard = d.enter();
+        panic!("handler bug");
+    })
+    .await;
+    assert!(r.unwrap_err().is_panic());
+    assert_eq!(drain.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_an_unfinished_future_releases_the_guard() {
+    let drain = builder()
+        .propagation(Propagation::fixed(ms(10)))
+        .build()
+        .unwrap();
+    let d = drain.clone();
+    let fut = async move {
+        let _guard = d.enter();
+        std::future::pending::<()>().await;
+    };
+    let timed_out = tokio::time::timeout(Duration::from_secs(1), fut).await;
+    assert!(timed_out.is_err());
+    assert_eq!(drain.in_flight(), 0);
+    drain.start(Trigger::Api);
+    assert_eq!(drain.drained().await.exit_code, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn force_skips_the_waits_and_reports_forced() {
+    let drain = builder().build().unwrap();
+    let _stuck = drain.enter();
+    drain.start(Trigger::Sigint);
+    tokio::time::sleep(ms(100)).await;
+    assert!(drain.force());
+    assert!(!drain.force());
+    let report = drain.drained().await;
+    assert_eq!(report.outcome, lameduck::Outcome::Forced);
+    assert_eq!(report.exit_code, 1);
+    assert!(report.budget.used_ms < 1000);
+}

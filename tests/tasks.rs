@@ -1,0 +1,331 @@
+//! Background tasks, ordered closers, the quiesce deadline and the report, with paused time.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lameduck::{
+    Drain, DrainReport, EventKind, Outcome, Phase, Propagation, Signals, Trigger,
+    TERMINATION_LOG_LIMIT,
+};
+use tokio::time::Instant;
+
+fn builder() -> lameduck::DrainBuilder {
+    Drain::builder()
+        .signals(Signals::none())
+        .report_to_stderr(false)
+        .termination_log(None)
+        .grace_period(Duration::from_secs(10))
+        .propagation(Propagation::fixed(Duration::from_millis(100)))
+}
+
+fn s(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_must_finish_task_delays_closing() {
+    let drain = builder().build().unwrap();
+    drain.spawn("upload-flush", async {
+        tokio::time::sleep(s(3)).await;
+    });
+    assert_eq!(drain.tasks(), 1);
+    let closed_at = Arc::new(Mutex::new(None));
+    let c = closed_at.clone();
+    drain.on_close("bucket", move || async move {
+        *c.lock().unwrap() = Some(Instant::now());
+        Ok::<_, std::io::Error>(())
+    });
+    let t0 = Instant::now();
+    drain.start(Trigger::Api);
+    tokio::time::sleep(s(1)).await;
+    assert_eq!(drain.phase(), Phase::StoppedAccepting);
+    let report = drain.drained().await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    assert_eq!(report.event(EventKind::TasksDone).unwrap().at_ms, 3000);
+    let closed = closed_at.lock().unwrap().unwrap();
+    assert!(closed >= t0 + s(3));
+    // tasks_done comes before the closer.
+    let order: Vec<_> = report.timeline.iter().map(|e| e.event).collect();
+    let td = order
+        .iter()
+        .position(|e| *e == EventKind::TasksDone)
+        .unwrap();
+    let rc = order
+        .iter()
+        .position(|e| *e == EventKind::ResourceClosed)
+        .unwrap();
+    assert!(td < rc);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancellable_task_sees_its_token_at_drain_start() {
+    let drain = builder().build().unwrap();
+    let stopped_at = Arc::new(Mutex::new(None));
+    let st = stopped_at.clone();
+    drain.spawn_cancellable("queue-consumer", move |ctx| async move {
+        ctx.stop().cancelled().await;
+        *st.lock().unwrap() = Some(Instant::now());
+        // Finish the current item.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    });
+    tokio::time::sleep(s(2)).await;
+    assert!(stopped_at.lock().unwrap().is_none());
+    let t0 = Instant::now();
+    drain.start(Trigger::Api);
+    tokio::task::yield_now().await;
+    let report = drain.drained().await;
+    assert_eq!(*stopped_at.lock().unwrap(), Some(t0));
+    assert_eq!(report.event(EventKind::TasksDone).unwrap().at_ms, 500);
+    assert_eq!(report.outcome, Outcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn closers_run_in_reverse_order_and_failures_do_not_stop_the_next() {
+    let drain = builder().build().unwrap();
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let r = ran.clone();
+    drain.on_close("postgres", move || async move {
+        r.lock().unwrap().push("postgres");
+        Ok::<_, std::io::Error>(())
+    });
+    let r = ran.clone();
+    drain.on_close("cache", move || async move {
+        r.lock().unwrap().push("cache");
+        Err::<(), _>(std::io::Error::other("connection reset"))
+    });
+    let r = ran.clone();
+    drain.on_close("metrics", move || async move {
+        r.lock().unwrap().push("metrics");
+        if true {
+            panic!("closer bug");
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let r = ran.clone();
+    drain.on_close_with_timeout("queue", Duration::from_millis(300), move || async move {
+        r.lock().unwrap().push("queue");
+        std::future::pending::<()>().await;
+        Ok::<_, std::io::Error>(())
+    });
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    assert_eq!(
+        *ran.lock().unwrap(),
+        vec!["queue", "metrics", "cache", "postgres"]
+    );
+    let results: Vec<_> = report
+        .closers
+        .iter()
+        .map(|c| (c.name.as_str(), c.result.as_str()))
+        .collect();
+    assert_eq!(
+        results,
+        vec![
+            ("queue", "timed_out"),
+            ("metrics", "panicked"),
+            ("cache", "error: connection reset"),
+            ("postgres", "ok"),
+        ]
+    );
+    assert_eq!(report.closers[0].took_ms, 300);
+    assert_eq!(report.outcome, Outcome::CloserFailed);
+    assert_eq!(report.exit_code, 1);
+    assert_eq!(
+        report
+            .timeline
+            .iter()
+            .filter(|e| e.event == EventKind::ResourceClosed)
+            .count(),
+        4
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_that_never_ends_is_a_straggler_and_the_drain_still_finishes() {
+    let drain = builder().build().unwrap();
+    // grace 10 s: margin 333 ms, close 1666 ms → quiesce at 8001 ms, hard at 9667 ms.
+    drain.spawn("stuck-export", std::future::pending::<()>());
+    let closer_ran = Arc::new(Mutex::new(false));
+    let c = closer_ran.clone();
+    drain.on_close("db", move || async move {
+        *c.lock().unwrap() = true;
+        Ok::<_, std::io::Error>(())
+    });
+    let t0 = Instant::now();
+    drain.start(Trigger::Sigterm);
+    let report = drain.drained().await;
+    let took = t0.elapsed();
+    assert!(took < drain.budget().hard_deadline(), "{took:?}");
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert_eq!(report.exit_code, 1);
+    let deadline = report.event(EventKind::DeadlineExceeded).unwrap();
+    assert_eq!(
+        deadline.at_ms,
+        drain.budget().quiesce_deadline().as_millis() as u64
+    );
+    assert_eq!(report.stragglers.len(), 1);
+    assert_eq!(report.stragglers[0].kind, "task");
+    assert_eq!(report.stragglers[0].name, "stuck-export");
+    assert!(*closer_ran.lock().unwrap(), "closing still got its time");
+    assert_eq!(report.tasks.len(), 1);
+    assert_eq!(report.tasks[0].result, "aborted");
+    assert_eq!(drain.tasks(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_still_in_flight_at_the_deadline_is_a_straggler() {
+    let drain = builder().build().unwrap();
+    let _guard = drain.enter();
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert_eq!(report.stragglers.len(), 1);
+    assert_eq!(report.stragglers[0].kind, "request");
+    assert!(report.event(EventKind::InFlightZero).is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_task_is_recorded_and_does_not_take_the_coordinator_down() {
+    let drain = builder().build().unwrap();
+    drain.spawn("bad-job", async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        panic!("boom");
+    });
+    tokio::time::sleep(s(1)).await;
+    assert_eq!(drain.tasks(), 0);
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    assert_eq!(report.tasks.len(), 1);
+    assert_eq!(report.tasks[0].name, "bad-job");
+    assert_eq!(report.tasks[0].result, "panicked");
+    // A panicked task is recorded; the drain itself is clean.
+    assert_eq!(report.outcome, Outcome::Clean);
+}
+
+#[tokio::test(start_paused = true)]
+async fn recovery_runs_for_an_unfinished_task_before_it_is_aborted() {
+    let drain = builder().build().unwrap();
+    let queue = Arc::new(Mutex::new(Vec::<u32>::new()));
+    let hurried = Arc::new(Mutex::new(None));
+    let (h, q) = (hurried.clone(), queue.clone());
+    drain.spawn_with_recovery(
+        "consumer",
+        move |ctx| async move {
+            ctx.hurry().cancelled().await;
+            *h.lock().unwrap() = Some(Instant::now());
+            std::future::pending::<()>().await;
+        },
+        s(1),
+        move || async move {
+            q.lock().unwrap().push(7);
+            Ok(())
+        },
+    );
+    let t0 = Instant::now();
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    assert_eq!(
+        *queue.lock().unwrap(),
+        vec![7],
+        "the item went back to the queue"
+    );
+    let hurry_at = hurried.lock().unwrap().unwrap() - t0;
+    assert!(hurry_at < drain.budget().quiesce_deadline());
+    let st = &report.stragglers[0];
+    assert_eq!(st.name, "consumer");
+    assert_eq!(st.recovery.as_deref(), Some("ok"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_report_round_trips_and_holds_every_event() {
+    let drain = builder().build().unwrap();
+    drain.on_close("db", || async { Ok::<_, std::io::Error>(()) });
+    drain.spawn("short", async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    });
+    drain.start(Trigger::PreStop);
+    drain.start(Trigger::Sigterm);
+    let report = drain.drained().await;
+    let json = report.to_json();
+    let back: DrainReport = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, report);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for key in [
+        "outcome",
+        "trigger",
+        "exit_code",
+        "budget",
+        "timeline",
+        "after_flip",
+        "stragglers",
+        "closers",
+        "pod",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(v["trigger"], "prestop");
+    assert_eq!(v["outcome"], "clean");
+    assert_eq!(v["budget"]["grace_ms"], 10_000);
+    let events: Vec<&str> = v["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        events,
+        [
+            "drain_started",
+            "readiness_flipped",
+            "signal_received",
+            "propagation_done",
+            "stopped_accepting",
+            "in_flight_zero",
+            "tasks_done",
+            "resource_closed",
+            "done"
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_termination_summary_is_capped_and_written_to_the_log_path() {
+    let dir = std::env::temp_dir().join(format!("lameduck-tlog-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("termination-log");
+    std::fs::write(&log, "").unwrap();
+    let drain = builder()
+        .termination_log(Some(log.clone()))
+        .report_file(dir.join("report.json"))
+        .build()
+        .unwrap();
+    // 300 closers with long names: far more than 4096 bytes of summary.
+    for i in 0..300 {
+        drain.on_close(
+            format!("resource-with-a-long-descriptive-name-{i:04}"),
+            || async { Ok::<_, std::io::Error>(()) },
+        );
+    }
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    let summary = report.summary();
+    assert!(summary.len() <= TERMINATION_LOG_LIMIT, "{}", summary.len());
+    assert!(summary.starts_with("lameduck drain clean (exit 0), trigger api"));
+    assert!(summary.ends_with("…(truncated)\n"));
+    let written = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(written, summary);
+    let file = std::fs::read_to_string(dir.join("report.json")).unwrap();
+    let back: DrainReport = serde_json::from_str(file.trim()).unwrap();
+    assert_eq!(back, report);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_termination_log_is_not_an_error() {
+    let drain = builder()
+        .termination_log(Some("/nonexistent-dir/termination-log".into()))
+        .build()
+        .unwrap();
+    drain.start(Trigger::Api);
+    assert_eq!(drain.drained().await.outcome, Outcome::Clean);
+}
