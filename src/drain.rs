@@ -843,7 +843,6 @@ impl Drain {
             let st = self.inner.lock();
             (st.trigger, st.timeline.clone(), st.origin)
         };
-        let grace = self.inner.budget.grace_period;
         let used = origin.map_or(Duration::ZERO, |o| o.at.elapsed());
         Status {
             phase,
@@ -853,11 +852,7 @@ impl Drain {
             connections: self.connections(),
             tasks: self.tasks(),
             readiness_policy: self.inner.readiness,
-            budget: BudgetReport {
-                grace_ms: grace.as_millis() as u64,
-                used_ms: used.as_millis() as u64,
-                remaining_ms: grace.saturating_sub(used).as_millis() as u64,
-            },
+            budget: BudgetReport::new(&self.inner.budget, used),
             timeline,
         }
     }
@@ -1205,21 +1200,17 @@ impl Drain {
             .unstamp(af.last_new_connection.load(Ordering::Relaxed))
             .map(|t| t.saturating_duration_since(origin).as_millis() as u64);
         let used = origin.elapsed();
-        let grace = self.inner.budget.grace_period;
         let (trigger, timeline) = {
             let st = self.inner.lock();
             (st.trigger, st.timeline.clone())
         };
-        DrainReport {
+        let mut report = DrainReport {
             outcome,
             trigger,
             exit_code: outcome.exit_code(),
             readiness_policy: self.inner.readiness,
-            budget: BudgetReport {
-                grace_ms: grace.as_millis() as u64,
-                used_ms: used.as_millis() as u64,
-                remaining_ms: grace.saturating_sub(used).as_millis() as u64,
-            },
+            budget: BudgetReport::new(&self.inner.budget, used),
+            propagation: self.inner.policy.report(),
             timeline,
             after_flip: AfterFlipReport {
                 new_connections: af.new_connections.load(Ordering::Relaxed),
@@ -1232,6 +1223,9 @@ impl Drain {
             tasks: self.inner.tasks.ended(),
             closers,
             pod: PodInfo::from_env(),
-        }
+            advice: Vec::new(),
+        };
+        report.advice = crate::advice::advise(&report);
+        report
     }
 }

@@ -49,6 +49,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod advice;
 mod budget;
 mod closers;
 mod counter;
@@ -62,6 +63,7 @@ mod report;
 mod signal;
 mod tasks;
 
+pub use advice::{advise, Advice, AdviceLevel};
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV};
 pub use closers::{BoxError, CloserResult};
 pub use drain::{
@@ -72,8 +74,8 @@ pub use guard::InFlightGuard;
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
 pub use report::{
-    AfterFlipReport, BudgetReport, DrainReport, Outcome, PeerCount, PodInfo, Straggler,
-    TERMINATION_LOG_LIMIT,
+    AfterFlipReport, BudgetReport, DrainReport, Outcome, PeerCount, PodInfo, PolicyReport,
+    Straggler, TERMINATION_LOG_LIMIT,
 };
 pub use signal::Signals;
 pub use tasks::{TaskEnd, TaskKind};

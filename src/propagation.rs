@@ -161,3 +161,23 @@ pub(crate) enum Policy {
     },
     Fixed(Duration),
 }
+
+impl Policy {
+    pub(crate) fn report(&self) -> crate::report::PolicyReport {
+        let ms = |d: Duration| d.as_millis() as u64;
+        match *self {
+            Policy::Quiet { quiet, min, max } => crate::report::PolicyReport {
+                kind: "quiet".to_owned(),
+                quiet_ms: Some(ms(quiet)),
+                min_ms: ms(min),
+                max_ms: ms(max),
+            },
+            Policy::Fixed(d) => crate::report::PolicyReport {
+                kind: "fixed".to_owned(),
+                quiet_ms: None,
+                min_ms: ms(d),
+                max_ms: ms(d),
+            },
+        }
+    }
+}

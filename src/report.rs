@@ -61,6 +61,39 @@ pub struct BudgetReport {
     pub used_ms: u64,
     /// `grace_ms − used_ms` (0 if overrun).
     pub remaining_ms: u64,
+    /// The quiesce deadline, in milliseconds after the trigger.
+    #[serde(default)]
+    pub quiesce_ms: u64,
+    /// The time reserved for closers, in milliseconds.
+    #[serde(default)]
+    pub close_budget_ms: u64,
+}
+
+impl BudgetReport {
+    pub(crate) fn new(budget: &crate::Budget, used: std::time::Duration) -> Self {
+        let grace = budget.grace_period;
+        Self {
+            grace_ms: grace.as_millis() as u64,
+            used_ms: used.as_millis() as u64,
+            remaining_ms: grace.saturating_sub(used).as_millis() as u64,
+            quiesce_ms: budget.quiesce_deadline().as_millis() as u64,
+            close_budget_ms: budget.close_budget.as_millis() as u64,
+        }
+    }
+}
+
+/// The propagation policy that was in force, in milliseconds after the trigger.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyReport {
+    /// `quiet` or `fixed`.
+    pub kind: String,
+    /// The quiet window (quiet policy only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet_ms: Option<u64>,
+    /// The earliest commit (for `fixed`, the delay).
+    pub min_ms: u64,
+    /// The latest commit (for `fixed`, the delay).
+    pub max_ms: u64,
 }
 
 /// New connections from one peer address after the drain started.
@@ -166,6 +199,9 @@ pub struct DrainReport {
     pub readiness_policy: ReadinessWhileDraining,
     /// The budget as spent.
     pub budget: BudgetReport,
+    /// The propagation policy in force.
+    #[serde(default)]
+    pub propagation: PolicyReport,
     /// Every lifecycle event, in order.
     pub timeline: Vec<Event>,
     /// What arrived after the drain started.
@@ -178,6 +214,9 @@ pub struct DrainReport {
     pub closers: Vec<CloserResult>,
     /// Pod identity, when the downward-API variables are set.
     pub pod: PodInfo,
+    /// Advice computed only from what this drain measured, most important first.
+    #[serde(default)]
+    pub advice: Vec<crate::Advice>,
 }
 
 impl DrainReport {
@@ -196,6 +235,9 @@ impl DrainReport {
     pub fn summary(&self) -> String {
         let mut s = String::new();
         let trigger = self.trigger.map_or("none", Trigger::as_str);
+        if let Some(a) = self.advice.first() {
+            let _ = writeln!(s, "{}: {}", a.level.as_str(), a.message);
+        }
         let _ = writeln!(
             s,
             "lameduck drain {} (exit {}), trigger {}, {} ms of {} ms grace used",

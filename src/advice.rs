@@ -1,0 +1,236 @@
+//! Advice computed from one drain's measurements, each line with the number it came from.
+//!
+//! Every rule reads only the [`DrainReport`]: what this process saw. None of them claims more
+//! than that — a quiet drain here says nothing about a proxy that sends to other Pods.
+
+use serde::{Deserialize, Serialize};
+
+use crate::phase::{CommitReason, EventKind};
+use crate::report::DrainReport;
+
+/// Below this many requests after the drain started, propagation is not measured.
+const MIN_TRAFFIC: u64 = 5;
+
+/// How much a piece of advice matters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdviceLevel {
+    /// Something to change: the drain lost time or work, or nearly did.
+    Warn,
+    /// A measurement worth knowing; nothing to change on its evidence alone.
+    Info,
+}
+
+impl AdviceLevel {
+    /// `warn` or `info`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdviceLevel::Warn => "warn",
+            AdviceLevel::Info => "info",
+        }
+    }
+}
+
+/// One line of advice and the measurement behind it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Advice {
+    /// How much it matters.
+    pub level: AdviceLevel,
+    /// A stable identifier of the rule (`propagation_after_min`, `one_peer`, …).
+    pub rule: String,
+    /// The advice, in one sentence, with its numbers.
+    pub message: String,
+    /// The measured value the advice rests on (milliseconds, a count or a percentage, as the
+    /// message says).
+    pub observed: u64,
+}
+
+fn advice(level: AdviceLevel, rule: &str, observed: u64, message: String) -> Advice {
+    Advice {
+        level,
+        rule: rule.to_owned(),
+        message,
+        observed,
+    }
+}
+
+/// Computes the advice for a finished drain, most important first.
+///
+/// Rules: observed propagation (the last new connection after the drain started) against the
+/// policy's `min` and `quiet`; a commit forced by `max`; requests still running at the quiesce
+/// deadline; how late in-flight work reached zero against the quiesce window; the headroom
+/// left in the grace period; new connections dominated by one peer (a path that bypasses the
+/// Service). With too little traffic after the flip it says so instead of guessing.
+pub fn advise(r: &DrainReport) -> Vec<Advice> {
+    use AdviceLevel::{Info, Warn};
+    let mut out = Vec::new();
+    let af = &r.after_flip;
+    let p = &r.propagation;
+    let traffic = af.requests_on_new_connections + af.requests_on_reused_connections;
+    let stopped = r.event(EventKind::StoppedAccepting);
+
+    // Propagation.
+    if traffic + af.new_connections < MIN_TRAFFIC {
+        out.push(advice(
+            Info,
+            "not_enough_traffic",
+            traffic,
+            format!(
+                "not enough traffic after the flip to measure propagation ({traffic} requests, {} new connections)",
+                af.new_connections
+            ),
+        ));
+    } else if let Some(last) = af.last_new_connection_ms {
+        if p.kind == "quiet" && last > p.min_ms {
+            out.push(advice(
+                Warn,
+                "propagation_after_min",
+                last,
+                format!(
+                    "new connections kept arriving until {last} ms after the drain started, past min ({} ms): \
+                     some path took that long to stop routing here; consider min ≥ {last} ms",
+                    p.min_ms
+                ),
+            ));
+        } else if p.kind == "fixed" && last + p.quiet_ms.unwrap_or(0) > p.min_ms {
+            out.push(advice(
+                Warn,
+                "propagation_after_fixed",
+                last,
+                format!(
+                    "the last new connection came {last} ms after the drain started, close to or past the fixed delay ({} ms)",
+                    p.min_ms
+                ),
+            ));
+        } else {
+            out.push(advice(
+                Info,
+                "propagation_observed",
+                last,
+                format!(
+                    "the last new connection came {last} ms after the drain started (min {} ms)",
+                    p.min_ms
+                ),
+            ));
+        }
+    } else {
+        out.push(advice(
+            Info,
+            "no_new_connections",
+            traffic,
+            format!(
+                "no new connection after the drain started; {traffic} requests came on connections opened before it"
+            ),
+        ));
+    }
+    if let Some(e) = stopped {
+        if e.reason == Some(CommitReason::Max) {
+            out.push(advice(
+                Warn,
+                "quiet_window_never_held",
+                e.at_ms,
+                format!(
+                    "the quiet window never held: activity continued until max ({} ms); \
+                     something still routes new work here — find that path before raising max",
+                    e.at_ms
+                ),
+            ));
+        }
+    }
+
+    // One peer dominating new connections.
+    if af.new_connections >= MIN_TRAFFIC {
+        if let Some(top) = af.peers.first() {
+            let pct = top.new_connections * 100 / af.new_connections;
+            if pct >= 80 {
+                out.push(advice(
+                    Warn,
+                    "one_peer",
+                    pct,
+                    format!(
+                        "{pct}% of new connections after the drain started ({} of {}) came from {}: \
+                         a path that may bypass the Service (another Service, a direct Pod IP, a slow ingress)",
+                        top.new_connections, af.new_connections, top.peer
+                    ),
+                ));
+            }
+        }
+    }
+
+    // In-flight work against the quiesce window.
+    let requests_cut: Vec<_> = r
+        .stragglers
+        .iter()
+        .filter(|s| s.kind == "request")
+        .collect();
+    if let Some(oldest) = requests_cut.iter().map(|s| s.age_ms).max() {
+        out.push(advice(
+            Warn,
+            "requests_cut",
+            oldest,
+            format!(
+                "{} requests were still running at the quiesce deadline ({} ms), the oldest {oldest} ms old: \
+                 bound those handlers or raise grace_period",
+                requests_cut.len(),
+                r.budget.quiesce_ms
+            ),
+        ));
+    }
+    let tasks_cut = r.stragglers.iter().filter(|s| s.kind == "task").count();
+    if tasks_cut > 0 {
+        out.push(advice(
+            Warn,
+            "tasks_cut",
+            tasks_cut as u64,
+            format!(
+                "{tasks_cut} background tasks were still running at the quiesce deadline: give them a \
+                 cancellation path (spawn_cancellable) or a recovery action"
+            ),
+        ));
+    }
+    if let Some(zero) = r.event(EventKind::InFlightZero) {
+        let q = r.budget.quiesce_ms;
+        if q > 0 && zero.at_ms * 10 >= q * 8 {
+            out.push(advice(
+                Warn,
+                "in_flight_late",
+                zero.at_ms,
+                format!(
+                    "in-flight requests reached zero at {} ms, {}% of the quiesce window ({q} ms): little headroom",
+                    zero.at_ms,
+                    zero.at_ms * 100 / q
+                ),
+            ));
+        }
+    }
+
+    // Grace headroom.
+    if r.budget.grace_ms > 0 {
+        let pct = r.budget.used_ms * 100 / r.budget.grace_ms;
+        if r.budget.remaining_ms < r.budget.close_budget_ms / 2 {
+            out.push(advice(
+                Warn,
+                "grace_headroom",
+                r.budget.remaining_ms,
+                format!(
+                    "only {} ms of the {} ms grace period were left at the end",
+                    r.budget.remaining_ms, r.budget.grace_ms
+                ),
+            ));
+        } else {
+            out.push(advice(
+                Info,
+                "grace_used",
+                pct,
+                format!(
+                    "this drain used {} ms, {pct}% of the {} ms grace period",
+                    r.budget.used_ms, r.budget.grace_ms
+                ),
+            ));
+        }
+    }
+
+    // Warnings first; the order within a level is the order above.
+    out.sort_by_key(|a| a.level);
+    out
+}
