@@ -746,7 +746,7 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
     ];
     let keys = [
         "wait", "wait", "timeout", "timeout", "verbose", "foo", "", "WAIT", "w%61it", "wait%00",
-        "timeout ",
+        "timeout%20",
     ];
     let values = [
         "none", "propagated", "drained", "", "1s", "0", "250ms", "soon", "%zz", "%", "-1",
@@ -763,7 +763,9 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
     ];
 
     let mut codes = std::collections::BTreeMap::<u16, usize>::new();
-    for round in 0..400 {
+    let rounds = 1500;
+    let mut sent = 0;
+    for round in 0..rounds {
         let method = rng.pick(&methods);
         let path = if rng.chance(15) {
             format!("/{}", rng.word())
@@ -817,6 +819,8 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
             req = req.header("content-type", rng.pick(&["application/json", "text/plain", "x/y"]));
         }
         let body = if body_len > 0 && rng.chance(50) {
+            // Set explicitly: a client sends no body on a GET of unknown length otherwise.
+            req = req.header("transfer-encoding", "chunked");
             Chunked(body_len).boxed()
         } else if body_len > 0 {
             Full::new(Bytes::from(vec![b'x'; body_len])).boxed()
@@ -827,6 +831,7 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
             continue; // not a valid URI: the client cannot even send it
         };
         let a = send(addr, req).await;
+        sent += 1;
         let code = a.status.as_u16();
         *codes.entry(code).or_default() += 1;
         assert!(
@@ -837,9 +842,10 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
         if maybe_valid {
             assert_ne!(code, 200, "round {round}: {method} {target}");
         }
-        assert_eq!(drain.phase(), Phase::Serving, "round {round}: {method} {target}");
+        assert_eq!(drain.phase(), Phase::Serving, "round {round}: {method} {target} {auth_headers:?} {body_len} -> {code}");
         assert!(drain.timeline().is_empty(), "round {round}: {method} {target}");
     }
+    assert!(sent > rounds * 9 / 10, "only {sent} of {rounds} requests could be sent");
     // The loop reached every kind of refusal, not just one.
     for code in [200, 400, 401, 404, 405, 413] {
         assert!(codes.contains_key(&code), "no {code} in {codes:?}");
