@@ -84,4 +84,4 @@ pub use tasks::{TaskEnd, TaskKind};
 
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
-pub use admin::{prestop, prestop_blocking, AdminBuilder, PrestopError, PrestopOptions, Wait};
+pub use admin::{prestop, prestop_blocking, AdminBuilder, PrestopError, PrestopOptions};

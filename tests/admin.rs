@@ -110,7 +110,11 @@ fn empty() -> ReqBody {
 }
 
 async fn get(addr: SocketAddr, target: &str) -> Answer {
-    send(addr, request(Method::GET, addr, target).body(empty()).unwrap()).await
+    send(
+        addr,
+        request(Method::GET, addr, target).body(empty()).unwrap(),
+    )
+    .await
 }
 
 async fn drain_call(addr: SocketAddr, target: &str) -> Answer {
@@ -178,10 +182,19 @@ async fn livez_answers_ok_through_the_whole_lifecycle() {
     seen.push(drain.phase());
     assert_eq!(
         seen,
-        [Phase::Starting, Phase::Serving, Phase::StoppedAccepting, Phase::Done]
+        [
+            Phase::Starting,
+            Phase::Serving,
+            Phase::StoppedAccepting,
+            Phase::Done
+        ]
     );
 
-    let head = send(addr, request(Method::HEAD, addr, "/livez").body(empty()).unwrap()).await;
+    let head = send(
+        addr,
+        request(Method::HEAD, addr, "/livez").body(empty()).unwrap(),
+    )
+    .await;
     assert_eq!(head.status, StatusCode::OK);
     assert_eq!(head.body, "");
     let verbose = get(addr, "/livez?verbose").await;
@@ -201,9 +214,14 @@ async fn readyz_follows_starting_serving_draining() {
     assert_eq!(a.body, "starting: waiting for cache-warmup");
     let a = get(addr, "/readyz?verbose").await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(a.body.contains("[-]gate cache-warmup waiting\n"), "{}", a.body);
     assert!(
-        a.body.ends_with("readyz check failed: starting: waiting for cache-warmup\n"),
+        a.body.contains("[-]gate cache-warmup waiting\n"),
+        "{}",
+        a.body
+    );
+    assert!(
+        a.body
+            .ends_with("readyz check failed: starting: waiting for cache-warmup\n"),
         "{}",
         a.body
     );
@@ -216,9 +234,19 @@ async fn readyz_follows_starting_serving_draining() {
     let lines: Vec<&str> = a.body.lines().collect();
     assert_eq!(
         lines,
-        ["[+]gate cache-warmup ok", "[+]drain ok", "readyz check passed"]
+        [
+            "[+]gate cache-warmup ok",
+            "[+]drain ok",
+            "readyz check passed"
+        ]
     );
-    let head = send(addr, request(Method::HEAD, addr, "/readyz").body(empty()).unwrap()).await;
+    let head = send(
+        addr,
+        request(Method::HEAD, addr, "/readyz")
+            .body(empty())
+            .unwrap(),
+    )
+    .await;
     assert_eq!(head.status, StatusCode::OK);
 
     let guard = drain.enter();
@@ -228,10 +256,17 @@ async fn readyz_follows_starting_serving_draining() {
     assert_eq!(a.body, "draining");
     let a = get(addr, "/readyz?verbose").await;
     assert!(a.body.contains("[-]drain "), "{}", a.body);
-    assert!(a.body.ends_with("readyz check failed: draining\n"), "{}", a.body);
+    assert!(
+        a.body.ends_with("readyz check failed: draining\n"),
+        "{}",
+        a.body
+    );
     drop(guard);
     drain.drained().await;
-    assert_eq!(get(addr, "/readyz").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        get(addr, "/readyz").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
 }
 
 #[tokio::test]
@@ -252,7 +287,10 @@ async fn readyz_stays_ready_until_stop_under_serving_until_stop() {
     }
     drain.reached(Phase::StoppedAccepting).await;
     let a = get(addr, "/readyz").await;
-    assert_eq!((a.status, a.body.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "draining"));
+    assert_eq!(
+        (a.status, a.body.as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, "draining")
+    );
     drop(guard);
     drain.drained().await;
 }
@@ -266,7 +304,11 @@ async fn readyz_reports_a_failing_check() {
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(a.body, "check local-disk failed: full");
     let a = get(addr, "/readyz?verbose").await;
-    assert!(a.body.contains("[-]local-disk failed: full\n"), "{}", a.body);
+    assert!(
+        a.body.contains("[-]local-disk failed: full\n"),
+        "{}",
+        a.body
+    );
 }
 
 #[tokio::test]
@@ -283,7 +325,13 @@ async fn status_reports_phase_counts_and_timeline() {
     assert_eq!(s.in_flight, 1);
     assert_eq!(s.budget.grace_ms, 20_000);
     assert!(s.timeline.is_empty());
-    let head = send(addr, request(Method::HEAD, addr, "/status").body(empty()).unwrap()).await;
+    let head = send(
+        addr,
+        request(Method::HEAD, addr, "/status")
+            .body(empty())
+            .unwrap(),
+    )
+    .await;
     assert_eq!((head.status, head.body.as_str()), (StatusCode::OK, ""));
 
     drain.start(Trigger::Api);
@@ -365,11 +413,18 @@ async fn drain_timeout_answers_504_and_the_drain_goes_on() {
     let a = drain_call(addr, "/drain?wait=drained&timeout=200ms").await;
     assert_eq!(a.status, StatusCode::GATEWAY_TIMEOUT);
     let s = a.json();
-    assert!(s.phase.is_draining() && s.phase < Phase::Done, "{:?}", s.phase);
+    assert!(
+        s.phase.is_draining() && s.phase < Phase::Done,
+        "{:?}",
+        s.phase
+    );
     assert_eq!(s.in_flight, 1);
 
     // The drain went on without the caller.
-    assert_eq!(get(addr, "/readyz").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        get(addr, "/readyz").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     assert_eq!(get(addr, "/livez").await.status, StatusCode::OK);
     drop(guard);
     let report = tokio::time::timeout(BOUND, drain.drained()).await.unwrap();
@@ -383,7 +438,11 @@ async fn drain_is_idempotent_under_50_concurrent_calls() {
     let addr = serve_with_token(&drain).await;
     let calls: Vec<_> = (0..50)
         .map(|i| {
-            let target = if i % 2 == 0 { "/drain?wait=none" } else { "/drain" };
+            let target = if i % 2 == 0 {
+                "/drain?wait=none"
+            } else {
+                "/drain"
+            };
             tokio::spawn(drain_call(addr, target))
         })
         .collect();
@@ -442,8 +501,16 @@ async fn token_is_required_accepted_and_rejected() {
             req = req.header("authorization", v);
         }
         let a = send(addr, req.body(empty()).unwrap()).await;
-        assert_eq!(a.status, StatusCode::UNAUTHORIZED, "{headers:?}: {}", a.body);
-        assert_eq!(a.headers["www-authenticate"], "Bearer realm=\"lameduck-admin\"");
+        assert_eq!(
+            a.status,
+            StatusCode::UNAUTHORIZED,
+            "{headers:?}: {}",
+            a.body
+        );
+        assert_eq!(
+            a.headers["www-authenticate"],
+            "Bearer realm=\"lameduck-admin\""
+        );
         assert_eq!(drain.phase(), Phase::Serving, "{headers:?}");
         assert!(drain.timeline().is_empty());
     }
@@ -490,8 +557,17 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let auth = format!("Bearer {TOKEN}");
     let big = || Full::new(Bytes::from(vec![b'x'; 2048])).boxed();
     // (method, target, authorized, body, expected status, text the answer must contain)
-    type Case = (Method, &'static str, bool, fn() -> ReqBody, u16, &'static str);
+    type Case = (
+        Method,
+        &'static str,
+        bool,
+        fn() -> ReqBody,
+        u16,
+        &'static str,
+    );
     let none: fn() -> ReqBody = empty;
+    // A table reads best one case per line.
+    #[rustfmt::skip]
     let cases: Vec<Case> = vec![
         (Method::GET, "/", true, none, 404, "/livez"),
         (Method::GET, "/nope", true, none, 404, "/nope"),
@@ -580,13 +656,19 @@ async fn admin_answers_over_http2() {
             (status, String::from_utf8(body.to_vec()).unwrap())
         }
     };
-    assert_eq!(call("/livez", false).await, (StatusCode::OK, "ok".to_owned()));
+    assert_eq!(
+        call("/livez", false).await,
+        (StatusCode::OK, "ok".to_owned())
+    );
     assert_eq!(call("/drain", false).await.0, StatusCode::UNAUTHORIZED);
     let (status, body) = call("/drain?wait=drained&timeout=15s", true).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let s: Status = serde_json::from_str(&body).unwrap();
     assert_eq!(s.phase, Phase::Done);
-    assert_eq!(call("/readyz", false).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        call("/readyz", false).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
 }
 
 #[tokio::test]
@@ -613,7 +695,9 @@ async fn prestop_helper_reports_each_failure() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         l.local_addr().unwrap()
     };
-    let err = prestop(closed, PrestopOptions::default()).await.unwrap_err();
+    let err = prestop(closed, PrestopOptions::default())
+        .await
+        .unwrap_err();
     assert!(err.is_connect(), "{err}");
     assert!(err.to_string().contains("cannot connect"), "{err}");
 
@@ -741,16 +825,54 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
         "PURGE", "get", "BREW",
     ];
     let paths = [
-        "/", "/livez", "/readyz", "/drain", "/drain", "/drain", "/status", "/livez/", "/drain/",
-        "//drain", "/drain/x", "/DRAIN", "/%64rain", "/readyz/verbose", "/metrics", "/drain.json",
+        "/",
+        "/livez",
+        "/readyz",
+        "/drain",
+        "/drain",
+        "/drain",
+        "/status",
+        "/livez/",
+        "/drain/",
+        "//drain",
+        "/drain/x",
+        "/DRAIN",
+        "/%64rain",
+        "/readyz/verbose",
+        "/metrics",
+        "/drain.json",
     ];
     let keys = [
-        "wait", "wait", "timeout", "timeout", "verbose", "foo", "", "WAIT", "w%61it", "wait%00",
+        "wait",
+        "wait",
+        "timeout",
+        "timeout",
+        "verbose",
+        "foo",
+        "",
+        "WAIT",
+        "w%61it",
+        "wait%00",
         "timeout%20",
     ];
     let values = [
-        "none", "propagated", "drained", "", "1s", "0", "250ms", "soon", "%zz", "%", "-1",
-        "99999999999999999999", "true", "1", "%E2%9C%93", "none%0Anone", "+",
+        "none",
+        "propagated",
+        "drained",
+        "",
+        "1s",
+        "0",
+        "250ms",
+        "soon",
+        "%zz",
+        "%",
+        "-1",
+        "99999999999999999999",
+        "true",
+        "1",
+        "%E2%9C%93",
+        "none%0Anone",
+        "+",
     ];
     let auths = [
         "Bearer s3cr3t-t0ken",
@@ -774,8 +896,16 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
         };
         let mut query = Vec::new();
         for _ in 0..rng.below(4) {
-            let key = if rng.chance(10) { rng.word() } else { rng.pick(&keys).to_owned() };
-            let value = if rng.chance(10) { rng.word() } else { rng.pick(&values).to_owned() };
+            let key = if rng.chance(10) {
+                rng.word()
+            } else {
+                rng.pick(&keys).to_owned()
+            };
+            let value = if rng.chance(10) {
+                rng.word()
+            } else {
+                rng.pick(&values).to_owned()
+            };
             query.push(match rng.below(4) {
                 0 => key,
                 _ => format!("{key}={value}"),
@@ -805,10 +935,17 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
         let target = if query.is_empty() && rng.chance(50) {
             path.clone()
         } else {
-            format!("{path}?{}", query.join(if rng.chance(10) { "&&" } else { "&" }))
+            format!(
+                "{path}?{}",
+                query.join(if rng.chance(10) { "&&" } else { "&" })
+            )
         };
 
-        let mut req = request(Method::from_bytes(method.as_bytes()).unwrap(), addr, &target);
+        let mut req = request(
+            Method::from_bytes(method.as_bytes()).unwrap(),
+            addr,
+            &target,
+        );
         for a in &auth_headers {
             req = req.header("authorization", *a);
         }
@@ -816,7 +953,10 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
             req = req.header("x-fuzz", rng.word());
         }
         if rng.chance(10) {
-            req = req.header("content-type", rng.pick(&["application/json", "text/plain", "x/y"]));
+            req = req.header(
+                "content-type",
+                rng.pick(&["application/json", "text/plain", "x/y"]),
+            );
         }
         let body = if body_len > 0 && rng.chance(50) {
             // Set explicitly: a client sends no body on a GET of unknown length otherwise.
@@ -842,10 +982,20 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
         if maybe_valid {
             assert_ne!(code, 200, "round {round}: {method} {target}");
         }
-        assert_eq!(drain.phase(), Phase::Serving, "round {round}: {method} {target} {auth_headers:?} {body_len} -> {code}");
-        assert!(drain.timeline().is_empty(), "round {round}: {method} {target}");
+        assert_eq!(
+            drain.phase(),
+            Phase::Serving,
+            "round {round}: {method} {target} {auth_headers:?} {body_len} -> {code}"
+        );
+        assert!(
+            drain.timeline().is_empty(),
+            "round {round}: {method} {target}"
+        );
     }
-    assert!(sent > rounds * 9 / 10, "only {sent} of {rounds} requests could be sent");
+    assert!(
+        sent > rounds * 9 / 10,
+        "only {sent} of {rounds} requests could be sent"
+    );
     // The loop reached every kind of refusal, not just one.
     for code in [200, 400, 401, 404, 405, 413] {
         assert!(codes.contains_key(&code), "no {code} in {codes:?}");

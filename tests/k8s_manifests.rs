@@ -24,7 +24,10 @@ impl Node {
         let mut node = self;
         for step in path.split('.') {
             let (key, index) = match step.split_once('[') {
-                Some((k, rest)) => (k, Some(rest.trim_end_matches(']').parse::<usize>().unwrap())),
+                Some((k, rest)) => (
+                    k,
+                    Some(rest.trim_end_matches(']').parse::<usize>().unwrap()),
+                ),
                 None => (step, None),
             };
             if !key.is_empty() {
@@ -88,7 +91,10 @@ fn parse(text: &str) -> Node {
             let t = content.trim_start();
             let value = t.split_once(": ").map_or(t, |(_, v)| v);
             if value.trim_start_matches("- ").starts_with(bad) {
-                panic!("line {}: `{bad}` is outside the YAML subset this test reads", n + 1);
+                panic!(
+                    "line {}: `{bad}` is outside the YAML subset this test reads",
+                    n + 1
+                );
             }
         }
         lines.push((indent, content.trim().to_owned()));
@@ -216,7 +222,9 @@ impl Manifests {
     /// The value after `flag` in the container's args.
     fn arg(&self, flag: &str) -> Option<&str> {
         let args = self.container().list("args");
-        let at = args.iter().position(|a| *a == Node::Scalar(flag.to_owned()))?;
+        let at = args
+            .iter()
+            .position(|a| *a == Node::Scalar(flag.to_owned()))?;
         match args.get(at + 1) {
             Some(Node::Scalar(v)) => Some(v),
             _ => panic!("`{flag}` has no value"),
@@ -232,8 +240,7 @@ impl Manifests {
 
     /// A probe's or hook's `port`, resolved to a number.
     fn resolve_port(&self, port: &str) -> u16 {
-        port.parse()
-            .unwrap_or_else(|_| self.container_port(port))
+        port.parse().unwrap_or_else(|_| self.container_port(port))
     }
 
     fn admin_token(&self) -> &str {
@@ -248,11 +255,23 @@ fn port_of(addr: &str) -> u16 {
 #[test]
 fn grace_period_and_env_agree() {
     let m = Manifests::load();
-    let grace: u64 = m.pod().str("terminationGracePeriodSeconds").parse().unwrap();
+    let grace: u64 = m
+        .pod()
+        .str("terminationGracePeriodSeconds")
+        .parse()
+        .unwrap();
     let env = parse_duration(m.env("LAMEDUCK_GRACE_PERIOD").str("value")).unwrap();
-    assert_eq!(env, Duration::from_secs(grace), "LAMEDUCK_GRACE_PERIOD vs terminationGracePeriodSeconds");
+    assert_eq!(
+        env,
+        Duration::from_secs(grace),
+        "LAMEDUCK_GRACE_PERIOD vs terminationGracePeriodSeconds"
+    );
     if let Some(flag) = m.arg("--grace-period") {
-        assert_eq!(parse_duration(flag).unwrap(), env, "--grace-period vs the env");
+        assert_eq!(
+            parse_duration(flag).unwrap(),
+            env,
+            "--grace-period vs the env"
+        );
     }
     // The defaults of the budget must fit the grace period the Pod gets.
     lameduck::Drain::builder()
@@ -270,7 +289,11 @@ fn downward_api_env_names_the_pod() {
         ("POD_UID", "metadata.uid"),
         ("POD_IP", "status.podIP"),
     ] {
-        assert_eq!(m.env(name).str("valueFrom.fieldRef.fieldPath"), field, "{name}");
+        assert_eq!(
+            m.env(name).str("valueFrom.fieldRef.fieldPath"),
+            field,
+            "{name}"
+        );
     }
     // Left at its default so the drain summary lands where kubelet reads it.
     assert!(m.container().get("terminationMessagePath").is_none());
@@ -283,8 +306,16 @@ fn ports_agree_and_the_admin_port_stays_out_of_the_service() {
     let http = port_of(m.arg("--listen").expect("--listen in args"));
     let admin = port_of(m.arg("--admin").expect("--admin in args"));
     assert_ne!(http, admin);
-    assert_eq!(m.container_port("http"), http, "containerPort http vs --listen");
-    assert_eq!(m.container_port("admin"), admin, "containerPort admin vs --admin");
+    assert_eq!(
+        m.container_port("http"),
+        http,
+        "containerPort http vs --listen"
+    );
+    assert_eq!(
+        m.container_port("admin"),
+        admin,
+        "containerPort admin vs --admin"
+    );
 
     let ports = m.service.list("spec.ports");
     assert!(!ports.is_empty());
@@ -300,7 +331,9 @@ fn ports_agree_and_the_admin_port_stays_out_of_the_service() {
         m.service.at("spec.selector"),
         m.deployment.at("spec.selector.matchLabels"),
     ] {
-        let Node::Map(entries) = selector else { panic!("selector is not a map") };
+        let Node::Map(entries) = selector else {
+            panic!("selector is not a map")
+        };
         assert!(!entries.is_empty());
         for (k, v) in entries {
             assert_eq!(labels.get(k), Some(v), "selector {k}");
@@ -321,7 +354,11 @@ fn probes_and_prestop_use_the_admin_port() {
         assert_eq!(m.resolve_port(port), admin, "{probe} port");
     }
 
-    let grace: u64 = m.pod().str("terminationGracePeriodSeconds").parse().unwrap();
+    let grace: u64 = m
+        .pod()
+        .str("terminationGracePeriodSeconds")
+        .parse()
+        .unwrap();
     let path = c.str("lifecycle.preStop.httpGet.path");
     let (route, query) = path.split_once('?').unwrap_or((path, ""));
     assert_eq!(route, "/drain");
@@ -411,7 +448,10 @@ async fn the_manifest_requests_work_against_the_admin_router() {
     let (status, body) = call("lifecycle.preStop").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(drain.phase(), lameduck::Phase::Done);
-    assert_eq!(drain.report().unwrap().trigger, Some(lameduck::Trigger::PreStop));
+    assert_eq!(
+        drain.report().unwrap().trigger,
+        Some(lameduck::Trigger::PreStop)
+    );
     assert_eq!(call("readinessProbe").await.0, 503);
     assert_eq!(call("livenessProbe").await.0, 200);
 }

@@ -145,9 +145,15 @@ impl fmt::Display for PrestopError {
         match &self.kind {
             ErrorKind::Connect(e) => write!(
                 f,
-                "cannot connect to the admin listener at {addr}: {e}; is the app running with its admin port there?"
+                "cannot connect to the admin listener at {addr}: {e}; \
+                 is the app running with its admin port there?"
             ),
-            ErrorKind::Io(e) => write!(f, "lost the connection to the admin listener at {addr}: {e}"),
+            ErrorKind::Io(e) => {
+                write!(
+                    f,
+                    "lost the connection to the admin listener at {addr}: {e}"
+                )
+            }
             ErrorKind::Timeout(d) => write!(
                 f,
                 "no answer from the admin listener at {addr} within {}ms",
@@ -155,12 +161,14 @@ impl fmt::Display for PrestopError {
             ),
             ErrorKind::Status { code: 504, body } => write!(
                 f,
-                "the drain did not reach the wait condition before the timeout (504 from {addr}); it goes on: {}",
+                "the drain did not reach the wait condition before the timeout \
+                 (504 from {addr}); it goes on: {}",
                 first_line(body)
             ),
             ErrorKind::Status { code: 401, body } => write!(
                 f,
-                "the admin listener at {addr} refused the token (401): {}; set {ADMIN_TOKEN_ENV} to the app's token",
+                "the admin listener at {addr} refused the token (401): {}; \
+                 set {ADMIN_TOKEN_ENV} to the app's token",
                 first_line(body)
             ),
             ErrorKind::Status { code, body } => write!(
@@ -169,7 +177,10 @@ impl fmt::Display for PrestopError {
                 first_line(body)
             ),
             ErrorKind::InvalidResponse(why) => {
-                write!(f, "malformed answer from the admin listener at {addr}: {why}")
+                write!(
+                    f,
+                    "malformed answer from the admin listener at {addr}: {why}"
+                )
             }
             ErrorKind::InvalidOptions(why) => write!(f, "invalid prestop options: {why}"),
             ErrorKind::Runtime(why) => write!(f, "cannot run the prestop client: {why}"),
@@ -235,9 +246,12 @@ fn first_line(body: &str) -> &str {
 pub async fn prestop(addr: SocketAddr, options: PrestopOptions) -> Result<Status, PrestopError> {
     let addr = local(addr);
     let err = |kind| PrestopError::new(kind, addr);
-    let request = build_request(addr, &options).map_err(|why| err(ErrorKind::InvalidOptions(why)))?;
+    let request =
+        build_request(addr, &options).map_err(|why| err(ErrorKind::InvalidOptions(why)))?;
 
-    let connect_bound = options.timeout.map_or(CONNECT_TIMEOUT, |t| t.min(CONNECT_TIMEOUT));
+    let connect_bound = options
+        .timeout
+        .map_or(CONNECT_TIMEOUT, |t| t.min(CONNECT_TIMEOUT));
     let mut stream = match tokio::time::timeout(connect_bound, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(err(ErrorKind::Connect(e))),
@@ -282,14 +296,12 @@ pub async fn prestop(addr: SocketAddr, options: PrestopOptions) -> Result<Status
 ///
 /// As [`prestop`]; also when called from inside a Tokio runtime (use `prestop(..).await`
 /// there) or when the runtime cannot be built.
-pub fn prestop_blocking(
-    addr: SocketAddr,
-    options: PrestopOptions,
-) -> Result<Status, PrestopError> {
+pub fn prestop_blocking(addr: SocketAddr, options: PrestopOptions) -> Result<Status, PrestopError> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return Err(PrestopError::new(
             ErrorKind::Runtime(
-                "prestop_blocking was called inside a Tokio runtime; use `prestop(..).await`".into(),
+                "prestop_blocking was called inside a Tokio runtime; use `prestop(..).await`"
+                    .into(),
             ),
             local(addr),
         ));
@@ -319,7 +331,11 @@ fn build_request(addr: SocketAddr, options: &PrestopOptions) -> Result<String, &
         target.push_str(&format!("&timeout={}ms", t.as_millis()));
     }
     let mut req = format!(
-        "GET {target} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: lameduck-prestop\r\nAccept: application/json\r\nConnection: close\r\n"
+        "GET {target} HTTP/1.1\r\n\
+         Host: {addr}\r\n\
+         User-Agent: lameduck-prestop\r\n\
+         Accept: application/json\r\n\
+         Connection: close\r\n"
     );
     if let Some(token) = &options.token {
         let token = token.trim();
@@ -487,9 +503,18 @@ mod tests {
 
     #[test]
     fn unspecified_means_loopback() {
-        assert_eq!(local("0.0.0.0:9901".parse().unwrap()), "127.0.0.1:9901".parse().unwrap());
-        assert_eq!(local("[::]:9901".parse().unwrap()), "[::1]:9901".parse().unwrap());
-        assert_eq!(local("10.0.0.1:1".parse().unwrap()), "10.0.0.1:1".parse().unwrap());
+        assert_eq!(
+            local("0.0.0.0:9901".parse().unwrap()),
+            "127.0.0.1:9901".parse().unwrap()
+        );
+        assert_eq!(
+            local("[::]:9901".parse().unwrap()),
+            "[::1]:9901".parse().unwrap()
+        );
+        assert_eq!(
+            local("10.0.0.1:1".parse().unwrap()),
+            "10.0.0.1:1".parse().unwrap()
+        );
     }
 
     #[test]

@@ -47,9 +47,7 @@ impl Params {
                 ));
             }
             if pairs.iter().any(|(n, _)| *n == name) {
-                return Err(format!(
-                    "duplicate query parameter `{name}`: give it once"
-                ));
+                return Err(format!("duplicate query parameter `{name}`: give it once"));
             }
             let value = decode(value)
                 .map_err(|e| format!("malformed value for query parameter `{name}`: {e}"))?;
@@ -74,7 +72,8 @@ impl Params {
             Some("" | "1" | "true") => Ok(true),
             Some("0" | "false") => Ok(false),
             Some(other) => Err(format!(
-                "invalid value `{}` for query parameter `{name}`: expected no value, true, false, 1 or 0",
+                "invalid value `{}` for query parameter `{name}`: \
+                 expected no value, true, false, 1 or 0",
                 shorten(other)
             )),
         }
@@ -90,9 +89,9 @@ fn decode(raw: &str) -> Result<String, String> {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' => {
-                let hex = bytes.get(i + 1..i + 3).ok_or_else(|| {
-                    format!("incomplete percent-escape in `{}`", shorten(raw))
-                })?;
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .ok_or_else(|| format!("incomplete percent-escape in `{}`", shorten(raw)))?;
                 let hi = hex_val(hex[0]);
                 let lo = hex_val(hex[1]);
                 match (hi, lo) {
@@ -145,13 +144,19 @@ mod tests {
         let p = Params::parse(Some("wait=none&timeout=1%35s&&"), "/drain", DRAIN).unwrap();
         assert_eq!(p.get("wait"), Some("none"));
         assert_eq!(p.get("timeout"), Some("15s"));
-        assert!(Params::parse(None, "/drain", DRAIN).unwrap().get("wait").is_none());
+        assert!(Params::parse(None, "/drain", DRAIN)
+            .unwrap()
+            .get("wait")
+            .is_none());
     }
 
     #[test]
     fn refuses_unknown_duplicate_empty_and_malformed() {
         let err = Params::parse(Some("wiat=none"), "/drain", DRAIN).unwrap_err();
-        assert!(err.contains("`wiat`") && err.contains("wait, timeout"), "{err}");
+        assert!(
+            err.contains("`wiat`") && err.contains("wait, timeout"),
+            "{err}"
+        );
         let err = Params::parse(Some("wait=none&wait=none"), "/drain", DRAIN).unwrap_err();
         assert!(err.contains("duplicate") && err.contains("`wait`"), "{err}");
         let err = Params::parse(Some("=none"), "/drain", DRAIN).unwrap_err();

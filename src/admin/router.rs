@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -205,7 +205,10 @@ impl AdminBuilder {
             Token::Open => tracing::info!("lameduck: admin /drain needs no token"),
             Token::Required(_) => tracing::info!("lameduck: admin /drain requires a bearer token"),
             Token::Invalid(why) => {
-                tracing::error!(reason = %why, "lameduck: admin token unusable; /drain refuses every request")
+                tracing::error!(
+                    reason = %why,
+                    "lameduck: admin token unusable; /drain refuses every request"
+                )
             }
         }
         let state = Arc::new(AdminState {
@@ -249,7 +252,42 @@ struct AdminState {
     body_limit: usize,
 }
 
-type Outcome = Result<Response, Response>;
+type Outcome = Result<Response, Refusal>;
+
+/// A request refused before anything changed: a 4xx with a one-line message.
+#[derive(Debug)]
+enum Refusal {
+    NotAllowed {
+        message: String,
+        allow: &'static str,
+    },
+    TooLarge(String),
+    Unauthorized(String),
+    BadRequest(String),
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::NotAllowed { message, allow } => {
+                let mut res = text(StatusCode::METHOD_NOT_ALLOWED, message);
+                res.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static(allow));
+                res
+            }
+            Refusal::TooLarge(message) => text(StatusCode::PAYLOAD_TOO_LARGE, message),
+            Refusal::Unauthorized(message) => {
+                let mut res = text(StatusCode::UNAUTHORIZED, message);
+                res.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"lameduck-admin\""),
+                );
+                res
+            }
+            Refusal::BadRequest(message) => text(StatusCode::BAD_REQUEST, message),
+        }
+    }
+}
 
 impl AdminState {
     /// Method and body checks shared by every route; returns the request head.
@@ -259,19 +297,16 @@ impl AdminState {
         route: &str,
         allowed: &[Method],
         allow: &'static str,
-    ) -> Result<Parts, Response> {
+    ) -> Result<Parts, Refusal> {
         let (parts, body) = req.into_parts();
         if !allowed.contains(&parts.method) {
-            let mut res = text(
-                StatusCode::METHOD_NOT_ALLOWED,
-                format!(
+            return Err(Refusal::NotAllowed {
+                message: format!(
                     "method {} is not allowed on {route}: use {allow}",
                     shorten(parts.method.as_str())
                 ),
-            );
-            res.headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static(allow));
-            return Err(res);
+                allow,
+            });
         }
         self.read_body(body).await?;
         Ok(parts)
@@ -279,15 +314,13 @@ impl AdminState {
 
     /// Reads and drops the body, refusing it past the limit; a declared length over the limit
     /// is refused without reading.
-    async fn read_body(&self, body: Body) -> Result<(), Response> {
+    async fn read_body(&self, body: Body) -> Result<(), Refusal> {
         let too_large = || {
-            text(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "request body over the admin limit of {} bytes: admin routes take no body, parameters go in the query string",
-                    self.body_limit
-                ),
-            )
+            Refusal::TooLarge(format!(
+                "request body over the admin limit of {} bytes: \
+                 admin routes take no body, parameters go in the query string",
+                self.body_limit
+            ))
         };
         if body.size_hint().lower() > self.body_limit as u64 {
             return Err(too_large());
@@ -299,12 +332,13 @@ impl AdminState {
         }
     }
 
-    fn authorize(&self, headers: &HeaderMap) -> Result<(), Response> {
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         let expected = match &self.token {
             Token::Open => return Ok(()),
             Token::Invalid(why) => {
                 return Err(unauthorized(format!(
-                    "the admin token is unusable ({why}): fix {ADMIN_TOKEN_ENV} or the builder's token; /drain is refused until then"
+                    "the admin token is unusable ({why}): fix {ADMIN_TOKEN_ENV} or the builder's \
+                     token; /drain is refused until then"
                 )))
             }
             Token::Required(t) => t,
@@ -314,7 +348,8 @@ impl AdminState {
             (Some(v), None) => v,
             (None, _) => {
                 return Err(unauthorized(
-                    "missing bearer token: send `Authorization: Bearer <token>` (the value of LAMEDUCK_ADMIN_TOKEN)",
+                    "missing bearer token: send `Authorization: Bearer <token>` \
+                     (the value of LAMEDUCK_ADMIN_TOKEN)",
                 ))
             }
             (Some(_), Some(_)) => {
@@ -401,9 +436,9 @@ async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
         Params::parse(parts.uri.query(), "/drain", &["wait", "timeout"]).map_err(bad_request)?;
     let wait = match params.get("wait") {
         None => Wait::default(),
-        Some(v) => v.parse::<Wait>().map_err(|e| {
-            bad_request(format!("invalid value for query parameter `wait`: {e}"))
-        })?,
+        Some(v) => v
+            .parse::<Wait>()
+            .map_err(|e| bad_request(format!("invalid value for query parameter `wait`: {e}")))?,
     };
     let timeout = match params.get("timeout") {
         None => None,
@@ -487,25 +522,19 @@ fn status_json(code: StatusCode, drain: &Drain) -> Response {
     res
 }
 
-fn bad_request(msg: impl Into<String>) -> Response {
+fn bad_request(msg: impl Into<String>) -> Refusal {
     // Messages quote decoded client input, which may hold line breaks: keep the answer one line.
     let msg: String = msg
         .into()
         .chars()
         .map(|c| if c.is_control() { '?' } else { c })
         .collect();
-    text(StatusCode::BAD_REQUEST, msg)
+    Refusal::BadRequest(msg)
 }
 
-fn unauthorized(msg: impl Into<String>) -> Response {
-    let mut res = text(StatusCode::UNAUTHORIZED, msg);
-    res.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"lameduck-admin\""),
-    );
-    res
+fn unauthorized(msg: impl Into<String>) -> Refusal {
+    Refusal::Unauthorized(msg.into())
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -530,7 +559,10 @@ mod tests {
     fn token_settings_fail_closed() {
         assert!(matches!(Token::from_setting(" t\n", "x"), Token::Required(t) if &*t == b"t"));
         assert!(matches!(Token::from_setting("  ", "x"), Token::Invalid(_)));
-        assert!(matches!(Token::from_setting("a\u{7}b", "x"), Token::Invalid(_)));
+        assert!(matches!(
+            Token::from_setting("a\u{7}b", "x"),
+            Token::Invalid(_)
+        ));
     }
 
     #[test]
