@@ -205,8 +205,7 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
     }
 
     // Grace headroom.
-    if r.budget.grace_ms > 0 {
-        let pct = r.budget.used_ms * 100 / r.budget.grace_ms;
+    if let Some(pct) = (r.budget.used_ms * 100).checked_div(r.budget.grace_ms) {
         if r.budget.remaining_ms < r.budget.close_budget_ms / 2 {
             out.push(advice(
                 Warn,

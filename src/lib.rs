@@ -63,6 +63,11 @@ mod report;
 mod signal;
 mod tasks;
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
+pub mod guide;
+
 pub use advice::{advise, Advice, AdviceLevel};
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV};
 pub use closers::{BoxError, CloserResult};
@@ -79,3 +84,7 @@ pub use report::{
 };
 pub use signal::Signals;
 pub use tasks::{TaskEnd, TaskKind};
+
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub use admin::{prestop, prestop_blocking, AdminBuilder, PrestopError, PrestopOptions};

@@ -310,7 +310,10 @@ async fn the_termination_summary_is_capped_and_written_to_the_log_path() {
     let report = drain.drained().await;
     let summary = report.summary();
     assert!(summary.len() <= TERMINATION_LOG_LIMIT, "{}", summary.len());
-    assert!(summary.starts_with("info: not enough traffic after the flip"), "{summary}");
+    assert!(
+        summary.starts_with("info: not enough traffic after the flip"),
+        "{summary}"
+    );
     assert!(summary.contains("\nlameduck drain clean (exit 0), trigger api"));
     assert!(summary.ends_with("…(truncated)\n"));
     let written = std::fs::read_to_string(&log).unwrap();

@@ -1,0 +1,126 @@
+//! The admin listener: probes, the `preStop` drain endpoint, status, and a `preStop` client.
+//!
+//! [`Drain::admin_router`] builds an [`axum::Router`] for a **separate** listener that kubelet
+//! and operators talk to. It is not the service's traffic port and must not be in the
+//! Kubernetes Service.
+//!
+//! | Route | Methods | Answers |
+//! |---|---|---|
+//! | `/livez` | GET, HEAD | `200 ok`, always — including for the whole drain (a failing liveness probe during a drain makes kubelet restart the container and lose work). `?verbose` lists the checks. |
+//! | `/readyz` | GET, HEAD | `200 ok` when Serving; `503` with a one-line reason (`starting: waiting for cache-warmup`, `draining`, `check db failed: …`) otherwise. `?verbose` lists every check, one per line. |
+//! | `/drain` | GET, POST | Starts the drain (trigger `prestop`; idempotent) and answers with the `/status` JSON once `wait` holds: `wait=none` → `202` at once; `wait=propagated` → `200` after `stopped_accepting`; `wait=drained` (default) → `200` when the drain is done. `timeout=<duration>` (`20s`, `1500ms`) bounds the wait: `504` with the status when it passes, and the drain goes on. |
+//! | `/status` | GET, HEAD | `200` with the [`Status`](crate::Status) JSON: phase, in-flight, connections, tasks, budget left, timeline so far. |
+//!
+//! GET is accepted on `/drain` because a Kubernetes `httpGet` lifecycle hook can only send GET.
+//!
+//! # Bad input changes nothing
+//!
+//! Requests are checked in this order, and nothing is started before every check passed:
+//! unknown route → `404`; method not allowed → `405` with `Allow`; body over the limit
+//! (default 1 KiB; bodies are read and ignored, parameters live in the query string) → `413`;
+//! `/drain` without the right bearer token → `401`; unknown, duplicate, empty or malformed
+//! query parameter, or a bad value → `400` naming it.
+//!
+//! # The token
+//!
+//! When a token is configured ([`AdminBuilder::token`], or env `LAMEDUCK_ADMIN_TOKEN` by
+//! default), `/drain` requires `Authorization: Bearer <token>`; without it the answer is `401`
+//! and the drain does not start. Probes and `/status` stay open: kubelet probes cannot be
+//! configured with a secret, and they change nothing.
+//!
+//! # Serving it
+//!
+//! Serve the admin router on its own listener with plain `axum::serve`, not with the drain's
+//! accept loop and not behind the drain's request layer: the admin listener must stay up until
+//! the process exits (probes keep coming during the drain), and a `/drain?wait=drained` request
+//! counted as in-flight work would wait for itself.
+//!
+//! ```
+//! use lameduck::{Drain, Signals};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let drain = Drain::builder().build()?;
+//! let listener = tokio::net::TcpListener::bind("0.0.0.0:9901").await?;
+//! let admin = drain.admin_router();
+//! tokio::spawn(async move { axum::serve(listener, admin).await });
+//! # Ok(()) }
+//! ```
+//!
+//! # A `preStop` hook without `curl`
+//!
+//! Distroless images have no `curl`. The app binary can be its own `preStop` exec command:
+//! [`prestop`] (or [`prestop_blocking`] from a synchronous `main`) performs `GET /drain` against
+//! the local admin port and returns `Ok` when the drain reached the wait condition, so `main`
+//! can exit 0, or 1 on an error. An exec hook runs inside the container with its environment,
+//! so the token can come from a Secret, which an `httpGet` hook's headers cannot.
+//!
+//! ```no_run
+//! use lameduck::admin::{prestop_blocking, PrestopOptions};
+//!
+//! fn main() {
+//!     if std::env::args().nth(1).as_deref() == Some("prestop") {
+//!         let admin = "127.0.0.1:9901".parse().unwrap();
+//!         match prestop_blocking(admin, PrestopOptions::from_env()) {
+//!             Ok(status) => {
+//!                 eprintln!("prestop: drain reached {}", status.phase);
+//!                 std::process::exit(0);
+//!             }
+//!             Err(e) => {
+//!                 eprintln!("prestop: {e}");
+//!                 std::process::exit(1);
+//!             }
+//!         }
+//!     }
+//!     // ... the service itself
+//! }
+//! ```
+//!
+//! The guide [`guide::kubernetes`](crate::guide::kubernetes) puts all of this in a Pod spec.
+
+mod prestop;
+mod query;
+mod router;
+
+pub use prestop::{prestop, prestop_blocking, PrestopError, PrestopOptions};
+pub use router::{AdminBuilder, Wait, ADMIN_TOKEN_ENV};
+
+use crate::Drain;
+
+impl Drain {
+    /// The admin router with its defaults: token from env `LAMEDUCK_ADMIN_TOKEN` (none when
+    /// unset or empty), 1 KiB body limit. See the [`admin`](crate::admin) module for the routes.
+    ///
+    /// Same as `drain.admin().router()`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn demo() -> Result<(), lameduck::ConfigError> {
+    /// let drain = lameduck::Drain::builder().build()?;
+    /// let admin: axum::Router = drain.admin_router();
+    /// # Ok(()) }
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+    pub fn admin_router(&self) -> axum::Router {
+        self.admin().router()
+    }
+
+    /// A builder for the admin router, to set the token or the body limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn demo() -> Result<(), lameduck::ConfigError> {
+    /// let drain = lameduck::Drain::builder().build()?;
+    /// let admin: axum::Router = drain
+    ///     .admin()
+    ///     .token("s3cr3t-t0ken")
+    ///     .body_limit(256)
+    ///     .router();
+    /// # Ok(()) }
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+    pub fn admin(&self) -> AdminBuilder {
+        AdminBuilder::new(self.clone())
+    }
+}

@@ -1,0 +1,471 @@
+//! The example manifests in `examples/k8s/` agree with each other and with the admin router:
+//! grace period, env, ports, probes, the preStop hook. (Schema validity is `.ci/k8s-validate.sh`.)
+
+use std::time::Duration;
+
+use lameduck::parse_duration;
+
+const DEPLOYMENT: &str = include_str!("../examples/k8s/deployment.yaml");
+const SERVICE: &str = include_str!("../examples/k8s/service.yaml");
+
+/// The YAML the manifests use: block mappings and sequences, plain or quoted scalars, flow
+/// sequences of scalars, comments. Anything else is refused, so a manifest edit that leaves
+/// this subset fails here loudly instead of being misread.
+#[derive(Debug, Clone, PartialEq)]
+enum Node {
+    Map(Vec<(String, Node)>),
+    Seq(Vec<Node>),
+    Scalar(String),
+}
+
+impl Node {
+    /// Follows a dotted path of keys (and `[n]` indexes for sequences).
+    fn at(&self, path: &str) -> &Node {
+        let mut node = self;
+        for step in path.split('.') {
+            let (key, index) = match step.split_once('[') {
+                Some((k, rest)) => (
+                    k,
+                    Some(rest.trim_end_matches(']').parse::<usize>().unwrap()),
+                ),
+                None => (step, None),
+            };
+            if !key.is_empty() {
+                node = node
+                    .get(key)
+                    .unwrap_or_else(|| panic!("no `{key}` on the way to `{path}`"));
+            }
+            if let Some(i) = index {
+                node = &node.items()[i];
+            }
+        }
+        node
+    }
+
+    fn get(&self, key: &str) -> Option<&Node> {
+        match self {
+            Node::Map(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    fn str(&self, path: &str) -> &str {
+        match self.at(path) {
+            Node::Scalar(s) => s,
+            other => panic!("`{path}` is not a scalar: {other:?}"),
+        }
+    }
+
+    fn items(&self) -> &[Node] {
+        match self {
+            Node::Seq(items) => items,
+            other => panic!("not a sequence: {other:?}"),
+        }
+    }
+
+    fn list(&self, path: &str) -> &[Node] {
+        self.at(path).items()
+    }
+
+    /// The entry of a sequence of maps whose `name` is `name`.
+    fn named<'a>(items: &'a [Node], name: &str) -> &'a Node {
+        items
+            .iter()
+            .find(|n| n.get("name") == Some(&Node::Scalar(name.to_owned())))
+            .unwrap_or_else(|| panic!("no entry named `{name}`"))
+    }
+}
+
+fn parse(text: &str) -> Node {
+    let mut lines: Vec<(usize, String)> = Vec::new();
+    for (n, raw) in text.lines().enumerate() {
+        let content = strip_comment(raw);
+        if content.trim().is_empty() {
+            continue;
+        }
+        if content.trim() == "---" {
+            panic!("line {}: one document per file", n + 1);
+        }
+        let indent = content.len() - content.trim_start().len();
+        for bad in ['{', '&', '*', '|', '>', '\t'] {
+            let t = content.trim_start();
+            let value = t.split_once(": ").map_or(t, |(_, v)| v);
+            if value.trim_start_matches("- ").starts_with(bad) {
+                panic!(
+                    "line {}: `{bad}` is outside the YAML subset this test reads",
+                    n + 1
+                );
+            }
+        }
+        lines.push((indent, content.trim().to_owned()));
+    }
+    let mut i = 0;
+    let node = block(&mut lines, &mut i, 0);
+    assert_eq!(i, lines.len(), "unparsed line: {:?}", lines.get(i));
+    node
+}
+
+fn strip_comment(line: &str) -> &str {
+    let mut quote = None;
+    for (i, c) in line.char_indices() {
+        match (c, quote) {
+            ('"' | '\'', None) => quote = Some(c),
+            (c, Some(q)) if c == q => quote = None,
+            ('#', None) if i == 0 || line[..i].ends_with(' ') => return line[..i].trim_end(),
+            _ => {}
+        }
+    }
+    line.trim_end()
+}
+
+fn block(lines: &mut [(usize, String)], i: &mut usize, indent: usize) -> Node {
+    if lines[*i].1 == "-" || lines[*i].1.starts_with("- ") {
+        let mut items = Vec::new();
+        while *i < lines.len() && lines[*i].0 == indent && lines[*i].1.starts_with('-') {
+            let rest = lines[*i].1[1..].trim_start().to_owned();
+            if rest.is_empty() {
+                *i += 1;
+                let child = lines[*i].0;
+                assert!(child > indent, "empty sequence item");
+                items.push(block(lines, i, child));
+            } else if is_entry(&rest) {
+                // `- key: value` opens a mapping at the column of `key`.
+                lines[*i] = (indent + 2, rest);
+                items.push(block(lines, i, indent + 2));
+            } else {
+                items.push(scalar(&rest));
+                *i += 1;
+            }
+        }
+        Node::Seq(items)
+    } else {
+        let mut entries = Vec::new();
+        while *i < lines.len() && lines[*i].0 == indent && !lines[*i].1.starts_with("- ") {
+            let line = lines[*i].1.clone();
+            assert!(is_entry(&line), "not a `key: value` line: {line:?}");
+            let (key, value) = line.split_once(':').unwrap();
+            let (key, value) = (key.trim().to_owned(), value.trim());
+            assert!(
+                entries.iter().all(|(k, _)| *k != key),
+                "duplicate key `{key}`"
+            );
+            *i += 1;
+            let node = if !value.is_empty() {
+                scalar(value)
+            } else if *i < lines.len() && lines[*i].0 > indent {
+                let child = lines[*i].0;
+                block(lines, i, child)
+            } else if *i < lines.len() && lines[*i].0 == indent && lines[*i].1.starts_with("- ") {
+                block(lines, i, indent) // a sequence may sit at its key's indent
+            } else {
+                Node::Scalar(String::new())
+            };
+            entries.push((key, node));
+        }
+        Node::Map(entries)
+    }
+}
+
+fn is_entry(s: &str) -> bool {
+    !s.starts_with('"') && !s.starts_with('[') && (s.ends_with(':') || s.contains(": "))
+}
+
+fn scalar(s: &str) -> Node {
+    if let Some(inner) = s.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+        let items = inner
+            .split(',')
+            .map(str::trim)
+            .filter(|x| !x.is_empty())
+            .map(scalar)
+            .collect();
+        return Node::Seq(items);
+    }
+    let unquoted = s
+        .strip_prefix('"')
+        .and_then(|r| r.strip_suffix('"'))
+        .or_else(|| s.strip_prefix('\'').and_then(|r| r.strip_suffix('\'')))
+        .unwrap_or(s);
+    Node::Scalar(unquoted.to_owned())
+}
+
+/// What the manifests say, gathered once.
+struct Manifests {
+    deployment: Node,
+    service: Node,
+}
+
+impl Manifests {
+    fn load() -> Self {
+        let m = Self {
+            deployment: parse(DEPLOYMENT),
+            service: parse(SERVICE),
+        };
+        assert_eq!(m.deployment.str("kind"), "Deployment");
+        assert_eq!(m.service.str("kind"), "Service");
+        m
+    }
+
+    fn pod(&self) -> &Node {
+        self.deployment.at("spec.template.spec")
+    }
+
+    fn container(&self) -> &Node {
+        let containers = self.pod().list("containers");
+        assert_eq!(containers.len(), 1, "one container");
+        &containers[0]
+    }
+
+    fn env(&self, name: &str) -> &Node {
+        Node::named(self.container().list("env"), name)
+    }
+
+    /// The value after `flag` in the container's args.
+    fn arg(&self, flag: &str) -> Option<&str> {
+        let args = self.container().list("args");
+        let at = args
+            .iter()
+            .position(|a| *a == Node::Scalar(flag.to_owned()))?;
+        match args.get(at + 1) {
+            Some(Node::Scalar(v)) => Some(v),
+            _ => panic!("`{flag}` has no value"),
+        }
+    }
+
+    fn container_port(&self, name: &str) -> u16 {
+        Node::named(self.container().list("ports"), name)
+            .str("containerPort")
+            .parse()
+            .unwrap()
+    }
+
+    /// A probe's or hook's `port`, resolved to a number.
+    fn resolve_port(&self, port: &str) -> u16 {
+        port.parse().unwrap_or_else(|_| self.container_port(port))
+    }
+
+    fn admin_token(&self) -> &str {
+        self.env("LAMEDUCK_ADMIN_TOKEN").str("value")
+    }
+}
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit_once(':').unwrap().1.parse().unwrap()
+}
+
+#[test]
+fn grace_period_and_env_agree() {
+    let m = Manifests::load();
+    let grace: u64 = m
+        .pod()
+        .str("terminationGracePeriodSeconds")
+        .parse()
+        .unwrap();
+    let env = parse_duration(m.env("LAMEDUCK_GRACE_PERIOD").str("value")).unwrap();
+    assert_eq!(
+        env,
+        Duration::from_secs(grace),
+        "LAMEDUCK_GRACE_PERIOD vs terminationGracePeriodSeconds"
+    );
+    if let Some(flag) = m.arg("--grace-period") {
+        assert_eq!(
+            parse_duration(flag).unwrap(),
+            env,
+            "--grace-period vs the env"
+        );
+    }
+    // The defaults of the budget must fit the grace period the Pod gets.
+    lameduck::Drain::builder()
+        .grace_period(env)
+        .build()
+        .expect("the manifest's grace period makes a valid budget");
+}
+
+#[test]
+fn downward_api_env_names_the_pod() {
+    let m = Manifests::load();
+    for (name, field) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+        ("POD_UID", "metadata.uid"),
+        ("POD_IP", "status.podIP"),
+    ] {
+        assert_eq!(
+            m.env(name).str("valueFrom.fieldRef.fieldPath"),
+            field,
+            "{name}"
+        );
+    }
+    // Left at its default so the drain summary lands where kubelet reads it.
+    assert!(m.container().get("terminationMessagePath").is_none());
+    assert!(m.container().get("terminationMessagePolicy").is_none());
+}
+
+#[test]
+fn ports_agree_and_the_admin_port_stays_out_of_the_service() {
+    let m = Manifests::load();
+    let http = port_of(m.arg("--listen").expect("--listen in args"));
+    let admin = port_of(m.arg("--admin").expect("--admin in args"));
+    assert_ne!(http, admin);
+    assert_eq!(
+        m.container_port("http"),
+        http,
+        "containerPort http vs --listen"
+    );
+    assert_eq!(
+        m.container_port("admin"),
+        admin,
+        "containerPort admin vs --admin"
+    );
+
+    let ports = m.service.list("spec.ports");
+    assert!(!ports.is_empty());
+    for p in ports {
+        let target = m.resolve_port(p.str("targetPort"));
+        assert_eq!(target, http, "the Service targets the service port only");
+        assert_ne!(p.str("port").parse::<u16>().unwrap(), admin);
+    }
+
+    // The Service and the Deployment select the Pods the template labels.
+    let labels = m.deployment.at("spec.template.metadata.labels");
+    for selector in [
+        m.service.at("spec.selector"),
+        m.deployment.at("spec.selector.matchLabels"),
+    ] {
+        let Node::Map(entries) = selector else {
+            panic!("selector is not a map")
+        };
+        assert!(!entries.is_empty());
+        for (k, v) in entries {
+            assert_eq!(labels.get(k), Some(v), "selector {k}");
+        }
+    }
+}
+
+#[cfg(feature = "admin")]
+#[test]
+fn probes_and_prestop_use_the_admin_port() {
+    let m = Manifests::load();
+    let admin = port_of(m.arg("--admin").unwrap());
+    let c = m.container();
+    assert_eq!(c.str("readinessProbe.httpGet.path"), "/readyz");
+    assert_eq!(c.str("livenessProbe.httpGet.path"), "/livez");
+    for probe in ["readinessProbe", "livenessProbe", "lifecycle.preStop"] {
+        let port = c.str(&format!("{probe}.httpGet.port"));
+        assert_eq!(m.resolve_port(port), admin, "{probe} port");
+    }
+
+    let grace: u64 = m
+        .pod()
+        .str("terminationGracePeriodSeconds")
+        .parse()
+        .unwrap();
+    let path = c.str("lifecycle.preStop.httpGet.path");
+    let (route, query) = path.split_once('?').unwrap_or((path, ""));
+    assert_eq!(route, "/drain");
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "wait" => {
+                v.parse::<lameduck::admin::Wait>().unwrap();
+            }
+            // A hook still waiting at the grace period is killed with the container.
+            "timeout" => assert!(parse_duration(v).unwrap() < Duration::from_secs(grace)),
+            other => panic!("/drain does not take `{other}`"),
+        }
+    }
+
+    let headers = c.list("lifecycle.preStop.httpGet.httpHeaders");
+    let auth = Node::named(headers, "Authorization").str("value");
+    assert_eq!(
+        auth,
+        format!("Bearer {}", m.admin_token()),
+        "the preStop header carries the token the app reads"
+    );
+}
+
+/// The manifest's own probe and hook requests, sent to a live admin router configured as the
+/// manifest configures the app: probes answer 200 and the preStop request drains.
+#[cfg(feature = "admin")]
+#[tokio::test]
+async fn the_manifest_requests_work_against_the_admin_router() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::TokioIo;
+
+    let m = Manifests::load();
+    let c = m.container();
+    let drain = lameduck::Drain::builder()
+        .grace_period(Duration::from_secs(20))
+        .propagation(lameduck::Propagation::fixed(Duration::from_millis(50)))
+        .signals(lameduck::Signals::none())
+        .report_to_stderr(false)
+        .termination_log(None)
+        .build()
+        .unwrap();
+    drain.mark_started();
+    let router = drain.admin().token(m.admin_token()).router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+
+    let call = |action: &str| {
+        let path = c.str(&format!("{action}.httpGet.path")).to_owned();
+        let headers: Vec<(String, String)> = c
+            .at(action)
+            .at("httpGet")
+            .get("httpHeaders")
+            .map(|h| {
+                h.items()
+                    .iter()
+                    .map(|n| (n.str("name").to_owned(), n.str("value").to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let mut req = http::Request::get(format!("http://{addr}{path}"))
+                .header("host", addr.to_string())
+                .header("user-agent", "kube-probe/1.37");
+            for (k, v) in headers {
+                req = req.header(k, v);
+            }
+            let fut = tx.send_request(req.body(Empty::<bytes::Bytes>::new()).unwrap());
+            let res = tokio::time::timeout(Duration::from_secs(20), fut)
+                .await
+                .unwrap()
+                .unwrap();
+            let status = res.status().as_u16();
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+
+    assert_eq!(call("readinessProbe").await, (200, "ok".to_owned()));
+    assert_eq!(call("livenessProbe").await, (200, "ok".to_owned()));
+    let (status, body) = call("lifecycle.preStop").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(drain.phase(), lameduck::Phase::Done);
+    assert_eq!(
+        drain.report().unwrap().trigger,
+        Some(lameduck::Trigger::PreStop)
+    );
+    assert_eq!(call("readinessProbe").await.0, 503);
+    assert_eq!(call("livenessProbe").await.0, 200);
+}
+
+#[test]
+fn the_parser_reads_the_subset_it_claims() {
+    let doc = parse(
+        "a: 1 # trailing\nb:\n  - name: x\n    value: \"q # not a comment\"\n  - plain\nc: [\"--f\", 2]\nd:\n- y\n",
+    );
+    assert_eq!(doc.str("a"), "1");
+    assert_eq!(doc.str("b[0].value"), "q # not a comment");
+    assert_eq!(doc.str("b[1]"), "plain");
+    assert_eq!(doc.list("c").len(), 2);
+    assert_eq!(doc.str("d[0]"), "y");
+    let refused = std::panic::catch_unwind(|| parse("a: {b: 1}\n"));
+    assert!(refused.is_err());
+}
