@@ -594,7 +594,12 @@ impl Drain {
             Phase::Draining => self.inner.readiness == ReadinessWhileDraining::ServingUntilStop,
             _ => false,
         };
-        if draining_ready {
+        if draining_ready && phase == Phase::Draining {
+            lines.push(format!(
+                "[+]drain draining, ready until stopped_accepting (policy {})",
+                self.inner.readiness.as_str()
+            ));
+        } else if draining_ready {
             lines.push("[+]drain ok".to_owned());
         } else {
             lines.push(format!(

@@ -518,3 +518,79 @@ async fn force_skips_the_waits_and_reports_forced() {
     assert_eq!(report.exit_code, 1);
     assert!(report.budget.used_ms < 1000);
 }
+
+// ---------- readiness while draining is a policy ----------
+
+/// Samples readiness in every phase of a drain with a 1 s fixed propagation and one request
+/// that ends 2 s after the trigger.
+async fn readiness_through_a_drain(
+    policy: lameduck::ReadinessWhileDraining,
+) -> (Vec<(Phase, bool)>, lameduck::DrainReport) {
+    let drain = builder()
+        .readiness_while_draining(policy)
+        .propagation(Propagation::fixed(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    drain.mark_started();
+    let mut seen = vec![(drain.phase(), drain.is_ready())];
+    let guard = drain.enter();
+    drain.start(Trigger::Sigterm);
+    seen.push((drain.phase(), drain.is_ready()));
+    assert!(drain
+        .readiness()
+        .checks
+        .iter()
+        .any(|c| c.contains(policy.as_str())));
+    tokio::time::sleep(ms(1500)).await;
+    seen.push((drain.phase(), drain.is_ready()));
+    drop(guard);
+    let report = drain.drained().await;
+    seen.push((drain.phase(), drain.is_ready()));
+    (seen, report)
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_ready_policy_flips_readiness_at_the_trigger() {
+    let (seen, report) =
+        readiness_through_a_drain(lameduck::ReadinessWhileDraining::NotReady).await;
+    assert_eq!(
+        seen,
+        [
+            (Phase::Serving, true),
+            (Phase::Draining, false),
+            (Phase::StoppedAccepting, false),
+            (Phase::Done, false)
+        ]
+    );
+    assert_eq!(
+        report.readiness_policy,
+        lameduck::ReadinessWhileDraining::NotReady
+    );
+    assert_eq!(report.event(EventKind::ReadinessFlipped).unwrap().at_ms, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn serving_until_stop_policy_keeps_readiness_until_stopped_accepting() {
+    let (seen, report) =
+        readiness_through_a_drain(lameduck::ReadinessWhileDraining::ServingUntilStop).await;
+    assert_eq!(
+        seen,
+        [
+            (Phase::Serving, true),
+            (Phase::Draining, true),
+            (Phase::StoppedAccepting, false),
+            (Phase::Done, false)
+        ]
+    );
+    assert_eq!(
+        report.readiness_policy,
+        lameduck::ReadinessWhileDraining::ServingUntilStop
+    );
+    assert_eq!(
+        report.event(EventKind::ReadinessFlipped).unwrap().at_ms,
+        1000
+    );
+    assert!(report
+        .to_json()
+        .contains("\"readiness_policy\":\"serving_until_stop\""));
+}
