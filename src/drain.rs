@@ -702,13 +702,29 @@ impl Drain {
             trigger = trigger.as_str(),
             in_flight = self.in_flight(),
             grace_ms = self.inner.budget.grace_period.as_millis() as u64,
-            "lameduck: drain started"
+            "lameduck: drain_started"
         );
+        if self.inner.readiness == ReadinessWhileDraining::NotReady {
+            tracing::info!(
+                event = "readiness_flipped",
+                at_ms = 0u64,
+                policy = self.inner.readiness.as_str(),
+                "lameduck: readiness_flipped"
+            );
+        }
         self.inner.core.start_draining();
         self.inner.phase.send_modify(|p| *p = Phase::Draining);
         self.inner.drain_token.cancel();
         let drain = self.clone();
-        tokio::spawn(async move { drain.drive(now).await });
+        let span = tracing::info_span!(
+            "lameduck_drain",
+            trigger = trigger.as_str(),
+            grace_ms = self.inner.budget.grace_period.as_millis() as u64
+        );
+        tokio::spawn(tracing::Instrument::instrument(
+            async move { drain.drive(now).await },
+            span,
+        ));
         true
     }
 
@@ -949,9 +965,14 @@ impl Drain {
     }
 
     fn push(&self, e: Event) {
+        // One INFO line per lifecycle event (a production log tells the drain in a handful of
+        // lines); counts ride along so each line stands on its own.
         tracing::info!(
             event = e.event.as_str(),
             at_ms = e.at_ms,
+            in_flight = self.in_flight(),
+            connections = self.connections(),
+            tasks = self.tasks(),
             reason = e.reason.map(CommitReason::as_str),
             name = e.name.as_deref(),
             detail = e.detail.as_deref(),
