@@ -116,7 +116,9 @@ pub fn parse_duration(raw: &str) -> Result<Duration, ConfigError> {
         )));
     }
     let n: u64 = digits.parse().map_err(|_| {
-        ConfigError::parse(format!("`{raw}` is not a duration: the number is too large"))
+        ConfigError::parse(format!(
+            "`{raw}` is not a duration: the number is too large"
+        ))
     })?;
     let d = match unit.trim() {
         "ms" => Duration::from_millis(n),

@@ -640,7 +640,8 @@ impl Drain {
     /// The quiesce deadline, once the drain has started.
     pub fn deadline(&self) -> Option<Instant> {
         let st = self.inner.lock();
-        st.origin.map(|o| o.at + self.inner.budget.quiesce_deadline())
+        st.origin
+            .map(|o| o.at + self.inner.budget.quiesce_deadline())
     }
 
     /// The hard deadline (grace period minus safety margin), once the drain has started.
@@ -667,7 +668,12 @@ impl Drain {
                     unix_ms,
                 );
                 e.trigger = Some(trigger);
-                tracing::info!(event = "signal_received", trigger = trigger.as_str(), at_ms = e.at_ms, "lameduck: trigger received while draining");
+                tracing::info!(
+                    event = "signal_received",
+                    trigger = trigger.as_str(),
+                    at_ms = e.at_ms,
+                    "lameduck: trigger received while draining"
+                );
                 st.timeline.push(e);
                 return false;
             }
@@ -767,9 +773,12 @@ impl Drain {
     {
         let fut = make(self.task_context());
         let rec: Recovery = Box::new(move || Box::pin(recovery()));
-        self.inner
-            .tasks
-            .spawn(name.into(), TaskKind::CancelOnDrain, Some((timeout, rec)), fut);
+        self.inner.tasks.spawn(
+            name.into(),
+            TaskKind::CancelOnDrain,
+            Some((timeout, rec)),
+            fut,
+        );
     }
 
     fn task_context(&self) -> TaskContext {
@@ -795,8 +804,12 @@ impl Drain {
 
     /// Like [`on_close`](Self::on_close), bounded by its own `timeout` (and always by what is
     /// left of the budget).
-    pub fn on_close_with_timeout<F, Fut, E>(&self, name: impl Into<String>, timeout: Duration, close: F)
-    where
+    pub fn on_close_with_timeout<F, Fut, E>(
+        &self,
+        name: impl Into<String>,
+        timeout: Duration,
+        close: F,
+    ) where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
@@ -859,7 +872,8 @@ impl Drain {
     /// Cancel safe.
     pub async fn drained(&self) -> DrainReport {
         self.reached(Phase::Done).await;
-        self.report().expect("the report is stored before the phase turns Done")
+        self.report()
+            .expect("the report is stored before the phase turns Done")
     }
 
     /// Drives the whole lifecycle for apps that want one call in `main`: listens to the
@@ -912,6 +926,7 @@ impl Drain {
     // ---- hooks for the HTTP parts ----
 
     /// A new connection was accepted; counts it as activity while draining.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) -> bool {
         let draining = self.is_draining();
         if draining {
@@ -924,7 +939,9 @@ impl Drain {
 
     fn event(&self, kind: EventKind, origin: Instant) -> Event {
         let st = self.inner.lock();
-        let o = st.origin.expect("events are recorded after the origin is set");
+        let o = st
+            .origin
+            .expect("events are recorded after the origin is set");
         let at = Instant::now().saturating_duration_since(origin);
         Event::new(kind, at, o.unix_ms + at.as_millis() as u64)
     }
@@ -951,7 +968,10 @@ impl Drain {
         let budget = inner.budget;
         let quiesce = origin + budget.quiesce_deadline();
         let hard = origin + budget.hard_deadline();
-        let hurry_at = quiesce.checked_sub(inner.hurry_lead).unwrap_or(origin).max(origin);
+        let hurry_at = quiesce
+            .checked_sub(inner.hurry_lead)
+            .unwrap_or(origin)
+            .max(origin);
         {
             let hurry = inner.hurry_token.clone();
             let deadline = inner.deadline_token.clone();
@@ -1168,7 +1188,11 @@ impl Drain {
                 new_connections: *n,
             })
             .collect();
-        peers.sort_by(|a, b| b.new_connections.cmp(&a.new_connections).then(a.peer.cmp(&b.peer)));
+        peers.sort_by(|a, b| {
+            b.new_connections
+                .cmp(&a.new_connections)
+                .then(a.peer.cmp(&b.peer))
+        });
         peers.truncate(10);
         let last_new = core
             .unstamp(af.last_new_connection.load(Ordering::Relaxed))

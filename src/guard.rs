@@ -63,6 +63,9 @@ pub(crate) struct Core {
     /// Nanoseconds since `base` + 1 of the last new request or connection while draining;
     /// 0 = none yet.
     last_activity: AtomicU64,
+    /// Nanoseconds since `base` + 1 of the drain start; 0 = not draining. Lets the HTTP layer
+    /// tell, without a lock, whether a connection was accepted before or after the drain.
+    drain_started: AtomicU64,
     pub(crate) connections: AtomicUsize,
     pub(crate) after_flip: AfterFlip,
     requests: Mutex<Registry>,
@@ -77,6 +80,7 @@ impl Core {
             zero: Notify::new(),
             base: Instant::now(),
             last_activity: AtomicU64::new(0),
+            drain_started: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
             after_flip: AfterFlip::default(),
             requests: Mutex::new(Registry::default()),
@@ -118,7 +122,14 @@ impl Core {
         self.unstamp(self.last_activity.load(Ordering::Relaxed))
     }
 
+    /// When the drain started, once the stamp is visible (see `start_draining`).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn drain_started(&self) -> Option<Instant> {
+        self.unstamp(self.drain_started.load(Ordering::Acquire))
+    }
+
     /// A new connection accepted while draining.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) {
         let now = self.stamp(Instant::now());
         self.last_activity.fetch_max(now, Ordering::Relaxed);
@@ -135,6 +146,7 @@ impl Core {
     }
 
     /// A request that arrived while draining, on a new or a reused connection.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn note_request(&self, on_new_connection: bool) {
         let c = if on_new_connection {
             &self.after_flip.requests_on_new
@@ -150,6 +162,11 @@ impl Core {
 
     /// Sets the draining flag and wakes waiters if nothing is in flight.
     pub(crate) fn start_draining(&self) {
+        // Release, before the flag is set: a reader that Acquire-loads a non-zero stamp sees a
+        // consistent instant. Readers that learned about the drain from the flag alone may
+        // still see 0 for a moment and must treat that as "unknown".
+        self.drain_started
+            .store(self.stamp(Instant::now()), Ordering::Release);
         if self.counter.start_draining() {
             self.wake_zero();
         }
@@ -175,6 +192,7 @@ impl Core {
         reg.slots.iter().flatten().cloned().collect()
     }
 
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     fn register(&self, info: RequestInfo) -> u32 {
         let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = reg.free.pop() {
@@ -211,6 +229,7 @@ pub struct InFlightGuard {
 
 impl InFlightGuard {
     /// Registers what this guard counts, for the straggler list. Only called while draining.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn describe(&mut self, info: RequestInfo) {
         if self.slot == NO_SLOT {
             self.slot = self.core.register(info);
@@ -218,12 +237,12 @@ impl InFlightGuard {
     }
 
     /// `true` once [`describe`](Self::describe) registered this guard.
-    #[allow(dead_code)] // used by the HTTP layer, which is feature-gated
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the HTTP layer
     pub(crate) fn is_described(&self) -> bool {
         self.slot != NO_SLOT
     }
 
-    #[allow(dead_code)] // used by the HTTP layer, which is feature-gated
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the HTTP layer
     pub(crate) fn core(&self) -> &'static Core {
         self.core
     }

@@ -54,6 +54,9 @@ mod counter;
 mod drain;
 mod error;
 mod guard;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 mod loom;
 mod phase;
 mod propagation;
@@ -68,6 +71,9 @@ pub use drain::{
 };
 pub use error::ConfigError;
 pub use guard::InFlightGuard;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use http::{serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, StreamStop};
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
 pub use report::{

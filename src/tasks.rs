@@ -141,11 +141,20 @@ impl Tasks {
     }
 
     /// Takes the recovery actions of the tasks still running, and their abort handles.
-    pub(crate) fn take_stragglers(&self) -> Vec<(String, Instant, AbortHandle, Option<(Duration, Recovery)>)> {
+    pub(crate) fn take_stragglers(
+        &self,
+    ) -> Vec<(String, Instant, AbortHandle, Option<(Duration, Recovery)>)> {
         let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         reg.running
             .values_mut()
-            .map(|t| (t.name.clone(), t.started, t.abort.clone(), t.recovery.take()))
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.started,
+                    t.abort.clone(),
+                    t.recovery.take(),
+                )
+            })
             .collect()
     }
 
