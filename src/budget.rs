@@ -58,7 +58,9 @@ impl Budget {
             if grace_period >= DEFAULT_GRACE {
                 default
             } else {
-                default.mul_f64(grace_period.as_secs_f64() / DEFAULT_GRACE.as_secs_f64())
+                // Whole milliseconds, so messages and reports stay readable.
+                let ms = default.as_millis() * grace_period.as_millis() / DEFAULT_GRACE.as_millis();
+                Duration::from_millis(ms as u64)
             }
         };
         let safety_margin = margin.unwrap_or_else(|| scale(DEFAULT_MARGIN));
@@ -143,7 +145,7 @@ impl fmt::Display for DurationDisplay {
         let d = self.0;
         if d.subsec_nanos() == 0 {
             write!(f, "{}s", d.as_secs())
-        } else if d.subsec_nanos() % 1_000_000 == 0 {
+        } else if d.subsec_nanos().is_multiple_of(1_000_000) {
             write!(f, "{}ms", d.as_millis())
         } else {
             write!(f, "{:?}", d)

@@ -567,7 +567,9 @@ impl Drain {
     /// Readiness with its reason and every check.
     pub fn readiness(&self) -> Readiness {
         let phase = self.phase();
-        let (gates, checks): (Vec<(String, bool)>, Vec<(String, Arc<CheckFn>)>) = {
+        type Gates = Vec<(String, bool)>;
+        type Checks = Vec<(String, Arc<CheckFn>)>;
+        let (gates, checks): (Gates, Checks) = {
             let st = self.inner.lock();
             (
                 st.gates.iter().map(|g| (g.name.clone(), g.open)).collect(),
@@ -926,7 +928,7 @@ impl Drain {
     // ---- hooks for the HTTP parts ----
 
     /// A new connection was accepted; counts it as activity while draining.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    #[allow(dead_code)] // called by the accept loop of the `http` feature
     pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) -> bool {
         let draining = self.is_draining();
         if draining {
@@ -1030,8 +1032,8 @@ impl Drain {
         }
         if self.is_forced() {
             inner.deadline_token.cancel();
-            for (_, _, abort, _) in inner.tasks.take_stragglers() {
-                abort.abort();
+            for task in inner.tasks.take_stragglers() {
+                task.abort.abort();
             }
         }
 
@@ -1144,7 +1146,12 @@ impl Drain {
     /// Runs the recovery actions of unfinished tasks (each bounded by its timeout and the hard
     /// deadline), then aborts the tasks.
     async fn recover_and_abort(&self, stragglers: &mut [Straggler], hard: Instant) {
-        for (name, _, abort, recovery) in self.inner.tasks.take_stragglers() {
+        for crate::tasks::Unfinished {
+            name,
+            abort,
+            recovery,
+        } in self.inner.tasks.take_stragglers()
+        {
             if let Some((timeout, rec)) = recovery {
                 let left = hard.saturating_duration_since(Instant::now());
                 let handle = tokio::spawn(rec());

@@ -46,6 +46,7 @@
 //! quiesce deadline  = hard deadline − close_budget                (close_budget default 5 s)
 //! propagation max   ≤ quiesce deadline
 //! ```
+#![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod budget;

@@ -61,6 +61,13 @@ impl std::fmt::Debug for Running {
     }
 }
 
+/// A task still running at the quiesce deadline.
+pub(crate) struct Unfinished {
+    pub(crate) name: String,
+    pub(crate) abort: AbortHandle,
+    pub(crate) recovery: Option<(Duration, Recovery)>,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Tasks {
     pub(crate) tracker: TaskTracker,
@@ -140,20 +147,15 @@ impl Tasks {
             .collect()
     }
 
-    /// Takes the recovery actions of the tasks still running, and their abort handles.
-    pub(crate) fn take_stragglers(
-        &self,
-    ) -> Vec<(String, Instant, AbortHandle, Option<(Duration, Recovery)>)> {
+    /// Takes the recovery actions of the tasks still running, with their abort handles.
+    pub(crate) fn take_stragglers(&self) -> Vec<Unfinished> {
         let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         reg.running
             .values_mut()
-            .map(|t| {
-                (
-                    t.name.clone(),
-                    t.started,
-                    t.abort.clone(),
-                    t.recovery.take(),
-                )
+            .map(|t| Unfinished {
+                name: t.name.clone(),
+                abort: t.abort.clone(),
+                recovery: t.recovery.take(),
             })
             .collect()
     }

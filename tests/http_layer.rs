@@ -1,6 +1,7 @@
 //! The drain layer: in-flight accounting that follows the response body, `Connection: close`
 //! while draining, the phase header, and ending streams at `stopped_accepting` — with real
 //! sockets on 127.0.0.1 and real hyper clients.
+#![cfg(feature = "admin")] // the test app is an axum Router
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! `lameduck::serve`: the accept loop and connection lifecycle across the drain, with real
 //! sockets on 127.0.0.1 and real hyper clients (HTTP/1.1 and HTTP/2).
+#![cfg(feature = "admin")] // the test app is an axum Router
 
 mod common;
 
