@@ -74,7 +74,9 @@ pub use error::ConfigError;
 pub use guard::InFlightGuard;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub use http::{serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, StreamStop};
+pub use http::{
+    serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
+};
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
 pub use report::{

@@ -64,8 +64,15 @@ impl Drain {
 ///   * The request is registered for the straggler list (method, path, peer, age). Requests that
 ///     started *before* the drain are described on the first poll of their future or body after
 ///     the drain started, from an inline copy of the method and the first bytes of the path made
-///     in `call`; their age is reported as at least the drain's age, and a body that is never
-///     polled again stays unnamed.
+///     in `call`; their age is reported as the drain's age (a lower bound), their peer is not
+///     recorded, and a body that is never polled again stays unnamed.
+///
+/// # Upgraded connections
+///
+/// A `101 Switching Protocols` response ends the HTTP exchange: its guard is released with its
+/// empty body, so an upgraded connection (a WebSocket) is no longer counted. Take a guard with
+/// [`Drain::enter`] in the task that serves the socket, and end that task with
+/// [`Drain::stream_stop`].
 ///
 /// # Options
 ///

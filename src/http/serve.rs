@@ -67,6 +67,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// `serve` does not count requests itself: wrap the service with [`Drain::layer`]. The
 /// returned future resolves to `Ok(())`; it never fails on accept errors.
 ///
+/// An upgraded connection (WebSocket) leaves hyper, and the connection count, when it is
+/// upgraded; see [`DrainLayer`](crate::DrainLayer#upgraded-connections) for keeping it counted.
+///
 /// HTTP/2 connections are recognised by their first request: one that has carried no request
 /// yet when the drain starts gets its GOAWAY with its first request, or at `stopped_accepting`.
 ///

@@ -144,11 +144,11 @@ impl StreamStop {
     ///             tokio::time::sleep(Duration::from_secs(1)).await;
     ///         }
     ///     });
-    ///     let stream = futures_core_stream(rx);
+    ///     let stream = as_stream(rx); // any `futures_core::Stream` of events
     ///     let stream = drain.stream_stop_spread(Duration::from_secs(5)).wrap(stream);
     ///     Response::new(Body::from_stream(stream))
     /// }
-    /// # fn futures_core_stream<T>(rx: tokio::sync::mpsc::Receiver<T>) -> impl futures_core::Stream<Item = T> + Send + 'static
+    /// # fn as_stream<T>(rx: tokio::sync::mpsc::Receiver<T>) -> impl futures_core::Stream<Item = T> + Send + 'static
     /// # where T: Send + 'static {
     /// #     struct S<T>(tokio::sync::mpsc::Receiver<T>);
     /// #     impl<T> futures_core::Stream for S<T> {
