@@ -63,6 +63,9 @@ pub(crate) struct Core {
     /// Nanoseconds since `base` + 1 of the last new request or connection while draining;
     /// 0 = none yet.
     last_activity: AtomicU64,
+    /// Nanoseconds since `base` + 1 of the drain start; 0 = not draining. Lets the HTTP layer
+    /// tell, without a lock, whether a connection was accepted before or after the drain.
+    drain_started: AtomicU64,
     pub(crate) connections: AtomicUsize,
     pub(crate) after_flip: AfterFlip,
     requests: Mutex<Registry>,
@@ -77,6 +80,7 @@ impl Core {
             zero: Notify::new(),
             base: Instant::now(),
             last_activity: AtomicU64::new(0),
+            drain_started: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
             after_flip: AfterFlip::default(),
             requests: Mutex::new(Registry::default()),
@@ -118,6 +122,12 @@ impl Core {
         self.unstamp(self.last_activity.load(Ordering::Relaxed))
     }
 
+    /// When the drain started, once the stamp is visible (see `start_draining`).
+    #[allow(dead_code)] // read by the HTTP layer of the `http` feature
+    pub(crate) fn drain_started(&self) -> Option<Instant> {
+        self.unstamp(self.drain_started.load(Ordering::Acquire))
+    }
+
     /// A new connection accepted while draining.
     #[allow(dead_code)] // called by the accept loop of the `http` feature
     pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) {
@@ -152,6 +162,11 @@ impl Core {
 
     /// Sets the draining flag and wakes waiters if nothing is in flight.
     pub(crate) fn start_draining(&self) {
+        // Release, before the flag is set: a reader that Acquire-loads a non-zero stamp sees a
+        // consistent instant. Readers that learned about the drain from the flag alone may
+        // still see 0 for a moment and must treat that as "unknown".
+        self.drain_started
+            .store(self.stamp(Instant::now()), Ordering::Release);
         if self.counter.start_draining() {
             self.wake_zero();
         }

@@ -56,6 +56,9 @@ mod counter;
 mod drain;
 mod error;
 mod guard;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 mod loom;
 mod phase;
 mod propagation;
@@ -76,6 +79,11 @@ pub use drain::{
 };
 pub use error::ConfigError;
 pub use guard::InFlightGuard;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use http::{
+    serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
+};
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
 pub use report::{

@@ -1,0 +1,110 @@
+//! [`DrainBody`]: the response body that carries the request's in-flight guard.
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::guard::InFlightGuard;
+
+use super::line::RequestLine;
+
+pin_project! {
+    /// A response body that keeps its request counted as in flight until the body ends.
+    ///
+    /// The guard is released when the inner body reports its end (`None`), fails, or this body
+    /// is dropped — which is what happens when the client disconnects mid-body, or when the
+    /// server force-closes the connection. A streaming body (server-sent events, a download)
+    /// therefore counts for as long as it streams.
+    ///
+    /// Data and error types are the inner body's.
+    pub struct DrainBody<B> {
+        #[pin]
+        kind: Kind<B>,
+        guard: Option<InFlightGuard>,
+        line: RequestLine,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner {
+            #[pin]
+            body: B,
+        },
+        // The body of a refused request (refusal mode); `B` may have no empty value.
+        Empty,
+    }
+}
+
+impl<B> DrainBody<B> {
+    #[inline]
+    pub(crate) fn new(body: B, guard: Option<InFlightGuard>, line: RequestLine) -> Self {
+        Self {
+            kind: Kind::Inner { body },
+            guard,
+            line,
+        }
+    }
+
+    pub(crate) fn empty(guard: Option<InFlightGuard>) -> Self {
+        Self {
+            kind: Kind::Empty,
+            guard,
+            line: RequestLine::new(&http::Method::GET, ""),
+        }
+    }
+}
+
+impl<B: Body> Body for DrainBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        match this.kind.project() {
+            KindProj::Inner { body } => {
+                this.line.describe_if_draining(this.guard);
+                let frame = ready!(body.poll_frame(cx));
+                if !matches!(frame, Some(Ok(_))) {
+                    // The end, or an error: the request is over.
+                    *this.guard = None;
+                }
+                Poll::Ready(frame)
+            }
+            KindProj::Empty => {
+                *this.guard = None;
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Empty => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Empty => SizeHint::with_exact(0),
+        }
+    }
+}
+
+impl<B> fmt::Debug for DrainBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DrainBody")
+            .field("request", &self.line)
+            .field("in_flight", &self.guard.is_some())
+            .finish_non_exhaustive()
+    }
+}

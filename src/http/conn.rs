@@ -1,0 +1,212 @@
+//! [`ConnMeta`]: what is known about the connection a request arrived on.
+//!
+//! # Invariants
+//!
+//! * One [`ConnShared`] is allocated per connection (never per request); every `ConnMeta` of
+//!   that connection points at it.
+//! * `accepted_while_draining` is fixed at accept time when the accept loop knows the drain
+//!   state (`lameduck::serve`); otherwise (`axum::serve` through `ConnectInfo`) the layer
+//!   compares the accept time with the drain's start.
+//! * `recorded` turns `true` at most once: the connection has been counted in the after-flip
+//!   report, by the accept loop or by the layer on the connection's first request while
+//!   draining, never by both.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::guard::Core;
+
+/// Connection ids are unique per process, whatever accepted the connection.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) const PROTO_UNKNOWN: u8 = 0;
+pub(crate) const PROTO_H1: u8 = 1;
+pub(crate) const PROTO_H2: u8 = 2;
+
+pub(crate) struct ConnShared {
+    id: u64,
+    accepted_at: Instant,
+    peer: Option<SocketAddr>,
+    requests: AtomicU64,
+    /// `Some` when the accept loop knew the drain state at accept time.
+    accepted_while_draining: Option<bool>,
+    recorded: AtomicBool,
+    /// The protocol, learned from the first request (maintained by `serve` only).
+    proto: AtomicU8,
+    /// Woken once when `proto` becomes known, so a connection task waiting to send GOAWAY
+    /// learns it without polling.
+    pub(crate) proto_known: Notify,
+}
+
+/// Facts about the connection a request arrived on: a process-unique id, when it was accepted,
+/// the peer address, and the request's index on the connection.
+///
+/// [`serve`](crate::serve) attaches one to every request (read it with
+/// `req.extensions().get::<ConnMeta>()`, or `Extension<ConnMeta>` in axum). Apps that keep
+/// `axum::serve` get it through `ConnectInfo<ConnMeta>`:
+///
+/// ```no_run
+/// # #[cfg(feature = "admin")] {
+/// use axum::{extract::ConnectInfo, routing::get, Router};
+/// use lameduck::ConnMeta;
+///
+/// async fn handler(ConnectInfo(conn): ConnectInfo<ConnMeta>) -> String {
+///     format!("connection {} from {:?}", conn.id(), conn.peer())
+/// }
+///
+/// # async fn run(drain: lameduck::Drain) -> std::io::Result<()> {
+/// let app = Router::new().route("/", get(handler)).layer(drain.layer());
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+/// axum::serve(listener, app.into_make_service_with_connect_info::<ConnMeta>()).await
+/// # }
+/// # }
+/// ```
+///
+/// The [`DrainLayer`](crate::DrainLayer) reads it to count, after the drain starts, requests
+/// on connections accepted after the drain (*new*) versus before it (*reused*: pooled
+/// keep-alive connections say nothing about whether load balancers caught up).
+///
+/// Cloning is cheap (one reference count); the per-connection part is shared.
+#[derive(Clone)]
+pub struct ConnMeta {
+    conn: Arc<ConnShared>,
+    index: Option<u64>,
+}
+
+impl ConnMeta {
+    /// Metadata for a connection accepted now from `peer`, for custom accept loops: attach
+    /// [`for_request`](Self::for_request) to each of its requests.
+    pub fn accepted(peer: Option<SocketAddr>) -> Self {
+        Self::new(peer, None)
+    }
+
+    pub(crate) fn new(peer: Option<SocketAddr>, accepted_while_draining: Option<bool>) -> Self {
+        Self {
+            conn: Arc::new(ConnShared {
+                // Relaxed: ids only need to be unique, not ordered with anything.
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                accepted_at: Instant::now(),
+                peer,
+                requests: AtomicU64::new(0),
+                accepted_while_draining,
+                recorded: AtomicBool::new(accepted_while_draining == Some(true)),
+                proto: AtomicU8::new(PROTO_UNKNOWN),
+                proto_known: Notify::new(),
+            }),
+            index: None,
+        }
+    }
+
+    /// The copy to attach to the connection's next request: counts the request and carries its
+    /// index.
+    pub fn for_request(&self) -> Self {
+        // Relaxed: the count only needs to be unique per request on this connection.
+        let index = self.conn.requests.fetch_add(1, Ordering::Relaxed);
+        Self {
+            conn: Arc::clone(&self.conn),
+            index: Some(index),
+        }
+    }
+
+    /// The connection's id, unique in this process.
+    pub fn id(&self) -> u64 {
+        self.conn.id
+    }
+
+    /// When the connection was accepted.
+    pub fn accepted_at(&self) -> Instant {
+        self.conn.accepted_at
+    }
+
+    /// The peer's address, when known.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        self.conn.peer
+    }
+
+    /// This request's index on its connection (`0` for the first), when the value was attached
+    /// per request ([`serve`](crate::serve), [`for_request`](Self::for_request)).
+    ///
+    /// `None` on the value `axum::serve` attaches through `ConnectInfo`: axum clones one value
+    /// per connection into every request, and counting there would cost every request an
+    /// extra lookup in the layer while Serving, which lameduck avoids. New-versus-reused
+    /// accounting does not need it (it compares the accept time with the drain's start).
+    pub fn request_index(&self) -> Option<u64> {
+        self.index
+    }
+
+    /// Requests counted on this connection so far (by [`for_request`](Self::for_request)).
+    pub fn requests(&self) -> u64 {
+        self.conn.requests.load(Ordering::Relaxed)
+    }
+
+    /// `true` if the connection was accepted after the drain started, `false` if before;
+    /// `false` too while the drain's start instant is not yet visible (a window of
+    /// nanoseconds), so lameduck never claims "new" without knowing.
+    pub(crate) fn is_new_since_drain(&self, core: &Core) -> bool {
+        match self.conn.accepted_while_draining {
+            Some(known) => known,
+            None => core
+                .drain_started()
+                .is_some_and(|started| self.conn.accepted_at >= started),
+        }
+    }
+
+    /// Marks the connection as counted in the after-flip report; `true` for the one caller
+    /// that must count it.
+    pub(crate) fn claim_record(&self) -> bool {
+        // Relaxed: a once-flag; the counters it guards are themselves atomic.
+        !self.conn.recorded.swap(true, Ordering::Relaxed)
+    }
+
+    pub(crate) fn proto(&self) -> u8 {
+        self.conn.proto.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_proto(&self, proto: u8) {
+        if self.conn.proto.swap(proto, Ordering::Relaxed) == PROTO_UNKNOWN {
+            // notify_one keeps a permit if nobody waits yet, so the wake-up is never lost.
+            self.conn.proto_known.notify_one();
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &ConnShared {
+        &self.conn
+    }
+}
+
+impl fmt::Debug for ConnMeta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnMeta")
+            .field("id", &self.conn.id)
+            .field("peer", &self.conn.peer)
+            .field("accepted_at", &self.conn.accepted_at)
+            .field("request_index", &self.index)
+            .finish()
+    }
+}
+
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+    for ConnMeta
+{
+    /// Called by axum once per accepted connection: the per-connection part is allocated here,
+    /// and axum clones the value into each of the connection's requests.
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        ConnMeta::accepted(Some(*stream.remote_addr()))
+    }
+}
+
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+impl axum::extract::connect_info::Connected<SocketAddr> for ConnMeta {
+    fn connect_info(peer: SocketAddr) -> Self {
+        ConnMeta::accepted(Some(peer))
+    }
+}

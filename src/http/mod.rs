@@ -1,0 +1,35 @@
+//! HTTP integration: the drain layer, connection metadata, the accept loop and long-lived
+//! streams.
+//!
+//! * [`DrainLayer`] / [`DrainService`]: tower middleware that counts each request until its
+//!   response body ends, adds `Connection: close` while draining, and records what arrives
+//!   after the readiness flip.
+//! * [`ConnMeta`]: connection id, accept time, peer, request index.
+//! * [`serve()`]: the accept loop (HTTP/1.1 + HTTP/2 on one port) that keeps accepting while
+//!   draining, sends GOAWAY, closes idle connections at `stopped_accepting` and force-closes at
+//!   the deadline.
+//! * [`StreamStop`] / [`EndOnStop`]: end server-sent events and other endless streams at
+//!   `stopped_accepting`, optionally spread over a window.
+//!
+//! Apps that keep `axum::serve`: see [`axum_guide`].
+
+mod body;
+mod conn;
+pub mod future;
+mod layer;
+mod line;
+mod serve;
+mod service;
+mod stream;
+
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+#[doc = include_str!("../docs/axum.md")]
+pub mod axum_guide {}
+
+pub use body::DrainBody;
+pub use conn::ConnMeta;
+pub use layer::DrainLayer;
+pub use serve::{serve, Serve};
+pub use service::DrainService;
+pub use stream::{EndOnStop, StreamStop};

@@ -1,0 +1,411 @@
+//! [`serve`]: the accept loop on hyper-util's auto builder (HTTP/1.1 and h2c on one port).
+//!
+//! # Connection lifecycle
+//!
+//! | Phase | Listener | HTTP/1 connections | HTTP/2 connections |
+//! |---|---|---|---|
+//! | Serving | accepts | keep-alive | normal |
+//! | Draining | **still accepts** | busy: `Connection: close` on the response (the layer); idle: left open | GOAWAY at once; in-flight streams finish |
+//! | StoppedAccepting | closed | idle ones closed now, busy ones after their response | (already going away) |
+//! | quiesce deadline | — | force-closed | force-closed |
+//!
+//! Idle HTTP/1 connections are not closed at the trigger: closing an idle pooled socket races
+//! with the client's next request on it, and a request lost in that race is a client error.
+//!
+//! `hyper_util::server::graceful::GracefulShutdown` signals every connection at once; here the
+//! signal comes in two stages (HTTP/2 at the trigger, HTTP/1 at `stopped_accepting`) plus a
+//! forced one, so each connection task calls its connection's own `graceful_shutdown` at the
+//! right stage.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::{pin, Pin};
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response, Version};
+use http_body::Body;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::guard::Core;
+use crate::{Drain, Phase};
+
+use super::conn::{ConnMeta, PROTO_H1, PROTO_H2, PROTO_UNKNOWN};
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// First back-off after a failed `accept` (EMFILE and friends); doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Serves `service` on `listener` until the drain is over: HTTP/1.1 and HTTP/2 (prior
+/// knowledge, h2c) on one port, with upgrades (WebSocket).
+///
+/// * Marks startup complete ([`Drain::mark_started`]) when it starts.
+/// * Keeps accepting while Draining, and records each new connection (time, peer) as activity
+///   for the propagation policy and the report.
+/// * Sends a graceful GOAWAY to HTTP/2 connections when the drain starts; leaves idle HTTP/1
+///   connections open until `stopped_accepting`, then closes them (busy ones close after their
+///   response; the [`DrainLayer`](crate::DrainLayer) adds `Connection: close` while draining).
+/// * Closes the listener at `stopped_accepting`, force-closes what is left at the quiesce
+///   deadline, keeps [`Drain::connections`] up to date, and resolves when every connection is
+///   gone.
+/// * Accept errors (out of file descriptors and the like) do not end the loop: they are
+///   logged, and the loop backs off briefly (10 ms doubling to 1 s) and continues.
+/// * Attaches a [`ConnMeta`] to every request (one extension insert per request, the same
+///   cost as axum's `ConnectInfo`). Sets `TCP_NODELAY` on accepted sockets.
+///
+/// `serve` does not count requests itself: wrap the service with [`Drain::layer`]. The
+/// returned future resolves to `Ok(())`; it never fails on accept errors.
+///
+/// An upgraded connection (WebSocket) leaves hyper, and the connection count, when it is
+/// upgraded; see [`DrainLayer`](crate::DrainLayer#upgraded-connections) for keeping it counted.
+///
+/// HTTP/2 connections are recognised by their first request: one that has carried no request
+/// yet when the drain starts gets its GOAWAY with its first request, or at `stopped_accepting`.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[cfg(feature = "admin")] {
+/// use axum::{routing::get, Router};
+/// use lameduck::Drain;
+///
+/// #[tokio::main]
+/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     let drain = Drain::builder().build()?;
+///     let app = Router::new()
+///         .route("/", get(|| async { "hello" }))
+///         .layer(drain.layer());
+///
+///     let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+///     let server = tokio::spawn(lameduck::serve(listener, app, &drain));
+///
+///     let report = drain.run().await; // SIGTERM → drain → report
+///     server.await??;
+///     std::process::exit(report.exit_code);
+/// }
+/// # }
+/// ```
+pub fn serve<S, B>(listener: TcpListener, service: S, drain: &Drain) -> Serve<S>
+where
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    Serve {
+        setup: Some(Setup {
+            listener,
+            service,
+            drain: drain.clone(),
+            keep_listening: false,
+        }),
+        running: None,
+    }
+}
+
+/// The future returned by [`serve`]; resolves when every connection is gone.
+///
+/// Options can be set before it is first polled.
+#[must_use = "futures do nothing unless polled"]
+pub struct Serve<S> {
+    setup: Option<Setup<S>>,
+    running: Option<Pin<Box<dyn Future<Output = io::Result<()>> + Send>>>,
+}
+
+struct Setup<S> {
+    listener: TcpListener,
+    service: S,
+    drain: Drain,
+    keep_listening: bool,
+}
+
+// `Serve` never pins `S` or the listener in place: they are moved into the boxed future on the
+// first poll. So `Serve` is `Unpin` whatever `S` is.
+impl<S> Unpin for Serve<S> {}
+
+impl<S> Serve<S> {
+    /// Keeps the listener (and idle connections) open after `stopped_accepting`, until
+    /// in-flight work reaches zero or the quiesce deadline passes — for use with
+    /// [`DrainLayer::refuse_after_stop`](crate::DrainLayer::refuse_after_stop), so that late
+    /// clients get `503` + `Retry-After` instead of a refused connection, as kube-apiserver
+    /// does with `--shutdown-send-retry-after`.
+    pub fn keep_listening_after_stop(mut self) -> Self {
+        if let Some(setup) = &mut self.setup {
+            setup.keep_listening = true;
+        }
+        self
+    }
+}
+
+impl<S, B> Future for Serve<S>
+where
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    type Output = io::Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let Some(setup) = this.setup.take() {
+            this.running = Some(Box::pin(run(setup)));
+        }
+        match &mut this.running {
+            Some(fut) => fut.as_mut().poll(cx),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+impl<S> fmt::Debug for Serve<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Serve")
+            .field("started", &self.running.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// When the listener closes: at `stopped_accepting`, or — when keeping it open for refusals —
+/// when the drain leaves StoppedAccepting (zero in flight, or the deadline).
+async fn listener_closes(drain: &Drain, keep_listening: bool) {
+    if keep_listening {
+        tokio::select! {
+            () = drain.reached(Phase::Closing) => {}
+            () = drain.deadline_token().cancelled_owned() => {}
+        }
+    } else {
+        drain.stop_token().cancelled_owned().await;
+    }
+}
+
+async fn run<S, B>(setup: Setup<S>) -> io::Result<()>
+where
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let Setup {
+        listener,
+        service,
+        drain,
+        keep_listening,
+    } = setup;
+    drain.mark_started();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // Extended CONNECT, so WebSockets work over HTTP/2 too.
+    builder.http2().enable_connect_protocol();
+    let tokens = Tokens {
+        drain: drain.drain_token(),
+        idle_close: CancellationToken::new(),
+        deadline: drain.deadline_token(),
+    };
+    let tracker = TaskTracker::new();
+    let mut backoff = MIN_BACKOFF;
+    {
+        let mut closes = pin!(listener_closes(&drain, keep_listening));
+        loop {
+            let accepted = tokio::select! {
+                biased;
+                () = closes.as_mut() => break,
+                r = listener.accept() => r,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    backoff = MIN_BACKOFF;
+                    let after_drain = drain.note_connection(Some(peer));
+                    let meta = ConnMeta::new(Some(peer), Some(after_drain));
+                    let conn = ConnTask::new(drain.inner.core, meta, tokens.clone());
+                    let svc = TowerToHyperService::new(service.clone());
+                    tracker.spawn(conn.run(builder.clone(), stream, svc));
+                }
+                Err(e) if is_per_connection(&e) => {
+                    tracing::debug!(error = %e, "lameduck: accept: connection failed before it was accepted");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "lameduck: accept failed; backing off");
+                    tokio::select! {
+                        biased;
+                        () = closes.as_mut() => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+    drop(listener);
+    tracing::info!(
+        connections = drain.connections(),
+        "lameduck: listener closed; waiting for connections to finish"
+    );
+    tokens.idle_close.cancel();
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+/// Errors that concern one connection attempt, not the listener: retry at once.
+fn is_per_connection(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+#[derive(Clone)]
+struct Tokens {
+    /// Drain start: GOAWAY to HTTP/2.
+    drain: CancellationToken,
+    /// Listener closed: close idle HTTP/1 connections.
+    idle_close: CancellationToken,
+    /// Quiesce deadline: force-close.
+    deadline: CancellationToken,
+}
+
+/// Keeps `Drain::connections` exact even if a connection task panics or is aborted.
+struct Counted(&'static Core);
+
+impl Counted {
+    fn new(core: &'static Core) -> Self {
+        // Relaxed: a gauge for status and reports; nothing synchronises through it.
+        core.connections.fetch_add(1, Ordering::Relaxed);
+        Self(core)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+struct ConnTask {
+    counted: Counted,
+    meta: ConnMeta,
+    tokens: Tokens,
+}
+
+impl ConnTask {
+    fn new(core: &'static Core, meta: ConnMeta, tokens: Tokens) -> Self {
+        Self {
+            counted: Counted::new(core),
+            meta,
+            tokens,
+        }
+    }
+
+    async fn run<S, B>(
+        self,
+        builder: auto::Builder<TokioExecutor>,
+        stream: TcpStream,
+        svc: TowerToHyperService<S>,
+    ) where
+        S: tower_service::Service<Request<Incoming>, Response = Response<B>>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<BoxError>,
+    {
+        let Self {
+            counted: _counted,
+            meta,
+            tokens,
+        } = self;
+        // Best effort: responses are small writes that should not wait for Nagle.
+        let _ = stream.set_nodelay(true);
+        let svc = ConnService {
+            inner: svc,
+            meta: meta.clone(),
+        };
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+        let mut conn = pin!(conn);
+        let mut draining = false;
+        let mut shutdown_sent = false;
+        let mut idle_closed = false;
+        loop {
+            let proto = meta.proto();
+            if draining && !shutdown_sent && proto == PROTO_H2 {
+                tracing::debug!(conn = meta.id(), "lameduck: GOAWAY to HTTP/2 connection");
+                conn.as_mut().graceful_shutdown();
+                shutdown_sent = true;
+            }
+            tokio::select! {
+                res = conn.as_mut() => {
+                    if let Err(e) = res {
+                        tracing::debug!(conn = meta.id(), error = %e, "lameduck: connection ended with an error");
+                    }
+                    break;
+                }
+                () = tokens.drain.cancelled(), if !draining => draining = true,
+                () = meta.shared().proto_known.notified(), if draining && !shutdown_sent && proto == PROTO_UNKNOWN => {}
+                () = tokens.idle_close.cancelled(), if !idle_closed => {
+                    idle_closed = true;
+                    if !shutdown_sent {
+                        // HTTP/1: closes now if idle, after the current response if busy.
+                        conn.as_mut().graceful_shutdown();
+                        shutdown_sent = true;
+                    }
+                }
+                () = tokens.deadline.cancelled() => {
+                    tracing::debug!(conn = meta.id(), "lameduck: quiesce deadline; force-closing connection");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The per-connection hyper service: attaches this request's [`ConnMeta`], learns the
+/// protocol from the first request, then hands over to the tower service.
+struct ConnService<S> {
+    inner: TowerToHyperService<S>,
+    meta: ConnMeta,
+}
+
+impl<S, B> hyper::service::Service<Request<Incoming>> for ConnService<S>
+where
+    S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone,
+{
+    type Response = Response<B>;
+    type Error = S::Error;
+    type Future = <TowerToHyperService<S> as hyper::service::Service<Request<Incoming>>>::Future;
+
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        let meta = self.meta.for_request();
+        if meta.request_index() == Some(0) {
+            let proto = if req.version() == Version::HTTP_2 {
+                PROTO_H2
+            } else {
+                PROTO_H1
+            };
+            meta.set_proto(proto);
+        }
+        req.extensions_mut().insert(meta);
+        self.inner.call(req)
+    }
+}

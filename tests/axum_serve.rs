@@ -1,0 +1,153 @@
+//! The path for apps that keep `axum::serve(...).with_graceful_shutdown(...)`: the layer plus
+//! `ConnectInfo<ConnMeta>`, the stop token as the shutdown future, the deadline as the bound.
+#![cfg(feature = "admin")] // the test app is an axum Router
+
+mod common;
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use http_body_util::BodyExt;
+use lameduck::{ConnMeta, Drain, EventKind, Outcome, Phase, Propagation, Trigger};
+use tokio::task::JoinHandle;
+
+/// Runs the app under `axum::serve`, as the guide says: graceful shutdown at
+/// `stopped_accepting`, bounded by the quiesce deadline. The handle says whether the server
+/// finished by itself (`true`) or was cut at the deadline (`false`).
+async fn start_axum(drain: &Drain, probe: Probe) -> (SocketAddr, JoinHandle<bool>) {
+    let (listener, addr) = bind().await;
+    let app = app(drain, probe).layer(drain.layer());
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<ConnMeta>(),
+    )
+    .with_graceful_shutdown(drain.stop_token().cancelled_owned())
+    .into_future();
+    let deadline = drain.deadline_token();
+    drain.mark_started();
+    let handle = tokio::spawn(async move {
+        tokio::select! {
+            r = server => { r.unwrap(); true }
+            () = deadline.cancelled_owned() => false,
+        }
+    });
+    (addr, handle)
+}
+
+#[tokio::test]
+async fn keep_alive_reuse_new_connections_and_counters_under_axum_serve() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(1500)),
+    );
+    let (addr, server) = start_axum(&drain, Probe::default()).await;
+
+    let (mut a, a_conn) = h1(addr).await;
+    let (status, headers, _) = text(send1(&mut a, "/conn").await).await;
+    assert_eq!(status, StatusCode::OK);
+    let a_id = conn_header(&headers);
+    assert!(!connection_close(&headers));
+
+    assert!(drain.start(Trigger::Api));
+
+    // Reused connection: served, told to close, closed.
+    let (status, headers, _) = text(send1(&mut a, "/conn").await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(connection_close(&headers));
+    assert_eq!(conn_header(&headers), a_id);
+    within("reused connection closed", a_conn)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // New connections while draining: axum keeps accepting until stopped_accepting.
+    let (mut b, _b_conn) = h1(addr).await;
+    let (status, headers, _) = text(send1(&mut b, "/conn").await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_ne!(conn_header(&headers), a_id);
+    let (mut c, _c_conn) = h2(addr).await;
+    assert_eq!(
+        send2(&mut c, "/conn").await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert!(
+        is_phase(&drain, Phase::Draining),
+        "test window: still draining"
+    );
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    let af = &report.after_flip;
+    assert_eq!(af.requests_on_reused_connections, 1);
+    assert_eq!(af.requests_on_new_connections, 2);
+    // Under axum::serve the layer counts a new connection on its first request.
+    assert_eq!(af.new_connections, 2);
+    assert_eq!(af.peers.len(), 1);
+    assert_eq!(af.peers[0].new_connections, 2);
+    drop((b, c));
+    assert!(within("axum::serve returns", server).await.unwrap());
+}
+
+#[tokio::test]
+async fn streaming_request_completes_and_is_counted_under_axum_serve() {
+    let probe = Probe::default();
+    let drain = drain(
+        Duration::from_secs(8),
+        Propagation::fixed(Duration::from_millis(500)),
+    );
+    let (addr, server) = start_axum(&drain, probe.clone()).await;
+
+    let (mut c, _c_conn) = h1(addr).await;
+    let res = send1(&mut c, "/stream/6/300").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(drain.start(Trigger::Api));
+    let body = within("full body", res.into_body().collect())
+        .await
+        .unwrap();
+    assert_eq!(body.to_bytes().iter().filter(|b| **b == b'\n').count(), 6);
+
+    let last = probe.get().expect("last chunk reached");
+    assert_eq!(last.in_flight, 1);
+    assert!(!last.in_flight_zero_recorded);
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    assert!(report
+        .timeline
+        .iter()
+        .any(|e| e.event == EventKind::InFlightZero));
+    drop(c);
+    assert!(within("axum::serve returns", server).await.unwrap());
+}
+
+#[tokio::test]
+async fn deadline_bounds_axum_serve_and_names_the_never_ending_stream() {
+    // grace 4s → quiesce deadline ≈ 3.2s after the trigger.
+    let drain = drain(
+        Duration::from_secs(4),
+        Propagation::fixed(Duration::from_millis(500)),
+    );
+    let (addr, server) = start_axum(&drain, Probe::default()).await;
+
+    let (mut c, _c_conn) = h1(addr).await;
+    let res = send1(&mut c, "/forever").await;
+    let mut body = res.into_body();
+    assert!(next_chunk(&mut body).await.is_some());
+    assert!(drain.start(Trigger::Api));
+    let reader = tokio::spawn(async move { while next_chunk(&mut body).await.is_some() {} });
+
+    // axum alone would wait for the stream forever; the deadline bounds it.
+    assert!(!within("axum::serve bounded by the deadline", server)
+        .await
+        .unwrap());
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert!(report
+        .stragglers
+        .iter()
+        .any(|s| s.kind == "request" && s.name == "GET /forever"));
+    // axum's connection tasks outlive its serve future; in an app they end with the process.
+    reader.abort();
+}

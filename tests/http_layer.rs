@@ -1,0 +1,283 @@
+//! The drain layer: in-flight accounting that follows the response body, `Connection: close`
+//! while draining, the phase header, and ending streams at `stopped_accepting` — with real
+//! sockets on 127.0.0.1 and real hyper clients.
+#![cfg(feature = "admin")] // the test app is an axum Router
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http::{HeaderName, HeaderValue, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use lameduck::{EventKind, Outcome, Phase, Propagation, Trigger};
+
+#[tokio::test]
+async fn reused_connection_gets_connection_close_while_draining_and_next_request_uses_a_new_one() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(1500)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+
+    // A raw connection: the server closes it after the response that carried the header.
+    let (mut raw, raw_conn) = h1(addr).await;
+    let (_, headers, _) = text(send1(&mut raw, "/conn").await).await;
+    let raw_id = conn_header(&headers);
+    assert!(!connection_close(&headers));
+
+    // A pooling client, as real callers use.
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let url = format!("http://{addr}/conn");
+    let res = client.get(url.parse().unwrap()).await.unwrap();
+    let pooled_id = conn_header(res.headers());
+    res.into_body().collect().await.unwrap();
+
+    assert!(drain.start(Trigger::Api));
+
+    let (status, headers, _) = text(send1(&mut raw, "/conn").await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        connection_close(&headers),
+        "Connection: close while draining"
+    );
+    assert_eq!(
+        conn_header(&headers),
+        raw_id,
+        "served on the reused connection"
+    );
+    within("server closes the reused connection", raw_conn)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(raw.is_closed());
+
+    let first = client.get(url.parse().unwrap()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(connection_close(first.headers()));
+    let first_id = conn_header(first.headers());
+    first.into_body().collect().await.unwrap();
+    let second = client.get(url.parse().unwrap()).await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    let second_id = conn_header(second.headers());
+    second.into_body().collect().await.unwrap();
+    assert_ne!(
+        second_id, first_id,
+        "the next request went on a new connection"
+    );
+    assert_ne!(second_id, pooled_id);
+    assert!(
+        is_phase(&drain, Phase::Draining),
+        "test window: still draining"
+    );
+    drop(client);
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    assert!(report.after_flip.requests_on_reused_connections >= 1);
+    assert!(report.after_flip.requests_on_new_connections >= 1);
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn slow_streaming_request_completes_and_in_flight_zero_follows_its_last_byte() {
+    let probe = Probe::default();
+    let drain = drain(
+        Duration::from_secs(8),
+        Propagation::fixed(Duration::from_millis(500)),
+    );
+    let (addr, server) = start_serve(&drain, probe.clone()).await;
+
+    let (mut c, _c_conn) = h1(addr).await;
+    // 8 chunks, one every 300 ms: about 2.4 s of body, started before the trigger.
+    let res = send1(&mut c, "/stream/8/300").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        drain.in_flight(),
+        1,
+        "headers sent, body pending: still in flight"
+    );
+    assert!(drain.start(Trigger::Api));
+
+    let mut body = res.into_body();
+    let mut got = Vec::new();
+    while let Some(chunk) = within("next chunk", next_chunk(&mut body)).await {
+        if got.len() == 2 {
+            // Past stopped_accepting (0.5 s) the stream still counts.
+            assert_eq!(drain.in_flight(), 1, "a streaming body stays in flight");
+        }
+        got.push(chunk);
+    }
+    assert_eq!(got.len(), 8, "the whole body arrived");
+
+    let last = probe.get().expect("the stream reached its last chunk");
+    assert_eq!(last.in_flight, 1);
+    assert!(
+        !last.in_flight_zero_recorded,
+        "in_flight_zero before the last chunk was sent"
+    );
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    let pos = |k: EventKind| report.timeline.iter().position(|e| e.event == k).unwrap();
+    assert!(pos(EventKind::StoppedAccepting) < pos(EventKind::InFlightZero));
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn slow_request_started_before_the_trigger_completes() {
+    let drain = drain(
+        Duration::from_secs(8),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+
+    let (mut c, _c_conn) = h1(addr).await;
+    let slow = tokio::spawn(async move { text(send1(&mut c, "/slow/2500").await).await });
+    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    assert!(drain.start(Trigger::Api));
+
+    let (status, headers, body) = within("slow request", slow).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "slow done");
+    assert!(connection_close(&headers), "answered while draining");
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    assert!(report.stragglers.is_empty());
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn client_disconnect_mid_body_releases_the_guard() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (addr, _server) = start_serve(&drain, Probe::default()).await;
+
+    let (mut c, c_conn) = h1(addr).await;
+    let res = send1(&mut c, "/forever").await;
+    let mut body = res.into_body();
+    assert!(next_chunk(&mut body).await.is_some());
+    assert_eq!(drain.in_flight(), 1);
+
+    // The client goes away mid-body.
+    drop(body);
+    drop(c);
+    c_conn.abort();
+    eventually("guard released after disconnect", || drain.in_flight() == 0).await;
+
+    // Nothing is left to wait for: the drain is clean.
+    assert!(drain.start(Trigger::Api));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+}
+
+#[tokio::test]
+async fn phase_and_instance_headers_mark_responses_while_draining() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(1500)),
+    );
+    let (listener, addr) = bind().await;
+    let layer = drain
+        .layer()
+        .phase_header(HeaderName::from_static("x-lameduck-phase"))
+        .instance_header(
+            HeaderName::from_static("x-lameduck-instance"),
+            HeaderValue::from_static("pod-a"),
+        );
+    let app = app(&drain, Probe::default()).layer(layer);
+    let server = tokio::spawn(lameduck::serve(listener, app, &drain));
+
+    let (mut c, _c_conn) = h2(addr).await;
+    let res = send2(&mut c, "/conn").await.unwrap();
+    assert!(
+        !res.headers().contains_key("x-lameduck-phase"),
+        "no header while Serving"
+    );
+
+    assert!(drain.start(Trigger::Api));
+    let (mut d, _d_conn) = h2(addr).await;
+    let res = send2(&mut d, "/conn").await.unwrap();
+    assert_eq!(res.headers().get("x-lameduck-phase").unwrap(), "draining");
+    assert_eq!(res.headers().get("x-lameduck-instance").unwrap(), "pod-a");
+    assert!(
+        !res.headers().contains_key(http::header::CONNECTION),
+        "never on HTTP/2"
+    );
+
+    within("drain done", drain.drained()).await;
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn stream_stop_ends_streams_cleanly_at_stopped_accepting() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(800)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let (mut c, _c_conn) = h1(addr).await;
+        let res = send1(&mut c, "/events").await;
+        assert_eq!(res.status(), StatusCode::OK);
+        readers.push(tokio::spawn(async move {
+            let _keep = (c, _c_conn);
+            let (_, body) = res.into_parts();
+            // Collecting succeeds only if the body ended cleanly.
+            body.collect().await.map(|b| b.to_bytes().len())
+        }));
+    }
+    let (mut h2c, _h2_conn) = h2(addr).await;
+    let res = send2(&mut h2c, "/events").await.unwrap();
+    readers.push(tokio::spawn(async move {
+        let _keep = h2c;
+        res.into_body().collect().await.map(|b| b.to_bytes().len())
+    }));
+    eventually("three streams in flight", || drain.in_flight() == 3).await;
+
+    assert!(drain.start(Trigger::Api));
+    for r in readers {
+        let len = within("stream ends", r).await.unwrap().expect("clean end");
+        assert!(len > 0);
+        assert!(
+            has_event(&drain, EventKind::StoppedAccepting),
+            "a stream ended before stopped_accepting"
+        );
+    }
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    assert!(report.stragglers.is_empty());
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn spread_stream_stops_fire_within_the_window() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(200)),
+    );
+    drain.mark_started();
+    let window = Duration::from_millis(600);
+    let stops: Vec<_> = (0..5).map(|_| drain.stream_stop_spread(window)).collect();
+    let mut offsets: Vec<_> = stops.iter().map(|s| s.offset()).collect();
+    assert!(offsets.iter().all(|o| *o < window));
+    offsets.sort();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 5, "each stream gets its own offset");
+
+    let before = drain.stream_stop();
+    assert!(drain.start(Trigger::Api));
+    within("unspread stop", before).await;
+    assert!(drain.phase() >= Phase::StoppedAccepting);
+    for s in stops {
+        within("spread stop", s).await;
+    }
+    within("drain done", drain.drained()).await;
+}

@@ -1,0 +1,291 @@
+//! `lameduck::serve`: the accept loop and connection lifecycle across the drain, with real
+//! sockets on 127.0.0.1 and real hyper clients (HTTP/1.1 and HTTP/2).
+#![cfg(feature = "admin")] // the test app is an axum Router
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use http_body_util::BodyExt;
+use lameduck::{EventKind, Outcome, Phase, Propagation, Trigger};
+
+#[tokio::test]
+async fn idle_keep_alive_connection_is_closed_only_at_stopped_accepting() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(1500)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+
+    let (mut idle, idle_conn) = h1(addr).await;
+    let (status, headers, _) = text(send1(&mut idle, "/conn").await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        !connection_close(&headers),
+        "no Connection: close while Serving"
+    );
+
+    assert!(drain.start(Trigger::Api));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Checked in this order: open first, then still Draining, so it was open while Draining.
+    let open_while_draining = !idle_conn.is_finished();
+    assert!(
+        is_phase(&drain, Phase::Draining),
+        "test window: still draining"
+    );
+    assert!(
+        open_while_draining,
+        "idle keep-alive connection closed before stopped_accepting"
+    );
+
+    within("idle connection closed", idle_conn)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        has_event(&drain, EventKind::StoppedAccepting),
+        "the idle connection closed before stopped_accepting"
+    );
+    drop(idle);
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    within("serve returns", server).await.unwrap().unwrap();
+    assert_eq!(drain.connections(), 0);
+}
+
+#[tokio::test]
+async fn http2_gets_goaway_in_flight_streams_finish_and_new_connections_work() {
+    let drain = drain(
+        Duration::from_secs(8),
+        Propagation::fixed(Duration::from_secs(4)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+
+    let (mut old, old_conn) = h2(addr).await;
+    let warm = send2(&mut old, "/conn").await.unwrap();
+    let old_id = conn_header(warm.headers());
+    assert_eq!(warm.version(), http::Version::HTTP_2);
+
+    let slow = {
+        let mut s = old.clone();
+        tokio::spawn(async move { text(send2(&mut s, "/slow/1000").await.unwrap()).await })
+    };
+    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    assert!(drain.start(Trigger::Api));
+
+    let (status, headers, body) = within("slow stream", slow).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "slow done");
+    assert!(
+        !headers.contains_key(http::header::CONNECTION),
+        "no Connection header on HTTP/2"
+    );
+
+    // GOAWAY: the server closes the connection once its streams are done — while still
+    // Draining, long before stopped_accepting.
+    within("old HTTP/2 connection closed", old_conn)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        is_phase(&drain, Phase::Draining),
+        "GOAWAY only came at stopped_accepting"
+    );
+    assert!(
+        send2(&mut old, "/conn").await.is_err(),
+        "old connection still usable"
+    );
+
+    // The listener still accepts: a new connection is served.
+    let (mut fresh, _fresh_conn) = h2(addr).await;
+    let res = send2(&mut fresh, "/conn").await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_ne!(conn_header(res.headers()), old_id);
+    assert!(is_phase(&drain, Phase::Draining));
+    drop(fresh);
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    assert_eq!(report.after_flip.new_connections, 1);
+    assert_eq!(report.after_flip.requests_on_new_connections, 1);
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn accept_continues_while_draining() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(2500)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+
+    assert!(drain.start(Trigger::Api));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(is_phase(&drain, Phase::Draining));
+
+    let (mut late, _late_conn) = h1(addr).await;
+    let (status, headers, body) = text(send1(&mut late, "/conn").await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "ok");
+    assert!(connection_close(&headers));
+
+    let (mut late2, _late2_conn) = h2(addr).await;
+    assert_eq!(
+        send2(&mut late2, "/conn").await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    assert_eq!(report.after_flip.new_connections, 2);
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn after_flip_counters_match_new_and_reused_connections() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(1500)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+
+    // Two pooled connections opened before the drain.
+    let (mut a, _a_conn) = h1(addr).await;
+    let (mut b, _b_conn) = h1(addr).await;
+    for s in [&mut a, &mut b] {
+        assert_eq!(text(send1(s, "/conn").await).await.0, StatusCode::OK);
+    }
+
+    assert!(drain.start(Trigger::Api));
+
+    // One request on each pooled connection: reused.
+    for s in [&mut a, &mut b] {
+        let (status, headers, _) = text(send1(s, "/conn").await).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(connection_close(&headers));
+    }
+    // Three new HTTP/1.1 connections and one new HTTP/2 connection, one request each.
+    for _ in 0..3 {
+        let (mut n, _n_conn) = h1(addr).await;
+        assert_eq!(text(send1(&mut n, "/conn").await).await.0, StatusCode::OK);
+    }
+    let (mut n2, _n2_conn) = h2(addr).await;
+    assert_eq!(
+        send2(&mut n2, "/conn").await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert!(
+        is_phase(&drain, Phase::Draining),
+        "test window: still draining"
+    );
+
+    let report = within("drain done", drain.drained()).await;
+    let af = &report.after_flip;
+    assert_eq!(af.new_connections, 4);
+    assert_eq!(af.requests_on_new_connections, 4);
+    assert_eq!(af.requests_on_reused_connections, 2);
+    assert!(af.last_new_connection_ms.is_some());
+    assert_eq!(af.peers.len(), 1);
+    assert_eq!(af.peers[0].peer, "127.0.0.1");
+    assert_eq!(af.peers[0].new_connections, 4);
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn quiesce_deadline_cuts_a_never_ending_stream_names_it_and_serve_returns() {
+    // grace 4s → quiesce deadline ≈ 3.2s after the trigger.
+    let drain = drain(
+        Duration::from_secs(4),
+        Propagation::fixed(Duration::from_millis(500)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+
+    let (mut c, c_conn) = h1(addr).await;
+    let res = send1(&mut c, "/forever").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut body = res.into_body();
+    assert!(next_chunk(&mut body).await.is_some());
+
+    // The stream began before the trigger.
+    assert!(drain.start(Trigger::Api));
+    let reader = tokio::spawn(async move {
+        let mut n = 0u32;
+        loop {
+            match body.frame().await {
+                Some(Ok(_)) => n += 1,
+                Some(Err(_)) => return (n, false),
+                None => return (n, true),
+            }
+        }
+    });
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert_eq!(report.exit_code, 1);
+    assert!(report
+        .timeline
+        .iter()
+        .any(|e| e.event == EventKind::DeadlineExceeded));
+    let straggler = report
+        .stragglers
+        .iter()
+        .find(|s| s.kind == "request")
+        .expect("the stream is named as a straggler");
+    assert_eq!(straggler.name, "GET /forever");
+
+    within("serve returns", server).await.unwrap().unwrap();
+    assert_eq!(drain.connections(), 0);
+    let (chunks_after_trigger, clean_end) = within("client sees the cut", reader).await.unwrap();
+    assert!(
+        chunks_after_trigger > 0,
+        "the stream kept flowing while draining"
+    );
+    assert!(!clean_end, "the stream was cut, not ended");
+    // The client's connection is gone too.
+    let _ = within("client connection closed", c_conn).await.unwrap();
+}
+
+#[tokio::test]
+async fn refusal_mode_answers_503_with_retry_after_after_stop() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(500)),
+    );
+    let (listener, addr) = bind().await;
+    let app = app(&drain, Probe::default())
+        .layer(drain.layer().refuse_after_stop(Duration::from_millis(1500)));
+    let server = tokio::spawn(lameduck::serve(listener, app, &drain).keep_listening_after_stop());
+
+    // Something in flight keeps the drain in StoppedAccepting for a while.
+    let (mut busy, _busy_conn) = h1(addr).await;
+    let slow = tokio::spawn(async move { text(send1(&mut busy, "/slow/2500").await).await });
+    eventually("slow request in flight", || drain.in_flight() == 1).await;
+
+    assert!(drain.start(Trigger::Api));
+    // Before stopped_accepting: served.
+    let (mut early, _early_conn) = h1(addr).await;
+    assert_eq!(
+        text(send1(&mut early, "/conn").await).await.0,
+        StatusCode::OK
+    );
+
+    within("stopped accepting", drain.reached(Phase::StoppedAccepting)).await;
+    let (mut late, late_conn) = h1(addr).await;
+    let (status, headers, _) = text(send1(&mut late, "/conn").await).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers.get(http::header::RETRY_AFTER).unwrap(), "2");
+    assert!(connection_close(&headers));
+    within("refused connection closed", late_conn)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let (status, _, body) = within("slow request", slow).await.unwrap();
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "slow done"));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    within("serve returns", server).await.unwrap().unwrap();
+}
