@@ -1,0 +1,333 @@
+//! Run with `cargo run --example service -- --listen 127.0.0.1:8080 --admin 127.0.0.1:9901`.
+//!
+//! The production-style setup a service author copies: an axum app behind `drain.layer()`,
+//! served by `lameduck::serve`, a separate admin listener for probes and the `preStop` hook, a
+//! startup gate, a cancel-on-drain task, a must-finish task, a resource closer, and the report.
+//! The process exits with the report's exit code.
+//!
+//! ```text
+//! service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR]
+//!         [--quiet DUR] [--min DUR] [--max DUR] [--report-file PATH]
+//!         [--stuck-task] [--startup-delay DUR] [--naive]
+//! service prestop [--admin ADDR]      # the preStop exec hook, for images without curl
+//! ```
+//!
+//! Routes on `--listen`: `GET /` → `ok`; `GET /slow?ms=N` → `ok` after N ms;
+//! `GET /stream?ms=N` → a chunked body streaming for N ms. Every response carries `x-instance`
+//! and echoes `x-request-id`. `--naive` turns lameduck off entirely (no drain: exit at once on
+//! SIGTERM) for comparisons.
+//!
+//! On stdout it prints one line once both listeners are bound:
+//! `READY listen=127.0.0.1:8080 admin=127.0.0.1:9901`.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Query, Request};
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use lameduck::{parse_duration, Drain, Propagation};
+
+struct Args {
+    listen: SocketAddr,
+    admin: SocketAddr,
+    instance: String,
+    grace_period: Option<Duration>,
+    quiet: Option<Duration>,
+    min: Option<Duration>,
+    max: Option<Duration>,
+    report_file: Option<String>,
+    stuck_task: bool,
+    startup_delay: Duration,
+    naive: bool,
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("service: {msg}");
+    eprintln!(
+        "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR] \
+         [--quiet DUR] [--min DUR] [--max DUR] [--report-file PATH] [--stuck-task] \
+         [--startup-delay DUR] [--naive]\n       service prestop [--admin ADDR]"
+    );
+    std::process::exit(2)
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
+    let mut a = Args {
+        listen: "127.0.0.1:8080".parse().unwrap(),
+        admin: "127.0.0.1:9901".parse().unwrap(),
+        instance: "service".to_owned(),
+        grace_period: None,
+        quiet: None,
+        min: None,
+        max: None,
+        report_file: None,
+        stuck_task: false,
+        startup_delay: Duration::ZERO,
+        naive: false,
+    };
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .unwrap_or_else(|| usage(&format!("{name} needs a value")))
+        };
+        let dur = |name: &str, v: String| {
+            parse_duration(&v).unwrap_or_else(|e| usage(&format!("{name}: {e}")))
+        };
+        let addr = |name: &str, v: String| {
+            v.parse::<SocketAddr>()
+                .unwrap_or_else(|e| usage(&format!("{name} {v:?}: {e}")))
+        };
+        match flag.as_str() {
+            "--listen" => a.listen = addr("--listen", value("--listen")),
+            "--admin" => a.admin = addr("--admin", value("--admin")),
+            "--instance" => a.instance = value("--instance"),
+            "--grace-period" => {
+                a.grace_period = Some(dur("--grace-period", value("--grace-period")))
+            }
+            "--quiet" => a.quiet = Some(dur("--quiet", value("--quiet"))),
+            "--min" => a.min = Some(dur("--min", value("--min"))),
+            "--max" => a.max = Some(dur("--max", value("--max"))),
+            "--report-file" => a.report_file = Some(value("--report-file")),
+            "--stuck-task" => a.stuck_task = true,
+            "--startup-delay" => a.startup_delay = dur("--startup-delay", value("--startup-delay")),
+            "--naive" => a.naive = true,
+            "-h" | "--help" => usage("help"),
+            other => usage(&format!("unknown flag {other:?}")),
+        }
+    }
+    a
+}
+
+fn main() {
+    let mut argv = std::env::args().skip(1).peekable();
+    if argv.peek().map(String::as_str) == Some("prestop") {
+        argv.next();
+        let args = parse_args(argv);
+        // The preStop exec hook: ask our own admin port to drain, exit 0/1.
+        match lameduck::prestop_blocking(args.admin, lameduck::PrestopOptions::from_env()) {
+            Ok(status) => {
+                println!("drained: phase {}", status.phase);
+                std::process::exit(0)
+            }
+            Err(e) => {
+                eprintln!("prestop: {e}");
+                std::process::exit(1)
+            }
+        }
+    }
+    let args = parse_args(argv);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = rt.block_on(async move {
+        if args.naive {
+            naive(args).await
+        } else {
+            run(args).await
+        }
+    });
+    std::process::exit(code)
+}
+
+fn app(instance: &str) -> Router {
+    let instance = HeaderValue::try_from(instance).unwrap_or(HeaderValue::from_static("invalid"));
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/slow", get(slow))
+        .route("/stream", get(stream))
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            let instance = instance.clone();
+            async move {
+                let id = req.headers().get("x-request-id").cloned();
+                let mut res = next.run(req).await;
+                let h = res.headers_mut();
+                h.insert(HeaderName::from_static("x-instance"), instance);
+                if let Some(id) = id {
+                    h.insert(HeaderName::from_static("x-request-id"), id);
+                }
+                res
+            }
+        }))
+}
+
+fn millis(q: &HashMap<String, String>) -> Duration {
+    Duration::from_millis(
+        q.get("ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+            .min(600_000),
+    )
+}
+
+async fn slow(Query(q): Query<HashMap<String, String>>) -> &'static str {
+    tokio::time::sleep(millis(&q)).await;
+    "ok"
+}
+
+/// A chunked body: one chunk every 100 ms for the requested time.
+async fn stream(Query(q): Query<HashMap<String, String>>) -> Response {
+    let total = millis(&q);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<axum::body::Bytes, Infallible>>(4);
+    tokio::spawn(async move {
+        let start = tokio::time::Instant::now();
+        let mut i = 0u64;
+        loop {
+            if tx.send(Ok(format!("chunk {i}\n").into())).await.is_err() {
+                return; // the client went away
+            }
+            i += 1;
+            if start.elapsed() >= total {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100).min(total)).await;
+        }
+    });
+    let body = http_body_util::StreamBody::new(ReceiverStream(rx));
+    Response::new(Body::new(body))
+}
+
+/// `mpsc::Receiver` as a stream of body frames.
+struct ReceiverStream(tokio::sync::mpsc::Receiver<Result<axum::body::Bytes, Infallible>>);
+
+impl futures_core::Stream for ReceiverStream {
+    type Item = Result<http_body::Frame<axum::body::Bytes>, Infallible>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0
+            .poll_recv(cx)
+            .map(|o| o.map(|r| r.map(http_body::Frame::data)))
+    }
+}
+
+async fn run(args: Args) -> i32 {
+    let mut builder = Drain::builder();
+    if let Some(g) = args.grace_period {
+        builder = builder.grace_period(g);
+    }
+    if args.quiet.is_some() || args.min.is_some() || args.max.is_some() {
+        let mut p = Propagation::quiet(args.quiet.unwrap_or(Duration::from_secs(2)));
+        if let Some(m) = args.min {
+            p = p.min(m);
+        }
+        if let Some(m) = args.max {
+            p = p.max(m);
+        }
+        builder = builder.propagation(p);
+    }
+    if let Some(f) = &args.report_file {
+        builder = builder.report_file(f);
+    }
+    let drain = match builder.build() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("service: {e}");
+            return 2;
+        }
+    };
+
+    // Startup gate: not ready until the warm-up is done.
+    let warmup = drain.startup_gate("warmup");
+    let delay = args.startup_delay;
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        warmup.open();
+    });
+
+    // A poller that stops taking new work when the drain starts.
+    drain.spawn_cancellable("poller", |ctx| async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                () = ctx.stop().cancelled() => return,
+                _ = tick.tick() => {}
+            }
+        }
+    });
+    // A buffer that must be flushed before exit.
+    let stop = drain.stop_token();
+    drain.spawn("flush-buffer", async move {
+        stop.cancelled().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    });
+    if args.stuck_task {
+        drain.spawn("stuck-task", std::future::pending::<()>());
+    }
+    // Closed after the requests and tasks that use it.
+    drain.on_close_with_timeout("db-pool", Duration::from_secs(2), || async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok::<_, std::io::Error>(())
+    });
+
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("service: cannot listen on {}: {e}", args.listen);
+            return 2;
+        }
+    };
+    let admin = match tokio::net::TcpListener::bind(args.admin).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("service: cannot listen on {} (admin): {e}", args.admin);
+            return 2;
+        }
+    };
+    println!(
+        "READY listen={} admin={}",
+        listener.local_addr().unwrap(),
+        admin.local_addr().unwrap()
+    );
+    // The admin listener is not behind the drain layer and lives until the process exits.
+    let admin_router = drain.admin_router();
+    tokio::spawn(async move {
+        let _ = axum::serve(admin, admin_router).await;
+    });
+    let app = app(&args.instance).layer(
+        drain
+            .layer()
+            .phase_header(HeaderName::from_static("x-lameduck-phase")),
+    );
+    let server = tokio::spawn(lameduck::serve(listener, app, &drain));
+    let report = drain.run().await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+    report.exit_code
+}
+
+/// No lameduck at all: serve until SIGTERM, then exit at once (what many services do).
+async fn naive(args: Args) -> i32 {
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .expect("listen");
+    let admin = tokio::net::TcpListener::bind(args.admin)
+        .await
+        .expect("admin");
+    println!(
+        "READY listen={} admin={}",
+        listener.local_addr().unwrap(),
+        admin.local_addr().unwrap()
+    );
+    let probes = Router::new()
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }));
+    tokio::spawn(async move {
+        let _ = axum::serve(admin, probes).await;
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app(&args.instance)).await;
+    });
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("signal handler");
+    term.recv().await;
+    0
+}
