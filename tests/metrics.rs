@@ -486,7 +486,6 @@ mod prometheus {
             bounded("done", drain.drained()).await;
             let (status, _, body) = call(addr, Method::GET, "/metrics").await;
             assert_eq!(status, StatusCode::OK);
-            eprintln!("{body}");
             assert!(has_line(&body, "lameduck_phase 5"), "{body}");
             assert!(has_line(&body, "lameduck_in_flight_requests 0"), "{body}");
             // Rendered with buckets (a histogram), once, under its outcome.
