@@ -174,7 +174,7 @@ impl DrainBuilder {
             None => (window / 5).min(Duration::from_secs(5)),
         };
         let (phase, _) = watch::channel(Phase::Starting);
-        Ok(Drain {
+        let drain = Drain {
             inner: Arc::new(Inner {
                 core: Core::leak(),
                 budget,
@@ -194,7 +194,10 @@ impl DrainBuilder {
                 terminate_seen: Notify::new(),
                 tasks: Tasks::default(),
             }),
-        })
+        };
+        #[cfg(feature = "metrics")]
+        crate::metrics::init(&drain);
+        Ok(drain)
     }
 }
 
@@ -555,6 +558,8 @@ impl Drain {
             });
             if moved {
                 tracing::info!("lameduck: serving");
+                #[cfg(feature = "metrics")]
+                self.record_metrics();
             }
         }
     }
@@ -714,6 +719,8 @@ impl Drain {
         }
         self.inner.core.start_draining();
         self.inner.phase.send_modify(|p| *p = Phase::Draining);
+        #[cfg(feature = "metrics")]
+        self.record_metrics();
         self.inner.drain_token.cancel();
         let drain = self.clone();
         let span = tracing::info_span!(
@@ -980,6 +987,9 @@ impl Drain {
             e.event
         );
         self.inner.lock().timeline.push(e);
+        // Metrics are sampled at lifecycle events, never per request.
+        #[cfg(feature = "metrics")]
+        self.record_metrics();
     }
 
     fn is_forced(&self) -> bool {
@@ -1021,6 +1031,8 @@ impl Drain {
             self.push(self.event(EventKind::ReadinessFlipped, origin));
         }
         inner.phase.send_modify(|p| *p = Phase::StoppedAccepting);
+        #[cfg(feature = "metrics")]
+        self.record_metrics();
         inner.stop_token.cancel();
         inner.tasks.tracker.close();
 
@@ -1060,6 +1072,8 @@ impl Drain {
 
         // 3. Closing.
         inner.phase.send_modify(|p| *p = Phase::Closing);
+        #[cfg(feature = "metrics")]
+        self.record_metrics();
         let closers = std::mem::take(&mut inner.lock().closers);
         let closers = if self.is_forced() {
             Vec::new()
@@ -1088,8 +1102,13 @@ impl Drain {
         self.push(e);
         let report = self.build_report(origin, outcome, stragglers, closers);
         inner.sinks.emit(&report);
+        // Before the phase turns Done, so whoever awaits Done finds the histograms recorded.
+        #[cfg(feature = "metrics")]
+        crate::metrics::record_done(&report);
         inner.lock().report = Some(report);
         inner.phase.send_modify(|p| *p = Phase::Done);
+        #[cfg(feature = "metrics")]
+        self.record_metrics();
     }
 
     /// Waits until the propagation policy commits. Event-driven: it sleeps until the earliest

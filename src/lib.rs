@@ -46,6 +46,15 @@
 //! quiesce deadline  = hard deadline − close_budget                (close_budget default 5 s)
 //! propagation max   ≤ quiesce deadline
 //! ```
+//!
+//! # Feature flags
+//!
+//! | Flag | Default | Enables |
+//! |---|---|---|
+//! | `http` | yes | The tower layer, `ConnMeta` and the `serve` accept loop (hyper 1, hyper-util). |
+//! | `admin` | yes | The `admin` router on axum: `/livez`, `/readyz`, `/drain`, `/status`; the `preStop` helper. Implies `http`. |
+//! | `metrics` | no | The `metrics` module: gauges, histograms and counters through the `metrics` facade, for the exporter you install; `Drain::record_metrics`, `Drain::spawn_metrics_updater`. |
+//! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `metrics::prometheus_builder`; no HTTP listener or TLS of its own. Implies `metrics` and `admin`. |
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -70,6 +79,9 @@ mod tasks;
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
 pub mod guide;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 
 pub use advice::{advise, Advice, AdviceLevel};
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV};

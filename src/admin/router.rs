@@ -1,4 +1,5 @@
-//! The admin router: `/livez`, `/readyz`, `/drain`, `/status`.
+//! The admin router: `/livez`, `/readyz`, `/drain`, `/status` (and `/metrics` with the
+//! `prometheus` feature).
 //!
 //! # Invariants
 //!
@@ -136,6 +137,8 @@ pub struct AdminBuilder {
     drain: Drain,
     token: TokenSetting,
     body_limit: usize,
+    #[cfg(feature = "prometheus")]
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl fmt::Debug for AdminBuilder {
@@ -146,10 +149,12 @@ impl fmt::Debug for AdminBuilder {
             TokenSetting::Given(_) => "given (redacted)",
             TokenSetting::Off => "off",
         };
-        f.debug_struct("AdminBuilder")
-            .field("token", &token)
-            .field("body_limit", &self.body_limit)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("AdminBuilder");
+        d.field("token", &token)
+            .field("body_limit", &self.body_limit);
+        #[cfg(feature = "prometheus")]
+        d.field("prometheus", &self.prometheus.is_some());
+        d.finish_non_exhaustive()
     }
 }
 
@@ -159,6 +164,8 @@ impl AdminBuilder {
             drain,
             token: TokenSetting::FromEnv,
             body_limit: DEFAULT_BODY_LIMIT,
+            #[cfg(feature = "prometheus")]
+            prometheus: None,
         }
     }
 
@@ -184,6 +191,30 @@ impl AdminBuilder {
     /// are ignored: parameters go in the query string.
     pub fn body_limit(mut self, bytes: usize) -> Self {
         self.body_limit = bytes;
+        self
+    }
+
+    /// Serves `GET /metrics`: samples the drain's metrics
+    /// ([`Drain::record_metrics`](crate::Drain::record_metrics)) and renders everything the
+    /// recorder behind `handle` holds, in Prometheus text format. Give it the handle of the
+    /// recorder you installed (see [`prometheus_builder`](crate::metrics::prometheus_builder)).
+    /// Without a handle there is no `/metrics` route.
+    ///
+    /// Like `/status`, the route is open (no token): it changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let handle = lameduck::metrics::prometheus_builder().install_recorder()?;
+    /// let drain = lameduck::Drain::builder().build()?;
+    /// let admin: axum::Router = drain.admin().prometheus(handle).router();
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "prometheus")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+    pub fn prometheus(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
+        self.prometheus = Some(handle);
         self
     }
 
@@ -215,14 +246,20 @@ impl AdminBuilder {
             drain: self.drain,
             token,
             body_limit: self.body_limit,
+            #[cfg(feature = "prometheus")]
+            prometheus: self.prometheus,
         });
-        Router::new()
+        let routes = Router::new()
             .route("/livez", any(livez))
             .route("/readyz", any(readyz))
             .route("/drain", any(drain))
-            .route("/status", any(status))
-            .fallback(not_found)
-            .with_state(state)
+            .route("/status", any(status));
+        #[cfg(feature = "prometheus")]
+        let routes = match state.prometheus {
+            Some(_) => routes.route("/metrics", any(prometheus_metrics)),
+            None => routes,
+        };
+        routes.fallback(not_found).with_state(state)
     }
 }
 
@@ -250,6 +287,8 @@ struct AdminState {
     drain: Drain,
     token: Token,
     body_limit: usize,
+    #[cfg(feature = "prometheus")]
+    prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 type Outcome = Result<Response, Refusal>;
@@ -480,6 +519,30 @@ async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
         StatusCode::GATEWAY_TIMEOUT
     };
     Ok(status_json(code, &s.drain))
+}
+
+#[cfg(feature = "prometheus")]
+async fn prometheus_metrics(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+    let parts = s.admit(req, "/metrics", PROBE_METHODS, "GET, HEAD").await?;
+    Params::parse(parts.uri.query(), "/metrics", &[]).map_err(bad_request)?;
+    let Some(handle) = &s.prometheus else {
+        // Unreachable: the route is only added with a handle.
+        return Ok(text(
+            StatusCode::NOT_FOUND,
+            "no admin route /metrics: no Prometheus handle was given to the admin builder",
+        ));
+    };
+    // Sample now: between lifecycle events the gauges hold their last sample, and a scrape
+    // should see this instant.
+    s.drain.record_metrics();
+    // Without the exporter's own listener nobody else runs its upkeep.
+    handle.run_upkeep();
+    let mut res = text(StatusCode::OK, handle.render());
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(res)
 }
 
 /// `None` when the timeout is so long it overflows the clock: that is no timeout at all.

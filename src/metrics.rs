@@ -1,0 +1,479 @@
+//! The drain as metrics, through the [`metrics`] facade: you install the exporter (Prometheus,
+//! StatsD, OpenTelemetry, …), lameduck records into it.
+//!
+//! | Metric | Kind | Meaning |
+//! |---|---|---|
+//! | `lameduck_in_flight_requests` | gauge | Requests (guards) in flight. |
+//! | `lameduck_open_connections` | gauge | Open connections on `lameduck::serve` listeners. |
+//! | `lameduck_background_tasks` | gauge | Background tasks still running. |
+//! | `lameduck_phase` | gauge | The [`Phase`], as a number (table below). |
+//! | `lameduck_drain_duration_seconds{outcome}` | histogram | From the first trigger to the end of the drain, recorded once, at Done. `outcome` is the report's: `clean`, `deadline_exceeded`, `closer_failed`, `forced`. |
+//! | `lameduck_observed_propagation_seconds` | histogram | From the first trigger to the last new connection accepted during the drain — how long some path kept routing here. Recorded at Done, only when such a connection came. |
+//! | `lameduck_requests_after_flip_total{connection}` | counter | Requests that arrived during the drain, on a connection opened during the drain (`connection="new"`) or before it (`connection="reused"`). |
+//!
+//! `lameduck_phase` takes the phases in their order, so `lameduck_phase >= 2` means "draining
+//! or later":
+//!
+//! | Value | Phase |
+//! |---|---|
+//! | 0 | [`starting`](Phase::Starting) |
+//! | 1 | [`serving`](Phase::Serving) |
+//! | 2 | [`draining`](Phase::Draining) |
+//! | 3 | [`stopped_accepting`](Phase::StoppedAccepting) |
+//! | 4 | [`closing`](Phase::Closing) |
+//! | 5 | [`done`](Phase::Done) |
+//!
+//! # When values are recorded
+//!
+//! Never on the request path: a request costs the same with or without this feature, and no
+//! request ever calls the recorder. The gauges and the counter are *sampled* from the
+//! coordinator's own counters
+//!
+//! * when the [`Drain`] is built, at every lifecycle event and at every phase change;
+//! * whenever you call [`Drain::record_metrics`] — from your scrape handler, right before the
+//!   exporter renders, so a scrape sees that instant;
+//! * every period, from [`Drain::spawn_metrics_updater`], for exporters that push.
+//!
+//! Between two samples a gauge keeps its last value. The counter is set to the coordinator's
+//! running total each time (a monotonic [`absolute`](metrics::Counter::absolute)), so a scrape
+//! during the drain sees the requests so far, and two samples never count a request twice.
+//!
+//! The metrics are described (help text and unit) when the [`Drain`] is built, so install your
+//! recorder first.
+//!
+//! # The last numbers
+//!
+//! The histograms are recorded at Done, and the process usually exits right after: a scraper
+//! that pulls every 15 s will rarely see them. A push exporter flushed before exit, or a
+//! `preStop` drain (after which [`Drain::run`] keeps the process up until SIGTERM) gives it a
+//! chance; the [`DrainReport`] always has the same numbers.
+//!
+//! # Examples
+//!
+//! Any exporter: sample the drain in your scrape handler, then render.
+//!
+//! ```
+//! # fn render() -> String { String::new() }
+//! # fn demo() -> Result<(), lameduck::ConfigError> {
+//! let drain = lameduck::Drain::builder().build()?; // after installing the recorder
+//!
+//! let scrape = {
+//!     let drain = drain.clone();
+//!     move || {
+//!         drain.record_metrics(); // gauges reflect this instant, not the last event
+//!         render() // your exporter's text
+//!     }
+//! };
+//! # let _ = scrape;
+//! # Ok(()) }
+//! ```
+//!
+//! An exporter that pushes on its own schedule: sample as often as it pushes.
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), lameduck::ConfigError> {
+//! let drain = lameduck::Drain::builder().build()?;
+//! let updater = drain.spawn_metrics_updater(Duration::from_secs(10)); // ends at Done
+//! # updater.abort();
+//! # Ok(()) }
+//! ```
+//!
+//! With the `prometheus` feature, the admin router serves `GET /metrics` in Prometheus text
+//! format.
+#![cfg_attr(
+    feature = "prometheus",
+    doc = r#"
+[`prometheus_builder`] sets up the recorder, and
+[`AdminBuilder::prometheus`](crate::AdminBuilder::prometheus) adds the route:
+
+```
+# fn demo() -> Result<(), Box<dyn std::error::Error>> {
+let handle = lameduck::metrics::prometheus_builder().install_recorder()?;
+let drain = lameduck::Drain::builder().build()?;
+let admin: axum::Router = drain.admin().prometheus(handle).router();
+# Ok(()) }
+```
+"#
+)]
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use metrics::Unit;
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+
+use crate::{Drain, DrainReport, Phase};
+
+/// Gauge: requests (guards) in flight.
+pub const IN_FLIGHT_REQUESTS: &str = "lameduck_in_flight_requests";
+/// Gauge: open connections on `lameduck::serve` listeners.
+pub const OPEN_CONNECTIONS: &str = "lameduck_open_connections";
+/// Gauge: background tasks still running.
+pub const BACKGROUND_TASKS: &str = "lameduck_background_tasks";
+/// Gauge: the phase, 0 (starting) to 5 (done); see the [module docs](self).
+pub const PHASE: &str = "lameduck_phase";
+/// Histogram, seconds, label `outcome`: the drain's duration, recorded once at Done.
+pub const DRAIN_DURATION_SECONDS: &str = "lameduck_drain_duration_seconds";
+/// Histogram, seconds: from the first trigger to the last new connection of the drain.
+pub const OBSERVED_PROPAGATION_SECONDS: &str = "lameduck_observed_propagation_seconds";
+/// Counter, label `connection` (`new` | `reused`): requests that arrived during the drain.
+pub const REQUESTS_AFTER_FLIP_TOTAL: &str = "lameduck_requests_after_flip_total";
+
+/// Bucket bounds, in seconds, that `prometheus_builder` (feature `prometheus`) gives both
+/// histograms: drains last from a second to a few minutes (`terminationGracePeriodSeconds`
+/// defaults to 30).
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0,
+];
+
+/// The value of `lameduck_phase`: the phases in order, so comparisons keep their meaning.
+fn phase_value(phase: Phase) -> f64 {
+    // Exhaustive on purpose: a new phase must get its number here, and in the docs' table.
+    match phase {
+        Phase::Starting => 0.0,
+        Phase::Serving => 1.0,
+        Phase::Draining => 2.0,
+        Phase::StoppedAccepting => 3.0,
+        Phase::Closing => 4.0,
+        Phase::Done => 5.0,
+    }
+}
+
+/// Describes every metric, then takes the first sample. Called once, when a `Drain` is built.
+pub(crate) fn init(drain: &Drain) {
+    describe_gauge!(
+        IN_FLIGHT_REQUESTS,
+        Unit::Count,
+        "Requests (in-flight guards) currently counted by the drain coordinator."
+    );
+    describe_gauge!(
+        OPEN_CONNECTIONS,
+        Unit::Count,
+        "Open connections on the coordinator's listeners."
+    );
+    describe_gauge!(
+        BACKGROUND_TASKS,
+        Unit::Count,
+        "Background tasks still running."
+    );
+    describe_gauge!(
+        PHASE,
+        "Lifecycle phase: 0 starting, 1 serving, 2 draining, 3 stopped_accepting, 4 closing, 5 done."
+    );
+    describe_histogram!(
+        DRAIN_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time from the first drain trigger to the end of the drain, by outcome."
+    );
+    describe_histogram!(
+        OBSERVED_PROPAGATION_SECONDS,
+        Unit::Seconds,
+        "Time from the first drain trigger to the last new connection accepted during the drain."
+    );
+    describe_counter!(
+        REQUESTS_AFTER_FLIP_TOTAL,
+        Unit::Count,
+        "Requests that arrived during the drain, on a new or a reused connection."
+    );
+    drain.record_metrics();
+}
+
+/// Records the histograms of a finished drain, from its report. Called once, at Done.
+pub(crate) fn record_done(report: &DrainReport) {
+    histogram!(DRAIN_DURATION_SECONDS, "outcome" => report.outcome.as_str())
+        .record(seconds(report.budget.used_ms));
+    if let Some(ms) = report.after_flip.last_new_connection_ms {
+        histogram!(OBSERVED_PROPAGATION_SECONDS).record(seconds(ms));
+    }
+}
+
+fn seconds(ms: u64) -> f64 {
+    Duration::from_millis(ms).as_secs_f64()
+}
+
+impl Drain {
+    /// Sets every gauge (`lameduck_in_flight_requests`, `lameduck_open_connections`,
+    /// `lameduck_background_tasks`, `lameduck_phase`) and the
+    /// `lameduck_requests_after_flip_total` counters from the coordinator's counters now.
+    ///
+    /// Call it from your scrape handler before the exporter renders: requests never touch the
+    /// recorder, so between lifecycle events the gauges hold their last sample. It reads a few
+    /// atomics and takes the task registry's lock (never taken by requests); calling it often
+    /// is fine, calling it per request is pointless. It records into the recorder current on
+    /// the calling thread (normally the global one). See the [`metrics`](crate::metrics)
+    /// module for the metrics.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn demo() -> Result<(), lameduck::ConfigError> {
+    /// let drain = lameduck::Drain::builder().build()?;
+    /// let _guard = drain.enter();
+    /// drain.record_metrics(); // lameduck_in_flight_requests = 1
+    /// # Ok(()) }
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn record_metrics(&self) {
+        gauge!(IN_FLIGHT_REQUESTS).set(self.in_flight() as f64);
+        gauge!(OPEN_CONNECTIONS).set(self.connections() as f64);
+        gauge!(BACKGROUND_TASKS).set(self.tasks() as f64);
+        gauge!(PHASE).set(phase_value(self.phase()));
+        let af = &self.inner.core.after_flip;
+        // Relaxed: plain statistics; `absolute` only ever raises the counter, so a stale read
+        // at worst shows a smaller total until the next sample.
+        counter!(REQUESTS_AFTER_FLIP_TOTAL, "connection" => "new")
+            .absolute(af.requests_on_new.load(Ordering::Relaxed));
+        counter!(REQUESTS_AFTER_FLIP_TOTAL, "connection" => "reused")
+            .absolute(af.requests_on_reused.load(Ordering::Relaxed));
+    }
+
+    /// Spawns a task that calls [`record_metrics`](Self::record_metrics) every `period`, for
+    /// exporters that push on their own schedule rather than being scraped. It samples once
+    /// more at Done and ends there; abort the returned handle to stop it earlier.
+    ///
+    /// The task is not one of the drain's background tasks: the drain does not wait for it.
+    /// It records into the global recorder; a thread-local recorder applies only when the
+    /// runtime is a current-thread one driven from that thread.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), lameduck::ConfigError> {
+    /// let drain = lameduck::Drain::builder()
+    ///     # .signals(lameduck::Signals::none()).report_to_stderr(false)
+    ///     .build()?;
+    /// let updater = drain.spawn_metrics_updater(Duration::from_secs(5));
+    ///
+    /// drain.start(lameduck::Trigger::Api);
+    /// drain.drained().await;
+    /// updater.await.unwrap(); // it ended at Done
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `period` is zero, or if called outside a Tokio runtime.
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn spawn_metrics_updater(&self, period: Duration) -> tokio::task::JoinHandle<()> {
+        assert!(
+            !period.is_zero(),
+            "the metrics updater's period must not be zero"
+        );
+        let drain = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            // After a stall, one sample is enough: a burst of catch-up samples says nothing new.
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let done = drain.reached(Phase::Done);
+            tokio::pin!(done);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => drain.record_metrics(),
+                    () = &mut done => {
+                        drain.record_metrics();
+                        return;
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// A Prometheus recorder builder with bucket bounds ([`SECONDS_BUCKETS`]) for lameduck's two
+/// histograms, so they render as histograms (aggregatable across Pods) rather than summaries.
+///
+/// Configure it further as you like, then `install_recorder()` and give the handle to
+/// [`AdminBuilder::prometheus`](crate::AdminBuilder::prometheus) for `GET /metrics` on the
+/// admin router. `install_recorder()` does not schedule the exporter's upkeep; the admin route
+/// runs it on every scrape.
+///
+/// # Examples
+///
+/// ```
+/// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let handle = lameduck::metrics::prometheus_builder().install_recorder()?;
+/// let drain = lameduck::Drain::builder().build()?;
+/// let admin: axum::Router = drain.admin().prometheus(handle).router();
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+pub fn prometheus_builder() -> PrometheusBuilder {
+    use metrics_exporter_prometheus::Matcher;
+    [DRAIN_DURATION_SECONDS, OBSERVED_PROPAGATION_SECONDS]
+        .into_iter()
+        .fold(PrometheusBuilder::new(), |b, name| {
+            b.set_buckets_for_metric(Matcher::Full(name.to_owned()), SECONDS_BUCKETS)
+                .expect("SECONDS_BUCKETS is not empty, the only way this can fail")
+        })
+}
+
+#[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+pub use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+#[cfg(all(test, not(lameduck_loom)))]
+mod tests {
+    //! The after-flip hooks are crate-internal (the HTTP layer calls them), so what depends on
+    //! them is tested here.
+    use std::time::Duration;
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+    use metrics_util::MetricKind;
+
+    use super::*;
+    use crate::{Propagation, Signals, Trigger};
+
+    /// One reading of the recorder. The debugging recorder resets what it reports, so a test
+    /// takes one reading per checkpoint and looks everything up in it.
+    struct Reading(Vec<(metrics_util::CompositeKey, DebugValue)>);
+
+    impl Reading {
+        fn take(snap: &Snapshotter) -> Self {
+            Reading(
+                snap.snapshot()
+                    .into_vec()
+                    .into_iter()
+                    .map(|(k, _, _, v)| (k, v))
+                    .collect(),
+            )
+        }
+
+        fn get(
+            &self,
+            kind: MetricKind,
+            name: &str,
+            label: Option<(&str, &str)>,
+        ) -> Option<&DebugValue> {
+            self.0
+                .iter()
+                .find(|(k, _)| {
+                    k.kind() == kind
+                        && k.key().name() == name
+                        && label.is_none_or(|(l, v)| {
+                            k.key().labels().any(|x| x.key() == l && x.value() == v)
+                        })
+                })
+                .map(|(_, v)| v)
+        }
+    }
+
+    #[test]
+    fn phase_numbers_follow_the_phase_order() {
+        let phases = [
+            Phase::Starting,
+            Phase::Serving,
+            Phase::Draining,
+            Phase::StoppedAccepting,
+            Phase::Closing,
+            Phase::Done,
+        ];
+        for (i, p) in phases.into_iter().enumerate() {
+            assert_eq!(phase_value(p), i as f64, "{p}");
+        }
+    }
+
+    #[test]
+    fn after_flip_counters_and_observed_propagation() {
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let drain = Drain::builder()
+                .signals(Signals::none())
+                .report_to_stderr(false)
+                .termination_log(None)
+                .propagation(Propagation::fixed(Duration::from_secs(2)))
+                .build()
+                .unwrap();
+            drain.mark_started();
+            let core = drain.inner.core;
+            drain.start(Trigger::Sigterm);
+
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            // A request on a connection from before the drain, then a new connection with two.
+            core.note_request(false);
+            assert!(drain.note_connection(Some("10.0.0.7:40000".parse().unwrap())));
+            core.note_request(true);
+            core.note_request(true);
+
+            // Mid-drain sample: the totals so far, without any per-request recording.
+            drain.record_metrics();
+            let r = Reading::take(&snap);
+            let new = r.get(
+                MetricKind::Counter,
+                REQUESTS_AFTER_FLIP_TOTAL,
+                Some(("connection", "new")),
+            );
+            let reused = r.get(
+                MetricKind::Counter,
+                REQUESTS_AFTER_FLIP_TOTAL,
+                Some(("connection", "reused")),
+            );
+            assert_eq!(new, Some(&DebugValue::Counter(2)));
+            assert_eq!(reused, Some(&DebugValue::Counter(1)));
+
+            let report = drain.drained().await;
+            assert_eq!(report.after_flip.requests_on_new_connections, 2);
+            assert_eq!(report.after_flip.last_new_connection_ms, Some(700));
+
+            // The debugging recorder resets counters when read; the sample at Done sets them
+            // back to the totals, which did not move.
+            let r = Reading::take(&snap);
+            let new = r.get(
+                MetricKind::Counter,
+                REQUESTS_AFTER_FLIP_TOTAL,
+                Some(("connection", "new")),
+            );
+            assert_eq!(new, Some(&DebugValue::Counter(2)));
+            let propagation = r.get(MetricKind::Histogram, OBSERVED_PROPAGATION_SECONDS, None);
+            assert_eq!(propagation, Some(&DebugValue::Histogram(vec![0.7.into()])));
+        });
+    }
+
+    #[test]
+    fn no_new_connection_means_no_propagation_sample() {
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let drain = Drain::builder()
+                .signals(Signals::none())
+                .report_to_stderr(false)
+                .termination_log(None)
+                .propagation(Propagation::fixed(Duration::from_millis(100)))
+                .build()
+                .unwrap();
+            drain.start(Trigger::Api);
+            drain.inner.core.note_request(false);
+            drain.drained().await;
+        });
+        let r = Reading::take(&snap);
+        assert_eq!(
+            r.get(MetricKind::Histogram, OBSERVED_PROPAGATION_SECONDS, None),
+            None
+        );
+        let duration = r.get(
+            MetricKind::Histogram,
+            DRAIN_DURATION_SECONDS,
+            Some(("outcome", "clean")),
+        );
+        assert_eq!(duration, Some(&DebugValue::Histogram(vec![0.1.into()])));
+    }
+}
