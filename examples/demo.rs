@@ -1,62 +1,282 @@
 //! Run with `cargo run --release --example demo`.
 //!
-//! A minimal, self-contained drain: simulated requests and a background task on one
-//! coordinator, a trigger, and the timeline that explains what happened.
+//! The whole story in one process, with no external software: two instances of the example
+//! service behind a small round-robin TCP balancer that — like kube-proxy or a cloud load
+//! balancer — learns about `/readyz` only after a delay; a load of short, slow and streaming
+//! requests with request ids over keep-alive and fresh connections; one instance drained through
+//! its `/drain` endpoint (what a `preStop` hook does). Then the same run again with a naive
+//! shutdown (stop at once on the signal, no drain) for comparison.
 
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use lameduck::{Drain, Propagation, Signals, Trigger};
+use axum::http::HeaderName;
+use axum::routing::get;
+use axum::Router;
+use lameduck::{Drain, DrainReport, Propagation, Signals};
+use lameduck_probe::{ConnectionMode, Probe, ProbeConfig, ProbeResult};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+#[path = "common/app.rs"]
+mod app;
+
+/// How long the balancer takes to act on what its health checks saw (endpoint propagation).
+const NOTICE_DELAY: Duration = Duration::from_millis(1000);
+const HEALTH_INTERVAL: Duration = Duration::from_millis(250);
+/// When the first instance is taken out.
+const DRAIN_AT: Duration = Duration::from_millis(2500);
+const LOAD_FOR: Duration = Duration::from_secs(9);
+
+struct Backend {
+    name: &'static str,
+    addr: SocketAddr,
+    admin: SocketAddr,
+    drain: Option<Drain>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+async fn start_backend(name: &'static str, naive: bool) -> Backend {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (addr, admin_addr) = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
+    let mut tasks = Vec::new();
+    if naive {
+        // No readiness awareness, no drain: `/readyz` is "the port answers".
+        let probes = Router::new()
+            .route("/livez", get(|| async { "ok" }))
+            .route("/readyz", get(|| async { "ok" }));
+        tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(admin, probes).await;
+        }));
+        tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(listener, app::app(name)).await;
+        }));
+        return Backend { name, addr, admin: admin_addr, drain: None, tasks };
+    }
     let drain = Drain::builder()
-        .grace_period(Duration::from_secs(6))
+        .grace_period(Duration::from_secs(12))
         .propagation(
-            Propagation::quiet(Duration::from_millis(300))
-                .min(Duration::from_millis(500))
-                .max(Duration::from_secs(3)),
+            Propagation::quiet(Duration::from_millis(700))
+                .min(Duration::from_millis(1500))
+                .max(Duration::from_secs(6)),
         )
         .signals(Signals::none())
         .report_to_stderr(false)
         .termination_log(None)
-        .build()?;
+        .build()
+        .expect("valid settings");
+    let router = drain.admin_router();
+    tasks.push(tokio::spawn(async move {
+        let _ = axum::serve(admin, router).await;
+    }));
+    let app = app::app(name).layer(
+        drain
+            .layer()
+            .phase_header(HeaderName::from_static("x-lameduck-phase")),
+    );
+    let serve = lameduck::serve(listener, app, &drain);
+    tasks.push(tokio::spawn(async move {
+        let _ = serve.await;
+    }));
+    Backend { name, addr, admin: admin_addr, drain: Some(drain), tasks }
+}
 
-    let warmup = drain.startup_gate("warmup");
-    drain.mark_started();
-    println!("phase {} ready={}", drain.phase(), drain.is_ready());
-    warmup.open();
-    println!("phase {} ready={}", drain.phase(), drain.is_ready());
+impl Backend {
+    /// The process exits: everything it runs stops at once.
+    fn exit(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
 
-    drain.spawn("flush", async {
-        tokio::time::sleep(Duration::from_millis(700)).await;
-    });
-    drain.on_close("database", || async {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        Ok::<_, std::io::Error>(())
-    });
+/// A round-robin TCP balancer whose view of each backend's readiness lags by `NOTICE_DELAY`.
+struct Balancer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
 
-    // A slow request in flight when the drain starts, and a few that arrive during it.
-    let slow = drain.enter();
-    let d = drain.clone();
+async fn start_balancer(backends: Vec<(SocketAddr, SocketAddr)>) -> Balancer {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let healthy: Arc<Vec<AtomicBool>> =
+        Arc::new(backends.iter().map(|_| AtomicBool::new(true)).collect());
+    for (i, (_, admin)) in backends.iter().copied().enumerate() {
+        let (healthy, stop) = (healthy.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut fails = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let ok = check(admin).await;
+                fails = if ok { 0 } else { fails + 1 };
+                let up = fails < 2; // `fall 2`
+                let healthy = healthy.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(NOTICE_DELAY).await;
+                    healthy[i].store(up, Ordering::Relaxed);
+                });
+                tokio::time::sleep(HEALTH_INTERVAL).await;
+            }
+        });
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let stop2 = stop.clone();
     tokio::spawn(async move {
-        for _ in 0..5 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let _req = d.enter();
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        while !stop2.load(Ordering::Relaxed) {
+            let Ok((client, _)) = listener.accept().await else { continue };
+            let n = backends.len();
+            let start = next.fetch_add(1, Ordering::Relaxed);
+            let pick = (0..n)
+                .map(|k| (start + k) % n)
+                .find(|&i| healthy[i].load(Ordering::Relaxed));
+            let Some(i) = pick else { continue }; // nothing healthy: the client's connection drops
+            let backend = backends[i].0;
+            tokio::spawn(async move {
+                // A refused backend connection drops the client's: what an L4 balancer does.
+                if let Ok(mut server) = TcpStream::connect(backend).await {
+                    let mut client = client;
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
         }
     });
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(900)).await;
-        drop(slow);
-    });
+    Balancer { addr, stop }
+}
 
-    drain.start(Trigger::Api);
+/// One health check: `GET /readyz` must answer 200.
+async fn check(admin: SocketAddr) -> bool {
+    let attempt = async {
+        let mut s = TcpStream::connect(admin).await.ok()?;
+        s.write_all(b"GET /readyz HTTP/1.0\r\nHost: health\r\n\r\n").await.ok()?;
+        let mut buf = [0u8; 12];
+        s.read_exact(&mut buf).await.ok()?;
+        Some(buf.starts_with(b"HTTP/1.0 200") || buf.starts_with(b"HTTP/1.1 200"))
+    };
+    matches!(tokio::time::timeout(Duration::from_millis(500), attempt).await, Ok(Some(true)))
+}
+
+struct Run {
+    result: ProbeResult,
+    report: Option<DrainReport>,
+}
+
+async fn scenario(naive: bool) -> Run {
+    let label = if naive { "naive" } else { "lameduck" };
+    let a = start_backend("instance-a", naive).await;
+    let b = start_backend("instance-b", naive).await;
+    let balancer = start_balancer(vec![(a.addr, a.admin), (b.addr, b.admin)]).await;
+
+    let mut config = ProbeConfig::new(balancer.addr.to_string());
+    config.label = label.to_owned();
+    config.connections = ConnectionMode::Mixed;
+    config.short_rate = 120.0;
+    config.slow_rate = 8.0;
+    config.slow = Duration::from_millis(1500);
+    config.stream_rate = 1.0;
+    config.stream = Duration::from_secs(2);
+    config.duration = LOAD_FOR;
+    config.drain_wait = Duration::from_secs(8);
+    let probe = Probe::new(config).expect("valid probe settings");
+    let handle = probe.handle();
+    let load = tokio::spawn(probe.run());
+
+    let started = Instant::now();
+    let mut drained: Option<JoinHandle<()>> = None;
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.tick().await;
+    let mut drain_sent = false;
+    while !load.is_finished() {
+        tokio::select! {
+            _ = ticker.tick() => {
+                println!("  [{label}] {}", handle.progress().line());
+            }
+            () = tokio::time::sleep(DRAIN_AT.saturating_sub(started.elapsed())), if !drain_sent => {
+                drain_sent = true;
+                if naive {
+                    println!("  [{label}] {:>4.1}s SIGTERM to {}: it exits at once", started.elapsed().as_secs_f64(), a.name);
+                    a.exit();
+                } else {
+                    println!("  [{label}] {:>4.1}s preStop: GET {}/drain on {}", started.elapsed().as_secs_f64(), a.admin, a.name);
+                    let admin = a.admin;
+                    drained = Some(tokio::spawn(async move {
+                        let opts = lameduck::PrestopOptions::default(); // wait=drained
+                        match lameduck::prestop(admin, opts).await {
+                            Ok(_) => println!("  [lameduck] /drain answered: drained; kubelet now sends SIGTERM and the process exits"),
+                            Err(e) => println!("  [lameduck] /drain failed: {e}"),
+                        }
+                    }));
+                }
+            }
+        }
+    }
+    let result = load.await.expect("probe task").expect("probe run");
+    if let Some(d) = drained {
+        let _ = d.await;
+    }
+    let report = a.drain.as_ref().and_then(Drain::report);
+    balancer.stop.store(true, Ordering::Relaxed);
+    a.exit();
+    b.exit();
+    Run { result, report }
+}
+
+fn table(title: &str, run: &Run) {
+    let s = &run.result.summary;
+    println!("\n{title}");
+    println!("  {:<34}{:>8}", "requests sent", s.all.total);
+    println!("  {:<34}{:>8}", "succeeded", s.all.succeeded);
+    println!("  {:<34}{:>8}", "failed", s.all.failed);
+    println!("  {:<34}{:>8}", "unfinished", s.all.unfinished);
+    println!("  {:<34}{:>8}", "served while draining, reused conn", s.draining_reused);
+    println!("  {:<34}{:>8}", "served while draining, new conn", s.draining_new);
+    for (kind, c) in [("short", &s.short), ("slow", &s.slow), ("stream", &s.stream)] {
+        println!(
+            "  {:<34}{:>8}",
+            format!("{kind}: ok / failed / unfinished"),
+            format!("{}/{}/{}", c.succeeded, c.failed, c.unfinished)
+        );
+    }
+    if let Some(f) = run.result.records.iter().find(|r| r.outcome == lameduck_probe::Outcome::Failed) {
+        println!(
+            "  first failure: {} {} at {:.0} ms: {}",
+            f.kind,
+            f.id,
+            f.start_ms,
+            f.error.as_deref().unwrap_or("?")
+        );
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    println!("lameduck demo: 2 instances behind a balancer that notices /readyz {} ms late;", NOTICE_DELAY.as_millis());
+    println!("instance-a is taken out {:.1} s into a {} s load.\n", DRAIN_AT.as_secs_f64(), LOAD_FOR.as_secs());
+    println!("run 1: lameduck (preStop /drain → quiet window → stop accepting → zero → close)");
+    let good = scenario(false).await;
+    println!("\nrun 2: naive shutdown (exit at once on the signal, no drain)");
+    let naive = scenario(true).await;
+
+    if let Some(report) = &good.report {
+        println!("\n(a) timeline of instance-a's drain (lameduck)\n");
+        for line in report.summary().lines() {
+            println!("  {line}");
+        }
+    }
+    table("(b) client's view, lameduck", &good);
+    table("(c) client's view, naive shutdown", &naive);
+    let ok = good.result.summary.all.failed == 0 && good.result.summary.all.unfinished == 0;
     println!(
-        "drain started: ready={} in_flight={}",
-        drain.is_ready(),
-        drain.in_flight()
+        "\nlameduck: {} failed, {} unfinished; naive: {} failed, {} unfinished.",
+        good.result.summary.all.failed,
+        good.result.summary.all.unfinished,
+        naive.result.summary.all.failed,
+        naive.result.summary.all.unfinished
     );
-    let report = drain.drained().await;
-    println!("{}", report.summary());
-    std::process::exit(report.exit_code);
+    if !ok {
+        std::process::exit(1);
+    }
 }
