@@ -1,0 +1,245 @@
+//! End to end through real proxies: HAProxy with active health checks and nginx as a pooling
+//! proxy in front of real service processes, real signals, and the rollout probe as the client.
+//!
+//! Needs `haproxy` and `nginx` (`apt-get install -y haproxy nginx-light`); without them these
+//! tests say so loudly and pass, unless `LAMEDUCK_E2E=require` (set by `.ci/run`).
+
+mod procs;
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use lameduck::{DrainReport, EventKind, Outcome};
+use lameduck_probe::{ConnectionMode, Probe, ProbeConfig, ProbeResult};
+use procs::{free_port, haproxy, nginx, require, scratch, wait_haproxy, Instance};
+
+/// Service flags for the proxied runs: HAProxy notices `/readyz` within ~0.6 s
+/// (`inter 300ms fall 2`); the quiet window waits for it and then for quiet.
+const SERVICE_FLAGS: &[&str] = &[
+    "--grace-period",
+    "12s",
+    "--quiet",
+    "1s",
+    "--min",
+    "1500ms",
+    "--max",
+    "6s",
+];
+
+fn probe_config(frontend: u16, label: &str, duration: Duration) -> ProbeConfig {
+    let mut c = ProbeConfig::new(format!("127.0.0.1:{frontend}"));
+    c.label = label.to_owned();
+    c.connections = ConnectionMode::Mixed;
+    c.short_rate = 40.0;
+    c.slow_rate = 6.0;
+    c.slow = Duration::from_millis(1200);
+    c.stream_rate = 1.0;
+    c.stream = Duration::from_millis(2500);
+    c.duration = duration;
+    c.drain_wait = Duration::from_secs(10);
+    c
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Starts the probe on its own runtime thread; join it for the result.
+fn start_probe(config: ProbeConfig) -> std::thread::JoinHandle<ProbeResult> {
+    std::thread::spawn(move || {
+        runtime().block_on(async move {
+            Probe::new(config)
+                .expect("valid probe config")
+                .run()
+                .await
+                .expect("probe run")
+        })
+    })
+}
+
+/// `GET /drain` on the instance's admin port, as the `preStop` hook does.
+fn prestop(inst: &Instance) {
+    let status = lameduck::prestop_blocking(inst.admin, lameduck::PrestopOptions::default())
+        .unwrap_or_else(|e| panic!("preStop /drain on {}: {e}", inst.name));
+    assert_eq!(status.phase, lameduck::Phase::Done);
+}
+
+/// Lines the probe's records up with the drained instance's report, writes the timeline, and
+/// checks the report's after-drain counters against what the probe saw.
+fn timeline(dir: &Path, result: &ProbeResult, inst: &Instance, report: &DrainReport, exit: i32) {
+    let origin = report.timeline[0].unix_ms as f64;
+    let probe0 = result.summary.started_unix_ms as f64;
+    let mut out = String::new();
+    let _ = writeln!(out, "# {} drained; offsets in ms from its drain start", inst.name);
+    for e in &report.timeline {
+        let _ = writeln!(out, "{:>8} report {}", e.at_ms, e.event);
+    }
+    if let Some(ms) = report.after_flip.last_new_connection_ms {
+        let _ = writeln!(out, "{ms:>8} report last new connection");
+    }
+    let _ = writeln!(out, "{:>8} exit code {exit}", report.budget.used_ms);
+    let mine: Vec<_> = result
+        .records
+        .iter()
+        .filter(|r| r.instance.as_deref() == Some(&inst.name))
+        .collect();
+    let draining: Vec<_> = mine.iter().filter(|r| r.served_by_draining()).collect();
+    if let (Some(first), Some(last)) = (draining.first(), draining.last()) {
+        let _ = writeln!(
+            out,
+            "{:>8} probe first request answered while draining ({})\n{:>8} probe last request answered while draining ({})",
+            (probe0 + first.start_ms - origin).round(),
+            first.id,
+            (probe0 + last.start_ms - origin).round(),
+            last.id
+        );
+    }
+    let _ = writeln!(
+        out,
+        "probe: {} requests answered by {}, {} of them while draining; report: {} on new + {} on reused connections",
+        mine.len(),
+        inst.name,
+        draining.len(),
+        report.after_flip.requests_on_new_connections,
+        report.after_flip.requests_on_reused_connections
+    );
+    std::fs::write(dir.join(format!("{}.timeline.txt", inst.name)), &out).unwrap();
+    eprintln!("{out}");
+    // Every request that arrived after the drain started got the phase header; the probe is the
+    // only client (health checks use the admin port), so the counts must agree.
+    let after = report.after_flip.requests_on_new_connections
+        + report.after_flip.requests_on_reused_connections;
+    assert_eq!(draining.len() as u64, after, "probe vs report after-drain counts");
+}
+
+fn assert_clean(result: &ProbeResult) {
+    let s = &result.summary;
+    eprintln!("{}", s.table());
+    assert!(s.all.total > 100, "the probe sent too little: {}", s.all.total);
+    assert_eq!((s.all.failed, s.all.unfinished), (0, 0), "lost requests");
+    assert!(s.slow.succeeded > 0 && s.stream.succeeded > 0);
+}
+
+#[test]
+fn haproxy_rolling_update_loses_nothing() {
+    if require("haproxy").is_none() {
+        return;
+    }
+    let dir = scratch("haproxy-rolling");
+    // Three slots: two live instances, one free for the replacement (maxSurge 1).
+    let slots: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let frontend = free_port();
+    let mut live: Vec<(usize, Instance)> = (0..2)
+        .map(|i| (i, Instance::start(&format!("v0-s{i}"), slots[i].0, slots[i].1, &dir, SERVICE_FLAGS)))
+        .collect();
+    let _proxy = haproxy(&dir, frontend, &slots);
+    for (i, _) in &live {
+        wait_haproxy(&dir, *i, "UP");
+    }
+    let probe = start_probe(probe_config(frontend, "haproxy", Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let started = Instant::now();
+    let mut drained = Vec::new();
+    for round in 1..=3 {
+        // Surge: the replacement comes up on the free slot first.
+        let free = (0..3).find(|s| live.iter().all(|(l, _)| l != s)).unwrap();
+        let new = Instance::start(&format!("v{round}-s{free}"), slots[free].0, slots[free].1, &dir, SERVICE_FLAGS);
+        wait_haproxy(&dir, free, "UP");
+        // Then the oldest goes: preStop /drain, then SIGTERM, as kubelet does.
+        let (slot, mut old) = live.remove(0);
+        prestop(&old);
+        old.signal("-TERM");
+        let code = old.wait_exit(Duration::from_secs(15));
+        wait_haproxy(&dir, slot, "DOWN");
+        live.push((free, new));
+        drained.push((old, code));
+        assert!(started.elapsed() < Duration::from_secs(60), "rounds take too long");
+    }
+    let result = probe.join().expect("probe thread");
+    assert_clean(&result);
+    for (inst, code) in &drained {
+        let report = inst.report();
+        assert_eq!(*code, 0, "{} exit code", inst.name);
+        assert_eq!(report.outcome, Outcome::Clean);
+        assert!(report.event(EventKind::InFlightZero).is_some());
+        timeline(&dir, &result, inst, &report, *code);
+    }
+}
+
+#[test]
+fn nginx_pooling_proxy_without_health_checks_loses_nothing() {
+    if require("nginx").is_none() {
+        return;
+    }
+    let dir = scratch("nginx-pool");
+    let slots: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
+    let frontend = free_port();
+    let mut live: Vec<Instance> = (0..2)
+        .map(|i| Instance::start(&format!("v0-s{i}"), slots[i].0, slots[i].1, &dir, SERVICE_FLAGS))
+        .collect();
+    let _proxy = nginx(&dir, frontend, &slots.iter().map(|s| s.0).collect::<Vec<_>>());
+    let probe = start_probe(probe_config(frontend, "nginx", Duration::from_secs(22)));
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut drained = Vec::new();
+    // Restart each instance in place: nginx keeps its pooled connections and knows nothing of
+    // readiness; only `Connection: close` and serving through the quiet window protect it.
+    for (i, slot) in slots.iter().enumerate() {
+        let mut old = live.remove(0);
+        prestop(&old);
+        old.signal("-TERM");
+        let code = old.wait_exit(Duration::from_secs(15));
+        live.push(Instance::start(&format!("v1-s{i}"), slot.0, slot.1, &dir, SERVICE_FLAGS));
+        std::thread::sleep(Duration::from_millis(1500));
+        drained.push((old, code));
+    }
+    let result = probe.join().expect("probe thread");
+    assert_clean(&result);
+    for (inst, code) in &drained {
+        let report = inst.report();
+        assert_eq!(*code, 0, "{} exit code", inst.name);
+        timeline(&dir, &result, inst, &report, *code);
+    }
+}
+
+#[test]
+fn haproxy_with_a_naive_server_loses_requests() {
+    if require("haproxy").is_none() {
+        return;
+    }
+    let dir = scratch("haproxy-naive");
+    let slots: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let frontend = free_port();
+    let naive = &["--naive"];
+    let mut live: Vec<(usize, Instance)> = (0..2)
+        .map(|i| (i, Instance::start(&format!("naive-s{i}"), slots[i].0, slots[i].1, &dir, naive)))
+        .collect();
+    let _proxy = haproxy(&dir, frontend, &slots);
+    for (i, _) in &live {
+        wait_haproxy(&dir, *i, "UP");
+    }
+    let probe = start_probe(probe_config(frontend, "naive", Duration::from_secs(8)));
+    std::thread::sleep(Duration::from_millis(1500));
+    for round in 1..=2 {
+        let free = (0..3).find(|s| live.iter().all(|(l, _)| l != s)).unwrap();
+        let new = Instance::start(&format!("naive-r{round}"), slots[free].0, slots[free].1, &dir, naive);
+        wait_haproxy(&dir, free, "UP");
+        let (_, mut old) = live.remove(0);
+        old.signal("-TERM"); // no preStop, no drain: exits at once
+        old.wait_exit(Duration::from_secs(15));
+        live.push((free, new));
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    let result = probe.join().expect("probe thread");
+    eprintln!("{}", result.summary.table());
+    let s = &result.summary;
+    assert!(
+        s.all.failed + s.all.unfinished > 0,
+        "a naive shutdown lost nothing: the test could not fail"
+    );
+}
