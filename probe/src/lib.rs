@@ -61,3 +61,8 @@ pub use record::{Failure, Outcome, Record};
 pub use request::{INSTANCE_HEADER, PHASE_HEADER, REQUEST_ID_HEADER, TRAFFIC_PATH_HEADER};
 pub use runner::{run, Probe, ProbeError, ProbeHandle, ProbeResult, Progress};
 pub use summary::{Counts, FirstFailure, InstanceCounts, Summary};
+
+// Compile-checks the README's Rust example.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -138,7 +138,7 @@ impl Progress {
         if self.not_sent > 0 {
             line.push_str(&format!("  not sent {}", self.not_sent));
         }
-        if self.sending_done {
+        if self.sending_done && self.in_flight > 0 {
             line.push_str("  (waiting for running requests)");
         }
         line
@@ -551,7 +551,7 @@ async fn one_request(kind: Kind, shared: Arc<Shared>, permit: OwnedSemaphorePerm
     let keepalive = match shared.config.connections {
         ConnectionMode::KeepAlive => true,
         ConnectionMode::Fresh => false,
-        ConnectionMode::Mixed => seq % 2 == 0,
+        ConnectionMode::Mixed => seq.is_multiple_of(2),
     };
     let kind_index = Kind::ALL.iter().position(|&k| k == kind).unwrap_or(0);
     let plan = Plan {

@@ -374,8 +374,9 @@ impl Summary {
                 format!("{} (max in-flight reached)", self.not_sent),
             );
         }
-        for (key, n) in &self.failures {
-            row(&mut out, "failures", format!("{n:>6}  {key}"));
+        for (i, (key, n)) in self.failures.iter().enumerate() {
+            let name = if i == 0 { "failures" } else { "" };
+            row(&mut out, name, format!("{n:>6}  {key}"));
         }
         match &self.first_failure {
             None => row(&mut out, "first failure", "none".to_owned()),

@@ -493,7 +493,8 @@ async fn max_in_flight_caps_running_requests_and_counts_the_rest_not_sent() {
     assert!(s.table().contains("max in-flight reached"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// On a current-thread runtime too, as a `#[tokio::test]` in an app's test suite would run it.
+#[tokio::test]
 async fn json_lines_round_trip_and_carry_every_field() {
     let srv = server("j").await;
     srv.state.set_phase(Some("serving"));
