@@ -432,13 +432,17 @@ impl Probe {
 
         let progress_task = shared.config.progress.then(|| {
             let handle = handle.clone();
+            // Ends with the run, also when the run's future is dropped (the cleanup aborts).
+            let mut control = handle.inner.control.subscribe();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(1));
                 tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
                 tick.tick().await;
                 loop {
-                    tick.tick().await;
-                    eprintln!("{}", handle.progress().line());
+                    tokio::select! {
+                        _ = tick.tick() => eprintln!("{}", handle.progress().line()),
+                        _ = control.wait_for(|c| *c == Control::Abort) => return,
+                    }
                 }
             })
         });

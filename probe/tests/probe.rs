@@ -564,3 +564,26 @@ async fn invalid_config_is_refused_before_anything_is_sent() {
     c.slow_path = "slow".into();
     assert_eq!(Probe::new(c).unwrap_err().flag(), "--slow-path");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_a_stop_future_over_fresh_http2_connections() {
+    let srv = server("f2").await;
+    let mut c = config(srv.addr);
+    c.http = HttpVersion::Http2;
+    c.connections = ConnectionMode::Fresh;
+    c.duration = Duration::from_secs(60);
+    let stop = tokio::time::sleep(Duration::from_millis(400));
+    let result = tokio::time::timeout(LIMIT, lameduck_probe::run(c, stop))
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = srv.state.seen_by_id();
+
+    let s = &result.summary;
+    assert!(s.stopped_early);
+    assert!(s.is_clean(), "{}", s.table());
+    assert_counts_match(&result, &seen);
+    assert_reuse_matches_server(&result.records, &seen);
+    assert!(seen.values().all(|s| s.http2 && s.index == 0));
+    assert_eq!(s.connections_opened, s.all.total);
+}
