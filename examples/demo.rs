@@ -55,7 +55,13 @@ async fn start_backend(name: &'static str, naive: bool) -> Backend {
         tasks.push(tokio::spawn(async move {
             let _ = axum::serve(listener, app::app(name)).await;
         }));
-        return Backend { name, addr, admin: admin_addr, drain: None, tasks };
+        return Backend {
+            name,
+            addr,
+            admin: admin_addr,
+            drain: None,
+            tasks,
+        };
     }
     let drain = Drain::builder()
         .grace_period(Duration::from_secs(12))
@@ -82,7 +88,13 @@ async fn start_backend(name: &'static str, naive: bool) -> Backend {
     tasks.push(tokio::spawn(async move {
         let _ = serve.await;
     }));
-    Backend { name, addr, admin: admin_addr, drain: Some(drain), tasks }
+    Backend {
+        name,
+        addr,
+        admin: admin_addr,
+        drain: Some(drain),
+        tasks,
+    }
 }
 
 impl Backend {
@@ -127,7 +139,9 @@ async fn start_balancer(backends: Vec<(SocketAddr, SocketAddr)>) -> Balancer {
     let stop2 = stop.clone();
     tokio::spawn(async move {
         while !stop2.load(Ordering::Relaxed) {
-            let Ok((client, _)) = listener.accept().await else { continue };
+            let Ok((client, _)) = listener.accept().await else {
+                continue;
+            };
             let n = backends.len();
             let start = next.fetch_add(1, Ordering::Relaxed);
             let pick = (0..n)
@@ -151,12 +165,17 @@ async fn start_balancer(backends: Vec<(SocketAddr, SocketAddr)>) -> Balancer {
 async fn check(admin: SocketAddr) -> bool {
     let attempt = async {
         let mut s = TcpStream::connect(admin).await.ok()?;
-        s.write_all(b"GET /readyz HTTP/1.0\r\nHost: health\r\n\r\n").await.ok()?;
+        s.write_all(b"GET /readyz HTTP/1.0\r\nHost: health\r\n\r\n")
+            .await
+            .ok()?;
         let mut buf = [0u8; 12];
         s.read_exact(&mut buf).await.ok()?;
         Some(buf.starts_with(b"HTTP/1.0 200") || buf.starts_with(b"HTTP/1.1 200"))
     };
-    matches!(tokio::time::timeout(Duration::from_millis(500), attempt).await, Ok(Some(true)))
+    matches!(
+        tokio::time::timeout(Duration::from_millis(500), attempt).await,
+        Ok(Some(true))
+    )
 }
 
 struct Run {
@@ -231,16 +250,31 @@ fn table(title: &str, run: &Run) {
     println!("  {:<34}{:>8}", "succeeded", s.all.succeeded);
     println!("  {:<34}{:>8}", "failed", s.all.failed);
     println!("  {:<34}{:>8}", "unfinished", s.all.unfinished);
-    println!("  {:<34}{:>8}", "served while draining, reused conn", s.draining_reused);
-    println!("  {:<34}{:>8}", "served while draining, new conn", s.draining_new);
-    for (kind, c) in [("short", &s.short), ("slow", &s.slow), ("stream", &s.stream)] {
+    println!(
+        "  {:<34}{:>8}",
+        "served while draining, reused conn", s.draining_reused
+    );
+    println!(
+        "  {:<34}{:>8}",
+        "served while draining, new conn", s.draining_new
+    );
+    for (kind, c) in [
+        ("short", &s.short),
+        ("slow", &s.slow),
+        ("stream", &s.stream),
+    ] {
         println!(
             "  {:<34}{:>8}",
             format!("{kind}: ok / failed / unfinished"),
             format!("{}/{}/{}", c.succeeded, c.failed, c.unfinished)
         );
     }
-    if let Some(f) = run.result.records.iter().find(|r| r.outcome == lameduck_probe::Outcome::Failed) {
+    if let Some(f) = run
+        .result
+        .records
+        .iter()
+        .find(|r| r.outcome == lameduck_probe::Outcome::Failed)
+    {
         println!(
             "  first failure: {} {} at {:.0} ms: {}",
             f.kind,
@@ -253,8 +287,15 @@ fn table(title: &str, run: &Run) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    println!("lameduck demo: 2 instances behind a balancer that notices /readyz {} ms late;", NOTICE_DELAY.as_millis());
-    println!("instance-a is taken out {:.1} s into a {} s load.\n", DRAIN_AT.as_secs_f64(), LOAD_FOR.as_secs());
+    println!(
+        "lameduck demo: 2 instances behind a balancer that notices /readyz {} ms late;",
+        NOTICE_DELAY.as_millis()
+    );
+    println!(
+        "instance-a is taken out {:.1} s into a {} s load.\n",
+        DRAIN_AT.as_secs_f64(),
+        LOAD_FOR.as_secs()
+    );
     println!("run 1: lameduck (preStop /drain → quiet window → stop accepting → zero → close)");
     let good = scenario(false).await;
     println!("\nrun 2: naive shutdown (exit at once on the signal, no drain)");

@@ -143,13 +143,17 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
         if let Some(top) = af.peers.first() {
             let pct = top.new_connections * 100 / af.new_connections;
             if pct >= 80 {
+                let last = af.last_new_connection_ms.map_or_else(String::new, |ms| {
+                    format!(", the last {ms} ms after the drain started")
+                });
                 out.push(advice(
-                    Warn,
+                    Info,
                     "one_peer",
                     pct,
                     format!(
-                        "{pct}% of new connections after the drain started ({} of {}) came from {}: \
-                         a path that may bypass the Service (another Service, a direct Pod IP, a slow ingress)",
+                        "{pct}% of new connections after the drain started ({} of {}) came from one peer, {}{last}: \
+                         if that is not the Service's own proxy, it is a path that bypasses the Service \
+                         (another Service, a direct Pod IP, a slow ingress)",
                         top.new_connections, af.new_connections, top.peer
                     ),
                 ));

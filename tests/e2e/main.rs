@@ -75,7 +75,11 @@ fn timeline(dir: &Path, result: &ProbeResult, inst: &Instance, report: &DrainRep
     let origin = report.timeline[0].unix_ms as f64;
     let probe0 = result.summary.started_unix_ms as f64;
     let mut out = String::new();
-    let _ = writeln!(out, "# {} drained; offsets in ms from its drain start", inst.name);
+    let _ = writeln!(
+        out,
+        "# {} drained; offsets in ms from its drain start",
+        inst.name
+    );
     for e in &report.timeline {
         let _ = writeln!(out, "{:>8} report {}", e.at_ms, e.event);
     }
@@ -114,13 +118,21 @@ fn timeline(dir: &Path, result: &ProbeResult, inst: &Instance, report: &DrainRep
     // only client (health checks use the admin port), so the counts must agree.
     let after = report.after_flip.requests_on_new_connections
         + report.after_flip.requests_on_reused_connections;
-    assert_eq!(draining.len() as u64, after, "probe vs report after-drain counts");
+    assert_eq!(
+        draining.len() as u64,
+        after,
+        "probe vs report after-drain counts"
+    );
 }
 
 fn assert_clean(result: &ProbeResult) {
     let s = &result.summary;
     eprintln!("{}", s.table());
-    assert!(s.all.total > 100, "the probe sent too little: {}", s.all.total);
+    assert!(
+        s.all.total > 100,
+        "the probe sent too little: {}",
+        s.all.total
+    );
     assert_eq!((s.all.failed, s.all.unfinished), (0, 0), "lost requests");
     assert!(s.slow.succeeded > 0 && s.stream.succeeded > 0);
 }
@@ -135,7 +147,18 @@ fn haproxy_rolling_update_loses_nothing() {
     let slots: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
     let frontend = free_port();
     let mut live: Vec<(usize, Instance)> = (0..2)
-        .map(|i| (i, Instance::start(&format!("v0-s{i}"), slots[i].0, slots[i].1, &dir, SERVICE_FLAGS)))
+        .map(|i| {
+            (
+                i,
+                Instance::start(
+                    &format!("v0-s{i}"),
+                    slots[i].0,
+                    slots[i].1,
+                    &dir,
+                    SERVICE_FLAGS,
+                ),
+            )
+        })
         .collect();
     let _proxy = haproxy(&dir, frontend, &slots);
     for (i, _) in &live {
@@ -149,7 +172,13 @@ fn haproxy_rolling_update_loses_nothing() {
     for round in 1..=3 {
         // Surge: the replacement comes up on the free slot first.
         let free = (0..3).find(|s| live.iter().all(|(l, _)| l != s)).unwrap();
-        let new = Instance::start(&format!("v{round}-s{free}"), slots[free].0, slots[free].1, &dir, SERVICE_FLAGS);
+        let new = Instance::start(
+            &format!("v{round}-s{free}"),
+            slots[free].0,
+            slots[free].1,
+            &dir,
+            SERVICE_FLAGS,
+        );
         wait_haproxy(&dir, free, "UP");
         // Then the oldest goes: preStop /drain, then SIGTERM, as kubelet does.
         let (slot, mut old) = live.remove(0);
@@ -159,7 +188,10 @@ fn haproxy_rolling_update_loses_nothing() {
         wait_haproxy(&dir, slot, "DOWN");
         live.push((free, new));
         drained.push((old, code));
-        assert!(started.elapsed() < Duration::from_secs(60), "rounds take too long");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "rounds take too long"
+        );
     }
     let result = probe.join().expect("probe thread");
     assert_clean(&result);
@@ -181,9 +213,21 @@ fn nginx_pooling_proxy_without_health_checks_loses_nothing() {
     let slots: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
     let frontend = free_port();
     let mut live: Vec<Instance> = (0..2)
-        .map(|i| Instance::start(&format!("v0-s{i}"), slots[i].0, slots[i].1, &dir, SERVICE_FLAGS))
+        .map(|i| {
+            Instance::start(
+                &format!("v0-s{i}"),
+                slots[i].0,
+                slots[i].1,
+                &dir,
+                SERVICE_FLAGS,
+            )
+        })
         .collect();
-    let _proxy = nginx(&dir, frontend, &slots.iter().map(|s| s.0).collect::<Vec<_>>());
+    let _proxy = nginx(
+        &dir,
+        frontend,
+        &slots.iter().map(|s| s.0).collect::<Vec<_>>(),
+    );
     let probe = start_probe(probe_config(frontend, "nginx", Duration::from_secs(22)));
     std::thread::sleep(Duration::from_millis(1500));
     let mut drained = Vec::new();
@@ -194,7 +238,13 @@ fn nginx_pooling_proxy_without_health_checks_loses_nothing() {
         prestop(&old);
         old.signal("-TERM");
         let code = old.wait_exit(Duration::from_secs(15));
-        live.push(Instance::start(&format!("v1-s{i}"), slot.0, slot.1, &dir, SERVICE_FLAGS));
+        live.push(Instance::start(
+            &format!("v1-s{i}"),
+            slot.0,
+            slot.1,
+            &dir,
+            SERVICE_FLAGS,
+        ));
         std::thread::sleep(Duration::from_millis(1500));
         drained.push((old, code));
     }
@@ -217,7 +267,12 @@ fn haproxy_with_a_naive_server_loses_requests() {
     let frontend = free_port();
     let naive = &["--naive"];
     let mut live: Vec<(usize, Instance)> = (0..2)
-        .map(|i| (i, Instance::start(&format!("naive-s{i}"), slots[i].0, slots[i].1, &dir, naive)))
+        .map(|i| {
+            (
+                i,
+                Instance::start(&format!("naive-s{i}"), slots[i].0, slots[i].1, &dir, naive),
+            )
+        })
         .collect();
     let _proxy = haproxy(&dir, frontend, &slots);
     for (i, _) in &live {
@@ -227,7 +282,13 @@ fn haproxy_with_a_naive_server_loses_requests() {
     std::thread::sleep(Duration::from_millis(1500));
     for round in 1..=2 {
         let free = (0..3).find(|s| live.iter().all(|(l, _)| l != s)).unwrap();
-        let new = Instance::start(&format!("naive-r{round}"), slots[free].0, slots[free].1, &dir, naive);
+        let new = Instance::start(
+            &format!("naive-r{round}"),
+            slots[free].0,
+            slots[free].1,
+            &dir,
+            naive,
+        );
         wait_haproxy(&dir, free, "UP");
         let (_, mut old) = live.remove(0);
         old.signal("-TERM"); // no preStop, no drain: exits at once

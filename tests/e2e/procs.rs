@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use lameduck::DrainReport;
 
 /// A loopback port that was free a moment ago.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -19,7 +19,7 @@ pub fn free_port() -> u16 {
 
 /// `Some(path)` if `name` is installed. When it is missing the tests say so loudly, and fail
 /// when `LAMEDUCK_E2E=require` (as `.ci/run` sets).
-pub fn require(name: &str) -> Option<PathBuf> {
+pub(crate) fn require(name: &str) -> Option<PathBuf> {
     let found = ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
         .iter()
         .map(|d| Path::new(d).join(name))
@@ -37,7 +37,7 @@ pub fn require(name: &str) -> Option<PathBuf> {
 }
 
 /// A scratch directory under the target dir, fresh for each run.
-pub fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let target = exe.ancestors().nth(3).unwrap().to_path_buf();
     let dir = target.join("e2e").join(name);
@@ -60,17 +60,16 @@ fn service_bin() -> PathBuf {
 }
 
 /// One instance of the example service.
-pub struct Instance {
-    pub name: String,
-    pub listen: SocketAddr,
-    pub admin: SocketAddr,
-    pub report_file: PathBuf,
+pub(crate) struct Instance {
+    pub(crate) name: String,
+    pub(crate) admin: SocketAddr,
+    pub(crate) report_file: PathBuf,
     child: Option<Child>,
 }
 
 impl Instance {
     /// Starts the service on the given ports and waits for its READY line.
-    pub fn start(name: &str, listen: u16, admin: u16, dir: &Path, extra: &[&str]) -> Instance {
+    pub(crate) fn start(name: &str, listen: u16, admin: u16, dir: &Path, extra: &[&str]) -> Instance {
         let report_file = dir.join(format!("{name}.report.json"));
         let _ = std::fs::remove_file(&report_file);
         let log = std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap();
@@ -94,19 +93,18 @@ impl Instance {
         }
         Instance {
             name: name.to_owned(),
-            listen: ([127, 0, 0, 1], listen).into(),
             admin: ([127, 0, 0, 1], admin).into(),
             report_file,
             child: Some(child),
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
 
     /// Sends a signal with the system `kill`.
-    pub fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.pid().to_string()])
             .status()
@@ -116,7 +114,7 @@ impl Instance {
     }
 
     /// Waits (bounded) for the process to exit; returns its exit code.
-    pub fn wait_exit(&mut self, limit: Duration) -> i32 {
+    pub(crate) fn wait_exit(&mut self, limit: Duration) -> i32 {
         let child = self.child.as_mut().unwrap();
         let start = Instant::now();
         loop {
@@ -134,7 +132,7 @@ impl Instance {
         }
     }
 
-    pub fn report(&self) -> DrainReport {
+    pub(crate) fn report(&self) -> DrainReport {
         let raw = std::fs::read_to_string(&self.report_file)
             .unwrap_or_else(|e| panic!("report of {}: {e}", self.name));
         serde_json::from_str(raw.trim()).expect("report JSON")
@@ -151,21 +149,20 @@ impl Drop for Instance {
 }
 
 /// A proxy process (HAProxy or nginx) in the foreground, killed on drop.
-pub struct Proxy {
+pub(crate) struct Proxy {
     child: Child,
-    pub name: &'static str,
-    pub log: PathBuf,
+    log: PathBuf,
 }
 
 impl Proxy {
-    pub fn spawn(name: &'static str, mut cmd: Command, log: PathBuf, port: u16) -> Proxy {
+    pub(crate) fn spawn(name: &'static str, mut cmd: Command, log: PathBuf, port: u16) -> Proxy {
         let err = std::fs::File::create(&log).unwrap();
         let child = cmd
             .stdout(Stdio::null())
             .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("start {name}: {e}"));
-        let p = Proxy { child, name, log };
+        let p = Proxy { child, log };
         // Bounded wait for the frontend port.
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -189,7 +186,7 @@ impl Drop for Proxy {
 
 /// HAProxy: active health checks on each slot's `/readyz` (admin port), keep-alive to the
 /// backends, round robin.
-pub fn haproxy(dir: &Path, frontend: u16, slots: &[(u16, u16)]) -> Proxy {
+pub(crate) fn haproxy(dir: &Path, frontend: u16, slots: &[(u16, u16)]) -> Proxy {
     let bin = require("haproxy").expect("checked by the caller");
     let sock = dir.join("haproxy.sock");
     let mut cfg = format!(
@@ -213,7 +210,7 @@ pub fn haproxy(dir: &Path, frontend: u16, slots: &[(u16, u16)]) -> Proxy {
 }
 
 /// HAProxy's view of one server (`UP`, `DOWN`, …) through its stats socket.
-pub fn haproxy_status(dir: &Path, server: usize) -> String {
+pub(crate) fn haproxy_status(dir: &Path, server: usize) -> String {
     use std::io::{Read, Write};
     let sock = dir.join("haproxy.sock");
     let Ok(mut s) = std::os::unix::net::UnixStream::connect(&sock) else {
@@ -231,7 +228,7 @@ pub fn haproxy_status(dir: &Path, server: usize) -> String {
 }
 
 /// Waits (bounded) until HAProxy reports `server` with the given status prefix.
-pub fn wait_haproxy(dir: &Path, server: usize, status: &str) {
+pub(crate) fn wait_haproxy(dir: &Path, server: usize, status: &str) {
     let start = Instant::now();
     loop {
         let s = haproxy_status(dir, server);
@@ -247,11 +244,13 @@ pub fn wait_haproxy(dir: &Path, server: usize, status: &str) {
 }
 
 /// nginx as a keep-alive connection-pooling proxy with no readiness awareness.
-pub fn nginx(dir: &Path, frontend: u16, backends: &[u16]) -> Proxy {
+pub(crate) fn nginx(dir: &Path, frontend: u16, backends: &[u16]) -> Proxy {
     let bin = require("nginx").expect("checked by the caller");
     let mut upstream = String::new();
     for p in backends {
-        upstream.push_str(&format!("    server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;\n"));
+        upstream.push_str(&format!(
+            "    server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;\n"
+        ));
     }
     let d = dir.display();
     let cfg = format!(
@@ -267,6 +266,11 @@ pub fn nginx(dir: &Path, frontend: u16, backends: &[u16]) -> Proxy {
     let path = dir.join("nginx.conf");
     std::fs::write(&path, cfg).unwrap();
     let mut cmd = Command::new(bin);
-    cmd.arg("-p").arg(dir).arg("-c").arg(&path).arg("-g").arg("daemon off;");
+    cmd.arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(&path)
+        .arg("-g")
+        .arg("daemon off;");
     Proxy::spawn("nginx", cmd, dir.join("nginx.log"), frontend)
 }

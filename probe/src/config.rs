@@ -1,0 +1,597 @@
+//! What to send, where, how fast and for how long — and the checks that refuse nonsense.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use hyper::http::uri::{Authority, PathAndQuery};
+use serde::{Deserialize, Serialize};
+
+/// The most requests one run may plan; every record is kept in memory until the end.
+pub const MAX_PLANNED_REQUESTS: f64 = 5_000_000.0;
+/// The highest rate for one kind of request, per second.
+pub const MAX_RATE: f64 = 100_000.0;
+/// The longest `duration`, `drain_wait`, slow or stream time the probe accepts.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A kind of request the probe sends.
+///
+/// JSON form: `"short"`, `"slow"`, `"stream"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// `GET /`: answered at once.
+    Short,
+    /// `GET /slow?ms=N`: the server answers after N ms, so it is in flight when a drain starts.
+    Slow,
+    /// `GET /stream?ms=N`: a chunked body streaming for N ms; read to its end to count as a success.
+    Stream,
+}
+
+impl Kind {
+    /// All kinds, in table order.
+    pub const ALL: [Kind; 3] = [Kind::Short, Kind::Slow, Kind::Stream];
+
+    /// The kind's name as it appears in JSON and in the table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Short => "short",
+            Kind::Slow => "slow",
+            Kind::Stream => "stream",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How requests pick their connection.
+///
+/// JSON and flag form: `keepalive`, `fresh`, `mixed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConnectionMode {
+    /// Reuse idle keep-alive connections (HTTP/1.1) or one shared connection (HTTP/2), like a
+    /// pooling client or proxy; open a new one only when none is usable.
+    #[serde(rename = "keepalive")]
+    KeepAlive,
+    /// One new connection per request, closed after it, like a one-shot client.
+    Fresh,
+    /// Alternate: even requests keep-alive, odd requests fresh. Records say which one each used.
+    Mixed,
+}
+
+impl ConnectionMode {
+    /// The flag value (`keepalive`, `fresh`, `mixed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionMode::KeepAlive => "keepalive",
+            ConnectionMode::Fresh => "fresh",
+            ConnectionMode::Mixed => "mixed",
+        }
+    }
+}
+
+impl fmt::Display for ConnectionMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ConnectionMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "keepalive" | "keep-alive" => Ok(ConnectionMode::KeepAlive),
+            "fresh" => Ok(ConnectionMode::Fresh),
+            "mixed" => Ok(ConnectionMode::Mixed),
+            _ => Err(format!("expected keepalive, fresh or mixed, got {s:?}")),
+        }
+    }
+}
+
+/// The HTTP version spoken to the target.
+///
+/// JSON form: `"1.1"`, `"2"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum HttpVersion {
+    /// HTTP/1.1.
+    #[serde(rename = "1.1")]
+    Http1,
+    /// HTTP/2 over cleartext with prior knowledge (h2c, no upgrade dance).
+    #[serde(rename = "2")]
+    Http2,
+}
+
+impl fmt::Display for HttpVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            HttpVersion::Http1 => "HTTP/1.1",
+            HttpVersion::Http2 => "HTTP/2",
+        })
+    }
+}
+
+impl FromStr for HttpVersion {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "1" | "1.1" | "http1" | "http/1.1" => Ok(HttpVersion::Http1),
+            "2" | "h2c" | "http2" | "http/2" => Ok(HttpVersion::Http2),
+            _ => Err(format!("expected 1 or 2, got {s:?}")),
+        }
+    }
+}
+
+/// Everything a probe run needs.
+///
+/// Start from [`ProbeConfig::new`] (the defaults of the command line) and change fields;
+/// [`Probe::new`](crate::Probe::new) validates the whole and says which setting to change.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lameduck_probe::{ConnectionMode, HttpVersion, ProbeConfig};
+///
+/// let mut config = ProbeConfig::new("127.0.0.1:8080");
+/// config.short_rate = 50.0;
+/// config.slow_rate = 5.0;
+/// config.slow = Duration::from_millis(1500);
+/// config.connections = ConnectionMode::Mixed;
+/// config.http = HttpVersion::Http2;
+/// config.duration = Duration::from_secs(60);
+/// config.label = "ingress".into();
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ProbeConfig {
+    /// Where to connect: `host:port`, `http://host:port` or `[v6]:port`. A name is resolved on
+    /// every new connection, like a client of a Service would.
+    pub target: String,
+    /// The `Host` header (`:authority` on HTTP/2); `None` sends the target's `host:port`.
+    pub host: Option<String>,
+    /// HTTP/1.1 or HTTP/2 (h2c, prior knowledge). Default HTTP/1.1.
+    pub http: HttpVersion,
+    /// Keep-alive, fresh or mixed connections. Default keep-alive.
+    pub connections: ConnectionMode,
+    /// The traffic-path label, sent as `x-traffic-path` and written into every record, so runs
+    /// through different paths (ingress, Service, Pod IP) can be told apart. Default `default`.
+    pub label: String,
+    /// Short requests per second; `0` sends none. Default 20.
+    pub short_rate: f64,
+    /// Slow requests per second; `0` sends none. Default 2.
+    pub slow_rate: f64,
+    /// How long the server takes to answer a slow request (the `ms` parameter). Default 2 s.
+    pub slow: Duration,
+    /// Streaming requests per second; `0` (the default) sends none.
+    pub stream_rate: f64,
+    /// How long a stream lasts (the `ms` parameter). Default 3 s.
+    pub stream: Duration,
+    /// Path of short requests. Default `/`.
+    pub short_path: String,
+    /// Path of slow requests; `{ms}` is replaced by the slow time in milliseconds.
+    /// Default `/slow?ms={ms}`.
+    pub slow_path: String,
+    /// Path of streaming requests; `{ms}` is replaced by the stream time in milliseconds.
+    /// Default `/stream?ms={ms}`.
+    pub stream_path: String,
+    /// How long to send. Default 30 s.
+    pub duration: Duration,
+    /// After sending stops, how long to wait for requests still running; those still running
+    /// then are counted `unfinished`. Default 10 s.
+    pub drain_wait: Duration,
+    /// Limit for one TCP connect (and, for HTTP/2, its handshake). Default 3 s.
+    pub connect_timeout: Duration,
+    /// Requests in flight at most; a request due while the cap is reached is not sent and is
+    /// counted in [`Summary::not_sent`](crate::Summary::not_sent). Default 256.
+    pub max_in_flight: usize,
+    /// Idle HTTP/1.1 keep-alive connections kept for reuse at most. Default 32.
+    pub max_idle: usize,
+    /// Start even when the first connection attempt fails (the target may still be coming up);
+    /// otherwise [`Probe::run`](crate::Probe::run) fails fast. Default `false`.
+    pub allow_unreachable_start: bool,
+    /// Print a progress line to stderr every second. Default `false` (the binary turns it on).
+    pub progress: bool,
+}
+
+impl ProbeConfig {
+    /// The command line's defaults against `target`.
+    pub fn new(target: impl Into<String>) -> Self {
+        ProbeConfig {
+            target: target.into(),
+            host: None,
+            http: HttpVersion::Http1,
+            connections: ConnectionMode::KeepAlive,
+            label: "default".to_owned(),
+            short_rate: 20.0,
+            slow_rate: 2.0,
+            slow: Duration::from_secs(2),
+            stream_rate: 0.0,
+            stream: Duration::from_secs(3),
+            short_path: "/".to_owned(),
+            slow_path: "/slow?ms={ms}".to_owned(),
+            stream_path: "/stream?ms={ms}".to_owned(),
+            duration: Duration::from_secs(30),
+            drain_wait: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(3),
+            max_in_flight: 256,
+            max_idle: 32,
+            allow_unreachable_start: false,
+            progress: false,
+        }
+    }
+
+    /// The rate configured for `kind`.
+    pub fn rate(&self, kind: Kind) -> f64 {
+        match kind {
+            Kind::Short => self.short_rate,
+            Kind::Slow => self.slow_rate,
+            Kind::Stream => self.stream_rate,
+        }
+    }
+
+    /// The path (with query) sent for `kind`, `{ms}` filled in.
+    pub fn path(&self, kind: Kind) -> String {
+        match kind {
+            Kind::Short => self.short_path.clone(),
+            Kind::Slow => fill_ms(&self.slow_path, self.slow),
+            Kind::Stream => fill_ms(&self.stream_path, self.stream),
+        }
+    }
+
+    /// Checks every setting; the error names the one to change.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.parse().map(|_| ())
+    }
+
+    /// Validates and resolves the parts the runner needs.
+    pub(crate) fn parse(&self) -> Result<Parsed, ConfigError> {
+        let authority = parse_target(&self.target)?;
+        let host = match &self.host {
+            None => authority.as_str().to_owned(),
+            Some(h) => {
+                h.parse::<Authority>().map_err(|e| {
+                    ConfigError::new(Setting::Host, format!("{h:?} is not a valid host: {e}"))
+                })?;
+                h.clone()
+            }
+        };
+        if self.label.is_empty()
+            || self.label.len() > 64
+            || !self.label.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(ConfigError::new(
+                Setting::Label,
+                format!(
+                    "{:?} must be 1 to 64 visible ASCII characters without spaces (e.g. ingress, service, pod-ip)",
+                    self.label
+                ),
+            ));
+        }
+        let mut planned = 0.0;
+        for kind in Kind::ALL {
+            let rate = self.rate(kind);
+            let setting = Setting::rate(kind);
+            if !rate.is_finite() || rate < 0.0 {
+                return Err(ConfigError::new(
+                    setting,
+                    format!(
+                        "must be a number of requests per second ≥ 0 (0 sends none), got {rate}"
+                    ),
+                ));
+            }
+            if rate > MAX_RATE {
+                return Err(ConfigError::new(
+                    setting,
+                    format!("{rate} per second is above the limit of {MAX_RATE}"),
+                ));
+            }
+            planned += rate * self.duration.as_secs_f64();
+        }
+        if Kind::ALL.iter().all(|&k| self.rate(k) == 0.0) {
+            return Err(ConfigError::new(
+                Setting::ShortRate,
+                "every rate is 0, so nothing would be sent; set --rate, --slow-rate or --stream-rate above 0".to_owned(),
+            ));
+        }
+        check_duration(Setting::Duration, self.duration, Duration::from_millis(1))?;
+        check_duration(Setting::DrainWait, self.drain_wait, Duration::ZERO)?;
+        check_duration(
+            Setting::ConnectTimeout,
+            self.connect_timeout,
+            Duration::from_millis(1),
+        )?;
+        if self.slow_rate > 0.0 {
+            check_duration(Setting::Slow, self.slow, Duration::ZERO)?;
+        }
+        if self.stream_rate > 0.0 {
+            check_duration(Setting::Stream, self.stream, Duration::ZERO)?;
+        }
+        if planned > MAX_PLANNED_REQUESTS {
+            return Err(ConfigError::new(
+                Setting::Duration,
+                format!(
+                    "the rates over {:?} plan {planned:.0} requests, more than the {MAX_PLANNED_REQUESTS:.0} one run keeps in memory; lower a rate or the duration",
+                    self.duration
+                ),
+            ));
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 100_000 {
+            return Err(ConfigError::new(
+                Setting::MaxInFlight,
+                format!("must be between 1 and 100000, got {}", self.max_in_flight),
+            ));
+        }
+        if self.max_idle > 100_000 {
+            return Err(ConfigError::new(
+                Setting::MaxIdle,
+                format!("must be at most 100000, got {}", self.max_idle),
+            ));
+        }
+        let mut paths = [String::new(), String::new(), String::new()];
+        for (i, kind) in Kind::ALL.into_iter().enumerate() {
+            let path = self.path(kind);
+            let setting = Setting::path(kind);
+            if !path.starts_with('/') {
+                return Err(ConfigError::new(
+                    setting,
+                    format!("{path:?} must start with /"),
+                ));
+            }
+            path.parse::<PathAndQuery>().map_err(|e| {
+                ConfigError::new(setting, format!("{path:?} is not a valid path: {e}"))
+            })?;
+            paths[i] = path;
+        }
+        Ok(Parsed {
+            connect_to: authority_connect_string(&authority),
+            host,
+            paths,
+        })
+    }
+}
+
+/// The validated, resolved parts of a [`ProbeConfig`].
+#[derive(Debug, Clone)]
+pub(crate) struct Parsed {
+    /// `host:port` for `TcpStream::connect` (resolved on every connect).
+    pub(crate) connect_to: String,
+    /// The `Host` / `:authority` value.
+    pub(crate) host: String,
+    /// Request paths, indexed like [`Kind::ALL`].
+    pub(crate) paths: [String; 3],
+}
+
+fn fill_ms(template: &str, d: Duration) -> String {
+    template.replace("{ms}", &d.as_millis().to_string())
+}
+
+fn check_duration(setting: Setting, d: Duration, min: Duration) -> Result<(), ConfigError> {
+    if d < min {
+        return Err(ConfigError::new(
+            setting,
+            format!("must be at least {min:?}, got {d:?}"),
+        ));
+    }
+    if d > MAX_DURATION {
+        return Err(ConfigError::new(
+            setting,
+            format!("must be at most 24h, got {d:?}"),
+        ));
+    }
+    Ok(())
+}
+
+fn parse_target(target: &str) -> Result<Authority, ConfigError> {
+    let bad = |why: String| ConfigError::new(Setting::Target, why);
+    let trimmed = target.trim();
+    if trimmed.is_empty() {
+        return Err(bad(
+            "is empty; give host:port or http://host:port".to_owned()
+        ));
+    }
+    let (rest, default_port) = if let Some((scheme, rest)) = trimmed.split_once("://") {
+        match scheme.to_ascii_lowercase().as_str() {
+            "http" => (rest, Some(80)),
+            "https" => {
+                return Err(bad(format!(
+                    "{target:?}: https is not supported; point the probe at a plain HTTP port (a Service port, a Pod IP or a port-forward)"
+                )))
+            }
+            other => return Err(bad(format!("{target:?}: unsupported scheme {other:?}; use http:// or host:port"))),
+        }
+    } else {
+        (trimmed, None)
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains('/') || rest.contains('?') {
+        return Err(bad(format!(
+            "{target:?} has a path; give only host:port and set paths with --path, --slow-path, --stream-path"
+        )));
+    }
+    if rest.contains('@') {
+        return Err(bad(format!(
+            "{target:?}: user information is not supported"
+        )));
+    }
+    let port_text = match rest.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').and_then(|(_, p)| p.strip_prefix(':')),
+        None => rest.rsplit_once(':').map(|(_, p)| p),
+    };
+    if let Some(port) = port_text {
+        if port.parse::<u16>().is_err() {
+            return Err(bad(format!(
+                "{target:?}: port {port:?} is not a number from 1 to 65535"
+            )));
+        }
+    }
+    let authority: Authority = rest
+        .parse()
+        .map_err(|e| bad(format!("{target:?} is not host:port: {e}")))?;
+    if authority.host().is_empty() {
+        return Err(bad(format!("{target:?} has no host")));
+    }
+    match (authority.port_u16(), default_port) {
+        (Some(0), _) => Err(bad(format!(
+            "{target:?}: port 0 is not a port to connect to"
+        ))),
+        (Some(_), _) => Ok(authority),
+        (None, Some(port)) => format!("{}:{port}", authority.host())
+            .parse()
+            .map_err(|e| bad(format!("{target:?}: {e}"))),
+        (None, None) => Err(bad(format!(
+            "{target:?} has no port; give host:port (e.g. {}:8080)",
+            authority.host()
+        ))),
+    }
+}
+
+fn authority_connect_string(authority: &Authority) -> String {
+    // `host()` keeps the brackets of an IPv6 literal, which `SocketAddr` parsing expects.
+    format!(
+        "{}:{}",
+        authority.host(),
+        authority.port_u16().unwrap_or(80)
+    )
+}
+
+/// The settings a [`ConfigError`] can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setting {
+    Target,
+    Host,
+    Label,
+    ShortRate,
+    SlowRate,
+    StreamRate,
+    Slow,
+    Stream,
+    ShortPath,
+    SlowPath,
+    StreamPath,
+    Duration,
+    DrainWait,
+    ConnectTimeout,
+    MaxInFlight,
+    MaxIdle,
+}
+
+impl Setting {
+    fn rate(kind: Kind) -> Setting {
+        match kind {
+            Kind::Short => Setting::ShortRate,
+            Kind::Slow => Setting::SlowRate,
+            Kind::Stream => Setting::StreamRate,
+        }
+    }
+
+    fn path(kind: Kind) -> Setting {
+        match kind {
+            Kind::Short => Setting::ShortPath,
+            Kind::Slow => Setting::SlowPath,
+            Kind::Stream => Setting::StreamPath,
+        }
+    }
+
+    /// (field of `ProbeConfig`, command-line flag)
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Setting::Target => ("target", "--target"),
+            Setting::Host => ("host", "--host"),
+            Setting::Label => ("label", "--label"),
+            Setting::ShortRate => ("short_rate", "--rate"),
+            Setting::SlowRate => ("slow_rate", "--slow-rate"),
+            Setting::StreamRate => ("stream_rate", "--stream-rate"),
+            Setting::Slow => ("slow", "--slow"),
+            Setting::Stream => ("stream", "--stream"),
+            Setting::ShortPath => ("short_path", "--path"),
+            Setting::SlowPath => ("slow_path", "--slow-path"),
+            Setting::StreamPath => ("stream_path", "--stream-path"),
+            Setting::Duration => ("duration", "--duration"),
+            Setting::DrainWait => ("drain_wait", "--drain-wait"),
+            Setting::ConnectTimeout => ("connect_timeout", "--connect-timeout"),
+            Setting::MaxInFlight => ("max_in_flight", "--max-in-flight"),
+            Setting::MaxIdle => ("max_idle", "--max-idle"),
+        }
+    }
+}
+
+/// A [`ProbeConfig`] setting that cannot work, with what to change.
+///
+/// `Display` names the setting by its command-line flag and its field, e.g.
+/// `--rate (short_rate): must be a number of requests per second ≥ 0 (0 sends none), got -1`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    setting: Setting,
+    message: String,
+}
+
+impl ConfigError {
+    fn new(setting: Setting, message: String) -> Self {
+        ConfigError { setting, message }
+    }
+
+    /// The command-line flag of the setting to change (`--rate`).
+    pub fn flag(&self) -> &'static str {
+        self.setting.names().1
+    }
+
+    /// The [`ProbeConfig`] field of the setting to change (`short_rate`).
+    pub fn field(&self) -> &'static str {
+        self.setting.names().0
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (field, flag) = self.setting.names();
+        write!(f, "{flag} ({field}): {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_into_connect_strings() {
+        for (input, want) in [
+            ("127.0.0.1:8080", "127.0.0.1:8080"),
+            ("http://127.0.0.1:8080/", "127.0.0.1:8080"),
+            ("http://svc.ns.svc", "svc.ns.svc:80"),
+            ("[::1]:9000", "[::1]:9000"),
+            ("HTTP://localhost:1", "localhost:1"),
+        ] {
+            let config = ProbeConfig::new(input);
+            assert_eq!(config.parse().unwrap().connect_to, want, "{input}");
+        }
+    }
+
+    #[test]
+    fn bad_targets_say_what_to_give() {
+        for (input, needle) in [
+            ("", "empty"),
+            ("localhost", "no port"),
+            ("https://x:1", "https is not supported"),
+            ("ftp://x:1", "unsupported scheme"),
+            ("x:1/api", "has a path"),
+            ("x:0", "port 0"),
+            ("x:notaport", "is not a number"),
+            ("x:99999", "is not a number"),
+            ("[::1", "not host:port"),
+        ] {
+            let err = ProbeConfig::new(input).validate().unwrap_err();
+            assert_eq!(err.flag(), "--target");
+            assert!(err.to_string().contains(needle), "{input}: {err}");
+        }
+    }
+}

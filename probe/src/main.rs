@@ -1,0 +1,100 @@
+//! `lameduck-probe`: the command line over the library. See `lameduck-probe --help`.
+
+#![forbid(unsafe_code)]
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::process::ExitCode;
+
+use lameduck_probe::cli::{parse_args, usage, Command};
+use lameduck_probe::Probe;
+
+fn main() -> ExitCode {
+    let run = match parse_args(std::env::args().skip(1)) {
+        Ok(Command::Run(run)) => run,
+        Ok(Command::Help) => {
+            print!("{}", usage());
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Version) => {
+            println!("lameduck-probe {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("lameduck-probe: {e}");
+            eprintln!("run lameduck-probe --help for the flags");
+            return ExitCode::from(2);
+        }
+    };
+    // Open the output first: finding it unwritable after a 10-minute run would lose the run.
+    let out = match &run.out {
+        None => None,
+        Some(path) => match File::create(path) {
+            Ok(file) => Some((path.clone(), BufWriter::new(file))),
+            Err(e) => {
+                eprintln!("lameduck-probe: --out {}: {e}", path.display());
+                return ExitCode::from(3);
+            }
+        },
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lameduck-probe: cannot start the async runtime: {e}");
+            return ExitCode::from(3);
+        }
+    };
+    runtime.block_on(async move {
+        let probe = match Probe::new(run.config) {
+            Ok(probe) => probe,
+            Err(e) => {
+                eprintln!("lameduck-probe: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let handle = probe.handle();
+        let drain_wait = probe.config().drain_wait;
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_err() {
+                return;
+            }
+            eprintln!(
+                "lameduck-probe: stopping; waiting up to {drain_wait:?} for running requests (Ctrl-C again to stop now)"
+            );
+            handle.stop();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                handle.abort();
+            }
+        });
+        let result = match probe.run().await {
+            Ok(result) => result,
+            Err(e) => {
+                eprintln!("lameduck-probe: {e}");
+                return ExitCode::from(3);
+            }
+        };
+        print!("{}", result.summary.table());
+        if let Some((path, file)) = out {
+            match result.write_json_lines(file) {
+                Ok(()) => println!(
+                    "{:<24}{} ({} lines)",
+                    "records",
+                    path.display(),
+                    result.records.len()
+                ),
+                Err(e) => {
+                    eprintln!("lameduck-probe: writing {}: {e}", path.display());
+                    return ExitCode::from(3);
+                }
+            }
+        }
+        if result.summary.is_clean() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        }
+    })
+}

@@ -1,0 +1,430 @@
+//! The numbers a rollout is judged by, computed from the records.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConnectionMode, HttpVersion, Kind};
+use crate::record::{Outcome, Record};
+
+/// How many instances the table lists by name; the rest are summed into one line.
+const TABLE_INSTANCES: usize = 12;
+
+/// Request counts by outcome.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// All requests sent.
+    pub total: u64,
+    /// Outcome `ok`.
+    pub succeeded: u64,
+    /// Outcome `failed`.
+    pub failed: u64,
+    /// Outcome `unfinished`.
+    pub unfinished: u64,
+}
+
+impl Counts {
+    fn add(&mut self, outcome: Outcome) {
+        self.total += 1;
+        match outcome {
+            Outcome::Ok => self.succeeded += 1,
+            Outcome::Failed => self.failed += 1,
+            Outcome::Unfinished => self.unfinished += 1,
+        }
+    }
+}
+
+/// Requests one instance answered (by its `x-instance` header).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceCounts {
+    /// The `x-instance` value.
+    pub instance: String,
+    /// Requests it answered (any status).
+    pub requests: u64,
+    /// Of those, answered while it was draining (phase header present and not `serving`).
+    pub draining: u64,
+    /// Of those, with a non-2xx status or a broken body.
+    pub failed: u64,
+    /// Start of the first request it answered, ms since the probe started.
+    pub first_ms: f64,
+    /// Start of the last request it answered, ms since the probe started.
+    pub last_ms: f64,
+}
+
+/// The first request that failed, by the time it failed. The probe never retries, so this is
+/// the first failure a client without retries would have seen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FirstFailure {
+    /// When it failed, ms since the probe started.
+    pub at_ms: f64,
+    /// Its request id.
+    pub id: String,
+    /// Its kind.
+    pub kind: Kind,
+    /// The error.
+    pub error: String,
+    /// Whether it went on a reused connection.
+    pub reused: bool,
+    /// The probe's connection id, if it got a connection.
+    pub conn: Option<u64>,
+    /// The instance that answered, if any did.
+    pub instance: Option<String>,
+}
+
+/// The run in numbers; [`Summary::table`] prints it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Summary {
+    /// The target as configured.
+    pub target: String,
+    /// The traffic-path label.
+    pub label: String,
+    /// HTTP version spoken.
+    pub http: HttpVersion,
+    /// Connection mode configured.
+    pub connections: ConnectionMode,
+    /// Wall-clock time the probe started (ms since the Unix epoch); record offsets count from it.
+    pub started_unix_ms: u64,
+    /// From start until the last record was settled, in ms.
+    pub elapsed_ms: f64,
+    /// `true` when sending stopped before `duration` ([`ProbeHandle::stop`] or Ctrl-C).
+    ///
+    /// [`ProbeHandle::stop`]: crate::ProbeHandle::stop
+    pub stopped_early: bool,
+    /// All requests by outcome.
+    pub all: Counts,
+    /// Short requests by outcome.
+    pub short: Counts,
+    /// Slow requests by outcome.
+    pub slow: Counts,
+    /// Streaming requests by outcome.
+    pub stream: Counts,
+    /// Requests that went on a connection opened for them.
+    pub on_new_connection: Counts,
+    /// Requests that went on a connection that had carried a request before.
+    pub on_reused_connection: Counts,
+    /// Connections the probe opened.
+    pub connections_opened: u64,
+    /// Requests answered by a draining instance on a reused connection.
+    pub draining_reused: u64,
+    /// Requests answered by a draining instance on a new connection: some path still routed
+    /// new connections to it.
+    pub draining_new: u64,
+    /// Requests moved to another connection before anything was sent (see
+    /// [`Record::rerouted`]).
+    pub rerouted: u64,
+    /// Requests not sent because `max_in_flight` requests were already running.
+    pub not_sent: u64,
+    /// Failures by where they failed and the error's first words (`status: status 503 ...`).
+    pub failures: BTreeMap<String, u64>,
+    /// Per instance, in order of first appearance.
+    pub instances: Vec<InstanceCounts>,
+    /// The first failure, when there was one.
+    pub first_failure: Option<FirstFailure>,
+}
+
+/// Everything about the run that is not in the records.
+#[derive(Debug, Clone)]
+pub(crate) struct RunFacts {
+    pub(crate) target: String,
+    pub(crate) label: String,
+    pub(crate) http: HttpVersion,
+    pub(crate) connections: ConnectionMode,
+    pub(crate) started_unix_ms: u64,
+    pub(crate) elapsed_ms: f64,
+    pub(crate) stopped_early: bool,
+    pub(crate) connections_opened: u64,
+    pub(crate) not_sent: u64,
+}
+
+impl Summary {
+    pub(crate) fn new(records: &[Record], facts: RunFacts) -> Self {
+        let mut summary = Summary {
+            target: facts.target,
+            label: facts.label,
+            http: facts.http,
+            connections: facts.connections,
+            started_unix_ms: facts.started_unix_ms,
+            elapsed_ms: facts.elapsed_ms,
+            stopped_early: facts.stopped_early,
+            all: Counts::default(),
+            short: Counts::default(),
+            slow: Counts::default(),
+            stream: Counts::default(),
+            on_new_connection: Counts::default(),
+            on_reused_connection: Counts::default(),
+            connections_opened: facts.connections_opened,
+            draining_reused: 0,
+            draining_new: 0,
+            rerouted: 0,
+            not_sent: facts.not_sent,
+            failures: BTreeMap::new(),
+            instances: Vec::new(),
+            first_failure: None,
+        };
+        let mut instance_index: BTreeMap<&str, usize> = BTreeMap::new();
+        for r in records {
+            summary.all.add(r.outcome);
+            match r.kind {
+                Kind::Short => summary.short.add(r.outcome),
+                Kind::Slow => summary.slow.add(r.outcome),
+                Kind::Stream => summary.stream.add(r.outcome),
+            }
+            if r.conn.is_some() {
+                if r.reused {
+                    summary.on_reused_connection.add(r.outcome);
+                } else {
+                    summary.on_new_connection.add(r.outcome);
+                }
+            }
+            if r.served_by_draining() {
+                if r.reused {
+                    summary.draining_reused += 1;
+                } else {
+                    summary.draining_new += 1;
+                }
+            }
+            summary.rerouted += u64::from(r.rerouted > 0);
+            if let Some(instance) = &r.instance {
+                let i = *instance_index.entry(instance).or_insert_with(|| {
+                    summary.instances.push(InstanceCounts {
+                        instance: instance.clone(),
+                        requests: 0,
+                        draining: 0,
+                        failed: 0,
+                        first_ms: r.start_ms,
+                        last_ms: r.start_ms,
+                    });
+                    summary.instances.len() - 1
+                });
+                let counts = &mut summary.instances[i];
+                counts.requests += 1;
+                counts.draining += u64::from(r.served_by_draining());
+                counts.failed += u64::from(r.outcome == Outcome::Failed);
+                counts.first_ms = counts.first_ms.min(r.start_ms);
+                counts.last_ms = counts.last_ms.max(r.start_ms);
+            }
+            if r.outcome == Outcome::Failed {
+                *summary.failures.entry(failure_key(r)).or_default() += 1;
+                let at_ms = r.end_ms.unwrap_or(r.start_ms);
+                let earlier = summary
+                    .first_failure
+                    .as_ref()
+                    .is_none_or(|first| at_ms < first.at_ms);
+                if earlier {
+                    summary.first_failure = Some(FirstFailure {
+                        at_ms,
+                        id: r.id.clone(),
+                        kind: r.kind,
+                        error: r.error.clone().unwrap_or_default(),
+                        reused: r.reused,
+                        conn: r.conn,
+                        instance: r.instance.clone(),
+                    });
+                }
+            }
+        }
+        summary
+    }
+
+    /// `true` when nothing failed and nothing was left unfinished.
+    pub fn is_clean(&self) -> bool {
+        self.all.failed == 0 && self.all.unfinished == 0
+    }
+
+    /// Counts for one kind.
+    pub fn kind(&self, kind: Kind) -> Counts {
+        match kind {
+            Kind::Short => self.short,
+            Kind::Slow => self.slow,
+            Kind::Stream => self.stream,
+        }
+    }
+
+    /// The summary as a plain-text table, for a terminal or a test log.
+    ///
+    /// ```text
+    /// lameduck-probe: 127.0.0.1:8080, HTTP/1.1, keepalive connections, label "default", 30.0 s
+    ///
+    ///               total  succeeded     failed unfinished
+    ///   short         600        600          0          0
+    ///   slow           60         60          0          0
+    ///   all           660        660          0          0
+    ///
+    /// connections opened       23
+    /// on new connections       23 requests
+    /// on reused connections   637 requests
+    /// served while draining    41 (reused connection 38, new connection 3)
+    /// instances                web-1 330 (41 draining), web-2 330
+    /// first failure            none
+    /// ```
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "lameduck-probe: {}, {}, {} connections, label {:?}, {:.1} s{}",
+            self.target,
+            self.http,
+            self.connections,
+            self.label,
+            self.elapsed_ms / 1000.0,
+            if self.stopped_early {
+                " (stopped early)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "  {:<8} {:>8} {:>10} {:>10} {:>10}",
+            "", "total", "succeeded", "failed", "unfinished"
+        );
+        for (name, c) in [
+            ("short", self.short),
+            ("slow", self.slow),
+            ("stream", self.stream),
+            ("all", self.all),
+        ] {
+            if c.total == 0 && name != "all" {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "  {name:<8} {:>8} {:>10} {:>10} {:>10}",
+                c.total, c.succeeded, c.failed, c.unfinished
+            );
+        }
+        let _ = writeln!(out);
+        let row = |out: &mut String, name: &str, value: String| {
+            let _ = writeln!(out, "{name:<24}{value}");
+        };
+        row(
+            &mut out,
+            "connections opened",
+            self.connections_opened.to_string(),
+        );
+        row(
+            &mut out,
+            "on new connections",
+            counts_text(self.on_new_connection),
+        );
+        row(
+            &mut out,
+            "on reused connections",
+            counts_text(self.on_reused_connection),
+        );
+        row(
+            &mut out,
+            "served while draining",
+            format!(
+                "{} (reused connection {}, new connection {})",
+                self.draining_reused + self.draining_new,
+                self.draining_reused,
+                self.draining_new
+            ),
+        );
+        if !self.instances.is_empty() {
+            let mut parts: Vec<String> = self
+                .instances
+                .iter()
+                .take(TABLE_INSTANCES)
+                .map(|i| {
+                    let mut s = format!("{} {}", i.instance, i.requests);
+                    if i.draining > 0 || i.failed > 0 {
+                        let mut notes = Vec::new();
+                        if i.draining > 0 {
+                            notes.push(format!("{} draining", i.draining));
+                        }
+                        if i.failed > 0 {
+                            notes.push(format!("{} failed", i.failed));
+                        }
+                        let _ = write!(s, " ({})", notes.join(", "));
+                    }
+                    s
+                })
+                .collect();
+            if self.instances.len() > TABLE_INSTANCES {
+                let rest: u64 = self.instances[TABLE_INSTANCES..]
+                    .iter()
+                    .map(|i| i.requests)
+                    .sum();
+                parts.push(format!(
+                    "{} more with {rest}",
+                    self.instances.len() - TABLE_INSTANCES
+                ));
+            }
+            row(&mut out, "instances", parts.join(", "));
+        }
+        if self.rerouted > 0 {
+            row(
+                &mut out,
+                "rerouted before sending",
+                format!(
+                    "{} (connection closed or going away before the request was sent)",
+                    self.rerouted
+                ),
+            );
+        }
+        if self.not_sent > 0 {
+            row(
+                &mut out,
+                "not sent",
+                format!("{} (max in-flight reached)", self.not_sent),
+            );
+        }
+        for (i, (key, n)) in self.failures.iter().enumerate() {
+            let name = if i == 0 { "failures" } else { "" };
+            row(&mut out, name, format!("{n:>6}  {key}"));
+        }
+        match &self.first_failure {
+            None => row(&mut out, "first failure", "none".to_owned()),
+            Some(f) => {
+                let conn = match f.conn {
+                    Some(id) => format!(
+                        "{} connection #{id}",
+                        if f.reused { "reused" } else { "new" }
+                    ),
+                    None => "no connection".to_owned(),
+                };
+                let instance = f
+                    .instance
+                    .as_deref()
+                    .map(|i| format!(", instance {i}"))
+                    .unwrap_or_default();
+                row(
+                    &mut out,
+                    "first failure",
+                    format!(
+                        "at {:.3} s, request {} ({}, {conn}{instance}): {}",
+                        f.at_ms / 1000.0,
+                        f.id,
+                        f.kind,
+                        f.error
+                    ),
+                );
+            }
+        }
+        out
+    }
+}
+
+fn counts_text(c: Counts) -> String {
+    let mut s = format!("{} requests", c.total);
+    if c.failed > 0 || c.unfinished > 0 {
+        let _ = write!(s, " ({} failed, {} unfinished)", c.failed, c.unfinished);
+    }
+    s
+}
+
+/// Groups failures by where they failed and the error without the addresses and numbers
+/// that would make every line unique.
+fn failure_key(r: &Record) -> String {
+    let failure = r.failure.map(|f| f.as_str()).unwrap_or("unknown");
+    let error = r.error.as_deref().unwrap_or("");
+    // The last cause is the most specific ("Connection refused (os error 111)").
+    let cause = error.rsplit(": ").next().unwrap_or(error);
+    let cause: String = cause.chars().take(80).collect();
+    format!("{failure}: {cause}")
+}
