@@ -69,7 +69,13 @@ pub(crate) struct Instance {
 
 impl Instance {
     /// Starts the service on the given ports and waits for its READY line.
-    pub(crate) fn start(name: &str, listen: u16, admin: u16, dir: &Path, extra: &[&str]) -> Instance {
+    pub(crate) fn start(
+        name: &str,
+        listen: u16,
+        admin: u16,
+        dir: &Path,
+        extra: &[&str],
+    ) -> Instance {
         let report_file = dir.join(format!("{name}.report.json"));
         let _ = std::fs::remove_file(&report_file);
         let log = std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap();
