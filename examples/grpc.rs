@@ -5,6 +5,8 @@
 //! curl 'localhost:9090/drain?wait=none'                # what a preStop hook does
 //! ```
 //!
+//! Once drained, the server waits for the SIGTERM that follows a `preStop` hook: press Ctrl-C.
+//!
 //! A gRPC service (`slow.Slow`, one unary RPC that sleeps) and the standard health service
 //! behind the drain layer, served by `lameduck::serve`. When the drain starts, the health
 //! service answers `NOT_SERVING`, the client's connection gets a GOAWAY, its in-flight call
