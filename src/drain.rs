@@ -66,6 +66,21 @@ impl ReadinessWhileDraining {
 }
 
 /// Builds a [`Drain`]. Every setting has a default; [`build`](Self::build) validates them.
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lameduck::{Drain, Propagation, ReadinessWhileDraining};
+///
+/// let drain = Drain::builder()
+///     .grace_period(Duration::from_secs(60)) // = terminationGracePeriodSeconds
+///     .close_budget(Duration::from_secs(10))
+///     .propagation(Propagation::quiet(Duration::from_secs(3)).max(Duration::from_secs(30)))
+///     .readiness_while_draining(ReadinessWhileDraining::NotReady)
+///     .build()?;
+/// assert_eq!(drain.budget().quiesce_deadline(), Duration::from_secs(49)); // 60 − 1 − 10
+/// # Ok::<(), lameduck::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, Default)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct DrainBuilder {
@@ -473,6 +488,24 @@ impl Drain {
     ///
     /// This is what the HTTP layer does per request; use it directly for work the layer does
     /// not see (a message handler, a raw TCP exchange). One atomic operation, no allocation.
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use lameduck::Trigger;
+    ///
+    /// let guard = drain.enter(); // e.g. one message taken from a raw TCP protocol
+    /// assert_eq!(drain.in_flight(), 1);
+    /// drain.start(Trigger::Api);
+    /// // ... finish the work; the drain cannot reach zero before ...
+    /// drop(guard);
+    /// let report = drain.drained().await;
+    /// assert_eq!(report.exit_code, 0);
+    /// # }
+    /// ```
     pub fn enter(&self) -> InFlightGuard {
         self.inner.core.enter().0
     }
@@ -505,6 +538,28 @@ impl Drain {
     /// Create every gate before the phase can turn Serving — before [`run`](Self::run) or the
     /// server starts — since opening the last closed gate (or starting with none) makes the
     /// service ready.
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use lameduck::Phase;
+    ///
+    /// let cache = drain.startup_gate("cache");
+    /// drain.mark_started(); // what `run` and `serve` do; no effect while a gate is closed
+    /// assert_eq!(drain.phase(), Phase::Starting);
+    /// assert!(!drain.is_ready());
+    ///
+    /// tokio::spawn(async move {
+    ///     // ... load the cache ...
+    ///     cache.open();
+    /// });
+    /// drain.reached(Phase::Serving).await;
+    /// assert!(drain.is_ready());
+    /// # }
+    /// ```
     pub fn startup_gate(&self, name: impl Into<String>) -> StartupGate {
         let name = name.into();
         let index = {
@@ -528,6 +583,27 @@ impl Drain {
     /// Adds a readiness check evaluated on every `/readyz`. Keep it local: readiness must not
     /// depend on shared downstream services, or one slow database takes every replica out of
     /// the load balancer at once.
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let disk_ok = Arc::new(AtomicBool::new(true));
+    /// let flag = Arc::clone(&disk_ok);
+    /// drain.readiness_check("scratch-disk", move || {
+    ///     if flag.load(Ordering::Relaxed) { Ok(()) } else { Err("disk full".to_owned()) }
+    /// });
+    /// drain.mark_started();
+    /// assert!(drain.is_ready());
+    /// disk_ok.store(false, Ordering::Relaxed);
+    /// assert_eq!(drain.readiness().reason, "check scratch-disk failed: disk full");
+    /// # }
+    /// ```
     pub fn readiness_check<F>(&self, name: impl Into<String>, check: F)
     where
         F: Fn() -> Result<(), String> + Send + Sync + 'static,
@@ -640,6 +716,21 @@ impl Drain {
     }
 
     /// A token that fires at `stopped_accepting`: listeners close, streams should end.
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use lameduck::{Phase, Trigger};
+    ///
+    /// let stop = drain.stop_token();
+    /// drain.start(Trigger::Api);
+    /// stop.cancelled().await; // after the propagation policy committed
+    /// assert!(drain.phase() >= Phase::StoppedAccepting);
+    /// # }
+    /// ```
     pub fn stop_token(&self) -> CancellationToken {
         self.inner.stop_token.clone()
     }
@@ -668,6 +759,21 @@ impl Drain {
     /// # Panics
     ///
     /// If called outside a Tokio runtime for the first time (the drain's driver is spawned).
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use lameduck::{Phase, Trigger};
+    ///
+    /// assert!(drain.start(Trigger::Api)); // started it
+    /// assert!(!drain.start(Trigger::Sigterm)); // recorded as `signal_received`, changes nothing
+    /// assert_eq!(drain.phase(), Phase::Draining);
+    /// assert!(!drain.is_ready());
+    /// # }
+    /// ```
     pub fn start(&self, trigger: Trigger) -> bool {
         let now = Instant::now();
         let unix_ms = unix_ms_now();
@@ -762,6 +868,23 @@ impl Drain {
     /// the quiesce deadline, where it is named as a straggler and aborted).
     ///
     /// A panic in the task is caught and recorded with its name.
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use lameduck::Trigger;
+    ///
+    /// drain.spawn("flush-uploads", async {
+    ///     // ... upload what is buffered ...
+    /// });
+    /// drain.start(Trigger::Api);
+    /// let report = drain.drained().await; // waited for the task
+    /// assert!(report.tasks.is_empty()); // lists only tasks that panicked or were cut
+    /// # }
+    /// ```
     pub fn spawn<F>(&self, name: impl Into<String>, fut: F)
     where
         F: Future<Output = ()> + Send + 'static,
@@ -774,6 +897,29 @@ impl Drain {
     /// Runs a cancel-on-drain task: `make` gets a [`TaskContext`] whose [`stop`](TaskContext::stop)
     /// token fires when the drain starts (stop taking new work). The task is counted until it
     /// returns.
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use std::time::Duration;
+    /// use lameduck::Trigger;
+    ///
+    /// drain.spawn_cancellable("poller", |cx| async move {
+    ///     loop {
+    ///         tokio::select! {
+    ///             () = cx.stop().cancelled() => break, // stop taking new work
+    ///             () = tokio::time::sleep(Duration::from_secs(1)) => { /* poll, handle */ }
+    ///         }
+    ///     }
+    ///     // ... finish what was taken ...
+    /// });
+    /// drain.start(Trigger::Api);
+    /// assert_eq!(drain.drained().await.exit_code, 0);
+    /// # }
+    /// ```
     pub fn spawn_cancellable<F, Fut>(&self, name: impl Into<String>, make: F)
     where
         F: FnOnce(TaskContext) -> Fut,
@@ -823,6 +969,23 @@ impl Drain {
     /// Registers a resource closer. Closers run after in-flight requests and tasks reach zero
     /// (or the quiesce deadline passes), in reverse registration order, inside `close_budget`.
     /// A closer that errors, panics or times out is recorded; the next one still runs.
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use lameduck::Trigger;
+    ///
+    /// drain.on_close("database", || async { /* pool.close().await */ Ok::<_, std::io::Error>(()) });
+    /// drain.on_close("tracer", || async { /* flush spans */ Ok::<_, std::io::Error>(()) });
+    /// drain.start(Trigger::Api);
+    /// let report = drain.drained().await;
+    /// let order: Vec<_> = report.closers.iter().map(|c| c.name.as_str()).collect();
+    /// assert_eq!(order, ["tracer", "database"]); // reverse registration order
+    /// # }
+    /// ```
     pub fn on_close<F, Fut, E>(&self, name: impl Into<String>, close: F)
     where
         F: FnOnce() -> Fut + Send + 'static,

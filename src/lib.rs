@@ -47,14 +47,31 @@
 //! propagation max   ≤ quiesce deadline
 //! ```
 //!
+//! # Stacks
+//!
+//! | You run | Use | Guide |
+//! |---|---|---|
+//! | axum, hyper or any tower service, and can hand over the accept loop | [`serve`] + [`Drain::layer`] | — |
+//! | `axum::serve(...).with_graceful_shutdown(...)` | [`Drain::layer`] + [`ConnMeta`] + the stop token | [`guide::axum`] |
+//! | your own hyper accept loop | [`Drain::layer`] + the tokens | [`guide::hyper`] |
+//! | tonic (gRPC) | [`Drain::layer`] + [`Drain::grpc_health`] | [`guide::tonic`] |
+//! | server-sent events, WebSockets, watches | [`Drain::stream_stop`], [`StreamStop::wrap`] | `examples/sse.rs` |
+//! | queue consumers, pollers | [`Drain::spawn_cancellable`] | `examples/queue_consumer.rs` |
+//! | Kubernetes probes and `preStop` | [`Drain::admin_router`] | [`guide::kubernetes`] |
+//!
 //! # Feature flags
 //!
-//! | Flag | Default | Enables |
+//! | Feature | Default | Enables |
 //! |---|---|---|
-//! | `http` | yes | The tower layer, `ConnMeta` and the `serve` accept loop (hyper 1, hyper-util). |
-//! | `admin` | yes | The `admin` router on axum: `/livez`, `/readyz`, `/drain`, `/status`; the `preStop` helper. Implies `http`. |
-//! | `metrics` | no | The `metrics` module: gauges, histograms and counters through the `metrics` facade, for the exporter you install; `Drain::record_metrics`, `Drain::spawn_metrics_updater`. |
-//! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `metrics::prometheus_builder`; no HTTP listener or TLS of its own. Implies `metrics` and `admin`. |
+//! | `http` | yes | [`DrainLayer`] (tower middleware), [`ConnMeta`], the [`serve`] accept loop and [`StreamStop`] — on hyper 1 and hyper-util |
+//! | `admin` | yes | the admin router (`/livez`, `/readyz`, `/drain`, `/status`) on axum, and the [`prestop`] helper; implies `http` |
+//! | `grpc` | no | [`Drain::grpc_health`]: the standard gRPC health service (tonic-health) following the drain; implies `http` |
+//! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Drain::record_metrics`, `Drain::spawn_metrics_updater` |
+//! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `metrics::prometheus_builder`; no HTTP listener or TLS of its own; implies `metrics` and `admin` |
+//!
+//! The defaults are what a typical axum service needs. With no features at all, the
+//! coordinator ([`Drain`], phases, budget, tasks, closers, signals, the report) is still there
+//! for services that are not HTTP.
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -78,6 +95,9 @@ mod tasks;
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
 pub mod guide;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

@@ -81,6 +81,20 @@ pub struct ConnMeta {
 impl ConnMeta {
     /// Metadata for a connection accepted now from `peer`, for custom accept loops: attach
     /// [`for_request`](Self::for_request) to each of its requests.
+    ///
+    /// The [hyper guide](crate::guide::hyper) shows a complete loop.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lameduck::ConnMeta;
+    ///
+    /// let conn = ConnMeta::accepted(Some("10.0.0.7:51234".parse().unwrap()));
+    /// let first = conn.for_request(); // insert into the request's extensions
+    /// let second = conn.for_request();
+    /// assert_eq!((first.request_index(), second.request_index()), (Some(0), Some(1)));
+    /// assert_eq!(first.id(), second.id());
+    /// ```
     pub fn accepted(peer: Option<SocketAddr>) -> Self {
         Self::new(peer, None)
     }

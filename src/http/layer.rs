@@ -160,6 +160,25 @@ impl DrainLayer {
     /// Only for clients known to retry: a refused request is lost for clients that do not.
     /// Pair it with [`Serve::keep_listening_after_stop`](crate::http::Serve::keep_listening_after_stop)
     /// so late clients get an answer instead of a refused connection.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "admin")] {
+    /// use std::time::Duration;
+    /// use axum::{routing::get, Router};
+    ///
+    /// # async fn run(drain: lameduck::Drain) -> std::io::Result<()> {
+    /// let app = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .layer(drain.layer().refuse_after_stop(Duration::from_secs(1)));
+    /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+    /// lameduck::serve(listener, app, &drain)
+    ///     .keep_listening_after_stop()
+    ///     .await
+    /// # }
+    /// # }
+    /// ```
     pub fn refuse_after_stop(mut self, retry_after: Duration) -> Self {
         let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
         self.extras().refuse_retry_after = Some(HeaderValue::from(secs.max(1)));

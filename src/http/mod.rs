@@ -11,7 +11,8 @@
 //! * [`StreamStop`] / [`EndOnStop`]: end server-sent events and other endless streams at
 //!   `stopped_accepting`, optionally spread over a window.
 //!
-//! Apps that keep `axum::serve`: see [`axum_guide`].
+//! Apps that keep `axum::serve`: see [`guide::axum`](crate::guide::axum); apps with their own
+//! hyper accept loop: see [`guide::hyper`](crate::guide::hyper).
 
 mod body;
 mod conn;
@@ -22,10 +23,10 @@ mod serve;
 mod service;
 mod stream;
 
+/// The axum guide's first home; it is now [`guide::axum`](crate::guide::axum).
 #[cfg(feature = "admin")]
-#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
-#[doc = include_str!("../docs/axum.md")]
-pub mod axum_guide {}
+#[doc(hidden)]
+pub use crate::guide::axum as axum_guide;
 
 pub use body::DrainBody;
 pub use conn::ConnMeta;

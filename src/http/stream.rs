@@ -67,6 +67,31 @@ impl Drain {
     ///
     /// Offsets follow a deterministic low-discrepancy sequence: however many streams are open,
     /// their ends are spread evenly over the window.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lameduck::{Drain, Phase, Propagation, Signals, Trigger};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let drain = Drain::builder()
+    ///     .propagation(Propagation::fixed(Duration::from_secs(1)))
+    ///     .signals(Signals::none())
+    ///     .report_to_stderr(false)
+    ///     .build()
+    ///     .unwrap();
+    /// // One per stream; thousands of them end spread over 10 s instead of all at once.
+    /// let stops: Vec<_> = (0..3).map(|_| drain.stream_stop_spread(Duration::from_secs(10))).collect();
+    /// assert!(stops.iter().all(|s| s.offset() < Duration::from_secs(10)));
+    /// drain.start(Trigger::Api);
+    /// for stop in stops {
+    ///     stop.await;
+    ///     assert!(drain.phase() >= Phase::StoppedAccepting);
+    /// }
+    /// # }
+    /// ```
     pub fn stream_stop_spread(&self, window: Duration) -> StreamStop {
         // Relaxed: any distinct sequence numbers will do.
         let n = SPREAD_SEQ.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,236 @@
+//! gRPC integration: the standard health service (`grpc.health.v1.Health`, from tonic-health)
+//! kept in step with the drain.
+//!
+//! [`Drain::grpc_health`] returns a [`HealthReporter`] and a health service:
+//!
+//! | Phase | `Check` / `Watch` status of `""` and each named service |
+//! |---|---|
+//! | Starting | `NOT_SERVING` |
+//! | Serving | `SERVING` |
+//! | Draining | `NOT_SERVING` at once (policy [`NotReady`](crate::ReadinessWhileDraining::NotReady), the default); `SERVING` under [`ServingUntilStop`](crate::ReadinessWhileDraining::ServingUntilStop) |
+//! | StoppedAccepting and later | `NOT_SERVING`; every open `Watch` gets a last `NOT_SERVING` and ends with status `OK` |
+//!
+//! The status follows the phase and the readiness policy — what `/readyz` says, without the
+//! readiness checks, which are user code and change without telling anyone. Report a named
+//! service's own trouble with the returned reporter; the next phase change overwrites it.
+//!
+//! `Watch` streams never end on their own, so under [`Drain::layer`] each one would count as
+//! in flight until the quiesce deadline cut it. They end at `stopped_accepting`, like any other
+//! long-lived stream ([`Drain::stream_stop`]): the watcher reconnects, to another replica.
+//!
+//! For a gRPC service on Kubernetes, see the [tonic guide](crate::guide::tonic).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use pin_project_lite::pin_project;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+use tonic_health::pb::health_check_response::ServingStatus as WireStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tonic_health::server::{HealthReporter, HealthService};
+use tonic_health::ServingStatus;
+
+use crate::{Drain, Phase, ReadinessWhileDraining, StreamStop};
+
+impl Drain {
+    /// The standard gRPC health service, with its status following this drain: `NOT_SERVING`
+    /// while Starting, `SERVING` while Serving, `NOT_SERVING` from the drain's start (or from
+    /// `stopped_accepting` under
+    /// [`ReadinessWhileDraining::ServingUntilStop`](crate::ReadinessWhileDraining::ServingUntilStop)).
+    ///
+    /// The overall status (service name `""`) and every name in `services` (fully qualified,
+    /// e.g. `"helloworld.Greeter"`, or `<S as tonic::server::NamedService>::NAME`) follow the
+    /// phase. `Watch` streams end at `stopped_accepting` after a last `NOT_SERVING`, so they do
+    /// not hold the drain until its deadline. The returned [`HealthReporter`] sets statuses by
+    /// hand in between (a dependency is down); the next phase change overwrites them.
+    ///
+    /// A task spawned here keeps the statuses up to date; it ends at `stopped_accepting`.
+    /// See the [module docs](crate::grpc) for the table and the [tonic guide](crate::guide::tonic).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lameduck::Drain;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let drain = Drain::builder().build().unwrap();
+    /// let (_reporter, health) = drain.grpc_health(["helloworld.Greeter"]);
+    /// let routes = tonic::service::Routes::new(health).prepare();
+    /// // Serve it (and the real services) behind the drain layer:
+    /// let app = routes.into_axum_router().layer(drain.layer());
+    /// # let _ = app;
+    /// // let listener = tokio::net::TcpListener::bind("0.0.0.0:50051").await?;
+    /// // tokio::spawn(lameduck::serve(listener, app, &drain));
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime (it spawns the task that follows the phase).
+    pub fn grpc_health<I, N>(&self, services: I) -> (HealthReporter, HealthServer<DrainHealth>)
+    where
+        I: IntoIterator<Item = N>,
+        N: Into<String>,
+    {
+        let reporter = HealthReporter::new();
+        let mut names: Vec<String> = vec![String::new()];
+        for name in services {
+            let name = name.into();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        tokio::spawn(follow_phase(
+            self.subscribe(),
+            self.readiness_policy(),
+            reporter.clone(),
+            names,
+        ));
+        let service = DrainHealth {
+            inner: HealthService::from_health_reporter(reporter.clone()),
+            drain: self.clone(),
+        };
+        (reporter, HealthServer::new(service))
+    }
+}
+
+/// Whether the phase alone makes the service ready: `/readyz` without the readiness checks.
+fn serving_in(phase: Phase, policy: ReadinessWhileDraining) -> bool {
+    match phase {
+        Phase::Serving => true,
+        Phase::Draining => policy == ReadinessWhileDraining::ServingUntilStop,
+        _ => false,
+    }
+}
+
+/// Sets every name's status at each phase change, until nothing can change any more.
+///
+/// Holds only the phase receiver, not a `Drain`, so it keeps nothing else alive.
+async fn follow_phase(
+    mut phases: watch::Receiver<Phase>,
+    policy: ReadinessWhileDraining,
+    reporter: HealthReporter,
+    names: Vec<String>,
+) {
+    let mut last = None;
+    loop {
+        let phase = *phases.borrow_and_update();
+        let status = if serving_in(phase, policy) {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        if last != Some(status) {
+            for name in &names {
+                reporter.set_service_status(name, status).await;
+            }
+            tracing::debug!(phase = %phase, status = %status, "lameduck: gRPC health status");
+            last = Some(status);
+        }
+        if phase >= Phase::StoppedAccepting || phases.changed().await.is_err() {
+            break;
+        }
+    }
+}
+
+/// The `grpc.health.v1.Health` implementation returned (inside a [`HealthServer`]) by
+/// [`Drain::grpc_health`].
+///
+/// `Check` answers from the statuses the reporter holds; `Watch` streams end at
+/// `stopped_accepting` (see [`WatchUntilStop`]).
+pub struct DrainHealth {
+    inner: HealthService,
+    drain: Drain,
+}
+
+impl fmt::Debug for DrainHealth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DrainHealth")
+            .field("phase", &self.drain.phase())
+            .finish_non_exhaustive()
+    }
+}
+
+#[tonic::async_trait]
+impl Health for DrainHealth {
+    async fn check(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        self.inner.check(request).await
+    }
+
+    type WatchStream = WatchUntilStop;
+
+    async fn watch(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        // Taken before the inner call, so a watch opened just before the stop still ends.
+        let stop = self.drain.stream_stop();
+        let response = self.inner.watch(request).await?;
+        Ok(response.map(|inner| WatchUntilStop {
+            inner,
+            stop,
+            state: WatchState::Open,
+        }))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WatchState {
+    Open,
+    Ended,
+}
+
+pin_project! {
+    /// A health `Watch` stream that, at `stopped_accepting`, sends a last `NOT_SERVING` and
+    /// ends (the call ends with status `OK`), so the watcher moves to another replica instead
+    /// of holding this one's drain until the deadline.
+    ///
+    /// The last message is sent by the stream itself, not by the task that follows the phase,
+    /// so a watcher sees it even when the readiness policy kept `SERVING` until this moment.
+    #[must_use = "streams do nothing unless polled"]
+    pub struct WatchUntilStop {
+        inner: tonic_health::server::WatchStream,
+        #[pin]
+        stop: StreamStop,
+        state: WatchState,
+    }
+}
+
+impl futures_core::Stream for WatchUntilStop {
+    type Item = Result<HealthCheckResponse, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.project();
+        if *this.state == WatchState::Ended {
+            return Poll::Ready(None);
+        }
+        if this.stop.poll(cx).is_ready() {
+            *this.state = WatchState::Ended;
+            return Poll::Ready(Some(Ok(HealthCheckResponse {
+                status: WireStatus::NotServing as i32,
+            })));
+        }
+        let item = ready!(Pin::new(this.inner).poll_next(cx));
+        if item.is_none() {
+            *this.state = WatchState::Ended;
+        }
+        Poll::Ready(item)
+    }
+}
+
+impl fmt::Debug for WatchUntilStop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchUntilStop")
+            .field("stop", &self.stop)
+            .field("ended", &(self.state == WatchState::Ended))
+            .finish_non_exhaustive()
+    }
+}
