@@ -289,3 +289,40 @@ async fn refusal_mode_answers_503_with_retry_after_after_stop() {
     assert_eq!(report.outcome, Outcome::Clean);
     within("serve returns", server).await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn http2_connection_opened_during_the_drain_keeps_serving_until_stopped_accepting() {
+    let drain = drain(
+        Duration::from_secs(8),
+        Propagation::fixed(Duration::from_millis(2500)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+    assert!(drain.start(Trigger::Api));
+
+    // A client that still routes here opens a connection during the drain: every call goes on
+    // that one connection, with no GOAWAY after the first (which would force a reconnect per
+    // call), until stopped_accepting.
+    let (mut late, late_conn) = h2(addr).await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let res = send2(&mut late, "/conn")
+            .await
+            .expect("served on the same connection");
+        assert_eq!(res.status(), StatusCode::OK);
+        ids.push(conn_header(res.headers()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
+    assert!(is_phase(&drain, Phase::Draining));
+
+    // At stopped_accepting it gets its GOAWAY and the connection ends.
+    within("late HTTP/2 connection closed", late_conn)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(drain.phase() >= Phase::StoppedAccepting);
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.after_flip.new_connections, 1);
+    assert_eq!(report.after_flip.requests_on_new_connections, 5);
+    within("serve returns", server).await.unwrap().unwrap();
+}

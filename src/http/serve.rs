@@ -5,8 +5,8 @@
 //! | Phase | Listener | HTTP/1 connections | HTTP/2 connections |
 //! |---|---|---|---|
 //! | Serving | accepts | keep-alive | normal |
-//! | Draining | **still accepts** | busy: `Connection: close` on the response (the layer); idle: left open | GOAWAY at once; in-flight streams finish |
-//! | StoppedAccepting | closed | idle ones closed now, busy ones after their response | (already going away) |
+//! | Draining | **still accepts** | busy: `Connection: close` on the response (the layer); idle: left open | open before the trigger: GOAWAY at once, in-flight streams finish; opened during the drain: left open |
+//! | StoppedAccepting | closed | idle ones closed now, busy ones after their response | GOAWAY to those opened during the drain |
 //! | quiesce deadline | — | force-closed | force-closed |
 //!
 //! Idle HTTP/1 connections are not closed at the trigger: closing an idle pooled socket races
@@ -72,6 +72,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 ///
 /// HTTP/2 connections are recognised by their first request: one that has carried no request
 /// yet when the drain starts gets its GOAWAY with its first request, or at `stopped_accepting`.
+/// HTTP/2 connections *accepted during the drain* get theirs at `stopped_accepting`: their
+/// client still routes here, and a GOAWAY after every first request would make it reconnect
+/// for every call, each reconnect racing the GOAWAY.
 ///
 /// # Examples
 ///
@@ -344,12 +347,17 @@ impl ConnTask {
         };
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
         let mut conn = pin!(conn);
-        let mut draining = false;
+        // A connection that arrives while draining came from a client (or proxy) that still
+        // routes here; a GOAWAY right after its first request would only make it reconnect for
+        // every call, each reconnect racing the GOAWAY. It gets its GOAWAY at
+        // `stopped_accepting`, with the idle HTTP/1 connections.
+        let accepted_while_draining = tokens.drain.is_cancelled();
+        let mut draining = accepted_while_draining;
         let mut shutdown_sent = false;
         let mut idle_closed = false;
         loop {
             let proto = meta.proto();
-            if draining && !shutdown_sent && proto == PROTO_H2 {
+            if draining && !shutdown_sent && proto == PROTO_H2 && !accepted_while_draining {
                 tracing::debug!(conn = meta.id(), "lameduck: GOAWAY to HTTP/2 connection");
                 conn.as_mut().graceful_shutdown();
                 shutdown_sent = true;
@@ -362,7 +370,7 @@ impl ConnTask {
                     break;
                 }
                 () = tokens.drain.cancelled(), if !draining => draining = true,
-                () = meta.shared().proto_known.notified(), if draining && !shutdown_sent && proto == PROTO_UNKNOWN => {}
+                () = meta.shared().proto_known.notified(), if draining && !shutdown_sent && !accepted_while_draining && proto == PROTO_UNKNOWN => {}
                 () = tokens.idle_close.cancelled(), if !idle_closed => {
                     idle_closed = true;
                     if !shutdown_sent {
