@@ -185,6 +185,17 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        // SIGTERM first: nginx's master then stops its workers (a SIGKILL would orphan them).
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
