@@ -470,6 +470,7 @@ impl Drain {
     ///
     /// This is what the HTTP layer does per request; use it directly for work the layer does
     /// not see (a message handler, a raw TCP exchange). One atomic operation, no allocation.
+    #[inline]
     pub fn enter(&self) -> InFlightGuard {
         self.inner.core.enter().0
     }

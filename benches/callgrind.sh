@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Instructions per request (the primary overhead figure): runs examples/bench_requests under
+# `valgrind --tool=callgrind` at two request counts for every variant, and reports
+#   (instructions(N2) − instructions(N1)) / (N2 − N1)
+# so the setup (runtime, router, coordinator) cancels out. Deterministic: the same binary gives
+# the same counts run after run.
+#
+# Usage: benches/callgrind.sh [variant ...]      (default: every request and guard variant)
+# Env:   N1 (default 2000), N2 (default 12000)
+# Needs: valgrind. Takes about a minute on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+N1="${N1:-2000}"
+N2="${N2:-12000}"
+if [ "$#" -gt 0 ]; then
+    variants=("$@")
+else
+    variants=(plain lameduck lameduck-outer atomic-outer atomic from_fn tasktracker semaphore graceful inflight
+        guard-lameduck guard-atomic guard-tasktracker guard-semaphore guard-graceful)
+fi
+command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed" >&2; exit 1; }
+
+cargo build --quiet --release --example bench_requests
+bin=target/release/examples/bench_requests
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+# Total instructions executed (callgrind's "Collected" line) for one run.
+instructions() {
+    valgrind --tool=callgrind --callgrind-out-file="$out/cg.out" "$bin" "$1" "$2" \
+        >/dev/null 2>"$out/log"
+    awk '/Collected :/ { print $NF }' "$out/log"
+}
+
+echo "instructions per request or guard: (I(N2) − I(N1)) / (N2 − N1), N1=$N1, N2=$N2"
+echo "$(valgrind --version), $(rustc --version)"
+echo
+printf '| %-18s | %12s | %14s | %14s |\n' variant "instr/op" "I(N1)" "I(N2)"
+printf '|%s|%s:|%s:|%s:|\n' "--------------------" "-------------" "---------------" "---------------"
+declare -A per
+for v in "${variants[@]}"; do
+    i1=$(instructions "$v" "$N1")
+    i2=$(instructions "$v" "$N2")
+    per[$v]=$(awk -v a="$i1" -v b="$i2" -v n1="$N1" -v n2="$N2" 'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }')
+    printf '| %-18s | %12s | %14s | %14s |\n' "$v" "${per[$v]}" "$i1" "$i2"
+done
+
+# Overhead of each middleware over the bare router, and of each guard over the bare atomic.
+if [ -n "${per[plain]:-}" ]; then
+    echo
+    printf '| %-18s | %16s |\n' "layer" "added over plain"
+    printf '|%s|%s:|\n' "--------------------" "-----------------"
+    for v in "${variants[@]}"; do
+        case "$v" in plain | guard-*) continue ;; esac
+        printf '| %-18s | %16s |\n' "$v" \
+            "$(awk -v a="${per[$v]}" -v p="${per[plain]}" 'BEGIN { printf "%+.1f", a - p }')"
+    done
+fi
