@@ -5,9 +5,10 @@
 # so the setup (runtime, router, coordinator) cancels out. Deterministic: the same binary gives
 # the same counts run after run.
 #
-# Usage: benches/callgrind.sh [variant ...]      (default: every request and guard variant)
+# Usage: benches/callgrind.sh [variant ...]   (default: every request, hyper- and guard variant;
+#        see examples/bench_requests.rs)
 # Env:   N1 (default 2000), N2 (default 12000)
-# Needs: valgrind. Takes about a minute on 2 cores.
+# Needs: valgrind. Takes a few minutes (the hyper- variants run ~10× more instructions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +17,8 @@ N2="${N2:-12000}"
 if [ "$#" -gt 0 ]; then
     variants=("$@")
 else
-    variants=(plain lameduck lameduck-outer atomic-outer atomic from_fn tasktracker semaphore graceful inflight
+    layers=(plain lameduck lameduck-outer atomic-outer atomic from_fn tasktracker semaphore graceful inflight)
+    variants=("${layers[@]}" "${layers[@]/#/hyper-}"
         guard-lameduck guard-atomic guard-tasktracker guard-semaphore guard-graceful)
 fi
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed" >&2; exit 1; }
@@ -36,24 +38,29 @@ instructions() {
 echo "instructions per request or guard: (I(N2) − I(N1)) / (N2 − N1), N1=$N1, N2=$N2"
 echo "$(valgrind --version), $(rustc --version)"
 echo
-printf '| %-18s | %12s | %14s | %14s |\n' variant "instr/op" "I(N1)" "I(N2)"
-printf '|%s|%s:|%s:|%s:|\n' "--------------------" "-------------" "---------------" "---------------"
+printf '| %-24s | %12s | %14s | %14s |\n' variant "instr/op" "I(N1)" "I(N2)"
+printf '|%s|%s:|%s:|%s:|\n' "--------------------------" "-------------" "---------------" "---------------"
 declare -A per
 for v in "${variants[@]}"; do
     i1=$(instructions "$v" "$N1")
     i2=$(instructions "$v" "$N2")
     per[$v]=$(awk -v a="$i1" -v b="$i2" -v n1="$N1" -v n2="$N2" 'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }')
-    printf '| %-18s | %12s | %14s | %14s |\n' "$v" "${per[$v]}" "$i1" "$i2"
+    printf '| %-24s | %12s | %14s | %14s |\n' "$v" "${per[$v]}" "$i1" "$i2"
 done
 
-# Overhead of each middleware over the bare router, and of each guard over the bare atomic.
-if [ -n "${per[plain]:-}" ]; then
+# Overhead of each middleware over the bare router (in-process, and through hyper).
+for prefix in "" "hyper-"; do
+    base="${prefix}plain"
+    [ -n "${per[$base]:-}" ] || continue
     echo
-    printf '| %-18s | %16s |\n' "layer" "added over plain"
-    printf '|%s|%s:|\n' "--------------------" "-----------------"
+    printf '| %-24s | %22s | %14s |\n' "layer" "added over ${base}" "${base} ÷ layer"
+    printf '|%s|%s:|%s:|\n' "--------------------------" "-----------------------" "---------------"
     for v in "${variants[@]}"; do
-        case "$v" in plain | guard-*) continue ;; esac
-        printf '| %-18s | %16s |\n' "$v" \
-            "$(awk -v a="${per[$v]}" -v p="${per[plain]}" 'BEGIN { printf "%+.1f", a - p }')"
+        case "$v" in "$base" | guard-*) continue ;; esac
+        if [ -z "$prefix" ]; then case "$v" in hyper-*) continue ;; esac; fi
+        case "$v" in "$prefix"*) ;; *) continue ;; esac
+        printf '| %-24s | %22s | %14s |\n' "$v" \
+            "$(awk -v a="${per[$v]}" -v p="${per[$base]}" 'BEGIN { printf "%+.1f", a - p }')" \
+            "$(awk -v a="${per[$v]}" -v p="${per[$base]}" 'BEGIN { printf "%.3f", p / a }')"
     done
-fi
+done

@@ -10,6 +10,7 @@
 //! graceful, inflight; guard-lameduck, guard-atomic, guard-tasktracker, guard-semaphore,
 //! guard-graceful.
 
+use std::convert::Infallible;
 use std::hint::black_box;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,7 +19,11 @@ use std::sync::Arc;
 #[path = "../benches/support/variants.rs"]
 mod variants;
 
-use variants::{app, drain, Variant};
+use bytes::Bytes;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use variants::{app, drain, App, Variant};
 
 const GUARDS: [&str; 5] = [
     "guard-lameduck",
@@ -48,7 +53,16 @@ fn main() -> ExitCode {
     let _ctx = rt.enter();
     let drain = drain();
 
-    if let Some(v) = Variant::parse(&variant) {
+    if let Some(v) = variant.strip_prefix("hyper-").and_then(Variant::parse) {
+        let app = app(v, &drain);
+        rt.block_on(async {
+            match app {
+                App::Router(s) => over_hyper(s, n).await,
+                App::Outer(s) => over_hyper(s, n).await,
+                App::AtomicOuter(s) => over_hyper(s, n).await,
+            }
+        });
+    } else if let Some(v) = Variant::parse(&variant) {
         let app = app(v, &drain);
         let mut bytes = 0;
         for _ in 0..n {
@@ -86,4 +100,43 @@ fn main() -> ExitCode {
     assert_eq!(drain.in_flight(), 0);
     println!("{variant} {n}");
     ExitCode::SUCCESS
+}
+
+/// `n` sequential keep-alive requests through a hyper HTTP/1.1 server connection, over an
+/// in-memory pipe; each response is read to its end before the next request is written.
+async fn over_hyper<S, B>(svc: S, n: u64)
+where
+    S: tower_service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (client, server) = tokio::io::duplex(16 * 1024);
+    let conn = tokio::spawn(
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(server), TowerToHyperService::new(svc)),
+    );
+    let (mut rd, mut wr) = tokio::io::split(client);
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..n {
+        wr.write_all(b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = 0;
+        // The response ends with its 5-byte body; bounded by the buffer size.
+        while !buf[..got].ends_with(b"\r\n\r\nhello") {
+            assert!(got < buf.len(), "response larger than expected");
+            let k = rd.read(&mut buf[got..]).await.unwrap();
+            assert!(k > 0, "the server closed the connection");
+            got += k;
+        }
+    }
+    drop((rd, wr));
+    conn.await.unwrap().unwrap();
 }
