@@ -3,7 +3,8 @@
 # `valgrind --tool=callgrind` at two request counts for every variant, and reports
 #   (instructions(N2) − instructions(N1)) / (N2 − N1)
 # so the setup (runtime, router, coordinator) cancels out. Deterministic: the same binary gives
-# the same counts run after run.
+# the same counts run after run. Heap allocations per request are counted the same way, with
+# `valgrind --tool=dhat`.
 #
 # Usage: benches/callgrind.sh [variant ...]   (default: every request, hyper- and guard variant;
 #        see examples/bench_requests.rs)
@@ -35,17 +36,29 @@ instructions() {
     awk '/Collected :/ { print $NF }' "$out/log"
 }
 
-echo "instructions per request or guard: (I(N2) − I(N1)) / (N2 − N1), N1=$N1, N2=$N2"
+# Heap blocks allocated (dhat's "Total: … bytes in N blocks") for one run.
+allocations() {
+    valgrind --tool=dhat --dhat-out-file=/dev/null "$bin" "$1" "$2" >/dev/null 2>"$out/log"
+    awk '/Total:/ { gsub(",", "", $6); print $6 }' "$out/log"
+}
+
+per_op() {
+    awk -v a="$1" -v b="$2" -v n1="$N1" -v n2="$N2" 'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }'
+}
+
+echo "per request or guard: (X(N2) − X(N1)) / (N2 − N1), N1=$N1, N2=$N2"
 echo "$(valgrind --version), $(rustc --version)"
 echo
-printf '| %-24s | %12s | %14s | %14s |\n' variant "instr/op" "I(N1)" "I(N2)"
-printf '|%s|%s:|%s:|%s:|\n' "--------------------------" "-------------" "---------------" "---------------"
+printf '| %-24s | %12s | %10s | %14s | %14s |\n' variant "instr/op" "allocs/op" "I(N1)" "I(N2)"
+printf '|%s|%s:|%s:|%s:|%s:|\n' "--------------------------" "-------------" "-----------" \
+    "---------------" "---------------"
 declare -A per
 for v in "${variants[@]}"; do
     i1=$(instructions "$v" "$N1")
     i2=$(instructions "$v" "$N2")
-    per[$v]=$(awk -v a="$i1" -v b="$i2" -v n1="$N1" -v n2="$N2" 'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }')
-    printf '| %-24s | %12s | %14s | %14s |\n' "$v" "${per[$v]}" "$i1" "$i2"
+    per[$v]=$(per_op "$i1" "$i2")
+    allocs=$(per_op "$(allocations "$v" "$N1")" "$(allocations "$v" "$N2")")
+    printf '| %-24s | %12s | %10s | %14s | %14s |\n' "$v" "${per[$v]}" "$allocs" "$i1" "$i2"
 done
 
 # Overhead of each middleware over the bare router (in-process, and through hyper).
