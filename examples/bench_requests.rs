@@ -13,8 +13,6 @@
 use std::convert::Infallible;
 use std::hint::black_box;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 #[path = "../benches/support/variants.rs"]
 mod variants;
@@ -23,7 +21,7 @@ use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use variants::{app, drain, App, Variant};
+use variants::{app, drain, Acquire, App, StaticAtomic, Variant};
 
 const GUARDS: [&str; 5] = [
     "guard-lameduck",
@@ -73,11 +71,9 @@ fn main() -> ExitCode {
         match variant.as_str() {
             "guard-lameduck" => (0..n).for_each(|_| drop(black_box(drain.enter()))),
             "guard-atomic" => {
-                let c = Arc::new(AtomicUsize::new(0));
-                for _ in 0..n {
-                    black_box(&c).fetch_add(1, Ordering::Relaxed);
-                    black_box(&c).fetch_sub(1, Ordering::Release);
-                }
+                // The reference layer's guard: `fetch_add` in, `fetch_sub` in `Drop`.
+                let floor = StaticAtomic::leak();
+                (0..n).for_each(|_| drop(black_box(floor.acquire())));
             }
             "guard-tasktracker" => {
                 let t = tokio_util::task::TaskTracker::new();
