@@ -20,6 +20,8 @@ if [ "$#" -gt 0 ]; then
 else
     layers=(plain lameduck lameduck-outer atomic-outer atomic from_fn tasktracker semaphore graceful inflight)
     variants=("${layers[@]}" "${layers[@]/#/hyper-}"
+        tcp-plain tcp-plain-lserve tcp-lameduck-lserve tcp-lameduck-outer tcp-atomic-outer
+        tcp-lameduck tcp-atomic tcp-inflight
         guard-lameduck guard-atomic guard-tasktracker guard-semaphore guard-graceful)
 fi
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed" >&2; exit 1; }
@@ -61,8 +63,8 @@ for v in "${variants[@]}"; do
     printf '| %-24s | %12s | %10s | %14s | %14s |\n' "$v" "${per[$v]}" "$allocs" "$i1" "$i2"
 done
 
-# Overhead of each middleware over the bare router (in-process, and through hyper).
-for prefix in "" "hyper-"; do
+# Overhead of each middleware over the bare router (in-process, through hyper, over TCP).
+for prefix in "" "hyper-" "tcp-"; do
     base="${prefix}plain"
     [ -n "${per[$base]:-}" ] || continue
     echo
@@ -70,7 +72,7 @@ for prefix in "" "hyper-"; do
     printf '|%s|%s:|%s:|\n' "--------------------------" "-----------------------" "---------------"
     for v in "${variants[@]}"; do
         case "$v" in "$base" | guard-*) continue ;; esac
-        if [ -z "$prefix" ]; then case "$v" in hyper-*) continue ;; esac; fi
+        if [ -z "$prefix" ]; then case "$v" in hyper-* | tcp-*) continue ;; esac; fi
         case "$v" in "$prefix"*) ;; *) continue ;; esac
         printf '| %-24s | %22s | %14s |\n' "$v" \
             "$(awk -v a="${per[$v]}" -v p="${per[$base]}" 'BEGIN { printf "%+.1f", a - p }')" \

@@ -20,7 +20,7 @@ mod variants;
 use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use variants::{app, drain, Acquire, App, StaticAtomic, Variant};
 
 const GUARDS: [&str; 5] = [
@@ -51,7 +51,18 @@ fn main() -> ExitCode {
     let _ctx = rt.enter();
     let drain = drain();
 
-    if let Some(v) = variant.strip_prefix("hyper-").and_then(Variant::parse) {
+    if let Some(server) = variant.strip_prefix("tcp-") {
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            // Its own task, as in a real server: the client's wake-ups do not poll it.
+            let server = tokio::spawn(variants::serve(server.to_owned(), listener, drain.clone()));
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            requests(stream, n).await;
+            server.abort();
+        });
+    } else if let Some(v) = variant.strip_prefix("hyper-").and_then(Variant::parse) {
         let app = app(v, &drain);
         rt.block_on(async {
             match app {
@@ -118,7 +129,14 @@ where
         hyper::server::conn::http1::Builder::new()
             .serve_connection(TokioIo::new(server), TowerToHyperService::new(svc)),
     );
-    let (mut rd, mut wr) = tokio::io::split(client);
+    requests(client, n).await;
+    conn.await.unwrap().unwrap();
+}
+
+/// `n` sequential `GET /` requests on one HTTP/1.1 keep-alive connection; each response is read
+/// to its end before the next request is written. Closes the connection at the end.
+async fn requests<IO: AsyncRead + AsyncWrite>(io: IO, n: u64) {
+    let (mut rd, mut wr) = tokio::io::split(io);
     let mut buf = vec![0u8; 4096];
     for _ in 0..n {
         wr.write_all(b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n")
@@ -133,6 +151,5 @@ where
             got += k;
         }
     }
-    drop((rd, wr));
-    conn.await.unwrap().unwrap();
+    wr.shutdown().await.unwrap();
 }

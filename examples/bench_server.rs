@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 #[path = "../benches/support/variants.rs"]
 mod variants;
 
-use variants::{app, drain, App, Variant};
+use variants::drain;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,33 +34,5 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let drain = drain();
     eprintln!("bench_server: {variant} on {addr}");
 
-    match variant.as_str() {
-        "plain-lserve" => {
-            let App::Router(router) = app(Variant::Plain, &drain) else {
-                unreachable!("plain is a router")
-            };
-            lameduck::serve(listener, router, &drain).await?;
-        }
-        "lameduck-lserve" => {
-            let App::Router(router) = app(Variant::Lameduck, &drain) else {
-                unreachable!("lameduck is a router")
-            };
-            lameduck::serve(listener, router, &drain).await?;
-        }
-        name => {
-            let Some(v) = Variant::parse(name) else {
-                return Err(format!(
-                    "unknown variant {name:?}; try plain-lserve, lameduck-lserve, {}",
-                    Variant::names()
-                )
-                .into());
-            };
-            match app(v, &drain) {
-                App::Router(router) => axum::serve(listener, router).await?,
-                App::Outer(svc) => lameduck::serve(listener, svc, &drain).await?,
-                App::AtomicOuter(svc) => lameduck::serve(listener, svc, &drain).await?,
-            }
-        }
-    }
-    Ok(())
+    Ok(variants::serve(variant, listener, drain).await?)
 }

@@ -234,6 +234,46 @@ where
     panic!("the response future did not complete within 16 polls");
 }
 
+// ---- serving a variant over TCP ----
+
+/// The server names `serve` accepts besides the [`Variant`] names.
+pub(crate) const SERVE_ONLY: [&str; 2] = ["plain-lserve", "lameduck-lserve"];
+
+/// Serves one variant on `listener` until the process ends:
+///
+/// * `plain-lserve`, `lameduck-lserve`: the bare router, or `Router::layer(drain.layer())`,
+///   under `lameduck::serve` (the accept loop alone, and with the layer);
+/// * `lameduck-outer`, `atomic-outer`: the layer around the whole router, under
+///   `lameduck::serve` (`axum::serve` takes only services whose body is axum's `Body`);
+/// * every other [`Variant`]: that router under `axum::serve`.
+pub(crate) async fn serve(
+    name: String,
+    listener: tokio::net::TcpListener,
+    drain: Drain,
+) -> Result<(), String> {
+    let drain = &drain;
+    let variant = match name.as_str() {
+        "plain-lserve" => Variant::Plain,
+        "lameduck-lserve" => Variant::Lameduck,
+        other => Variant::parse(other).ok_or_else(|| {
+            format!(
+                "unknown variant {other:?}; try {}, {}",
+                SERVE_ONLY.join(", "),
+                Variant::names()
+            )
+        })?,
+    };
+    match app(variant, drain) {
+        App::Router(router) if SERVE_ONLY.contains(&name.as_str()) => {
+            lameduck::serve(listener, router, drain).await
+        }
+        App::Router(router) => axum::serve(listener, router).await,
+        App::Outer(svc) => lameduck::serve(listener, svc, drain).await,
+        App::AtomicOuter(svc) => lameduck::serve(listener, svc, drain).await,
+    }
+    .map_err(|e| e.to_string())
+}
+
 // ---- the reference layer: a guard taken in `call`, moved into the body ----
 
 /// Something that hands out a guard per request.
