@@ -506,6 +506,7 @@ impl Drain {
     /// assert_eq!(report.exit_code, 0);
     /// # }
     /// ```
+    #[inline]
     pub fn enter(&self) -> InFlightGuard {
         self.inner.core.enter().0
     }

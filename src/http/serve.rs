@@ -362,6 +362,10 @@ impl ConnTask {
                 conn.as_mut().graceful_shutdown();
                 shutdown_sent = true;
             }
+            // `select!` polls every enabled branch on each wake-up of this task — about once
+            // per request — and each poll of a `cancelled()` future locks its token. The stop
+            // and deadline tokens fire only after the drain token (the drain's order), so while
+            // Serving only the drain token is polled.
             tokio::select! {
                 res = conn.as_mut() => {
                     if let Err(e) = res {
@@ -371,7 +375,7 @@ impl ConnTask {
                 }
                 () = tokens.drain.cancelled(), if !draining => draining = true,
                 () = meta.shared().proto_known.notified(), if draining && !shutdown_sent && !accepted_while_draining && proto == PROTO_UNKNOWN => {}
-                () = tokens.idle_close.cancelled(), if !idle_closed => {
+                () = tokens.idle_close.cancelled(), if draining && !idle_closed => {
                     idle_closed = true;
                     if !shutdown_sent {
                         // HTTP/1: closes now if idle, after the current response if busy.
@@ -379,7 +383,7 @@ impl ConnTask {
                         shutdown_sent = true;
                     }
                 }
-                () = tokens.deadline.cancelled() => {
+                () = tokens.deadline.cancelled(), if draining => {
                     tracing::debug!(conn = meta.id(), "lameduck: quiesce deadline; force-closing connection");
                     break;
                 }
