@@ -243,6 +243,8 @@ impl Manifests {
         port.parse().unwrap_or_else(|_| self.container_port(port))
     }
 
+    // Only the admin-router checks read the token.
+    #[cfg(feature = "admin")]
     fn admin_token(&self) -> &str {
         self.env("LAMEDUCK_ADMIN_TOKEN").str("value")
     }
