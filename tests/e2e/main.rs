@@ -7,7 +7,7 @@
 mod procs;
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use lameduck::{DrainReport, EventKind, Outcome};
@@ -137,57 +137,85 @@ fn assert_clean(result: &ProbeResult) {
     assert!(s.slow.succeeded > 0 && s.stream.succeeded > 0);
 }
 
+/// Two live instances on three HAProxy slots (one free for a replacement, maxSurge 1), all
+/// marked UP by HAProxy's health checks.
+struct Fleet {
+    dir: PathBuf,
+    slots: Vec<(u16, u16)>,
+    frontend: u16,
+    flags: &'static [&'static str],
+    /// (slot, instance), oldest first.
+    live: Vec<(usize, Instance)>,
+    _proxy: procs::Proxy,
+}
+
+impl Fleet {
+    fn start(run: &str, prefix: &str, flags: &'static [&'static str]) -> Fleet {
+        let dir = scratch(run);
+        let slots: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let frontend = free_port();
+        let live: Vec<(usize, Instance)> = (0..2)
+            .map(|i| {
+                let name = format!("{prefix}0-s{i}");
+                (
+                    i,
+                    Instance::start(&name, slots[i].0, slots[i].1, &dir, flags),
+                )
+            })
+            .collect();
+        let proxy = haproxy(&dir, frontend, &slots);
+        for (i, _) in &live {
+            wait_haproxy(&dir, *i, "UP");
+        }
+        Fleet {
+            dir,
+            slots,
+            frontend,
+            flags,
+            live,
+            _proxy: proxy,
+        }
+    }
+
+    /// One rolling-update step: the replacement comes up on the free slot first; then the
+    /// oldest instance is handed to `stop` and leaves the fleet.
+    fn roll(&mut self, name: &str, stop: impl FnOnce(&mut Instance) -> i32) -> (Instance, i32) {
+        let free = (0..3)
+            .find(|s| self.live.iter().all(|(l, _)| l != s))
+            .unwrap();
+        let (port, admin) = self.slots[free];
+        let new = Instance::start(name, port, admin, &self.dir, self.flags);
+        wait_haproxy(&self.dir, free, "UP");
+        let (slot, mut old) = self.live.remove(0);
+        let code = stop(&mut old);
+        wait_haproxy(&self.dir, slot, "DOWN");
+        self.live.push((free, new));
+        (old, code)
+    }
+}
+
 #[test]
 fn haproxy_rolling_update_loses_nothing() {
     if require("haproxy").is_none() {
         return;
     }
-    let dir = scratch("haproxy-rolling");
-    // Three slots: two live instances, one free for the replacement (maxSurge 1).
-    let slots: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
-    let frontend = free_port();
-    let mut live: Vec<(usize, Instance)> = (0..2)
-        .map(|i| {
-            (
-                i,
-                Instance::start(
-                    &format!("v0-s{i}"),
-                    slots[i].0,
-                    slots[i].1,
-                    &dir,
-                    SERVICE_FLAGS,
-                ),
-            )
-        })
-        .collect();
-    let _proxy = haproxy(&dir, frontend, &slots);
-    for (i, _) in &live {
-        wait_haproxy(&dir, *i, "UP");
-    }
-    let probe = start_probe(probe_config(frontend, "haproxy", Duration::from_secs(20)));
+    let mut fleet = Fleet::start("haproxy-rolling", "v", SERVICE_FLAGS);
+    let probe = start_probe(probe_config(
+        fleet.frontend,
+        "haproxy",
+        Duration::from_secs(20),
+    ));
     std::thread::sleep(Duration::from_millis(1500));
 
     let started = Instant::now();
     let mut drained = Vec::new();
     for round in 1..=3 {
-        // Surge: the replacement comes up on the free slot first.
-        let free = (0..3).find(|s| live.iter().all(|(l, _)| l != s)).unwrap();
-        let new = Instance::start(
-            &format!("v{round}-s{free}"),
-            slots[free].0,
-            slots[free].1,
-            &dir,
-            SERVICE_FLAGS,
-        );
-        wait_haproxy(&dir, free, "UP");
-        // Then the oldest goes: preStop /drain, then SIGTERM, as kubelet does.
-        let (slot, mut old) = live.remove(0);
-        prestop(&old);
-        old.signal("-TERM");
-        let code = old.wait_exit(Duration::from_secs(15));
-        wait_haproxy(&dir, slot, "DOWN");
-        live.push((free, new));
-        drained.push((old, code));
+        // The oldest goes as kubelet does it: preStop /drain, then SIGTERM.
+        drained.push(fleet.roll(&format!("v{round}"), |old| {
+            prestop(old);
+            old.signal("-TERM");
+            old.wait_exit(Duration::from_secs(15))
+        }));
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "rounds take too long"
@@ -200,7 +228,7 @@ fn haproxy_rolling_update_loses_nothing() {
         assert_eq!(*code, 0, "{} exit code", inst.name);
         assert_eq!(report.outcome, Outcome::Clean);
         assert!(report.event(EventKind::InFlightZero).is_some());
-        timeline(&dir, &result, inst, &report, *code);
+        timeline(&fleet.dir, &result, inst, &report, *code);
     }
 }
 
@@ -262,38 +290,19 @@ fn haproxy_with_a_naive_server_loses_requests() {
     if require("haproxy").is_none() {
         return;
     }
-    let dir = scratch("haproxy-naive");
-    let slots: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
-    let frontend = free_port();
-    let naive = &["--naive"];
-    let mut live: Vec<(usize, Instance)> = (0..2)
-        .map(|i| {
-            (
-                i,
-                Instance::start(&format!("naive-s{i}"), slots[i].0, slots[i].1, &dir, naive),
-            )
-        })
-        .collect();
-    let _proxy = haproxy(&dir, frontend, &slots);
-    for (i, _) in &live {
-        wait_haproxy(&dir, *i, "UP");
-    }
-    let probe = start_probe(probe_config(frontend, "naive", Duration::from_secs(8)));
+    let mut fleet = Fleet::start("haproxy-naive", "naive", &["--naive"]);
+    let probe = start_probe(probe_config(
+        fleet.frontend,
+        "naive",
+        Duration::from_secs(8),
+    ));
     std::thread::sleep(Duration::from_millis(1500));
     for round in 1..=2 {
-        let free = (0..3).find(|s| live.iter().all(|(l, _)| l != s)).unwrap();
-        let new = Instance::start(
-            &format!("naive-r{round}"),
-            slots[free].0,
-            slots[free].1,
-            &dir,
-            naive,
-        );
-        wait_haproxy(&dir, free, "UP");
-        let (_, mut old) = live.remove(0);
-        old.signal("-TERM"); // no preStop, no drain: exits at once
-        old.wait_exit(Duration::from_secs(15));
-        live.push((free, new));
+        // No preStop, no drain: SIGTERM and the process exits at once.
+        fleet.roll(&format!("naive{round}"), |old| {
+            old.signal("-TERM");
+            old.wait_exit(Duration::from_secs(15))
+        });
         std::thread::sleep(Duration::from_millis(1500));
     }
     let result = probe.join().expect("probe thread");
