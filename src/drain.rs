@@ -1115,7 +1115,7 @@ impl Drain {
     // ---- hooks for the HTTP parts ----
 
     /// A new connection was accepted; counts it as activity while draining.
-    #[allow(dead_code)] // called by the accept loop of the `http` feature
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the accept loop of the `http` feature
     pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) -> bool {
         let draining = self.is_draining();
         if draining {
@@ -1376,8 +1376,10 @@ impl Drain {
             }
             abort.abort();
         }
-        // Give aborted tasks' wrappers a moment to record their end; bounded and non-blocking.
-        tokio::task::yield_now().await;
+        // Wait for the aborted tasks' wrappers to record their end (the tracker is closed, so
+        // `wait` resolves once they have); bounded, in case a task blocks its thread.
+        let settle = (Instant::now() + Duration::from_millis(100)).min(hard);
+        let _ = tokio::time::timeout_at(settle, self.inner.tasks.tracker.wait()).await;
     }
 
     fn build_report(

@@ -123,13 +123,13 @@ impl Core {
     }
 
     /// When the drain started, once the stamp is visible (see `start_draining`).
-    #[allow(dead_code)] // read by the HTTP layer of the `http` feature
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // read by the HTTP layer of the `http` feature
     pub(crate) fn drain_started(&self) -> Option<Instant> {
         self.unstamp(self.drain_started.load(Ordering::Acquire))
     }
 
     /// A new connection accepted while draining.
-    #[allow(dead_code)] // called by the accept loop of the `http` feature
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the accept loop of the `http` feature
     pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) {
         let now = self.stamp(Instant::now());
         self.last_activity.fetch_max(now, Ordering::Relaxed);
@@ -146,7 +146,7 @@ impl Core {
     }
 
     /// A request that arrived while draining, on a new or a reused connection.
-    #[allow(dead_code)] // called by the HTTP layer of the `http` feature
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the HTTP layer of the `http` feature
     pub(crate) fn note_request(&self, on_new_connection: bool) {
         let c = if on_new_connection {
             &self.after_flip.requests_on_new
@@ -192,7 +192,7 @@ impl Core {
         reg.slots.iter().flatten().cloned().collect()
     }
 
-    #[allow(dead_code)] // reached through `describe`, called by the HTTP layer
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // reached through `describe`, called by the HTTP layer
     fn register(&self, info: RequestInfo) -> u32 {
         let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = reg.free.pop() {
@@ -229,7 +229,7 @@ pub struct InFlightGuard {
 
 impl InFlightGuard {
     /// Registers what this guard counts, for the straggler list. Only called while draining.
-    #[allow(dead_code)] // called by the HTTP layer of the `http` feature
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the HTTP layer of the `http` feature
     pub(crate) fn describe(&mut self, info: RequestInfo) {
         if self.slot == NO_SLOT {
             self.slot = self.core.register(info);
@@ -237,12 +237,12 @@ impl InFlightGuard {
     }
 
     /// `true` once [`describe`](Self::describe) registered this guard.
-    #[allow(dead_code)] // used by the HTTP layer, which is feature-gated
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the HTTP layer, which is feature-gated
     pub(crate) fn is_described(&self) -> bool {
         self.slot != NO_SLOT
     }
 
-    #[allow(dead_code)] // used by the HTTP layer, which is feature-gated
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the HTTP layer, which is feature-gated
     pub(crate) fn core(&self) -> &'static Core {
         self.core
     }
