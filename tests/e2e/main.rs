@@ -1,5 +1,8 @@
 //! End to end through real proxies: HAProxy with active health checks and nginx as a pooling
 //! proxy in front of real service processes, real signals, and the rollout probe as the client.
+//! Neither proxy retries or redispatches a request (HAProxy `retries 0`, nginx
+//! `proxy_next_upstream off`), so a request the server refused or cut reaches the client as a
+//! failure: the verdict is the server's, not the proxy's.
 //!
 //! Needs `haproxy` and `nginx` (`apt-get install -y haproxy nginx-light`); without them these
 //! tests say so loudly and pass, unless `LAMEDUCK_E2E=require` (set by `.ci/run`).
@@ -12,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use lameduck::{DrainReport, EventKind, Outcome};
 use lameduck_probe::{ConnectionMode, Probe, ProbeConfig, ProbeResult};
-use procs::{free_port, haproxy, nginx, require, scratch, wait_haproxy, Instance};
+use procs::{free_port, haproxy, nginx, nginx_reload, require, scratch, wait_haproxy, Instance};
 
 /// Service flags for the proxied runs: HAProxy notices `/readyz` within ~0.6 s
 /// (`inter 300ms fall 2`); the quiet window waits for it and then for quiet.
@@ -167,6 +170,9 @@ impl Fleet {
         for (i, _) in &live {
             wait_haproxy(&dir, *i, "UP");
         }
+        // HAProxy starts every server UP; the free slot has nothing listening yet and must be
+        // seen DOWN before traffic starts (nothing retries a request sent to it).
+        wait_haproxy(&dir, 2, "DOWN");
         Fleet {
             dir,
             slots,
@@ -232,55 +238,75 @@ fn haproxy_rolling_update_loses_nothing() {
     }
 }
 
+/// How long nginx learns of an endpoint change after the drain started, like an ingress
+/// controller that reloads a moment after the EndpointSlice changed.
+const NGINX_RELOAD_LAG: Duration = Duration::from_millis(1000);
+
 #[test]
-fn nginx_pooling_proxy_without_health_checks_loses_nothing() {
+fn nginx_pooling_proxy_rolling_update_loses_nothing() {
     if require("nginx").is_none() {
         return;
     }
     let dir = scratch("nginx-pool");
-    let slots: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
+    let slots: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
     let frontend = free_port();
-    let mut live: Vec<Instance> = (0..2)
+    // (slot, instance), oldest first.
+    let mut live: Vec<(usize, Instance)> = (0..2)
         .map(|i| {
-            Instance::start(
-                &format!("v0-s{i}"),
-                slots[i].0,
-                slots[i].1,
-                &dir,
-                SERVICE_FLAGS,
+            let name = format!("v0-s{i}");
+            (
+                i,
+                Instance::start(&name, slots[i].0, slots[i].1, &dir, SERVICE_FLAGS),
             )
         })
         .collect();
-    let _proxy = nginx(
-        &dir,
-        frontend,
-        &slots.iter().map(|s| s.0).collect::<Vec<_>>(),
-    );
-    let probe = start_probe(probe_config(frontend, "nginx", Duration::from_secs(22)));
+    let upstreams = |live: &[(usize, Instance)]| -> Vec<u16> {
+        live.iter().map(|(s, _)| slots[*s].0).collect()
+    };
+    let proxy = nginx(&dir, frontend, &upstreams(&live));
+    let probe = start_probe(probe_config(frontend, "nginx", Duration::from_secs(20)));
     std::thread::sleep(Duration::from_millis(1500));
     let mut drained = Vec::new();
-    // Restart each instance in place: nginx keeps its pooled connections and knows nothing of
-    // readiness; only `Connection: close` and serving through the quiet window protect it.
-    for (i, slot) in slots.iter().enumerate() {
-        let mut old = live.remove(0);
-        prestop(&old);
-        old.signal("-TERM");
-        let code = old.wait_exit(Duration::from_secs(15));
-        live.push(Instance::start(
-            &format!("v1-s{i}"),
-            slot.0,
-            slot.1,
+    // A rolling update behind a pooling proxy with no health checks and no retries: the
+    // replacement starts on a free slot, the oldest instance is drained (preStop, then SIGTERM)
+    // and nginx drops it from its upstreams only `NGINX_RELOAD_LAG` later. Until then nginx
+    // keeps sending it requests on pooled and new connections; `Connection: close` and serving
+    // through the quiet window are all that protect them.
+    for round in 1..=2 {
+        let free = (0..3).find(|s| live.iter().all(|(l, _)| l != s)).unwrap();
+        let new = Instance::start(
+            &format!("v{round}-s{free}"),
+            slots[free].0,
+            slots[free].1,
             &dir,
             SERVICE_FLAGS,
-        ));
-        std::thread::sleep(Duration::from_millis(1500));
+        );
+        let (_, mut old) = live.remove(0);
+        live.push((free, new));
+        let next = upstreams(&live);
+        std::thread::scope(|s| {
+            let hook = s.spawn(|| prestop(&old));
+            std::thread::sleep(NGINX_RELOAD_LAG);
+            nginx_reload(&proxy, &dir, frontend, &next);
+            hook.join().expect("preStop thread");
+        });
+        old.signal("-TERM");
+        let code = old.wait_exit(Duration::from_secs(15));
         drained.push((old, code));
+        std::thread::sleep(Duration::from_millis(1500));
     }
     let result = probe.join().expect("probe thread");
     assert_clean(&result);
     for (inst, code) in &drained {
         let report = inst.report();
         assert_eq!(*code, 0, "{} exit code", inst.name);
+        assert!(
+            report.after_flip.requests_on_new_connections
+                + report.after_flip.requests_on_reused_connections
+                > 0,
+            "{}: nginx sent nothing during the reload lag, so the test proves nothing",
+            inst.name
+        );
         timeline(&dir, &result, inst, &report, *code);
     }
 }

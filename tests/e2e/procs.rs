@@ -202,14 +202,15 @@ impl Drop for Proxy {
 }
 
 /// HAProxy: active health checks on each slot's `/readyz` (admin port), keep-alive to the
-/// backends, round robin.
+/// backends, round robin. No retries and no redispatch: a request the backend refused or cut
+/// reaches the client as an error, so the verdict is the server's alone.
 pub(crate) fn haproxy(dir: &Path, frontend: u16, slots: &[(u16, u16)]) -> Proxy {
     let bin = require("haproxy").expect("checked by the caller");
     let sock = dir.join("haproxy.sock");
     let mut cfg = format!(
         "global\n  maxconn 2000\n  stats socket {sock} mode 600 level admin\n\
          defaults\n  mode http\n  timeout connect 1s\n  timeout client 30s\n  timeout server 30s\n  \
-         timeout http-keep-alive 10s\n  option http-keep-alive\n  retries 2\n  option redispatch\n\
+         timeout http-keep-alive 10s\n  option http-keep-alive\n  retries 0\n\
          frontend fe\n  bind 127.0.0.1:{frontend}\n  default_backend be\n\
          backend be\n  balance roundrobin\n  option httpchk GET /readyz\n  http-reuse always\n",
         sock = sock.display()
@@ -260,14 +261,39 @@ pub(crate) fn wait_haproxy(dir: &Path, server: usize, status: &str) {
     }
 }
 
-/// nginx as a keep-alive connection-pooling proxy with no readiness awareness.
+/// nginx as a keep-alive connection-pooling proxy with no readiness awareness. It never
+/// retries a request on another upstream (`proxy_next_upstream off`): every error a backend
+/// causes reaches the client, so the verdict is the server's alone.
 pub(crate) fn nginx(dir: &Path, frontend: u16, backends: &[u16]) -> Proxy {
     let bin = require("nginx").expect("checked by the caller");
+    let path = write_nginx_conf(dir, frontend, backends);
+    let mut cmd = Command::new(bin);
+    cmd.arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(&path)
+        .arg("-g")
+        .arg("daemon off;");
+    Proxy::spawn("nginx", cmd, dir.join("nginx.log"), frontend)
+}
+
+/// Rewrites nginx's upstream list and reloads it (SIGHUP to the master), as an ingress
+/// controller does when the endpoints change: new workers use the new list, old workers finish
+/// the requests they have and close their pooled upstream connections.
+pub(crate) fn nginx_reload(proxy: &Proxy, dir: &Path, frontend: u16, backends: &[u16]) {
+    write_nginx_conf(dir, frontend, backends);
+    let ok = Command::new("kill")
+        .args(["-HUP", &proxy.child.id().to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill -HUP nginx failed");
+}
+
+fn write_nginx_conf(dir: &Path, frontend: u16, backends: &[u16]) -> PathBuf {
     let mut upstream = String::new();
     for p in backends {
-        upstream.push_str(&format!(
-            "    server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;\n"
-        ));
+        upstream.push_str(&format!("    server 127.0.0.1:{p};\n"));
     }
     let d = dir.display();
     let cfg = format!(
@@ -278,16 +304,9 @@ pub(crate) fn nginx(dir: &Path, frontend: u16, backends: &[u16]) -> Proxy {
          upstream app {{\n{upstream}    keepalive 16;\n  }}\n\
          server {{\n    listen 127.0.0.1:{frontend};\n    location / {{\n      proxy_pass http://app;\n\
          proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
-         proxy_read_timeout 30s;\n    }}\n  }}\n}}\n"
+         proxy_next_upstream off;\n      proxy_read_timeout 30s;\n    }}\n  }}\n}}\n"
     );
     let path = dir.join("nginx.conf");
     std::fs::write(&path, cfg).unwrap();
-    let mut cmd = Command::new(bin);
-    cmd.arg("-p")
-        .arg(dir)
-        .arg("-c")
-        .arg(&path)
-        .arg("-g")
-        .arg("daemon off;");
-    Proxy::spawn("nginx", cmd, dir.join("nginx.log"), frontend)
+    path
 }
