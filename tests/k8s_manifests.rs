@@ -343,6 +343,29 @@ fn ports_agree_and_the_admin_port_stays_out_of_the_service() {
     }
 }
 
+/// With `publishNotReadyAddresses: true` an endpoint stays `ready=true` while its Pod
+/// terminates, so flipping `/readyz` removes nothing for consumers that follow `ready`
+/// (headless DNS, most proxies): the drain would serve new connections until it stops
+/// accepting and then refuse them.
+#[test]
+fn the_service_does_not_publish_not_ready_addresses() {
+    fn publishes_not_ready(service: &Node) -> bool {
+        service
+            .at("spec")
+            .get("publishNotReadyAddresses")
+            .is_some_and(|n| matches!(n, Node::Scalar(v) if v == "true"))
+    }
+    let m = Manifests::load();
+    assert!(
+        !publishes_not_ready(&m.service),
+        "examples/k8s/service.yaml sets publishNotReadyAddresses: true; a draining Pod would stay \
+         ready=true in its EndpointSlice (see guide::kubernetes, Probes)"
+    );
+    // The check sees the setting when it is there.
+    let bad = SERVICE.replace("spec:\n", "spec:\n  publishNotReadyAddresses: true\n");
+    assert!(publishes_not_ready(&parse(&bad)));
+}
+
 #[cfg(feature = "admin")]
 #[test]
 fn probes_and_prestop_use_the_admin_port() {
