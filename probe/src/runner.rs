@@ -555,7 +555,7 @@ async fn one_request(kind: Kind, shared: Arc<Shared>, permit: OwnedSemaphorePerm
     let keepalive = match shared.config.connections {
         ConnectionMode::KeepAlive => true,
         ConnectionMode::Fresh => false,
-        ConnectionMode::Mixed => seq.is_multiple_of(2),
+        ConnectionMode::Mixed => seq % 2 == 0,
     };
     let kind_index = Kind::ALL.iter().position(|&k| k == kind).unwrap_or(0);
     let plan = Plan {
