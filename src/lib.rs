@@ -55,7 +55,7 @@
 //! | `axum::serve(...).with_graceful_shutdown(...)` | [`Drain::layer`] + [`ConnMeta`] + the stop token | [`guide::axum`] |
 //! | your own hyper accept loop | [`Drain::layer`] + the tokens | [`guide::hyper`] |
 //! | tonic (gRPC) | [`Drain::layer`] + [`Drain::grpc_health`] | [`guide::tonic`] |
-//! | server-sent events, WebSockets, watches | [`Drain::stream_stop`], [`StreamStop::wrap`] | `examples/sse.rs` |
+//! | server-sent events, WebSockets, watches | [`Drain::stream_stop`], [`StreamStop::wrap`], a guard per socket | `examples/sse.rs`, `examples/websocket.rs` |
 //! | queue consumers, pollers | [`Drain::spawn_cancellable`] | `examples/queue_consumer.rs` |
 //! | Kubernetes probes and `preStop` | [`Drain::admin_router`] | [`guide::kubernetes`] |
 //!
