@@ -7,6 +7,7 @@
 //! Needs `haproxy` and `nginx` (`apt-get install -y haproxy nginx-light`); without them these
 //! tests say so loudly and pass, unless `LAMEDUCK_E2E=require` (set by `.ci/run`).
 
+mod hooks;
 mod procs;
 
 use std::fmt::Write as _;
