@@ -751,6 +751,38 @@ async fn prestop_helper_reports_each_failure() {
     assert!(err.is_invalid_response(), "{err}");
 }
 
+#[tokio::test]
+async fn prestop_helper_refuses_an_oversized_answer() {
+    // An HTTP server that answers 200 with a body far past the helper's limit: refused as
+    // malformed, without reading it all.
+    let big = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = big.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut s, _) = big.accept().await.unwrap();
+        let mut buf = [0u8; 1024];
+        let _ = s.read(&mut buf).await;
+        let len = 64 << 20;
+        let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+        let _ = s.write_all(head.as_bytes()).await;
+        let chunk = vec![b'x'; 1 << 16];
+        for _ in 0..(len / chunk.len()) {
+            if s.write_all(&chunk).await.is_err() {
+                break; // the helper gave up and closed
+            }
+        }
+    });
+    let err = tokio::time::timeout(
+        Duration::from_secs(15),
+        prestop(addr, PrestopOptions::default()),
+    )
+    .await
+    .expect("the helper gives up in time")
+    .unwrap_err();
+    assert!(err.is_invalid_response(), "{err}");
+    assert!(err.to_string().contains("larger than"), "{err}");
+}
+
 #[test]
 fn prestop_blocking_works_before_a_runtime_exists() {
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -1,15 +1,19 @@
 //! The `preStop` exec helper: `GET /drain` against the local admin port, for images without
 //! `curl`.
 //!
-//! A deliberately tiny HTTP/1.1 client over a `TcpStream`: one request, `Connection: close`,
-//! a response read up to a fixed size. It talks to this crate's own admin router on the
-//! loopback interface, so it needs no TLS, redirects, proxies or pooling — and no dependency.
+//! One request on hyper's HTTP/1.1 client connection (`Connection: close`), its body read up
+//! to a fixed size. It talks to this crate's own admin router on the loopback interface, so it
+//! needs no TLS, redirects, proxies or pooling.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http::header::{ACCEPT, AUTHORIZATION, CONNECTION, HOST, USER_AGENT};
+use http::{HeaderValue, Request};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::router::{Wait, ADMIN_TOKEN_ENV};
@@ -252,7 +256,7 @@ pub async fn prestop(addr: SocketAddr, options: PrestopOptions) -> Result<Status
     let connect_bound = options
         .timeout
         .map_or(CONNECT_TIMEOUT, |t| t.min(CONNECT_TIMEOUT));
-    let mut stream = match tokio::time::timeout(connect_bound, TcpStream::connect(addr)).await {
+    let stream = match tokio::time::timeout(connect_bound, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(err(ErrorKind::Connect(e))),
         Err(_) => {
@@ -264,21 +268,42 @@ pub async fn prestop(addr: SocketAddr, options: PrestopOptions) -> Result<Status
     };
 
     let exchange = async {
-        stream.write_all(request.as_bytes()).await?;
-        read_response(&mut stream).await
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| err(classify(e)))?;
+        // The connection task ends when the server closes (we asked for `Connection: close`).
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| err(classify(e)))?;
+        let code = response.status().as_u16();
+        let body = Limited::new(response.into_body(), MAX_RESPONSE)
+            .collect()
+            .await
+            .map_err(|e| match e.downcast::<hyper::Error>() {
+                Ok(e) => err(classify(*e)),
+                Err(_) => err(ErrorKind::InvalidResponse(format!(
+                    "the answer is larger than {MAX_RESPONSE} bytes"
+                ))),
+            })?
+            .to_bytes();
+        let body = String::from_utf8(body.to_vec())
+            .map_err(|_| err(ErrorKind::InvalidResponse("the body is not UTF-8".into())))?;
+        Ok::<_, PrestopError>((code, body))
     };
-    let read = match options.timeout {
+    let (code, body) = match options.timeout {
         Some(t) => {
             let bound = t.saturating_add(ANSWER_SLACK);
             match tokio::time::timeout(bound, exchange).await {
-                Ok(r) => r,
+                Ok(r) => r?,
                 Err(_) => return Err(err(ErrorKind::Timeout(bound))),
             }
         }
-        None => exchange.await,
+        None => exchange.await?,
     };
-    let raw = read.map_err(|e| err(ErrorKind::Io(e)))?;
-    let (code, body) = parse_response(&raw).map_err(|why| err(ErrorKind::InvalidResponse(why)))?;
     if !(200..300).contains(&code) {
         return Err(err(ErrorKind::Status { code, body }));
     }
@@ -287,6 +312,15 @@ pub async fn prestop(addr: SocketAddr, options: PrestopOptions) -> Result<Status
             "the {code} answer is not the status JSON: {e}"
         )))
     })
+}
+
+/// A malformed answer is the server's fault; anything else is the connection's.
+fn classify(e: hyper::Error) -> ErrorKind {
+    if e.is_parse() || e.is_parse_status() {
+        ErrorKind::InvalidResponse(format!("not an HTTP/1.1 answer: {e}"))
+    } else {
+        ErrorKind::Io(std::io::Error::other(e))
+    }
 }
 
 /// [`prestop`] for a synchronous `main`, before any runtime exists: runs it on a small
@@ -325,18 +359,19 @@ fn local(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-fn build_request(addr: SocketAddr, options: &PrestopOptions) -> Result<String, &'static str> {
+fn build_request(
+    addr: SocketAddr,
+    options: &PrestopOptions,
+) -> Result<Request<Empty<Bytes>>, &'static str> {
     let mut target = format!("/drain?wait={}", options.wait.as_str());
     if let Some(t) = options.timeout {
         target.push_str(&format!("&timeout={}ms", t.as_millis()));
     }
-    let mut req = format!(
-        "GET {target} HTTP/1.1\r\n\
-         Host: {addr}\r\n\
-         User-Agent: lameduck-prestop\r\n\
-         Accept: application/json\r\n\
-         Connection: close\r\n"
-    );
+    let mut req = Request::get(target)
+        .header(HOST, addr.to_string())
+        .header(USER_AGENT, "lameduck-prestop")
+        .header(ACCEPT, "application/json")
+        .header(CONNECTION, "close");
     if let Some(token) = &options.token {
         let token = token.trim();
         if token.is_empty() {
@@ -346,136 +381,12 @@ fn build_request(addr: SocketAddr, options: &PrestopOptions) -> Result<String, &
         if !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
             return Err("the token must be visible ASCII without spaces");
         }
-        req.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        let value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| "the token must be visible ASCII without spaces")?;
+        req = req.header(AUTHORIZATION, value);
     }
-    req.push_str("\r\n");
-    Ok(req)
-}
-
-/// Reads until the server closes (we asked for `Connection: close`) or the framing says the
-/// answer is complete, whichever comes first.
-async fn read_response(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::with_capacity(2048);
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(buf);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > MAX_RESPONSE {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("the answer is larger than {MAX_RESPONSE} bytes"),
-            ));
-        }
-        if is_complete(&buf) {
-            return Ok(buf);
-        }
-    }
-}
-
-fn split_head(raw: &[u8]) -> Option<(&[u8], &[u8])> {
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    Some((&raw[..end], &raw[end + 4..]))
-}
-
-enum Framing {
-    Length(usize),
-    Chunked,
-    UntilClose,
-}
-
-fn framing(head: &str) -> Result<Framing, String> {
-    let mut framing = Framing::UntilClose;
-    for line in head.split("\r\n").skip(1) {
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(format!("header line without a colon: {line:?}"));
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("transfer-encoding") {
-            if value.eq_ignore_ascii_case("chunked") {
-                framing = Framing::Chunked;
-            } else {
-                return Err(format!("unsupported transfer-encoding {value:?}"));
-            }
-        } else if name.eq_ignore_ascii_case("content-length")
-            && !matches!(framing, Framing::Chunked)
-        {
-            let n = value
-                .parse()
-                .map_err(|_| format!("bad content-length {value:?}"))?;
-            framing = Framing::Length(n);
-        }
-    }
-    Ok(framing)
-}
-
-fn is_complete(raw: &[u8]) -> bool {
-    let Some((head, body)) = split_head(raw) else {
-        return false;
-    };
-    let Ok(head) = std::str::from_utf8(head) else {
-        return true; // malformed: stop reading, parse_response says why
-    };
-    match framing(head) {
-        Ok(Framing::Length(n)) => body.len() >= n,
-        Ok(Framing::Chunked) => dechunk(body).is_ok(),
-        Ok(Framing::UntilClose) => false,
-        Err(_) => true,
-    }
-}
-
-fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = body
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("truncated chunk size")?;
-        let size_line = std::str::from_utf8(&body[..line_end]).map_err(|_| "bad chunk size")?;
-        let size_hex = size_line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_hex, 16).map_err(|_| "bad chunk size")?;
-        body = &body[line_end + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        if body.len() < size + 2 {
-            return Err("truncated chunk".into());
-        }
-        out.extend_from_slice(&body[..size]);
-        body = &body[size + 2..];
-    }
-}
-
-/// The status code and the body as text.
-fn parse_response(raw: &[u8]) -> Result<(u16, String), String> {
-    if raw.is_empty() {
-        return Err("the connection closed without an answer".into());
-    }
-    let (head, body) = split_head(raw).ok_or("the answer ended inside its headers")?;
-    let head = std::str::from_utf8(head).map_err(|_| "the headers are not UTF-8")?;
-    let status_line = head.split("\r\n").next().unwrap_or("");
-    let mut parts = status_line.splitn(3, ' ');
-    let version = parts.next().unwrap_or("");
-    if !version.starts_with("HTTP/1.") {
-        return Err(format!("not an HTTP/1.x status line: {status_line:?}"));
-    }
-    let code: u16 = parts
-        .next()
-        .and_then(|c| c.parse().ok())
-        .filter(|c| (100..600).contains(c))
-        .ok_or_else(|| format!("bad status line: {status_line:?}"))?;
-    let body = match framing(head)? {
-        Framing::Length(n) => body
-            .get(..n)
-            .ok_or_else(|| format!("the body ended after {} of {n} bytes", body.len()))?
-            .to_vec(),
-        Framing::Chunked => dechunk(body)?,
-        Framing::UntilClose => body.to_vec(),
-    };
-    let body = String::from_utf8(body).map_err(|_| "the body is not UTF-8")?;
-    Ok((code, body))
+    req.body(Empty::new())
+        .map_err(|_| "the request cannot be built from these options")
 }
 
 #[cfg(test)]
@@ -491,9 +402,12 @@ mod tests {
             timeout: Some(Duration::from_millis(1500)),
         };
         let req = build_request(addr, &opts).unwrap();
-        assert!(req.starts_with("GET /drain?wait=propagated&timeout=1500ms HTTP/1.1\r\n"));
-        assert!(req.contains("\r\nAuthorization: Bearer t0k\r\n"));
-        assert!(req.ends_with("\r\n\r\n"));
+        assert_eq!(
+            req.uri().to_string(),
+            "/drain?wait=propagated&timeout=1500ms"
+        );
+        assert_eq!(req.headers()[AUTHORIZATION], "Bearer t0k");
+        assert_eq!(req.headers()[CONNECTION], "close");
         let bad = PrestopOptions {
             token: Some("a\r\nX-Evil: 1".into()),
             ..PrestopOptions::default()
@@ -515,21 +429,5 @@ mod tests {
             local("10.0.0.1:1".parse().unwrap()),
             "10.0.0.1:1".parse().unwrap()
         );
-    }
-
-    #[test]
-    fn parses_length_chunked_and_close_framing() {
-        let r = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-        assert!(is_complete(r));
-        assert_eq!(parse_response(r).unwrap(), (200, "ok".into()));
-        let r = b"HTTP/1.1 504 Gateway Timeout\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1\r\nc\r\n0\r\n\r\n";
-        assert!(is_complete(r));
-        assert_eq!(parse_response(r).unwrap(), (504, "abc".into()));
-        let r = b"HTTP/1.0 202 Accepted\r\n\r\nxyz";
-        assert!(!is_complete(r));
-        assert_eq!(parse_response(r).unwrap(), (202, "xyz".into()));
-        assert!(parse_response(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
-        assert!(parse_response(b"").is_err());
-        assert!(parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nok").is_err());
     }
 }
