@@ -123,7 +123,7 @@ pub use report::{
     Straggler, TERMINATION_LOG_LIMIT,
 };
 pub use signal::Signals;
-pub use tasks::{TaskEnd, TaskKind};
+pub use tasks::TaskEnd;
 
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]

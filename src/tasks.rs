@@ -17,9 +17,8 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 /// How a background task is treated by the drain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskKind {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TaskKind {
     /// Counted; the drain waits for it.
     MustFinish,
     /// Its token fires at drain start (stop taking new work); counted until it returns.

@@ -38,12 +38,6 @@
 //! headers, so it works against any service.
 
 #![forbid(unsafe_code)]
-#![warn(
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    unreachable_pub
-)]
 
 pub mod cli;
 mod config;

@@ -23,11 +23,6 @@ mod serve;
 mod service;
 mod stream;
 
-/// The axum guide's first home; it is now [`guide::axum`](crate::guide::axum).
-#[cfg(feature = "admin")]
-#[doc(hidden)]
-pub use crate::guide::axum as axum_guide;
-
 pub use body::DrainBody;
 pub use conn::ConnMeta;
 pub use layer::DrainLayer;
