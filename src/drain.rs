@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::{Budget, GRACE_PERIOD_ENV};
-use crate::closers::{BoxError, Closer, CloserResult};
+use crate::closers::{BoxError, CloseOptions, Closer, CloserResult};
 use crate::guard::{Core, InFlightGuard};
 use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::{Policy, Propagation};
@@ -969,7 +969,12 @@ impl Drain {
 
     /// Registers a resource closer. Closers run after in-flight requests and tasks reach zero
     /// (or the quiesce deadline passes), in reverse registration order, inside `close_budget`.
-    /// A closer that errors, panics or times out is recorded; the next one still runs.
+    /// Each gets a fair share of what is left when its turn comes (what is left before the hard
+    /// deadline, divided by the closers still to run), so one slow closer cannot leave the
+    /// ones after it nothing; see [`on_close_with`](Self::on_close_with) for a timeout of its
+    /// own or a *critical* closer. A closer that errors, panics or times out is recorded; the
+    /// next one still runs.
+    ///
     /// # Examples
     ///
     /// ```
@@ -993,11 +998,12 @@ impl Drain {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
-        self.push_closer(name.into(), None, close);
+        self.push_closer(name.into(), CloseOptions::new(), close);
     }
 
-    /// Like [`on_close`](Self::on_close), bounded by its own `timeout` (and always by what is
-    /// left of the budget).
+    /// Like [`on_close`](Self::on_close), bounded by its own `timeout` instead of a fair share
+    /// (and always by what is left of the budget). Same as
+    /// `on_close_with(name, CloseOptions::new().timeout(timeout), close)`.
     pub fn on_close_with_timeout<F, Fut, E>(
         &self,
         name: impl Into<String>,
@@ -1008,10 +1014,45 @@ impl Drain {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
-        self.push_closer(name.into(), Some(timeout), close);
+        self.push_closer(name.into(), CloseOptions::new().timeout(timeout), close);
     }
 
-    fn push_closer<F, Fut, E>(&self, name: String, timeout: Option<Duration>, close: F)
+    /// Like [`on_close`](Self::on_close), with [`CloseOptions`]: a timeout of its own, or
+    /// *critical* (keeps its time however long the closers before it take).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use std::time::Duration;
+    /// use lameduck::{CloseOptions, Trigger};
+    ///
+    /// // Registered first, closed last: the pool gets its time even if the exporter hangs.
+    /// drain.on_close_with("database", CloseOptions::new().critical(), || async {
+    ///     Ok::<_, std::io::Error>(())
+    /// });
+    /// drain.on_close_with("exporter", CloseOptions::new().timeout(Duration::from_secs(60)), || async {
+    ///     std::future::pending::<Result<(), std::io::Error>>().await // hangs
+    /// });
+    /// drain.start(Trigger::Api);
+    /// let report = drain.drained().await;
+    /// assert_eq!(report.closers[0].result, "timed_out"); // the exporter, cut to leave time
+    /// assert_eq!(report.closers[1].result, "ok"); // the database
+    /// # }
+    /// ```
+    pub fn on_close_with<F, Fut, E>(&self, name: impl Into<String>, options: CloseOptions, close: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        self.push_closer(name.into(), options, close);
+    }
+
+    fn push_closer<F, Fut, E>(&self, name: String, options: CloseOptions, close: F)
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
@@ -1019,7 +1060,7 @@ impl Drain {
     {
         let f: crate::closers::CloseFn =
             Box::new(move || Box::pin(async move { close().await.map_err(Into::into) }));
-        self.inner.lock().closers.push(Closer { name, timeout, f });
+        self.inner.lock().closers.push(Closer { name, options, f });
     }
 
     /// The timeline so far (empty before the drain starts).

@@ -105,7 +105,7 @@ pub mod metrics;
 
 pub use advice::{advise, Advice, AdviceLevel};
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV};
-pub use closers::{BoxError, CloserResult};
+pub use closers::{BoxError, CloseOptions, CloserResult};
 pub use drain::{
     Drain, DrainBuilder, Readiness, ReadinessWhileDraining, StartupGate, Status, TaskContext,
 };

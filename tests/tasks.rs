@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lameduck::{
-    Drain, DrainReport, EventKind, Outcome, Phase, Propagation, Signals, Trigger,
+    CloseOptions, Drain, DrainReport, EventKind, Outcome, Phase, Propagation, Signals, Trigger,
     TERMINATION_LOG_LIMIT,
 };
 use tokio::time::Instant;
@@ -138,6 +138,56 @@ async fn closers_run_in_reverse_order_and_failures_do_not_stop_the_next() {
             .count(),
         4
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_closer_cannot_take_the_time_of_the_one_registered_before_it() {
+    let drain = builder().build().unwrap();
+    // Registered first, so closed last: the pool everything else used.
+    drain.on_close("db-pool", || async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok::<_, std::io::Error>(())
+    });
+    // Registered second, so closed first, and it hangs.
+    drain.on_close("exporter", || async {
+        std::future::pending::<()>().await;
+        Ok::<_, std::io::Error>(())
+    });
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    let results: Vec<_> = report
+        .closers
+        .iter()
+        .map(|c| (c.name.as_str(), c.result.as_str()))
+        .collect();
+    assert_eq!(results, vec![("exporter", "timed_out"), ("db-pool", "ok")]);
+    // The exporter got half of what was left before the hard deadline, not all of it.
+    let closed = report.event(EventKind::ResourceClosed).unwrap().at_ms;
+    let took = report.closers[0].took_ms;
+    let left = drain.budget().hard_deadline().as_millis() as u64 - (closed - took);
+    // Millisecond rounding on both sides of the division.
+    assert!(took.abs_diff(left / 2) <= 1, "{took} ms of {left} ms");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_critical_closer_keeps_its_time_after_a_long_explicit_timeout() {
+    let drain = builder().build().unwrap();
+    drain.on_close_with("db-pool", CloseOptions::new().critical(), || async {
+        Ok::<_, std::io::Error>(())
+    });
+    drain.on_close_with(
+        "exporter",
+        CloseOptions::new().timeout(Duration::from_secs(3600)),
+        || async {
+            std::future::pending::<()>().await;
+            Ok::<_, std::io::Error>(())
+        },
+    );
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    assert_eq!(report.closers[0].result, "timed_out");
+    assert_eq!(report.closers[1].name, "db-pool");
+    assert_eq!(report.closers[1].result, "ok");
 }
 
 #[tokio::test(start_paused = true)]
