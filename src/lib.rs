@@ -32,7 +32,8 @@
 //! # drain.start(Trigger::Api);
 //! let report = drain.run().await; // waits for SIGTERM/SIGINT (or /drain), then drains
 //! # assert_eq!(report.exit_code, 0);
-//! // std::process::exit(report.exit_code);
+//! // Return it from `main` (`-> Result<DrainReport, _>`) to exit with its code after
+//! // destructors ran.
 //! # Ok(()) }
 //! ```
 //!
@@ -128,3 +129,8 @@ pub use tasks::TaskEnd;
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use admin::{prestop, prestop_blocking, AdminBuilder, PrestopError, PrestopOptions};
+
+// Compile-checks the README's Rust examples.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

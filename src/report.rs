@@ -279,7 +279,40 @@ impl DrainReport {
         for c in &self.closers {
             let _ = writeln!(s, "closer {} {} in {} ms", c.name, c.result, c.took_ms);
         }
+        for t in &self.tasks {
+            let _ = writeln!(s, "task {} {} after {} ms", t.name, t.result, t.ran_ms);
+        }
         truncate_utf8(s, TERMINATION_LOG_LIMIT)
+    }
+}
+
+/// Return the report from `main` to exit with its code *after* destructors ran — unlike
+/// `std::process::exit`, which skips them (flush guards of tracing appenders and exporters
+/// included).
+///
+/// # Examples
+///
+/// ```no_run
+/// use lameduck::{Drain, DrainReport};
+///
+/// #[tokio::main]
+/// async fn main() -> Result<DrainReport, Box<dyn std::error::Error>> {
+///     let drain = Drain::builder().build()?;
+///     // ... serve ...
+///     Ok(drain.run().await) // exit code 0 when clean, 1 otherwise
+/// }
+/// ```
+impl std::process::Termination for DrainReport {
+    fn report(self) -> std::process::ExitCode {
+        std::process::ExitCode::from(&self)
+    }
+}
+
+/// The report's [`exit_code`](DrainReport::exit_code) as an [`ExitCode`](std::process::ExitCode).
+impl From<&DrainReport> for std::process::ExitCode {
+    fn from(report: &DrainReport) -> Self {
+        // Codes are 0 or 1; anything outside a byte is a failure all the same.
+        std::process::ExitCode::from(u8::try_from(report.exit_code).unwrap_or(1))
     }
 }
 
