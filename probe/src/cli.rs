@@ -1,13 +1,18 @@
 //! The command line: flags into a [`ProbeConfig`], with errors that say what to type instead.
 //!
-//! Hand-written to keep the probe's build small; `--flag value` and `--flag=value` both work.
+//! Parsed with `clap`; `--flag value` and `--flag=value` both work, a mistyped flag gets a
+//! suggestion, and `--target`, `--host` and `--label` fall back to the
+//! environment (`LAMEDUCK_PROBE_TARGET`, ...). clap's own messages are rewritten into the
+//! probe's one-line form (`--rate: "fast" is not a number of requests per second`).
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::{ConfigError, ProbeConfig};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{CommandFactory, Parser};
 
+use crate::config::{ConfigError, ConnectionMode, HttpVersion, ProbeConfig};
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -65,55 +70,118 @@ impl From<ConfigError> for CliError {
     }
 }
 
-/// The `--help` text.
-pub fn usage() -> &'static str {
-    "\
-lameduck-probe: send tagged requests at a service during a rolling restart and tell which
-ones failed, on which connection, answered by which instance in which drain phase.
+/// The flags, as clap sees them. Every value is optional so [`ProbeConfig::new`] stays the one
+/// place defaults live; the `[default: ..]` notes in the help repeat them.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lameduck-probe",
+    version,
+    about = "lameduck-probe: send tagged requests at a service during a rolling restart and tell which\nones failed, on which connection, answered by which instance in which drain phase.",
+    help_template = "{about}\n\nUSAGE:\n    {usage}\n\n{all-args}{after-help}",
+    override_usage = "lameduck-probe --target HOST:PORT [OPTIONS]",
+    after_help = AFTER_HELP,
+    next_line_help = false,
+    args_override_self = true,
+    allow_negative_numbers = true,
+    max_term_width = 100
+)]
+struct RunFlags {
+    /// host:port, [v6]:port or http://host:port (required)
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "LAMEDUCK_PROBE_TARGET",
+        help_heading = "TARGET"
+    )]
+    target: Option<String>,
+    /// Host header / :authority to send [default: the target]
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "LAMEDUCK_PROBE_HOST",
+        help_heading = "TARGET"
+    )]
+    host: Option<String>,
+    /// HTTP/1.1, or HTTP/2 with prior knowledge (h2c) [default: 1]
+    #[arg(long, value_name = "1|2", value_parser = parse_http, help_heading = "TARGET")]
+    http: Option<HttpVersion>,
+    /// keepalive | fresh | mixed [default: keepalive]
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "TARGET")]
+    connections: Option<ConnectionMode>,
+    /// Traffic-path label, sent as x-traffic-path and recorded (e.g. ingress, service,
+    /// pod-ip) [default: default]
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "LAMEDUCK_PROBE_LABEL",
+        help_heading = "TARGET"
+    )]
+    label: Option<String>,
 
-USAGE:
-    lameduck-probe --target HOST:PORT [OPTIONS]
+    /// Short requests (GET /) per second; 0 sends none [default: 20]
+    #[arg(long, value_name = "N", value_parser = parse_rate, help_heading = "LOAD")]
+    rate: Option<f64>,
+    /// Slow requests (GET /slow?ms=..) per second [default: 2]
+    #[arg(long, value_name = "N", value_parser = parse_rate, help_heading = "LOAD")]
+    slow_rate: Option<f64>,
+    /// How long a slow request takes on the server [default: 2s]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "LOAD")]
+    slow: Option<Duration>,
+    /// Streaming requests (GET /stream?ms=..) per second [default: 0]
+    #[arg(long, value_name = "N", value_parser = parse_rate, help_heading = "LOAD")]
+    stream_rate: Option<f64>,
+    /// How long a stream lasts [default: 3s]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "LOAD")]
+    stream: Option<Duration>,
+    /// Path of short requests [default: /]
+    #[arg(long, value_name = "PATH", help_heading = "LOAD")]
+    path: Option<String>,
+    /// Path of slow requests, {ms} filled in [default: /slow?ms={ms}]
+    #[arg(long, value_name = "PATH", help_heading = "LOAD")]
+    slow_path: Option<String>,
+    /// Path of streams, {ms} filled in [default: /stream?ms={ms}]
+    #[arg(long, value_name = "PATH", help_heading = "LOAD")]
+    stream_path: Option<String>,
 
-TARGET:
-    --target ADDR            host:port, [v6]:port or http://host:port (required)
-    --host NAME              Host header / :authority to send (default: the target)
-    --http 1|2               HTTP/1.1, or HTTP/2 with prior knowledge (h2c) [default: 1]
-    --connections MODE       keepalive | fresh | mixed [default: keepalive]
-    --label NAME             traffic-path label, sent as x-traffic-path and recorded
-                             (e.g. ingress, service, pod-ip) [default: default]
+    /// How long to send [default: 30s]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "TIME AND LIMITS")]
+    duration: Option<Duration>,
+    /// Then how long to wait for running requests; the rest are counted unfinished
+    /// [default: 10s]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "TIME AND LIMITS")]
+    drain_wait: Option<Duration>,
+    /// Limit for one connect [default: 3s]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "TIME AND LIMITS")]
+    connect_timeout: Option<Duration>,
+    /// Requests running at most; more are not sent [default: 256]
+    #[arg(long, value_name = "N", value_parser = parse_count, help_heading = "TIME AND LIMITS")]
+    max_in_flight: Option<usize>,
+    /// Idle keep-alive connections kept [default: 32]
+    #[arg(long, value_name = "N", value_parser = parse_count, help_heading = "TIME AND LIMITS")]
+    max_idle: Option<usize>,
+    /// Start even if the first connection attempt fails
+    #[arg(long, help_heading = "TIME AND LIMITS")]
+    allow_unreachable_start: bool,
 
-LOAD (a rate of 0 sends none of that kind):
-    --rate N                 short requests (GET /) per second [default: 20]
-    --slow-rate N            slow requests (GET /slow?ms=..) per second [default: 2]
-    --slow DUR               how long a slow request takes on the server [default: 2s]
-    --stream-rate N          streaming requests (GET /stream?ms=..) per second [default: 0]
-    --stream DUR             how long a stream lasts [default: 3s]
-    --path PATH              path of short requests [default: /]
-    --slow-path PATH         path of slow requests, {ms} filled in [default: /slow?ms={ms}]
-    --stream-path PATH       path of streams, {ms} filled in [default: /stream?ms={ms}]
+    /// Write one JSON line per request
+    #[arg(long, value_name = "FILE", help_heading = "OUTPUT")]
+    out: Option<String>,
+    /// No progress line on stderr
+    #[arg(long, help_heading = "OUTPUT")]
+    quiet: bool,
+}
 
-TIME AND LIMITS:
-    --duration DUR           how long to send [default: 30s]
-    --drain-wait DUR         then how long to wait for running requests; the rest are
-                             counted unfinished [default: 10s]
-    --connect-timeout DUR    limit for one connect [default: 3s]
-    --max-in-flight N        requests running at most; more are not sent [default: 256]
-    --max-idle N             idle keep-alive connections kept [default: 32]
-    --allow-unreachable-start
-                             start even if the first connection attempt fails
-
-OUTPUT:
-    --out FILE               write one JSON line per request
-    --quiet                  no progress line on stderr
-    -h, --help               this text
-    -V, --version            the version
-
+const AFTER_HELP: &str = "\
 DUR is a number with a unit: 1500ms, 30s, 2m, 1h, or combined like 1m30s.
 Exit status: 0 nothing failed or unfinished, 1 some did, 2 bad flags, 3 target unreachable
 at the start or --out not writable.
 Ctrl-C stops sending and waits for running requests (--drain-wait); a second Ctrl-C stops
 waiting. Either way the summary so far is printed.
-"
+";
+
+/// The `--help` text.
+pub fn usage() -> String {
+    RunFlags::command().render_help().to_string()
 }
 
 /// Parses the arguments after the program name.
@@ -140,141 +208,108 @@ where
     I: IntoIterator<Item = S>,
     S: Into<String>,
 {
+    let args: Vec<String> = args.into_iter().map(Into::into).collect();
+    let argv = std::iter::once("lameduck-probe".to_owned()).chain(args);
+    let flags = match RunFlags::try_parse_from(argv) {
+        Ok(flags) => flags,
+        Err(e) => return clap_outcome(e),
+    };
     let mut config = ProbeConfig::new("");
-    config.progress = true;
-    let mut target = None;
-    let mut out = None;
-    let mut args = args.into_iter().map(Into::into);
-    while let Some(arg) = args.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_owned(), Some(value.to_owned()))
-            }
-            _ => (arg.clone(), None),
+    config.progress = !flags.quiet;
+    config.allow_unreachable_start = flags.allow_unreachable_start;
+    macro_rules! set {
+        ($($flag:ident => $field:ident),* $(,)?) => {
+            $(if let Some(v) = flags.$flag { config.$field = v; })*
         };
-        // Flags without a value first.
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Command::Help),
-            "-V" | "--version" => return Ok(Command::Version),
-            "--allow-unreachable-start" | "--quiet" => {
-                if inline.is_some() {
-                    return Err(CliError::new(format!("{flag} takes no value")));
-                }
-                if flag == "--quiet" {
-                    config.progress = false;
-                } else {
-                    config.allow_unreachable_start = true;
-                }
-                continue;
-            }
-            _ => {}
-        }
-        if !flag.starts_with('-') {
-            return Err(CliError::new(format!(
-                "unexpected argument {arg:?}; flags start with -- (e.g. --target {arg})"
-            )));
-        }
-        if !FLAGS_WITH_VALUE.contains(&flag.as_str()) {
-            return Err(CliError::new(format!(
-                "unknown flag {flag}; see --help for the list"
-            )));
-        }
-        let value = match inline {
-            Some(v) => v,
-            None => match args.next() {
-                Some(v) if !(v.starts_with("--") && v.len() > 2) => v,
-                _ => return Err(CliError::new(format!("{flag} needs a value"))),
-            },
-        };
-        let value = value.as_str();
-        match flag.as_str() {
-            "--target" => target = Some(value.to_owned()),
-            "--host" => config.host = Some(value.to_owned()),
-            "--http" => config.http = value.parse().map_err(|e| flag_error(&flag, e))?,
-            "--connections" => {
-                config.connections = value.parse().map_err(|e| flag_error(&flag, e))?
-            }
-            "--label" => config.label = value.to_owned(),
-            "--rate" => config.short_rate = parse_rate(&flag, value)?,
-            "--slow-rate" => config.slow_rate = parse_rate(&flag, value)?,
-            "--stream-rate" => config.stream_rate = parse_rate(&flag, value)?,
-            "--slow" => config.slow = parse_flag_duration(&flag, value)?,
-            "--stream" => config.stream = parse_flag_duration(&flag, value)?,
-            "--path" => config.short_path = value.to_owned(),
-            "--slow-path" => config.slow_path = value.to_owned(),
-            "--stream-path" => config.stream_path = value.to_owned(),
-            "--duration" => config.duration = parse_flag_duration(&flag, value)?,
-            "--drain-wait" => config.drain_wait = parse_flag_duration(&flag, value)?,
-            "--connect-timeout" => config.connect_timeout = parse_flag_duration(&flag, value)?,
-            "--max-in-flight" => config.max_in_flight = parse_count(&flag, value)?,
-            "--max-idle" => config.max_idle = parse_count(&flag, value)?,
-            "--out" => {
-                if value.is_empty() {
-                    return Err(CliError::new("--out needs a file name"));
-                }
-                out = Some(PathBuf::from(value));
-            }
-            _ => unreachable!("every flag in FLAGS_WITH_VALUE has an arm"),
-        }
     }
-    config.target = target.ok_or_else(|| {
+    set!(
+        http => http, connections => connections, label => label, rate => short_rate,
+        slow_rate => slow_rate, slow => slow, stream_rate => stream_rate, stream => stream,
+        path => short_path, slow_path => slow_path, stream_path => stream_path,
+        duration => duration, drain_wait => drain_wait, connect_timeout => connect_timeout,
+        max_in_flight => max_in_flight, max_idle => max_idle,
+    );
+    config.host = flags.host;
+    let out = match flags.out {
+        Some(path) if path.is_empty() => return Err(CliError::new("--out needs a file name")),
+        other => other.map(PathBuf::from),
+    };
+    config.target = flags.target.ok_or_else(|| {
         CliError::new("--target is required, e.g. --target 127.0.0.1:8080 (see --help)")
     })?;
     config.validate()?;
     Ok(Command::Run(Box::new(RunArgs { config, out })))
 }
 
-const FLAGS_WITH_VALUE: &[&str] = &[
-    "--target",
-    "--host",
-    "--http",
-    "--connections",
-    "--label",
-    "--rate",
-    "--slow-rate",
-    "--stream-rate",
-    "--slow",
-    "--stream",
-    "--path",
-    "--slow-path",
-    "--stream-path",
-    "--duration",
-    "--drain-wait",
-    "--connect-timeout",
-    "--max-in-flight",
-    "--max-idle",
-    "--out",
-];
-
-fn flag_error(flag: &str, e: String) -> CliError {
-    CliError::new(format!("{flag}: {e}"))
+/// Turns a clap error into help, version, or the probe's one-line message.
+pub(crate) fn clap_outcome(e: clap::Error) -> Result<Command, CliError> {
+    let context = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        Some(ContextValue::Strings(v)) => v.first().cloned(),
+        _ => None,
+    };
+    // "--duration <DUR>" → "--duration"
+    let arg = context(ContextKind::InvalidArg)
+        .map(|a| a.split([' ', '=']).next().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    let message = match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            return Ok(Command::Help)
+        }
+        ErrorKind::DisplayVersion => return Ok(Command::Version),
+        ErrorKind::UnknownArgument if arg.starts_with('-') => {
+            match context(ContextKind::SuggestedArg) {
+                Some(s) => {
+                    format!("unknown flag {arg} (did you mean {s}?); see --help for the list")
+                }
+                None => format!("unknown flag {arg}; see --help for the list"),
+            }
+        }
+        ErrorKind::UnknownArgument => {
+            format!("unexpected argument {arg:?}; flags start with -- (e.g. --target {arg})")
+        }
+        ErrorKind::ValueValidation => match std::error::Error::source(&e) {
+            Some(source) => format!("{arg}: {source}"),
+            None => format!("{arg}: invalid value"),
+        },
+        ErrorKind::InvalidValue | ErrorKind::NoEquals => format!("{arg} needs a value"),
+        ErrorKind::TooManyValues => format!("{arg} takes no value"),
+        _ => {
+            // Anything else: clap's first line, without its "error: " prefix.
+            let text = e.render().to_string();
+            let line = text.lines().next().unwrap_or_default();
+            line.strip_prefix("error: ").unwrap_or(line).to_owned()
+        }
+    };
+    Err(CliError::new(message))
 }
 
-fn parse_flag_duration(flag: &str, value: &str) -> Result<Duration, CliError> {
-    parse_duration(value).map_err(|e| flag_error(flag, e))
+fn parse_http(value: &str) -> Result<HttpVersion, String> {
+    value.parse()
 }
 
-fn parse_rate(flag: &str, value: &str) -> Result<f64, CliError> {
-    let rate: f64 = value.trim().parse().map_err(|_| {
-        flag_error(
-            flag,
-            format!("{value:?} is not a number of requests per second"),
-        )
-    })?;
+fn parse_mode(value: &str) -> Result<ConnectionMode, String> {
+    value.parse()
+}
+
+fn parse_rate(value: &str) -> Result<f64, String> {
+    let rate: f64 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{value:?} is not a number of requests per second"))?;
     if !rate.is_finite() || rate < 0.0 {
-        return Err(flag_error(
-            flag,
-            format!("{value:?}: a rate must be a number ≥ 0 (0 sends none of this kind)"),
+        return Err(format!(
+            "{value:?}: a rate must be a number ≥ 0 (0 sends none of this kind)"
         ));
     }
     Ok(rate)
 }
 
-fn parse_count(flag: &str, value: &str) -> Result<usize, CliError> {
+fn parse_count(value: &str) -> Result<usize, String> {
     value
         .trim()
         .parse()
-        .map_err(|_| flag_error(flag, format!("{value:?} is not a whole number")))
+        .map_err(|_| format!("{value:?} is not a whole number"))
 }
 
 /// Parses a duration written with units: `1500ms`, `30s`, `2m`, `1h`, `0.5s`, `1m30s`.

@@ -377,13 +377,17 @@ fn check_duration(setting: Setting, d: Duration, min: Duration) -> Result<(), Co
     if d < min {
         return Err(ConfigError::new(
             setting,
-            format!("must be at least {min:?}, got {d:?}"),
+            format!(
+                "must be at least {}, got {}",
+                humantime::format_duration(min),
+                humantime::format_duration(d)
+            ),
         ));
     }
     if d > MAX_DURATION {
         return Err(ConfigError::new(
             setting,
-            format!("must be at most 24h, got {d:?}"),
+            format!("must be at most 24h, got {}", humantime::format_duration(d)),
         ));
     }
     Ok(())
