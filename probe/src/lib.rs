@@ -42,6 +42,7 @@
 pub mod cli;
 mod config;
 mod conn;
+mod latency;
 mod record;
 mod request;
 mod runner;
@@ -51,6 +52,7 @@ pub use config::{
     ConfigError, ConnectionMode, HttpVersion, Kind, ProbeConfig, MAX_DURATION,
     MAX_PLANNED_REQUESTS, MAX_RATE,
 };
+pub use latency::{LatencyRow, Window};
 pub use record::{Failure, Outcome, Record};
 pub use request::{INSTANCE_HEADER, PHASE_HEADER, REQUEST_ID_HEADER, TRAFFIC_PATH_HEADER};
 pub use runner::{run, Probe, ProbeError, ProbeHandle, ProbeResult, Progress};

@@ -5,6 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{ConnectionMode, Kind};
+use crate::latency::Window;
 
 /// How a request ended.
 ///
@@ -82,7 +83,8 @@ impl fmt::Display for Failure {
 /// ```json
 /// {"id":"5f3a9c01-000042","kind":"slow","label":"ingress","mode":"keepalive","start_ms":1203.5,
 ///  "end_ms":3208.1,"status":200,"outcome":"ok","reused":true,"conn":3,"instance":"web-7d9-abc",
-///  "phase":"draining","bytes":2}
+///  "phase":"draining","bytes":2,"latency_us":2004600,"window":"during",
+///  "start_unix_ms":1764556801203.5}
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
@@ -129,6 +131,17 @@ pub struct Record {
     /// retry; the probe never re-sends a request the server may have seen.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rerouted: u32,
+    /// Microseconds from start to end, when the request ended (ok or failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<u64>,
+    /// Where the request falls relative to the drain the probe saw (before, during, after);
+    /// set when the run ends, see [`Window`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Window>,
+    /// Wall-clock start, in ms since the Unix epoch (the run's start plus `start_ms`), to line
+    /// the record up with drain reports and external events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_unix_ms: Option<f64>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -19,6 +19,7 @@ use tokio::time::MissedTickBehavior;
 
 use crate::config::{ConfigError, ConnectionMode, Kind, Parsed, ProbeConfig};
 use crate::conn::Connections;
+use crate::latency;
 use crate::record::{Outcome, Record};
 use crate::request::{exchange, Plan, Seen};
 use crate::summary::{RunFacts, Summary};
@@ -492,6 +493,11 @@ impl Probe {
 
         let mut records = std::mem::take(&mut *shared.records.lock().expect("records lock"));
         records.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+        let span = latency::drain_span(&records);
+        for r in &mut records {
+            r.window = Some(latency::window_of(r, span));
+            r.start_unix_ms = Some(started_unix_ms as f64 + r.start_ms);
+        }
         let summary = Summary::new(
             &records,
             RunFacts {
@@ -617,6 +623,9 @@ async fn one_request(kind: Kind, shared: Arc<Shared>, permit: OwnedSemaphorePerm
         phase: seen.phase,
         bytes: seen.bytes,
         rerouted: seen.rerouted,
+        latency_us: end_ms.map(|end| ((end - start_ms).max(0.0) * 1000.0).round() as u64),
+        window: None,
+        start_unix_ms: None,
     };
     if record.served_by_draining() {
         if record.reused {

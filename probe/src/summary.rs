@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{ConnectionMode, HttpVersion, Kind};
+use crate::latency::{self, format_us, LatencyRow};
 use crate::record::{Outcome, Record};
 
 /// How many instances the table lists by name; the rest are summed into one line.
@@ -122,6 +123,13 @@ pub struct Summary {
     pub instances: Vec<InstanceCounts>,
     /// The first failure, when there was one.
     pub first_failure: Option<FirstFailure>,
+    /// First draining answer's start to last draining answer's end, ms since the probe
+    /// started; `None` when no answer said draining. Bounds the latency windows.
+    #[serde(default)]
+    pub drain_span_ms: Option<[f64; 2]>,
+    /// Latency of `ok` requests per kind and drain window (p50, p99, max).
+    #[serde(default)]
+    pub latency: Vec<LatencyRow>,
 }
 
 /// Everything about the run that is not in the records.
@@ -162,6 +170,8 @@ impl Summary {
             failures: BTreeMap::new(),
             instances: Vec::new(),
             first_failure: None,
+            drain_span_ms: latency::drain_span(records).map(|(a, b)| [a, b]),
+            latency: latency::latency_rows(records),
         };
         let mut instance_index: BTreeMap<&str, usize> = BTreeMap::new();
         for r in records {
@@ -378,6 +388,7 @@ impl Summary {
             let name = if i == 0 { "failures" } else { "" };
             row(&mut out, name, format!("{n:>6}  {key}"));
         }
+        self.latency_table(&mut out);
         match &self.first_failure {
             None => row(&mut out, "first failure", "none".to_owned()),
             Some(f) => {
@@ -407,6 +418,42 @@ impl Summary {
             }
         }
         out
+    }
+}
+
+impl Summary {
+    fn latency_table(&self, out: &mut String) {
+        if self.latency.is_empty() {
+            return;
+        }
+        let note = match self.drain_span_ms {
+            Some([a, b]) => format!(
+                "draining answers from {:.3} s to {:.3} s",
+                a / 1000.0,
+                b / 1000.0
+            ),
+            None => "no answer said draining: all before".to_owned(),
+        };
+        let _ = writeln!(out);
+        let _ = writeln!(out, "latency of ok requests ({note})");
+        let _ = writeln!(
+            out,
+            "  {:<8} {:<8} {:>8} {:>10} {:>10} {:>10}",
+            "", "window", "count", "p50", "p99", "max"
+        );
+        for r in &self.latency {
+            let _ = writeln!(
+                out,
+                "  {:<8} {:<8} {:>8} {:>10} {:>10} {:>10}",
+                r.kind.as_str(),
+                r.window.as_str(),
+                r.count,
+                format_us(r.p50_us),
+                format_us(r.p99_us),
+                format_us(r.max_us)
+            );
+        }
+        let _ = writeln!(out);
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use common::{closed_port, server};
 use lameduck_probe::{
     ConnectionMode, Failure, HttpVersion, Kind, Outcome, Probe, ProbeConfig, ProbeResult, Record,
+    Window,
 };
 
 /// Upper bound for one probe run in these tests; only hit when something is broken.
@@ -586,4 +587,94 @@ async fn run_with_a_stop_future_over_fresh_http2_connections() {
     assert_reuse_matches_server(&result.records, &seen);
     assert!(seen.values().all(|s| s.http2 && s.index == 0));
     assert_eq!(s.connections_opened, s.all.total);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_is_split_before_during_and_after_the_drain() {
+    let srv = server("lat").await;
+    srv.state.set_phase(Some("serving"));
+    let mut c = config(srv.addr);
+    c.duration = Duration::from_millis(1500);
+    let probe = Probe::new(c).unwrap();
+    let handle = probe.handle();
+    let state = srv.state.clone();
+    let flip = tokio::spawn(async move {
+        // serving → draining → serving again, as when the next instance takes over.
+        for (after_ok, phase) in [(8, "draining"), (30, "serving")] {
+            let start = Instant::now();
+            while handle.progress().succeeded < after_ok && start.elapsed() < LIMIT {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            state.set_phase(Some(phase));
+        }
+    });
+    let result = run_probe(probe).await;
+    flip.await.unwrap();
+    let s = &result.summary;
+    assert!(s.is_clean(), "{}", s.table());
+
+    let span = s.drain_span_ms.expect("a draining answer was seen");
+    for r in &result.records {
+        let end = r.end_ms.unwrap();
+        assert_eq!(
+            r.latency_us,
+            Some(((end - r.start_ms) * 1000.0).round() as u64)
+        );
+        let want = if r.served_by_draining() || (r.start_ms >= span[0] && r.start_ms <= span[1]) {
+            Window::During
+        } else if r.start_ms < span[0] {
+            Window::Before
+        } else {
+            Window::After
+        };
+        assert_eq!(r.window, Some(want), "{r:?}");
+        assert_eq!(r.start_unix_ms, Some(s.started_unix_ms as f64 + r.start_ms));
+    }
+    for window in Window::ALL {
+        assert!(
+            result.records.iter().any(|r| r.window == Some(window)),
+            "no {window} record: {}",
+            s.table()
+        );
+    }
+    // Each row counts exactly the ok records of its kind and window, and is ordered.
+    for row in &s.latency {
+        let mine: Vec<u64> = result
+            .records
+            .iter()
+            .filter(|r| r.kind == row.kind && r.window == Some(row.window))
+            .filter_map(|r| r.latency_us)
+            .collect();
+        assert_eq!(row.count, mine.len() as u64, "{row:?}");
+        assert!(
+            row.p50_us <= row.p99_us && row.p99_us <= row.max_us,
+            "{row:?}"
+        );
+        // HDR keeps three significant digits: the max is the largest value to within 0.1%.
+        let max = *mine.iter().max().unwrap();
+        assert!(
+            row.max_us.abs_diff(max) <= max / 1000 + 1,
+            "{row:?} vs {max}"
+        );
+        if row.kind == Kind::Slow {
+            assert!(row.p50_us >= 150_000, "slow requests wait 150 ms: {row:?}");
+        }
+    }
+    assert!(s
+        .latency
+        .iter()
+        .any(|r| r.kind == Kind::Short && r.window == Window::During));
+    let table = s.table();
+    assert!(
+        table.contains("latency of ok requests (draining answers from"),
+        "{table}"
+    );
+    assert!(table.contains("p99"), "{table}");
+}
+
+async fn run_probe(probe: Probe) -> ProbeResult {
+    tokio::time::timeout(LIMIT, probe.run())
+        .await
+        .expect("probe run within the limit")
+        .expect("probe run")
 }
