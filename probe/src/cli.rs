@@ -1,7 +1,7 @@
 //! The command line: flags into a [`ProbeConfig`], with errors that say what to type instead.
 //!
 //! Parsed with `clap`; `--flag value` and `--flag=value` both work, a mistyped flag gets a
-//! suggestion, and `--target`, `--host` and `--label` fall back to the
+//! suggestion, and `--target`, `--host`, `--label` and `--proxy-label` fall back to the
 //! environment (`LAMEDUCK_PROBE_TARGET`, ...). clap's own messages are rewritten into the
 //! probe's one-line form (`--rate: "fast" is not a number of requests per second`).
 
@@ -117,6 +117,15 @@ struct RunFlags {
         help_heading = "TARGET"
     )]
     label: Option<String>,
+    /// What sits between the probe and the service, free text carried in the summary and
+    /// every record (e.g. "kube-proxy iptables 1.31")
+    #[arg(
+        long,
+        value_name = "TEXT",
+        env = "LAMEDUCK_PROBE_PROXY_LABEL",
+        help_heading = "TARGET"
+    )]
+    proxy_label: Option<String>,
 
     /// Short requests (GET /) per second; 0 sends none [default: 20]
     #[arg(long, value_name = "N", value_parser = parse_rate, help_heading = "LOAD")]
@@ -230,6 +239,7 @@ where
         max_in_flight => max_in_flight, max_idle => max_idle,
     );
     config.host = flags.host;
+    config.proxy_label = flags.proxy_label;
     let out = match flags.out {
         Some(path) if path.is_empty() => return Err(CliError::new("--out needs a file name")),
         other => other.map(PathBuf::from),

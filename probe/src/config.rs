@@ -199,6 +199,10 @@ pub struct ProbeConfig {
     pub allow_unreachable_start: bool,
     /// Print a progress line to stderr every second. Default `false` (the binary turns it on).
     pub progress: bool,
+    /// What sits between the probe and the service, in the user's words (`kube-proxy iptables
+    /// 1.31`, `haproxy 3.0 round-robin`): carried in the summary and every record so each
+    /// timeline says what it measured. Up to 120 printable characters. Default `None`.
+    pub proxy_label: Option<String>,
 }
 
 impl ProbeConfig {
@@ -225,6 +229,7 @@ impl ProbeConfig {
             max_idle: 32,
             allow_unreachable_start: false,
             progress: false,
+            proxy_label: None,
         }
     }
 
@@ -274,6 +279,19 @@ impl ProbeConfig {
                     self.label
                 ),
             ));
+        }
+        if let Some(proxy) = &self.proxy_label {
+            if proxy.trim().is_empty()
+                || proxy.chars().count() > 120
+                || proxy.chars().any(char::is_control)
+            {
+                return Err(ConfigError::new(
+                    Setting::ProxyLabel,
+                    format!(
+                        "{proxy:?} must be 1 to 120 printable characters (e.g. \"kube-proxy iptables 1.31\")"
+                    ),
+                ));
+            }
         }
         let mut planned = 0.0;
         for kind in Kind::ALL {
@@ -472,6 +490,7 @@ enum Setting {
     Target,
     Host,
     Label,
+    ProxyLabel,
     ShortRate,
     SlowRate,
     StreamRate,
@@ -510,6 +529,7 @@ impl Setting {
             Setting::Target => ("target", "--target"),
             Setting::Host => ("host", "--host"),
             Setting::Label => ("label", "--label"),
+            Setting::ProxyLabel => ("proxy_label", "--proxy-label"),
             Setting::ShortRate => ("short_rate", "--rate"),
             Setting::SlowRate => ("slow_rate", "--slow-rate"),
             Setting::StreamRate => ("stream_rate", "--stream-rate"),

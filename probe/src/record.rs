@@ -142,6 +142,10 @@ pub struct Record {
     /// the record up with drain reports and external events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_unix_ms: Option<f64>,
+    /// The run's [`ProbeConfig::proxy_label`](crate::ProbeConfig::proxy_label): what sat
+    /// between the probe and the service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_label: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -503,6 +503,7 @@ impl Probe {
             RunFacts {
                 target: shared.config.target.clone(),
                 label: shared.config.label.clone(),
+                proxy_label: shared.config.proxy_label.clone(),
                 http: shared.config.http,
                 connections: shared.config.connections,
                 started_unix_ms,
@@ -626,6 +627,7 @@ async fn one_request(kind: Kind, shared: Arc<Shared>, permit: OwnedSemaphorePerm
         latency_us: end_ms.map(|end| ((end - start_ms).max(0.0) * 1000.0).round() as u64),
         window: None,
         start_unix_ms: None,
+        proxy_label: shared.config.proxy_label.clone(),
     };
     if record.served_by_draining() {
         if record.reused {

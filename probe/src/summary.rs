@@ -81,6 +81,9 @@ pub struct Summary {
     pub target: String,
     /// The traffic-path label.
     pub label: String,
+    /// What sat between the probe and the service, as the user named it (`--proxy-label`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_label: Option<String>,
     /// HTTP version spoken.
     pub http: HttpVersion,
     /// Connection mode configured.
@@ -137,6 +140,7 @@ pub struct Summary {
 pub(crate) struct RunFacts {
     pub(crate) target: String,
     pub(crate) label: String,
+    pub(crate) proxy_label: Option<String>,
     pub(crate) http: HttpVersion,
     pub(crate) connections: ConnectionMode,
     pub(crate) started_unix_ms: u64,
@@ -151,6 +155,7 @@ impl Summary {
         let mut summary = Summary {
             target: facts.target,
             label: facts.label,
+            proxy_label: facts.proxy_label,
             http: facts.http,
             connections: facts.connections,
             started_unix_ms: facts.started_unix_ms,
@@ -285,6 +290,9 @@ impl Summary {
                 ""
             }
         );
+        if let Some(proxy) = &self.proxy_label {
+            let _ = writeln!(out, "through {proxy}");
+        }
         let _ = writeln!(out);
         let _ = writeln!(
             out,

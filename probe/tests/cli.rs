@@ -107,6 +107,8 @@ fn defaults_and_every_flag() {
         "probe.jsonl",
         "--allow-unreachable-start",
         "--quiet",
+        "--proxy-label",
+        "kube-proxy ipvs 1.31",
     ]);
     let c = &run.config;
     assert_eq!(c.target, "http://svc.ns.svc:80");
@@ -128,6 +130,7 @@ fn defaults_and_every_flag() {
     assert_eq!(c.max_idle, 8);
     assert!(c.allow_unreachable_start);
     assert!(!c.progress);
+    assert_eq!(c.proxy_label.as_deref(), Some("kube-proxy ipvs 1.31"));
     assert_eq!(
         run.out.as_deref(),
         Some(std::path::Path::new("probe.jsonl"))
@@ -225,6 +228,11 @@ fn bad_flags_get_clear_errors() {
     assert!(with(&["--label", "a b"]).starts_with("--label (label): "));
     assert!(with(&["--path", "healthz"]).contains("must start with /"));
     assert!(with(&["--out="]).contains("--out needs a file name"));
+    assert!(with(&["--proxy-label", "a\tb"]).starts_with("--proxy-label (proxy_label): "));
+    assert_eq!(
+        with(&["--durration", "3s"]),
+        "unknown flag --durration (did you mean --duration?); see --help for the list"
+    );
     assert!(error(&["--target", "https://x:443"]).contains("https is not supported"));
     assert!(error(&["--target", "myservice"]).contains("has no port"));
 }
@@ -323,6 +331,27 @@ async fn binary_runs_prints_the_table_and_writes_json_lines() {
         .iter()
         .all(|r| r.label == "test-path" && r.instance.as_deref() == Some("bin")));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn binary_takes_the_target_from_the_environment() {
+    let addr = closed_port().await;
+    let out = tokio::task::spawn_blocking(move || {
+        probe_bin()
+            .env("LAMEDUCK_PROBE_TARGET", addr.to_string())
+            .args(["--duration", "10s"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    // Exit 3 (unreachable), not 2 (--target missing): the variable was read.
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("target {addr} is unreachable")),
+        "{stderr}"
+    );
 }
 
 #[test]

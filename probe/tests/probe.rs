@@ -501,6 +501,7 @@ async fn json_lines_round_trip_and_carry_every_field() {
     srv.state.set_phase(Some("serving"));
     let mut c = config(srv.addr);
     c.duration = Duration::from_millis(300);
+    c.proxy_label = Some("kube-proxy iptables 1.31".into());
     let result = run(c).await;
     let mut buf = Vec::new();
     result.write_json_lines(&mut buf).unwrap();
@@ -518,6 +519,19 @@ async fn json_lines_round_trip_and_carry_every_field() {
         assert!(first.get(key).is_some(), "missing {key} in {first}");
     }
     assert_eq!(first["outcome"], "ok");
+    assert!(first["latency_us"].is_u64(), "{first}");
+    assert!(result
+        .records
+        .iter()
+        .all(|r| r.proxy_label.as_deref() == Some("kube-proxy iptables 1.31")));
+    assert_eq!(
+        result.summary.proxy_label.as_deref(),
+        Some("kube-proxy iptables 1.31")
+    );
+    assert!(result
+        .summary
+        .table()
+        .contains("through kube-proxy iptables 1.31"));
     assert_eq!(first["phase"], "serving");
     // "serving" is not draining.
     assert_eq!(
