@@ -152,6 +152,11 @@ struct RunFlags {
     #[arg(long, value_name = "PATH", help_heading = "LOAD")]
     stream_path: Option<String>,
 
+    /// Retry a failed request once on a new connection, like a client retrying idempotent
+    /// GETs; the record keeps the first failure and the summary counts it apart
+    #[arg(long, help_heading = "LOAD")]
+    retry_idempotent: bool,
+
     /// How long to send [default: 30s]
     #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "TIME AND LIMITS")]
     duration: Option<Duration>,
@@ -226,6 +231,7 @@ where
     let mut config = ProbeConfig::new("");
     config.progress = !flags.quiet;
     config.allow_unreachable_start = flags.allow_unreachable_start;
+    config.retry_idempotent = flags.retry_idempotent;
     macro_rules! set {
         ($($flag:ident => $field:ident),* $(,)?) => {
             $(if let Some(v) = flags.$flag { config.$field = v; })*

@@ -203,6 +203,12 @@ pub struct ProbeConfig {
     /// 1.31`, `haproxy 3.0 round-robin`): carried in the summary and every record so each
     /// timeline says what it measured. Up to 120 printable characters. Default `None`.
     pub proxy_label: Option<String>,
+    /// Retry a failed request once, on a new connection, as a client retrying idempotent
+    /// GETs would. The record keeps the first attempt's failure (`outcome: failed`) and holds
+    /// the retry in [`Record::retry`](crate::Record::retry); the summary counts "failed, then
+    /// succeeded on retry" apart, so a retried request never passes for a plain success.
+    /// Default `false`: every failure a client without retries would see is counted.
+    pub retry_idempotent: bool,
 }
 
 impl ProbeConfig {
@@ -230,6 +236,7 @@ impl ProbeConfig {
             allow_unreachable_start: false,
             progress: false,
             proxy_label: None,
+            retry_idempotent: false,
         }
     }
 

@@ -9,8 +9,10 @@
 //! succeeded, failed, unfinished, requests served while draining on reused versus new
 //! connections, and the first failure — and can write one JSON line per request.
 //!
-//! The probe never retries, so every failure a client without retries would have seen is
-//! counted. It only moves a request to another connection when the first one could not take
+//! By default the probe never retries, so every failure a client without retries would have
+//! seen is counted. With [`ProbeConfig::retry_idempotent`] it retries a failed request once on
+//! a new connection, like a real client, but the record keeps the first failure and the
+//! summary counts "failed, then succeeded on retry" apart. It only moves a request to another connection when the first one could not take
 //! it *before anything was sent* (see [`Record::rerouted`]).
 //!
 //! The library is what the binary runs, so tests and demos can drive it in-process:
@@ -53,7 +55,7 @@ pub use config::{
     MAX_PLANNED_REQUESTS, MAX_RATE,
 };
 pub use latency::{LatencyRow, Window};
-pub use record::{Failure, Outcome, Record};
+pub use record::{Failure, Outcome, Record, Retry};
 pub use request::{INSTANCE_HEADER, PHASE_HEADER, REQUEST_ID_HEADER, TRAFFIC_PATH_HEADER};
 pub use runner::{run, Probe, ProbeError, ProbeHandle, ProbeResult, Progress};
 pub use summary::{Counts, FirstFailure, InstanceCounts, Summary};

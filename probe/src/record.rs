@@ -146,6 +146,45 @@ pub struct Record {
     /// between the probe and the service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_label: Option<String>,
+    /// The second attempt, when the first failed and
+    /// [`ProbeConfig::retry_idempotent`](crate::ProbeConfig::retry_idempotent) was on. The
+    /// record's own fields stay those of the first attempt: a request that failed and then
+    /// succeeded on retry keeps `outcome: failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<Retry>,
+}
+
+/// The retry of a failed request: sent once, on a new connection, with the id
+/// `<first id>-retry`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Retry {
+    /// Its request id (`x-request-id`): the first attempt's id with `-retry` appended.
+    pub id: String,
+    /// When it started, in ms since the probe started.
+    pub start_ms: f64,
+    /// When it ended, in ms since the probe started; `None` when unfinished.
+    pub end_ms: Option<f64>,
+    /// Microseconds from its start to its end, when it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<u64>,
+    /// The response status, when response headers arrived.
+    pub status: Option<u16>,
+    /// How the retry ended.
+    pub outcome: Outcome,
+    /// Where it failed, when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+    /// Its error, when it failed or was left unfinished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The probe's id of the (new) connection it went on.
+    pub conn: Option<u64>,
+    /// The `x-instance` response header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// The `x-lameduck-phase` response header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {

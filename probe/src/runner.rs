@@ -20,7 +20,7 @@ use tokio::time::MissedTickBehavior;
 use crate::config::{ConfigError, ConnectionMode, Kind, Parsed, ProbeConfig};
 use crate::conn::Connections;
 use crate::latency;
-use crate::record::{Outcome, Record};
+use crate::record::{Failure, Outcome, Record, Retry};
 use crate::request::{exchange, Plan, Seen};
 use crate::summary::{RunFacts, Summary};
 
@@ -574,29 +574,43 @@ async fn one_request(kind: Kind, shared: Arc<Shared>, permit: OwnedSemaphorePerm
         http: shared.config.http,
         keepalive,
     };
-    let start_ms = ms(shared.origin.elapsed());
-    let mut seen = Seen::default();
-    let mut control = shared.handle.inner.control.subscribe();
-    let result = {
-        let request = exchange(&shared.conns, &plan, &mut seen);
-        tokio::pin!(request);
-        tokio::select! {
-            result = &mut request => Some(result),
-            _ = control.wait_for(|c| *c == Control::Abort) => None,
-        }
+    let first = attempt(&shared, &plan).await;
+    let retry = if first.outcome == Outcome::Failed && shared.config.retry_idempotent {
+        // Like a client retrying an idempotent GET: once, on a connection of its own, under
+        // an id of its own so a server log tells the two attempts apart.
+        let retry_id = format!("{id}-retry");
+        let retry_plan = Plan {
+            id: &retry_id,
+            keepalive: false,
+            ..plan
+        };
+        let second = attempt(&shared, &retry_plan).await;
+        Some(Retry {
+            id: retry_id,
+            start_ms: second.start_ms,
+            end_ms: second.end_ms,
+            latency_us: second.latency_us(),
+            status: second.seen.status,
+            outcome: second.outcome,
+            failure: second.failure,
+            error: second.error,
+            conn: second.seen.conn,
+            instance: second.seen.instance,
+            phase: second.seen.phase,
+        })
+    } else {
+        None
     };
-    let end_ms = ms(shared.origin.elapsed());
     let stats = &shared.handle.inner.stats;
-    let (outcome, failure, error, end_ms) = match result {
-        Some(Ok(())) => (Outcome::Ok, None, None, Some(end_ms)),
-        Some(Err((failure, error))) => (Outcome::Failed, Some(failure), Some(error), Some(end_ms)),
-        None => (
-            Outcome::Unfinished,
-            None,
-            Some(unfinished_reason(&seen)),
-            None,
-        ),
-    };
+    let latency_us = first.latency_us();
+    let Attempt {
+        start_ms,
+        end_ms,
+        outcome,
+        failure,
+        error,
+        seen,
+    } = first;
     match outcome {
         Outcome::Ok => &stats.succeeded,
         Outcome::Failed => &stats.failed,
@@ -624,10 +638,11 @@ async fn one_request(kind: Kind, shared: Arc<Shared>, permit: OwnedSemaphorePerm
         phase: seen.phase,
         bytes: seen.bytes,
         rerouted: seen.rerouted,
-        latency_us: end_ms.map(|end| ((end - start_ms).max(0.0) * 1000.0).round() as u64),
+        latency_us,
         window: None,
         start_unix_ms: None,
         proxy_label: shared.config.proxy_label.clone(),
+        retry,
     };
     if record.served_by_draining() {
         if record.reused {
@@ -640,6 +655,57 @@ async fn one_request(kind: Kind, shared: Arc<Shared>, permit: OwnedSemaphorePerm
     shared.records.lock().expect("records lock").push(record);
     stats.in_flight.fetch_sub(1, Ordering::Relaxed);
     drop(permit);
+}
+
+/// One attempt at a request, as it ended.
+struct Attempt {
+    start_ms: f64,
+    end_ms: Option<f64>,
+    outcome: Outcome,
+    failure: Option<Failure>,
+    error: Option<String>,
+    seen: Seen,
+}
+
+impl Attempt {
+    fn latency_us(&self) -> Option<u64> {
+        self.end_ms
+            .map(|end| ((end - self.start_ms).max(0.0) * 1000.0).round() as u64)
+    }
+}
+
+/// Sends `plan` once; an abort makes it `unfinished`.
+async fn attempt(shared: &Shared, plan: &Plan<'_>) -> Attempt {
+    let start_ms = ms(shared.origin.elapsed());
+    let mut seen = Seen::default();
+    let mut control = shared.handle.inner.control.subscribe();
+    let result = {
+        let request = exchange(&shared.conns, plan, &mut seen);
+        tokio::pin!(request);
+        tokio::select! {
+            result = &mut request => Some(result),
+            _ = control.wait_for(|c| *c == Control::Abort) => None,
+        }
+    };
+    let end_ms = ms(shared.origin.elapsed());
+    let (outcome, failure, error, end_ms) = match result {
+        Some(Ok(())) => (Outcome::Ok, None, None, Some(end_ms)),
+        Some(Err((failure, error))) => (Outcome::Failed, Some(failure), Some(error), Some(end_ms)),
+        None => (
+            Outcome::Unfinished,
+            None,
+            Some(unfinished_reason(&seen)),
+            None,
+        ),
+    };
+    Attempt {
+        start_ms,
+        end_ms,
+        outcome,
+        failure,
+        error,
+        seen,
+    }
 }
 
 fn unfinished_reason(seen: &Seen) -> String {

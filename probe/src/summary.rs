@@ -120,6 +120,15 @@ pub struct Summary {
     pub rerouted: u64,
     /// Requests not sent because `max_in_flight` requests were already running.
     pub not_sent: u64,
+    /// Failed requests retried (`retry_idempotent`); they stay counted as failed above.
+    #[serde(default)]
+    pub retried: u64,
+    /// Of those, failed, then succeeded on retry.
+    #[serde(default)]
+    pub retry_succeeded: u64,
+    /// Of those, failed again on retry (or were left unfinished).
+    #[serde(default)]
+    pub retry_failed: u64,
     /// Failures by where they failed and the error's first words (`status: status 503 ...`).
     pub failures: BTreeMap<String, u64>,
     /// Per instance, in order of first appearance.
@@ -172,6 +181,9 @@ impl Summary {
             draining_new: 0,
             rerouted: 0,
             not_sent: facts.not_sent,
+            retried: 0,
+            retry_succeeded: 0,
+            retry_failed: 0,
             failures: BTreeMap::new(),
             instances: Vec::new(),
             first_failure: None,
@@ -201,6 +213,14 @@ impl Summary {
                 }
             }
             summary.rerouted += u64::from(r.rerouted > 0);
+            if let Some(retry) = &r.retry {
+                summary.retried += 1;
+                if retry.outcome == Outcome::Ok {
+                    summary.retry_succeeded += 1;
+                } else {
+                    summary.retry_failed += 1;
+                }
+            }
             if let Some(instance) = &r.instance {
                 let i = *instance_index.entry(instance).or_insert_with(|| {
                     summary.instances.push(InstanceCounts {
@@ -395,6 +415,16 @@ impl Summary {
         for (i, (key, n)) in self.failures.iter().enumerate() {
             let name = if i == 0 { "failures" } else { "" };
             row(&mut out, name, format!("{n:>6}  {key}"));
+        }
+        if self.retried > 0 {
+            row(
+                &mut out,
+                "retried once",
+                format!(
+                    "{} failed, then succeeded on retry; {} failed again (all {} counted failed above)",
+                    self.retry_succeeded, self.retry_failed, self.retried
+                ),
+            );
         }
         self.latency_table(&mut out);
         match &self.first_failure {

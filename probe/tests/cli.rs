@@ -66,6 +66,7 @@ fn defaults_and_every_flag() {
     assert_eq!(run.config.duration, Duration::from_secs(30));
     assert!(run.config.progress);
     assert!(!run.config.allow_unreachable_start);
+    assert!(!run.config.retry_idempotent);
     assert_eq!(run.out, None);
 
     let run = run_args(&[
@@ -109,6 +110,7 @@ fn defaults_and_every_flag() {
         "--quiet",
         "--proxy-label",
         "kube-proxy ipvs 1.31",
+        "--retry-idempotent",
     ]);
     let c = &run.config;
     assert_eq!(c.target, "http://svc.ns.svc:80");
@@ -131,6 +133,7 @@ fn defaults_and_every_flag() {
     assert!(c.allow_unreachable_start);
     assert!(!c.progress);
     assert_eq!(c.proxy_label.as_deref(), Some("kube-proxy ipvs 1.31"));
+    assert!(c.retry_idempotent);
     assert_eq!(
         run.out.as_deref(),
         Some(std::path::Path::new("probe.jsonl"))

@@ -692,3 +692,93 @@ async fn run_probe(probe: Probe) -> ProbeResult {
         .expect("probe run within the limit")
         .expect("probe run")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_keep_the_first_failure_and_are_counted_apart() {
+    let srv = server("retry").await;
+    // Requests on reused connections get 503; a retry on a new connection gets 200.
+    srv.state.fail_reused.store(true, Ordering::SeqCst);
+    let mut c = config(srv.addr);
+    c.retry_idempotent = true;
+    let result = run(c).await;
+    let s = &result.summary;
+    let seen = srv.state.seen_by_id();
+
+    let failed: Vec<&Record> = result
+        .records
+        .iter()
+        .filter(|r| r.outcome == Outcome::Failed)
+        .collect();
+    assert!(!failed.is_empty(), "{}", s.table());
+    for r in &result.records {
+        match r.outcome {
+            Outcome::Failed => {
+                // The first attempt's failure stays in the record.
+                assert!(r.reused, "{r:?}");
+                assert_eq!(r.status, Some(503));
+                assert_eq!(r.failure, Some(Failure::Status));
+                let retry = r.retry.as_ref().expect("a failed request was retried");
+                assert_eq!(retry.id, format!("{}-retry", r.id));
+                assert_eq!(retry.outcome, Outcome::Ok, "{r:?}");
+                assert_eq!(retry.status, Some(200));
+                assert!(retry.start_ms >= r.end_ms.unwrap());
+                // On a new connection: the server saw it first on its connection.
+                let on_server = &seen[&retry.id];
+                assert_eq!(on_server.index, 0, "{on_server:?}");
+                assert_ne!(retry.conn, r.conn);
+            }
+            Outcome::Ok => assert!(r.retry.is_none() && !r.reused, "{r:?}"),
+            Outcome::Unfinished => panic!("nothing hangs here: {r:?}"),
+        }
+    }
+    // Both attempts reached the server.
+    assert_eq!(seen.len(), result.records.len() + failed.len());
+    assert_eq!(
+        s.all.failed,
+        failed.len() as u64,
+        "retried requests stay failed"
+    );
+    assert_eq!(s.retried, failed.len() as u64);
+    assert_eq!(s.retry_succeeded, failed.len() as u64);
+    assert_eq!(s.retry_failed, 0);
+    assert!(!s.is_clean());
+    assert!(
+        s.table().contains(&format!(
+            "{} failed, then succeeded on retry; 0 failed again",
+            failed.len()
+        )),
+        "{}",
+        s.table()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_retries_nothing_is_sent_twice() {
+    let srv = server("noretry").await;
+    srv.state.fail_reused.store(true, Ordering::SeqCst);
+    let result = run(config(srv.addr)).await;
+    let s = &result.summary;
+    assert!(s.all.failed > 0, "{}", s.table());
+    assert!(result.records.iter().all(|r| r.retry.is_none()));
+    assert_eq!(srv.state.seen().len(), result.records.len());
+    assert_eq!(s.retried, 0);
+    assert!(!s.table().contains("retried once"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_that_fails_again_is_counted_as_such() {
+    let srv = server("retry503").await;
+    srv.state.status.store(503, Ordering::SeqCst);
+    let mut c = config(srv.addr);
+    c.retry_idempotent = true;
+    let result = run(c).await;
+    let s = &result.summary;
+    assert_eq!(s.all.failed, s.all.total, "{}", s.table());
+    assert_eq!(s.retried, s.all.total);
+    assert_eq!(s.retry_failed, s.all.total);
+    assert_eq!(s.retry_succeeded, 0);
+    for r in &result.records {
+        let retry = r.retry.as_ref().unwrap();
+        assert_eq!((retry.outcome, retry.status), (Outcome::Failed, Some(503)));
+    }
+}

@@ -54,6 +54,8 @@ pub(crate) struct State {
     pub(crate) reset: AtomicBool,
     /// `/slow` never answers.
     pub(crate) hang: AtomicBool,
+    /// Answer 503 to every request that is not the first on its connection.
+    pub(crate) fail_reused: AtomicBool,
     phase: Mutex<Option<String>>,
     goaway: watch::Sender<u64>,
 }
@@ -103,6 +105,7 @@ pub(crate) async fn server(instance: &str) -> TestServer {
         close: AtomicBool::new(false),
         reset: AtomicBool::new(false),
         hang: AtomicBool::new(false),
+        fail_reused: AtomicBool::new(false),
         phase: Mutex::new(None),
         goaway: watch::Sender::new(0),
     });
@@ -173,7 +176,11 @@ async fn handle(
             .unwrap_or("")
             .to_owned()
     };
-    let status = state.status.load(Ordering::SeqCst);
+    let status = if index > 0 && state.fail_reused.load(Ordering::SeqCst) {
+        503
+    } else {
+        state.status.load(Ordering::SeqCst)
+    };
     state.seen.lock().unwrap().push(Seen {
         id: header("x-request-id"),
         conn,
