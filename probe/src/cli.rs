@@ -22,6 +22,10 @@ pub enum Command {
     Help,
     /// Print the version and exit 0.
     Version,
+    /// `correlate`: join records with drain reports.
+    Correlate(Box<crate::correlate::CorrelateArgs>),
+    /// Print [`correlate_usage`](crate::correlate::correlate_usage) and exit 0.
+    CorrelateHelp,
 }
 
 /// A probe run from the command line.
@@ -78,7 +82,7 @@ impl From<ConfigError> for CliError {
     version,
     about = "lameduck-probe: send tagged requests at a service during a rolling restart and tell which\nones failed, on which connection, answered by which instance in which drain phase.",
     help_template = "{about}\n\nUSAGE:\n    {usage}\n\n{all-args}{after-help}",
-    override_usage = "lameduck-probe --target HOST:PORT [OPTIONS]",
+    override_usage = "lameduck-probe --target HOST:PORT [OPTIONS]\n    lameduck-probe correlate --probe FILE --report [NAME=]FILE... [--events FILE] [--svg FILE]",
     after_help = AFTER_HELP,
     next_line_help = false,
     args_override_self = true,
@@ -191,6 +195,7 @@ Exit status: 0 nothing failed or unfinished, 1 some did, 2 bad flags, 3 target u
 at the start or --out not writable.
 Ctrl-C stops sending and waits for running requests (--drain-wait); a second Ctrl-C stops
 waiting. Either way the summary so far is printed.
+`lameduck-probe correlate --help`: join the records with drain reports into a diagnosis.
 ";
 
 /// The `--help` text.
@@ -223,6 +228,9 @@ where
     S: Into<String>,
 {
     let args: Vec<String> = args.into_iter().map(Into::into).collect();
+    if args.first().map(String::as_str) == Some("correlate") {
+        return crate::correlate::parse_correlate(&args[1..]);
+    }
     let argv = std::iter::once("lameduck-probe".to_owned()).chain(args);
     let flags = match RunFlags::try_parse_from(argv) {
         Ok(flags) => flags,

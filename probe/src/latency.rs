@@ -27,7 +27,15 @@ use crate::record::{Outcome, Record};
 /// The longest latency the histograms hold, in µs (one hour); longer values count as this.
 const MAX_TRACKED_US: u64 = 3_600_000_000;
 
-/// Where a request falls relative to the drain the probe saw; see the [module docs](self).
+/// Where a request falls relative to the drain the probe saw.
+///
+/// **during**: answered with a drain-phase header other than `serving`, or, for a request
+/// with no such answer (failed, unfinished, answered by another instance), started between
+/// the first draining answer's start and the last draining answer's end; **before**: started
+/// before the first draining answer's start; **after**: started after the last draining
+/// answer's end. With no draining answer in the run every request is **before**.
+/// [`Summary::latency`](crate::Summary::latency) holds the percentiles of `ok` requests per
+/// kind and window.
 ///
 /// JSON form: `"before"`, `"during"`, `"after"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

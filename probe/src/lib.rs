@@ -44,11 +44,13 @@
 pub mod cli;
 mod config;
 mod conn;
+pub mod correlate;
 mod latency;
 mod record;
 mod request;
 mod runner;
 mod summary;
+mod svg;
 
 pub use config::{
     ConfigError, ConnectionMode, HttpVersion, Kind, ProbeConfig, MAX_DURATION,

@@ -7,6 +7,7 @@ use std::io::BufWriter;
 use std::process::ExitCode;
 
 use lameduck_probe::cli::{parse_args, usage, Command};
+use lameduck_probe::correlate::{correlate_usage, run_correlate, CorrelateArgs};
 use lameduck_probe::Probe;
 
 fn main() -> ExitCode {
@@ -20,6 +21,11 @@ fn main() -> ExitCode {
             println!("lameduck-probe {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
         }
+        Ok(Command::CorrelateHelp) => {
+            print!("{}", correlate_usage());
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Correlate(args)) => return correlate_main(&args),
         Err(e) => {
             eprintln!("lameduck-probe: {e}");
             eprintln!("run lameduck-probe --help for the flags");
@@ -97,4 +103,24 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     })
+}
+
+/// `lameduck-probe correlate`: prints the diagnosis, draws the SVG when asked.
+fn correlate_main(args: &CorrelateArgs) -> ExitCode {
+    let (correlation, records) = match run_correlate(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("lameduck-probe correlate: {e}");
+            return ExitCode::from(3);
+        }
+    };
+    print!("{}", correlation.table());
+    if let Some(path) = &args.svg {
+        if let Err(e) = std::fs::write(path, correlation.svg(&records)) {
+            eprintln!("lameduck-probe correlate: --svg {}: {e}", path.display());
+            return ExitCode::from(3);
+        }
+        println!("picture                 {}", path.display());
+    }
+    ExitCode::SUCCESS
 }

@@ -1,0 +1,377 @@
+//! `correlate` against a real run: the probe's records from a server on 127.0.0.1 that
+//! drains, stops accepting (new connections reset) and then answers 503, joined with the drain
+//! report and the external events written at the moments the test flipped the server.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command as Process, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::server;
+use lameduck_probe::cli::{parse_args, Command};
+use lameduck_probe::correlate::{correlate, parse_records, FailureClass, ReportView};
+use lameduck_probe::{ConnectionMode, Failure, Outcome, Probe, ProbeConfig, Record};
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The times the test flipped the server, in unix ms.
+struct Flips {
+    drain: u64,
+    stop: u64,
+    fail: u64,
+    end: u64,
+}
+
+/// Runs the probe (mixed connections) while the server goes serving → draining → new
+/// connections reset → 503, and returns the records and when each flip happened.
+async fn rollout(dir: &Path) -> (Vec<Record>, Flips) {
+    let srv = server("web-1").await;
+    srv.state.set_phase(Some("serving"));
+    let mut c = ProbeConfig::new(srv.addr.to_string());
+    c.short_rate = 60.0;
+    c.slow_rate = 4.0;
+    c.slow = Duration::from_millis(100);
+    c.duration = Duration::from_millis(1600);
+    c.drain_wait = Duration::from_secs(5);
+    c.connections = ConnectionMode::Mixed;
+    c.proxy_label = Some("direct loopback".into());
+    let probe = Probe::new(c).unwrap();
+    let handle = probe.handle();
+    let state = srv.state.clone();
+    let flips = tokio::spawn(async move {
+        let wait_ok = |n: u64| {
+            let handle = handle.clone();
+            async move {
+                let start = Instant::now();
+                while handle.progress().sent < n && start.elapsed() < LIMIT {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        wait_ok(20).await;
+        state.set_phase(Some("draining"));
+        let drain = now_ms();
+        wait_ok(40).await;
+        state.reset.store(true, Ordering::SeqCst);
+        let stop = now_ms();
+        wait_ok(60).await;
+        state.status.store(503, Ordering::SeqCst);
+        let fail = now_ms();
+        (drain, stop, fail)
+    });
+    let result = tokio::time::timeout(LIMIT, probe.run())
+        .await
+        .unwrap()
+        .unwrap();
+    let (drain, stop, fail) = flips.await.unwrap();
+    let mut buf = Vec::new();
+    result.write_json_lines(&mut buf).unwrap();
+    std::fs::write(dir.join("records.jsonl"), &buf).unwrap();
+    (
+        result.records,
+        Flips {
+            drain,
+            stop,
+            fail,
+            end: now_ms(),
+        },
+    )
+}
+
+/// A drain report as the service writes it, at the flip times (extra fields as a real one
+/// has, to show they are ignored).
+fn report_json(f: &Flips) -> String {
+    let ev = |event: &str, t: u64, extra: &str| {
+        format!(
+            r#"{{"event":"{event}","at_ms":{},"unix_ms":{t}{extra}}}"#,
+            t - f.drain
+        )
+    };
+    format!(
+        r#"{{"outcome":"clean","trigger":"sigterm","exit_code":0,"readiness_policy":"fail","budget":{{"grace_ms":30000,"used_ms":{}}},"timeline":[{},{},{},{},{}],"after_flip":{{"new_connections":0}},"stragglers":[],"tasks":[],"closers":[],"pod":{{"name":"web-1","namespace":"default"}}}}"#,
+        f.end - f.drain,
+        ev("drain_started", f.drain, r#","trigger":"sigterm""#),
+        ev("signal_received", f.drain, r#","trigger":"sigterm""#),
+        ev("readiness_flipped", f.drain, ""),
+        ev("stopped_accepting", f.stop, r#","reason":"quiet""#),
+        ev("done", f.end, ""),
+    )
+}
+
+fn events_jsonl(f: &Flips) -> String {
+    format!(
+        "{{\"unix_ms\":{},\"instance\":\"web-1\",\"event\":\"deleted\"}}\n\
+         {{\"unix_ms\":{},\"instance\":\"web-1\",\"event\":\"endpoint_removed\"}}\n\
+         \n\
+         {{\"unix_ms\":{},\"instance\":\"web-1\",\"event\":\"proxy_updated\"}}\n\
+         {{\"unix_ms\":{},\"instance\":\"web-1\",\"event\":\"exit\"}}\n",
+        f.drain - 5,
+        f.drain + 20,
+        f.drain + 40,
+        f.end + 1000,
+    )
+}
+
+/// `(element text, attribute) → value`, for the SVG checks.
+fn attr<'a>(element: &'a str, name: &str) -> Option<&'a str> {
+    let key = format!(" {name}=\"");
+    let start = element.find(&key)? + key.len();
+    let len = element[start..].find('"')?;
+    Some(&element[start..start + len])
+}
+
+/// The `<g class="lane" ...>` groups: instance → the group's text.
+fn lanes(svg: &str) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let mut rest = svg;
+    while let Some(i) = rest.find("<g class=\"lane\"") {
+        let group = &rest[i..];
+        let end = group.find("</g>").expect("lane group closed");
+        let head = &group[..group.find('>').unwrap()];
+        let name = attr(head, "data-instance").unwrap().replace("&quot;", "\"");
+        out.insert(name, group[..end].to_owned());
+        rest = &group[end..];
+    }
+    out
+}
+
+/// Elements (from `<` to the end of the opening tag) whose class starts with `prefix`.
+fn elements<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    let key = format!("class=\"{prefix}");
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(&key) {
+        let open = rest[..i].rfind('<').unwrap();
+        let close = i + rest[i..].find('>').unwrap();
+        out.push(&rest[open..close]);
+        rest = &rest[close..];
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn correlate_classifies_every_failure_and_draws_every_request() {
+    let dir = std::env::temp_dir().join(format!("lameduck-probe-correlate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (records, flips) = rollout(&dir).await;
+    std::fs::write(dir.join("web-1.report.json"), report_json(&flips)).unwrap();
+    let text = std::fs::read_to_string(dir.join("records.jsonl")).unwrap();
+    assert_eq!(parse_records(&text, "records.jsonl").unwrap(), records);
+    std::fs::write(dir.join("events.jsonl"), events_jsonl(&flips)).unwrap();
+
+    // The library: every failure has the class its cause says.
+    let report = ReportView::parse(&report_json(&flips), None, "web-1.report.json").unwrap();
+    assert_eq!(report.instance, "web-1", "named after pod.name");
+    let c = correlate(&records, std::slice::from_ref(&report), &[]);
+    let failed: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.outcome == Outcome::Failed)
+        .collect();
+    assert_eq!(c.failures.len(), failed.len());
+    let by_id: HashMap<&str, &Record> = records.iter().map(|r| (r.id.as_str(), r)).collect();
+    let mut classes = HashMap::new();
+    for f in &c.failures {
+        let r = by_id[f.id.as_str()];
+        let want = if r.status == Some(503) {
+            assert!(
+                r.end_ms.unwrap() - r.start_ms + r.start_unix_ms.unwrap() + 50.0
+                    >= flips.fail as f64
+            );
+            FailureClass::Processing
+        } else {
+            // Reset before any answer: on new connections after stopped_accepting.
+            assert_eq!(r.failure, Some(Failure::Request), "{r:?}");
+            assert!(!r.reused, "{r:?}");
+            assert!(
+                r.start_unix_ms.unwrap() + 50.0 >= flips.stop as f64,
+                "{r:?}"
+            );
+            FailureClass::RoutingSwitch
+        };
+        assert_eq!(f.class, want, "{f:?} for {r:?}");
+        assert_eq!(f.instance.as_deref(), Some("web-1"), "{f:?}");
+        *classes.entry(f.class).or_insert(0) += 1;
+    }
+    assert!(
+        classes.get(&FailureClass::RoutingSwitch) > Some(&0),
+        "{}",
+        c.table()
+    );
+    assert!(
+        classes.get(&FailureClass::Processing) > Some(&0),
+        "{}",
+        c.table()
+    );
+
+    // The binary, with the events file and the picture.
+    let svg_path = dir.join("rollout.svg");
+    let args: Vec<String> = vec![
+        "correlate".into(),
+        "--probe".into(),
+        dir.join("records.jsonl").display().to_string(),
+        "--report".into(),
+        format!("web-1={}", dir.join("web-1.report.json").display()),
+        "--events".into(),
+        dir.join("events.jsonl").display().to_string(),
+        "--svg".into(),
+        svg_path.display().to_string(),
+    ];
+    let Command::Correlate(parsed) = parse_args(args.iter().cloned()).unwrap() else {
+        panic!("correlate parses into Command::Correlate");
+    };
+    assert_eq!(parsed.reports[0].0.as_deref(), Some("web-1"));
+    let out = Process::new(env!("CARGO_BIN_EXE_lameduck-probe"))
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{stdout}");
+    std::fs::copy(&svg_path, "/tmp/probe-rollout.svg").ok();
+    let origin = records
+        .iter()
+        .map(|r| r.start_unix_ms.unwrap())
+        .chain([flips.drain as f64 - 5.0])
+        .fold(f64::INFINITY, f64::min);
+    let offset = |t: u64| format!("{:>9.0}", t as f64 - origin);
+    for (row, at) in [
+        ("deletion", flips.drain - 5),
+        ("signal", flips.drain),
+        ("drain started", flips.drain),
+        ("readiness flipped", flips.drain),
+        ("endpoint change", flips.drain + 20),
+        ("proxy update", flips.drain + 40),
+        ("stopped accepting", flips.stop),
+        ("exit", flips.end + 1000),
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(row))
+            .unwrap_or_else(|| panic!("no {row} row in\n{stdout}"));
+        assert!(
+            line.contains(&offset(at)),
+            "{row}: {line} (want {})",
+            offset(at)
+        );
+    }
+    assert!(stdout.contains("through direct loopback"), "{stdout}");
+    assert!(stdout.contains("routing switch"), "{stdout}");
+    assert!(stdout.contains("processing"), "{stdout}");
+    for f in &failed {
+        assert!(stdout.contains(&f.id), "failure {} listed", f.id);
+    }
+
+    // The picture: one lane per instance, one mark per request in its lane, with its outcome
+    // and connection in the class; the report's and the events' moments as lines.
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+    let lanes = lanes(&svg);
+    let mut drawn = 0;
+    for (name, group) in &lanes {
+        for mark in elements(group, "mark ") {
+            let id = attr(mark, "data-id").unwrap();
+            let r = by_id[id];
+            assert_eq!(r.instance.as_deref().unwrap_or("(no answer)"), name, "{id}");
+            let class: Vec<&str> = attr(mark, "class").unwrap().split(' ').collect();
+            assert!(class.contains(&r.outcome.as_str()), "{mark} vs {r:?}");
+            assert!(class.contains(&r.kind.as_str()));
+            if r.reused {
+                assert!(
+                    mark.starts_with("<rect") && class.contains(&"reused"),
+                    "{mark}"
+                );
+            } else {
+                assert!(
+                    mark.starts_with("<circle") && class.contains(&"new"),
+                    "{mark}"
+                );
+            }
+            drawn += 1;
+        }
+    }
+    assert_eq!(drawn, records.len(), "every request drawn once");
+    assert!(lanes.contains_key("web-1"));
+    assert_eq!(
+        lanes.contains_key("(no answer)"),
+        records.iter().any(|r| r.instance.is_none())
+    );
+    let web = &lanes["web-1"];
+    let events: Vec<(&str, &str)> = elements(web, "event")
+        .into_iter()
+        .map(|e| {
+            (
+                attr(e, "data-event").unwrap(),
+                attr(e, "data-source").unwrap(),
+            )
+        })
+        .collect();
+    for want in [
+        ("signal_received", "report"),
+        ("stopped_accepting", "report"),
+        ("done", "report"),
+        ("deleted", "events"),
+        ("endpoint_removed", "events"),
+        ("proxy_updated", "events"),
+        ("exit", "events"),
+    ] {
+        assert!(events.contains(&want), "{want:?} in {events:?}");
+    }
+    let bands = elements(web, "band ");
+    assert_eq!(bands.len(), 2, "draining and stopped bands: {bands:?}");
+    let stop_at = attr(bands[0], "data-to-ms").unwrap();
+    assert_eq!(stop_at, format!("{:.0}", flips.stop as f64 - origin));
+    assert!(svg.contains("class=\"legend\""));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn correlate_refuses_bad_input_with_the_file_and_line() {
+    let dir = std::env::temp_dir().join(format!(
+        "lameduck-probe-correlate-bad-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let records = dir.join("r.jsonl");
+    std::fs::write(&records, "{\"id\":1}\n").unwrap();
+    let report = dir.join("a.json");
+    std::fs::write(&report, "{\"timeline\":[]}").unwrap();
+    let run = |args: &[&str]| {
+        Process::new(env!("CARGO_BIN_EXE_lameduck-probe"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let r = records.display().to_string();
+    let a = report.display().to_string();
+    let out = run(&["correlate", "--probe", &r, "--report", &a]);
+    assert_eq!(out.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("line 1: not a probe record"), "{stderr}");
+
+    let out = run(&["correlate", "--probe", &r]);
+    assert_eq!(out.status.code(), Some(2), "--report is required");
+    let out = run(&["correlate", "--probe", &r, "--reprot", &a]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("did you mean --report"));
+    let out = run(&["correlate", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--events"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
