@@ -42,6 +42,8 @@ fn event_colour(event: &str) -> &'static str {
     let e = event.to_ascii_lowercase();
     if e.contains("exit") || e.contains("deadline") {
         "#000000"
+    } else if e.contains("delet") {
+        "#8d6e63"
     } else if e.contains("endpoint") {
         "#1565c0"
     } else if e.contains("proxy") {
@@ -277,6 +279,7 @@ impl Correlation {
         let ly2 = ly + 22.0;
         let mut lx2 = 10.0;
         for (name, sample) in [
+            ("deletion", "deleted"),
             ("signal", "signal"),
             ("endpoint change", "endpoint"),
             ("proxy update", "proxy"),
