@@ -680,9 +680,16 @@ fn diagnosis_rows(
         rows.push(row);
     };
     push_ext(&mut rows, "deletion", "deletion");
-    // The signal: from the report when it recorded one, else from the events.
-    match report.and_then(|r| r.first("signal_received")) {
-        Some(e) => rows.push(DiagnosisRow {
+    // The signal: from the report when it recorded one (or the drain was started by one),
+    // else from the events.
+    let signal_started = report
+        .and_then(|r| r.first("drain_started"))
+        .filter(|e| e.detail.as_deref().is_some_and(|d| d.starts_with("sig")));
+    match (
+        report.and_then(|r| r.first("signal_received")),
+        signal_started,
+    ) {
+        (Some(e), _) => rows.push(DiagnosisRow {
             what: "signal".to_owned(),
             unix_ms: Some(e.unix_ms),
             note: format!(
@@ -690,7 +697,15 @@ fn diagnosis_rows(
                 e.detail.as_deref().unwrap_or("signal_received")
             ),
         }),
-        None => push_ext(&mut rows, "signal", "signal"),
+        (None, Some(e)) => rows.push(DiagnosisRow {
+            what: "signal".to_owned(),
+            unix_ms: Some(e.unix_ms),
+            note: format!(
+                "report: {} started the drain",
+                e.detail.as_deref().unwrap_or_default()
+            ),
+        }),
+        (None, None) => push_ext(&mut rows, "signal", "signal"),
     }
     from_report(&mut rows, "drain started", "drain_started");
     from_report(&mut rows, "readiness flipped", "readiness_flipped");

@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::process::ExitCode;
 
 use lameduck_probe::cli::{parse_args, usage, Command};
@@ -114,13 +114,17 @@ fn correlate_main(args: &CorrelateArgs) -> ExitCode {
             return ExitCode::from(3);
         }
     };
-    print!("{}", correlation.table());
+    // A closed pipe (`| head`) ends the output quietly instead of panicking.
+    let mut stdout = std::io::stdout().lock();
+    if stdout.write_all(correlation.table().as_bytes()).is_err() {
+        return ExitCode::SUCCESS;
+    }
     if let Some(path) = &args.svg {
         if let Err(e) = std::fs::write(path, correlation.svg(&records)) {
             eprintln!("lameduck-probe correlate: --svg {}: {e}", path.display());
             return ExitCode::from(3);
         }
-        println!("picture                 {}", path.display());
+        let _ = writeln!(stdout, "picture                 {}", path.display());
     }
     ExitCode::SUCCESS
 }

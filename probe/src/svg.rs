@@ -86,7 +86,8 @@ impl Correlation {
             }
         }
         let t0 = self.origin_unix_ms;
-        let span = (t1 - t0).max(1.0);
+        // 2% room on the right so the last mark is not cut by the edge.
+        let span = ((t1 - t0) * 1.02).max(1.0);
         let plot = WIDTH - LEFT - RIGHT;
         let x = |t: f64| LEFT + (t - t0) / span * plot;
         let height = TOP + LANE * lanes.len() as f64 + LEGEND;

@@ -375,3 +375,35 @@ fn correlate_refuses_bad_input_with_the_file_and_line() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("--events"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A report exactly as the example service wrote it (`--report-file`, drained by SIGTERM).
+#[test]
+fn a_report_written_by_the_service_is_read() {
+    let text = include_str!("fixtures/report-service-sigterm.json");
+    let r = ReportView::parse(text, None, "report-service-sigterm.json").unwrap();
+    assert_eq!(r.instance, "web-1");
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.outcome.as_deref(), Some("clean"));
+    let names: Vec<&str> = r.timeline.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(names.first(), Some(&"drain_started"));
+    assert_eq!(names.last(), Some(&"done"));
+    let stop = r
+        .timeline
+        .iter()
+        .find(|e| e.event == "stopped_accepting")
+        .unwrap();
+    assert_eq!(stop.unix_ms, 1_796_093_640_883.0);
+    assert_eq!(stop.detail.as_deref(), Some("max"));
+    // A refused connect 45 ms after it stopped accepting is a routing switch.
+    let refused: Record = serde_json::from_str(
+        r#"{"id":"x","kind":"short","label":"default","mode":"fresh","start_ms":0.0,"end_ms":1.0,
+            "status":null,"outcome":"failed","failure":"connect","error":"refused","reused":false,
+            "conn":null,"bytes":0,"start_unix_ms":1796093640927.0}"#,
+    )
+    .unwrap();
+    let c = correlate(&[refused], &[r], &[]);
+    assert_eq!(c.failures[0].class, FailureClass::RoutingSwitch);
+    let table = c.table();
+    assert!(table.contains("sigterm started the drain"), "{table}");
+    assert!(table.contains("drain done, exit code 0"), "{table}");
+}
