@@ -95,6 +95,7 @@ struct RunFlags {
         long,
         value_name = "ADDR",
         env = "LAMEDUCK_PROBE_TARGET",
+        hide_env = true,
         help_heading = "TARGET"
     )]
     target: Option<String>,
@@ -103,6 +104,7 @@ struct RunFlags {
         long,
         value_name = "NAME",
         env = "LAMEDUCK_PROBE_HOST",
+        hide_env = true,
         help_heading = "TARGET"
     )]
     host: Option<String>,
@@ -112,21 +114,21 @@ struct RunFlags {
     /// keepalive | fresh | mixed [default: keepalive]
     #[arg(long, value_name = "MODE", value_parser = parse_mode, help_heading = "TARGET")]
     connections: Option<ConnectionMode>,
-    /// Traffic-path label, sent as x-traffic-path and recorded (e.g. ingress, service,
-    /// pod-ip) [default: default]
+    /// Sent as x-traffic-path (ingress, service, pod-ip) [default: default]
     #[arg(
         long,
         value_name = "NAME",
         env = "LAMEDUCK_PROBE_LABEL",
+        hide_env = true,
         help_heading = "TARGET"
     )]
     label: Option<String>,
-    /// What sits between the probe and the service, free text carried in the summary and
-    /// every record (e.g. "kube-proxy iptables 1.31")
+    /// What sits in between, for the record (e.g. "kube-proxy iptables 1.31")
     #[arg(
         long,
         value_name = "TEXT",
         env = "LAMEDUCK_PROBE_PROXY_LABEL",
+        hide_env = true,
         help_heading = "TARGET"
     )]
     proxy_label: Option<String>,
@@ -156,16 +158,14 @@ struct RunFlags {
     #[arg(long, value_name = "PATH", help_heading = "LOAD")]
     stream_path: Option<String>,
 
-    /// Retry a failed request once on a new connection, like a client retrying idempotent
-    /// GETs; the record keeps the first failure and the summary counts it apart
+    /// Retry a failure once on a new connection; it still counts
     #[arg(long, help_heading = "LOAD")]
     retry_idempotent: bool,
 
     /// How long to send [default: 30s]
     #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "TIME AND LIMITS")]
     duration: Option<Duration>,
-    /// Then how long to wait for running requests; the rest are counted unfinished
-    /// [default: 10s]
+    /// Then how long to wait for running requests [default: 10s]
     #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "TIME AND LIMITS")]
     drain_wait: Option<Duration>,
     /// Limit for one connect [default: 3s]
@@ -191,6 +191,8 @@ struct RunFlags {
 
 const AFTER_HELP: &str = "\
 DUR is a number with a unit: 1500ms, 30s, 2m, 1h, or combined like 1m30s.
+--target, --host, --label and --proxy-label fall back to LAMEDUCK_PROBE_TARGET,
+LAMEDUCK_PROBE_HOST, LAMEDUCK_PROBE_LABEL and LAMEDUCK_PROBE_PROXY_LABEL.
 Exit status: 0 nothing failed or unfinished, 1 some did, 2 bad flags, 3 target unreachable
 at the start or --out not writable.
 Ctrl-C stops sending and waits for running requests (--drain-wait); a second Ctrl-C stops

@@ -77,7 +77,7 @@ struct CorrelateFlags {
     /// The probe's records (lameduck-probe --out FILE)
     #[arg(long, value_name = "FILE")]
     probe: PathBuf,
-    /// A drain report, optionally named after the instance it belongs to (repeat per instance)
+    /// A drain report, named after its instance or not (once per instance)
     #[arg(long, value_name = "[NAME=]FILE", required = true)]
     report: Vec<String>,
     /// External events as JSON lines {unix_ms, instance, event}
