@@ -10,11 +10,11 @@
 mod hooks;
 mod procs;
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lameduck::{DrainReport, EventKind, Outcome};
+use lameduck::{EventKind, Outcome};
+use lameduck_probe::correlate::{correlate, ReportView};
 use lameduck_probe::{ConnectionMode, Probe, ProbeConfig, ProbeResult};
 use procs::{free_port, haproxy, nginx, nginx_reload, require, scratch, wait_haproxy, Instance};
 
@@ -68,65 +68,62 @@ fn start_probe(config: ProbeConfig) -> std::thread::JoinHandle<ProbeResult> {
 
 /// `GET /drain` on the instance's admin port, as the `preStop` hook does.
 fn prestop(inst: &Instance) {
+    // kubelet runs the hook at the Pod's deletion.
+    inst.note("deleted");
     let status = lameduck::prestop_blocking(inst.admin, lameduck::PrestopOptions::default())
         .unwrap_or_else(|e| panic!("preStop /drain on {}: {e}", inst.name));
     assert_eq!(status.phase, lameduck::Phase::Done);
 }
 
-/// Lines the probe's records up with the drained instance's report, writes the timeline, and
-/// checks the report's after-drain counters against what the probe saw.
-fn timeline(dir: &Path, result: &ProbeResult, inst: &Instance, report: &DrainReport, exit: i32) {
-    let origin = report.timeline[0].unix_ms as f64;
-    let probe0 = result.summary.started_unix_ms as f64;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# {} drained; offsets in ms from its drain start",
-        inst.name
+/// Lines the probe's records up with the drained instances' reports and with what the test did
+/// to the processes (`lameduck-probe correlate`'s diagnosis), writes it to
+/// `<run>/diagnosis.txt` and the picture to `<run>/rollout.svg`, and checks each report's
+/// after-drain counters against what the probe saw.
+fn diagnose(dir: &Path, result: &ProbeResult, drained: &[(Instance, i32)]) {
+    let mut views = Vec::new();
+    let mut events = Vec::new();
+    for (inst, _) in drained {
+        let raw = std::fs::read_to_string(&inst.report_file).expect("report file");
+        let source = inst.report_file.display().to_string();
+        views.push(
+            ReportView::parse(&raw, Some(&inst.name), &source)
+                .expect("the report parses as correlate reads it"),
+        );
+        events.extend(inst.events.lock().unwrap().iter().cloned());
+    }
+    let diagnosis = correlate(&result.records, &views, &events);
+    let table = diagnosis.table();
+    std::fs::write(dir.join("diagnosis.txt"), &table).unwrap();
+    std::fs::write(dir.join("rollout.svg"), diagnosis.svg(&result.records)).unwrap();
+    eprintln!("{table}");
+    assert!(
+        diagnosis.failures.is_empty(),
+        "correlate found failures the summary did not: {:?}",
+        diagnosis.failures
     );
-    for e in &report.timeline {
-        let _ = writeln!(out, "{:>8} report {}", e.at_ms, e.event);
-    }
-    if let Some(ms) = report.after_flip.last_new_connection_ms {
-        let _ = writeln!(out, "{ms:>8} report last new connection");
-    }
-    let _ = writeln!(out, "{:>8} exit code {exit}", report.budget.used_ms);
-    let mine: Vec<_> = result
-        .records
-        .iter()
-        .filter(|r| r.instance.as_deref() == Some(&inst.name))
-        .collect();
-    let draining: Vec<_> = mine.iter().filter(|r| r.served_by_draining()).collect();
-    if let (Some(first), Some(last)) = (draining.first(), draining.last()) {
-        let _ = writeln!(
-            out,
-            "{:>8} probe first request answered while draining ({})\n{:>8} probe last request answered while draining ({})",
-            (probe0 + first.start_ms - origin).round(),
-            first.id,
-            (probe0 + last.start_ms - origin).round(),
-            last.id
+    for (inst, _) in drained {
+        let report = inst.report();
+        let draining = result
+            .records
+            .iter()
+            .filter(|r| r.instance.as_deref() == Some(&inst.name) && r.served_by_draining())
+            .count() as u64;
+        let row = diagnosis
+            .instances
+            .iter()
+            .find(|d| d.instance == inst.name)
+            .expect("the drained instance is in the diagnosis");
+        assert_eq!(row.draining, draining, "correlate vs the probe's records");
+        // Every request that arrived after the drain started got the phase header; the probe
+        // is the only client (health checks use the admin port), so the counts must agree.
+        let after = report.after_flip.requests_on_new_connections
+            + report.after_flip.requests_on_reused_connections;
+        assert_eq!(
+            draining, after,
+            "{}: probe vs report after-drain counts",
+            inst.name
         );
     }
-    let _ = writeln!(
-        out,
-        "probe: {} requests answered by {}, {} of them while draining; report: {} on new + {} on reused connections",
-        mine.len(),
-        inst.name,
-        draining.len(),
-        report.after_flip.requests_on_new_connections,
-        report.after_flip.requests_on_reused_connections
-    );
-    std::fs::write(dir.join(format!("{}.timeline.txt", inst.name)), &out).unwrap();
-    eprintln!("{out}");
-    // Every request that arrived after the drain started got the phase header; the probe is the
-    // only client (health checks use the admin port), so the counts must agree.
-    let after = report.after_flip.requests_on_new_connections
-        + report.after_flip.requests_on_reused_connections;
-    assert_eq!(
-        draining.len() as u64,
-        after,
-        "probe vs report after-drain counts"
-    );
 }
 
 fn assert_clean(result: &ProbeResult) {
@@ -235,8 +232,8 @@ fn haproxy_rolling_update_loses_nothing() {
         assert_eq!(*code, 0, "{} exit code", inst.name);
         assert_eq!(report.outcome, Outcome::Clean);
         assert!(report.event(EventKind::InFlightZero).is_some());
-        timeline(&fleet.dir, &result, inst, &report, *code);
     }
+    diagnose(&fleet.dir, &result, &drained);
 }
 
 /// How long nginx learns of an endpoint change after the drain started, like an ingress
@@ -289,6 +286,7 @@ fn nginx_pooling_proxy_rolling_update_loses_nothing() {
             let hook = s.spawn(|| prestop(&old));
             std::thread::sleep(NGINX_RELOAD_LAG);
             nginx_reload(&proxy, &dir, frontend, &next);
+            old.note("proxy_updated (nginx reload)");
             hook.join().expect("preStop thread");
         });
         old.signal("-TERM");
@@ -308,8 +306,8 @@ fn nginx_pooling_proxy_rolling_update_loses_nothing() {
             "{}: nginx sent nothing during the reload lag, so the test proves nothing",
             inst.name
         );
-        timeline(&dir, &result, inst, &report, *code);
     }
+    diagnose(&dir, &result, &drained);
 }
 
 #[test]

@@ -65,6 +65,16 @@ pub(crate) struct Instance {
     pub(crate) admin: SocketAddr,
     pub(crate) report_file: PathBuf,
     child: Option<Child>,
+    /// What the test did to the process and saw of it, on the wall clock: signals sent and
+    /// the exit, for `correlate`'s diagnosis rows.
+    pub(crate) events: std::sync::Mutex<Vec<lameduck_probe::correlate::ExternalEvent>>,
+}
+
+/// Now, in ms since the Unix epoch.
+pub(crate) fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
 impl Instance {
@@ -102,7 +112,20 @@ impl Instance {
             admin: ([127, 0, 0, 1], admin).into(),
             report_file,
             child: Some(child),
+            events: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Records an event the test caused or saw (`deleted`, `proxy_updated`, ...).
+    pub(crate) fn note(&self, event: &str) {
+        self.events
+            .lock()
+            .unwrap()
+            .push(lameduck_probe::correlate::ExternalEvent {
+                unix_ms: unix_ms(),
+                instance: self.name.clone(),
+                event: event.to_owned(),
+            });
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -117,6 +140,7 @@ impl Instance {
             .map(|s| s.success())
             .unwrap_or(false);
         assert!(ok, "kill {sig} {} failed", self.pid());
+        self.note(&format!("signal {}", sig.trim_start_matches('-')));
     }
 
     /// Waits (bounded) for the process to exit; returns its exit code.
@@ -126,7 +150,9 @@ impl Instance {
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 self.child = None;
-                return status.code().unwrap_or(-1);
+                let code = status.code().unwrap_or(-1);
+                self.note(&format!("exit {code}"));
+                return code;
             }
             if start.elapsed() > limit {
                 let _ = child.kill();
