@@ -9,13 +9,14 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::http::HeaderName;
 use axum::routing::get;
 use axum::Router;
 use lameduck::{Drain, DrainReport, Propagation, Signals};
+use lameduck_probe::correlate::{correlate, ExternalEvent, ReportView};
 use lameduck_probe::{ConnectionMode, Probe, ProbeConfig, ProbeResult};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -106,30 +107,50 @@ impl Backend {
     }
 }
 
+/// What happened to the instances on the wall clock, for `correlate`: deletion, signal and exit
+/// as the demo caused them, and the balancer's own changes of mind.
+type Events = Arc<Mutex<Vec<ExternalEvent>>>;
+
+fn note(events: &Events, instance: &str, event: &str) {
+    let unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+    events.lock().unwrap().push(ExternalEvent {
+        unix_ms,
+        instance: instance.to_owned(),
+        event: event.to_owned(),
+    });
+}
+
 /// A round-robin TCP balancer whose view of each backend's readiness lags by `NOTICE_DELAY`.
 struct Balancer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
 }
 
-async fn start_balancer(backends: Vec<(SocketAddr, SocketAddr)>) -> Balancer {
+async fn start_balancer(
+    backends: Vec<(&'static str, SocketAddr, SocketAddr)>,
+    events: Events,
+) -> Balancer {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let healthy: Arc<Vec<AtomicBool>> =
         Arc::new(backends.iter().map(|_| AtomicBool::new(true)).collect());
-    for (i, (_, admin)) in backends.iter().copied().enumerate() {
-        let (healthy, stop) = (healthy.clone(), stop.clone());
+    for (i, (name, _, admin)) in backends.iter().copied().enumerate() {
+        let (healthy, stop, events) = (healthy.clone(), stop.clone(), events.clone());
         tokio::spawn(async move {
             let mut fails = 0;
             while !stop.load(Ordering::Relaxed) {
                 let ok = check(admin).await;
                 fails = if ok { 0 } else { fails + 1 };
                 let up = fails < 2; // `fall 2`
-                let healthy = healthy.clone();
+                let (healthy, events) = (healthy.clone(), events.clone());
                 tokio::spawn(async move {
                     tokio::time::sleep(NOTICE_DELAY).await;
-                    healthy[i].store(up, Ordering::Relaxed);
+                    if healthy[i].swap(up, Ordering::Relaxed) && !up {
+                        note(&events, name, "proxy_updated (balancer: down)");
+                    }
                 });
                 tokio::time::sleep(HEALTH_INTERVAL).await;
             }
@@ -148,7 +169,7 @@ async fn start_balancer(backends: Vec<(SocketAddr, SocketAddr)>) -> Balancer {
                 .map(|k| (start + k) % n)
                 .find(|&i| healthy[i].load(Ordering::Relaxed));
             let Some(i) = pick else { continue }; // nothing healthy: the client's connection drops
-            let backend = backends[i].0;
+            let backend = backends[i].1;
             tokio::spawn(async move {
                 // A refused backend connection drops the client's: what an L4 balancer does.
                 if let Ok(mut server) = TcpStream::connect(backend).await {
@@ -181,13 +202,19 @@ async fn check(admin: SocketAddr) -> bool {
 struct Run {
     result: ProbeResult,
     report: Option<DrainReport>,
+    events: Vec<ExternalEvent>,
 }
 
 async fn scenario(naive: bool) -> Run {
     let label = if naive { "naive" } else { "lameduck" };
     let a = start_backend("instance-a", naive).await;
     let b = start_backend("instance-b", naive).await;
-    let balancer = start_balancer(vec![(a.addr, a.admin), (b.addr, b.admin)]).await;
+    let events: Events = Arc::default();
+    let balancer = start_balancer(
+        vec![(a.name, a.addr, a.admin), (b.name, b.addr, b.admin)],
+        events.clone(),
+    )
+    .await;
 
     let mut config = ProbeConfig::new(balancer.addr.to_string());
     config.label = label.to_owned();
@@ -215,9 +242,12 @@ async fn scenario(naive: bool) -> Run {
             }
             () = tokio::time::sleep(DRAIN_AT.saturating_sub(started.elapsed())), if !drain_sent => {
                 drain_sent = true;
+                note(&events, a.name, "deleted");
                 if naive {
                     println!("  [{label}] {:>4.1}s SIGTERM to {}: it exits at once", started.elapsed().as_secs_f64(), a.name);
+                    note(&events, a.name, "signal TERM");
                     a.exit();
+                    note(&events, a.name, "exit");
                 } else {
                     println!("  [{label}] {:>4.1}s preStop: GET {}/drain on {}", started.elapsed().as_secs_f64(), a.admin, a.name);
                     let admin = a.admin;
@@ -240,7 +270,12 @@ async fn scenario(naive: bool) -> Run {
     balancer.stop.store(true, Ordering::Relaxed);
     a.exit();
     b.exit();
-    Run { result, report }
+    let events = events.lock().unwrap().clone();
+    Run {
+        result,
+        report,
+        events,
+    }
 }
 
 fn table(title: &str, run: &Run) {
@@ -317,7 +352,56 @@ async fn main() {
         naive.result.summary.all.failed,
         naive.result.summary.all.unfinished
     );
+    diagnose("(d) correlate's diagnosis, lameduck", "lameduck", &good);
+    diagnose("(e) correlate's diagnosis, naive shutdown", "naive", &naive);
     if !ok {
         std::process::exit(1);
+    }
+}
+
+/// `lameduck-probe correlate` over one run: the diagnosis rows of the instance taken out, each
+/// failure classified, and the picture written next to the build.
+fn diagnose(title: &str, label: &str, run: &Run) {
+    let reports: Vec<ReportView> = run
+        .report
+        .iter()
+        .filter_map(|r| {
+            let json = serde_json::to_string(r).ok()?;
+            ReportView::parse(&json, Some("instance-a"), "drain report").ok()
+        })
+        .collect();
+    let c = correlate(&run.result.records, &reports, &run.events);
+    println!("\n{title}\n");
+    let table = c.table();
+    // instance-a's rows and the failures; instance-b was never taken out.
+    let (mut show, mut failures_shown) = (true, None::<usize>);
+    for line in table.lines() {
+        if line.starts_with("instance-b") {
+            show = false;
+        } else if !line.starts_with(' ') && !line.is_empty() {
+            show = true;
+        }
+        if line.starts_with("failures:") {
+            failures_shown = Some(0);
+        } else if let Some(n) = failures_shown.as_mut() {
+            // The first few failures tell the story; the count is on the line above.
+            *n += 1;
+            if *n == 6 {
+                println!("  {:>13}", "…");
+            }
+            if *n > 5 {
+                continue;
+            }
+        }
+        if show {
+            println!("  {line}");
+        }
+    }
+    let dir = std::path::Path::new("target").join("demo");
+    let path = dir.join(format!("rollout-{label}.svg"));
+    if std::fs::create_dir_all(&dir).is_ok()
+        && std::fs::write(&path, c.svg(&run.result.records)).is_ok()
+    {
+        println!("  picture: {}", path.display());
     }
 }

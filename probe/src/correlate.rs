@@ -516,6 +516,8 @@ pub fn correlate(
     for e in external {
         if category(&e.event) == Some("exit") {
             cut_points.push((e.unix_ms, e.instance.clone(), "exit"));
+            // A process that exited has stopped accepting too: a naive server has no report.
+            stops.push((e.unix_ms, e.instance.clone()));
         }
     }
 
@@ -952,6 +954,30 @@ mod tests {
         assert!(table.contains("drain done, exit code 1"), "{table}");
         assert!(table.contains("deletion"), "{table}");
         assert!(table.contains("not known (pass --events)"), "{table}");
+    }
+
+    #[test]
+    fn a_new_connection_refused_after_an_exit_is_a_routing_switch() {
+        // No report (a naive server), only the exit seen from outside.
+        let exit = ExternalEvent {
+            unix_ms: 2000.0,
+            instance: "naive-1".into(),
+            event: "exit".into(),
+        };
+        let records = vec![
+            failed("late", "connect", false, "null", "", 2600.0),
+            failed("old", "connect", false, "null", "", 1500.0),
+        ];
+        let c = correlate(&records, &[], &[exit]);
+        let class: BTreeMap<&str, FailureClass> = c
+            .failures
+            .iter()
+            .map(|f| (f.id.as_str(), f.class))
+            .collect();
+        assert_eq!(class["late"], FailureClass::RoutingSwitch);
+        assert_eq!(class["old"], FailureClass::Unknown);
+        let late = c.failures.iter().find(|f| f.id == "late").unwrap();
+        assert_eq!(late.instance.as_deref(), Some("naive-1"));
     }
 
     #[test]
