@@ -8,14 +8,18 @@
 //! ```text
 //! service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR]
 //!         [--quiet DUR] [--min DUR] [--max DUR] [--report-file PATH]
-//!         [--stuck-task] [--startup-delay DUR] [--naive]
+//!         [--stuck-task] [--startup-delay DUR] [--naive] [--fixed-sleep DUR]
 //! service prestop [--admin ADDR]      # the preStop exec hook, for images without curl
 //! ```
 //!
 //! Routes on `--listen`: `GET /` → `ok`; `GET /slow?ms=N` → `ok` after N ms;
 //! `GET /stream?ms=N` → a chunked body streaming for N ms. Every response carries `x-instance`
 //! and echoes `x-request-id`. `--naive` turns lameduck off entirely (no drain: exit at once on
-//! SIGTERM) for comparisons.
+//! SIGTERM) for comparisons. `--fixed-sleep DUR` is the other baseline, without lameduck: on
+//! SIGTERM `/readyz` answers 503, the service keeps serving unchanged for DUR (no
+//! `Connection: close`), then stops with axum's `with_graceful_shutdown`; `--fixed-sleep 0` is
+//! axum's documented graceful shutdown, and behind a `preStop` `sleep 5` it is the usual
+//! "sleep, then stop gracefully" recipe.
 //!
 //! On stdout it prints one line once both listeners are bound:
 //! `READY listen=127.0.0.1:8080 admin=127.0.0.1:9901`.
@@ -44,6 +48,7 @@ struct Args {
     stuck_task: bool,
     startup_delay: Duration,
     naive: bool,
+    fixed_sleep: Option<Duration>,
 }
 
 fn usage(msg: &str) -> ! {
@@ -51,7 +56,7 @@ fn usage(msg: &str) -> ! {
     eprintln!(
         "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR] \
          [--quiet DUR] [--min DUR] [--max DUR] [--report-file PATH] [--stuck-task] \
-         [--startup-delay DUR] [--naive]\n       service prestop [--admin ADDR]"
+         [--startup-delay DUR] [--naive] [--fixed-sleep DUR]\n       service prestop [--admin ADDR]"
     );
     std::process::exit(2)
 }
@@ -69,6 +74,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
         stuck_task: false,
         startup_delay: Duration::ZERO,
         naive: false,
+        fixed_sleep: None,
     };
     while let Some(flag) = it.next() {
         let mut value = |name: &str| {
@@ -96,6 +102,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
             "--stuck-task" => a.stuck_task = true,
             "--startup-delay" => a.startup_delay = dur("--startup-delay", value("--startup-delay")),
             "--naive" => a.naive = true,
+            "--fixed-sleep" => a.fixed_sleep = Some(dur("--fixed-sleep", value("--fixed-sleep"))),
             "-h" | "--help" => usage("help"),
             other => usage(&format!("unknown flag {other:?}")),
         }
@@ -129,6 +136,8 @@ fn main() {
     let code = rt.block_on(async move {
         if args.naive {
             naive(args).await
+        } else if let Some(sleep) = args.fixed_sleep {
+            fixed_sleep(args, sleep).await
         } else {
             run(args).await
         }
@@ -256,4 +265,59 @@ async fn naive(args: Args) -> i32 {
         .expect("signal handler");
     term.recv().await;
     0
+}
+
+/// No lameduck: on SIGTERM answer 503 on `/readyz`, keep serving unchanged for `sleep`, then
+/// stop with axum's `with_graceful_shutdown` (idle connections closed, in-flight ones finished).
+async fn fixed_sleep(args: Args, sleep: Duration) -> i32 {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .expect("listen");
+    let admin = tokio::net::TcpListener::bind(args.admin)
+        .await
+        .expect("admin");
+    println!(
+        "READY listen={} admin={}",
+        listener.local_addr().unwrap(),
+        admin.local_addr().unwrap()
+    );
+    let stopping = Arc::new(AtomicBool::new(false));
+    let flag = stopping.clone();
+    let probes = Router::new().route("/livez", get(|| async { "ok" })).route(
+        "/readyz",
+        get(move || {
+            let stopping = flag.load(Ordering::SeqCst);
+            async move {
+                if stopping {
+                    (axum::http::StatusCode::SERVICE_UNAVAILABLE, "stopping")
+                } else {
+                    (axum::http::StatusCode::OK, "ok")
+                }
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(admin, probes).await;
+    });
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app(&args.instance))
+            .with_graceful_shutdown(async move {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("signal handler");
+    term.recv().await;
+    stopping.store(true, Ordering::SeqCst);
+    tokio::time::sleep(sleep).await;
+    let _ = stop_tx.send(());
+    match server.await {
+        Ok(Ok(())) => 0,
+        _ => 1,
+    }
 }

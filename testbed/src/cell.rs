@@ -1,0 +1,628 @@
+//! One cell of the matrix: a server mode, a proxy backend and delay, a client shape and rate,
+//! a rollout; and its result: every request counted, per deleted Pod the timeline.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lameduck_probe::{ConnectionMode, HttpVersion, Probe, ProbeConfig, ProbeResult};
+use serde::Serialize;
+
+use crate::cluster::{unix_ms, Cluster, ControlPlane, Event, Kubelet, PreStop, ServerCmd};
+use crate::net::{self, NetError, Netns, SERVICE_PORT, SERVICE_VIP};
+use crate::proxy::{Backend, Proxy};
+
+/// The server under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Server {
+    /// The example service with its documented settings; kubelet's `preStop` is
+    /// `httpGet /drain?wait=drained` on the admin port, as in `examples/k8s/deployment.yaml`.
+    Lameduck,
+    /// `--naive`: exits at once on SIGTERM, no hook.
+    Naive,
+    /// `--fixed-sleep 0` with no hook: axum's documented `with_graceful_shutdown`.
+    Graceful,
+    /// `preStop: sleep 5s`, then `--fixed-sleep 0`: the "sleep, then stop gracefully" recipe.
+    Sleep5,
+}
+
+impl Server {
+    /// The name in tables and flags.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Server::Lameduck => "lameduck",
+            Server::Naive => "naive",
+            Server::Graceful => "graceful",
+            Server::Sleep5 => "sleep5",
+        }
+    }
+
+    /// Every server, lameduck first.
+    pub const ALL: [Server; 4] = [
+        Server::Lameduck,
+        Server::Naive,
+        Server::Graceful,
+        Server::Sleep5,
+    ];
+}
+
+impl std::str::FromStr for Server {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Server::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| {
+                format!("server: expected lameduck, naive, graceful or sleep5, got {s:?}")
+            })
+    }
+}
+
+/// The client shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shape {
+    /// Keep-alive pools (HTTP/1.1: 20 short/s, 1 slow/s of 1 s, a 2 s stream every 2 s;
+    /// h2c: 5 short/s) plus fresh connections at the cell's rate.
+    Pool,
+    /// Fresh connections only, at the cell's rate (short and slow).
+    Fresh,
+}
+
+impl Shape {
+    /// `pool` or `fresh`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Shape::Pool => "pool",
+            Shape::Fresh => "fresh",
+        }
+    }
+}
+
+impl std::str::FromStr for Shape {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pool" => Ok(Shape::Pool),
+            "fresh" => Ok(Shape::Fresh),
+            _ => Err(format!("shape: expected pool or fresh, got {s:?}")),
+        }
+    }
+}
+
+/// The rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rollout {
+    /// Rolling update of `replicas` Pods, maxSurge 1, maxUnavailable 0.
+    Rolling,
+    /// One replica, deleted while its replacement is created at the same moment.
+    Evict,
+}
+
+/// Everything one cell needs.
+#[derive(Debug, Clone, Serialize)]
+pub struct CellConfig {
+    /// Server under test.
+    pub server: Server,
+    /// Rule backend.
+    pub backend: Backend,
+    /// kube-proxy sync delay.
+    pub sync_delay: Duration,
+    /// EndpointSlice delay.
+    pub slice_delay: Duration,
+    /// New connections per second (fresh).
+    pub new_conn_rate: f64,
+    /// Client shape.
+    pub shape: Shape,
+    /// Rollout kind.
+    pub rollout: Rollout,
+    /// Replicas (rolling).
+    pub replicas: usize,
+    /// `terminationGracePeriodSeconds`, also the service's `--grace-period`.
+    pub grace: Duration,
+    /// Client traffic before the rollout starts.
+    pub warmup: Duration,
+    /// `publishNotReadyAddresses`.
+    pub publish_not_ready: bool,
+    /// Extra flags for the lameduck server (e.g. `--readiness-policy auto`).
+    pub lameduck_flags: Vec<String>,
+}
+
+impl CellConfig {
+    /// Defaults: lameduck, iptables, 1 s sync, 0.1 s slice, 50/s fresh, pool, rolling 2,
+    /// grace 15 s, warm-up 4 s.
+    pub fn new(server: Server) -> Self {
+        CellConfig {
+            server,
+            backend: Backend::Iptables,
+            sync_delay: Duration::from_secs(1),
+            slice_delay: Duration::from_millis(100),
+            new_conn_rate: 50.0,
+            shape: Shape::Pool,
+            rollout: Rollout::Rolling,
+            replicas: 2,
+            grace: Duration::from_secs(15),
+            warmup: Duration::from_secs(4),
+            publish_not_ready: false,
+            lameduck_flags: Vec::new(),
+        }
+    }
+
+    /// A short name: `lameduck/iptables/sync1000ms/50.0ps/pool`.
+    pub fn name(&self) -> String {
+        let mut n = format!(
+            "{}/{}/sync{}ms/{}ps/{}",
+            self.server.as_str(),
+            self.backend.as_str(),
+            self.sync_delay.as_millis(),
+            self.new_conn_rate,
+            self.shape.as_str()
+        );
+        if self.rollout == Rollout::Evict {
+            n.push_str("/evict");
+        }
+        n
+    }
+
+    fn server_cmd(&self, bin: &Path) -> (ServerCmd, PreStop) {
+        let grace = format!("{}ms", self.grace.as_millis());
+        let (flags, hook): (Vec<String>, PreStop) = match self.server {
+            Server::Lameduck => {
+                let mut f = vec!["--grace-period".to_owned(), grace];
+                f.extend(self.lameduck_flags.iter().cloned());
+                (f, PreStop::HttpGet("/drain?wait=drained".to_owned()))
+            }
+            Server::Naive => (vec!["--naive".to_owned()], PreStop::None),
+            Server::Graceful => (vec!["--fixed-sleep".into(), "0".into()], PreStop::None),
+            Server::Sleep5 => (
+                vec!["--fixed-sleep".into(), "0".into()],
+                PreStop::Sleep(Duration::from_secs(5)),
+            ),
+        };
+        (
+            ServerCmd {
+                bin: bin.to_owned(),
+                flags,
+            },
+            hook,
+        )
+    }
+}
+
+/// The clients' counts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Counts {
+    /// Requests sent.
+    pub requests: u64,
+    /// Succeeded.
+    pub ok: u64,
+    /// Failed (no retries anywhere).
+    pub failed: u64,
+    /// Still running when the client gave up waiting.
+    pub unfinished: u64,
+    /// Moved to another connection before anything was sent (counted as lost too: a client
+    /// without that logic would have failed them).
+    pub rerouted: u64,
+    /// Not sent: the client's in-flight cap was reached.
+    pub not_sent: u64,
+    /// The first failure, `at_unix_ms error`.
+    pub first_failure: Option<String>,
+}
+
+impl Counts {
+    /// Failed plus rerouted plus not sent: every request that a retry-free client lost.
+    pub fn lost(&self) -> u64 {
+        self.failed + self.rerouted + self.not_sent
+    }
+}
+
+/// Per deleted Pod: deletion → exit, and the timeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct PodTimeline {
+    /// The Pod.
+    pub pod: String,
+    /// Deletion, unix ms.
+    pub deleted_unix_ms: u64,
+    /// Deletion → exit, ms.
+    pub drain_ms: Option<u64>,
+    /// Lines: `+ms  source  what  detail`.
+    pub lines: Vec<String>,
+}
+
+/// One cell's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct CellResult {
+    /// The cell.
+    pub name: String,
+    /// Its config.
+    pub config: CellConfig,
+    /// The counts.
+    pub counts: Counts,
+    /// Per deleted Pod.
+    pub pods: Vec<PodTimeline>,
+    /// Everything the model recorded.
+    pub events: Vec<Event>,
+    /// Where its files are.
+    pub dir: PathBuf,
+}
+
+impl CellResult {
+    /// `true` when no request was lost or left unfinished.
+    pub fn clean(&self) -> bool {
+        self.counts.lost() == 0 && self.counts.unfinished == 0
+    }
+
+    /// The per-Pod timelines as text.
+    pub fn timelines(&self) -> String {
+        let mut s = String::new();
+        for p in &self.pods {
+            let _ = writeln!(
+                s,
+                "  {} deleted at unix {} ms (drain {}):",
+                p.pod,
+                p.deleted_unix_ms,
+                p.drain_ms.map_or("not exited".to_owned(), |d| format!(
+                    "{:.1} s",
+                    d as f64 / 1000.0
+                ))
+            );
+            for l in &p.lines {
+                let _ = writeln!(s, "    {l}");
+            }
+        }
+        s
+    }
+}
+
+/// The table header.
+pub fn table_header() -> String {
+    format!(
+        "{:<48} {:>8} {:>5} {:>10} {:>8}  {}\n",
+        "cell", "requests", "lost", "unfinished", "rerouted", "drain (deletion → exit) per Pod"
+    )
+}
+
+/// One table row.
+pub fn table_row(r: &CellResult) -> String {
+    let drains: Vec<String> = r
+        .pods
+        .iter()
+        .map(|p| {
+            p.drain_ms
+                .map_or("-".to_owned(), |d| format!("{:.1}s", d as f64 / 1000.0))
+        })
+        .collect();
+    format!(
+        "{:<48} {:>8} {:>5} {:>10} {:>8}  {}{}\n",
+        r.name,
+        r.counts.requests,
+        r.counts.lost(),
+        r.counts.unfinished,
+        r.counts.rerouted,
+        drains.join(" "),
+        if r.clean() { "" } else { "   FAIL" }
+    )
+}
+
+/// Runs one cell end to end and writes its files under `out/<cell>/`.
+///
+/// `service_bin` is the example service (`target/<profile>/examples/service`).
+pub fn run_cell(
+    config: &CellConfig,
+    service_bin: &Path,
+    out: &Path,
+) -> Result<CellResult, NetError> {
+    let name = config.name();
+    let dir = out.join(name.replace('/', "_"));
+    std::fs::create_dir_all(&dir).map_err(|e| NetError(format!("{}: {e}", dir.display())))?;
+    let netns = Netns::create()?;
+    let node_ns = netns.node();
+    let client_ns = netns.client();
+    let proxy = Proxy::install(config.backend, &node_ns)?;
+    let (server, pre_stop) = config.server_cmd(service_bin);
+    let kubelet = Kubelet {
+        period: Duration::from_secs(2),
+        timeout: Duration::from_secs(1),
+        failure_threshold: 1,
+        success_threshold: 1,
+        pre_stop,
+        stop_signal: nix::sys::signal::Signal::SIGTERM,
+        grace: config.grace,
+    };
+    let plane = ControlPlane {
+        slice_delay: config.slice_delay,
+        sync_delay: config.sync_delay,
+        sync_jitter: 0.2,
+        publish_not_ready: config.publish_not_ready,
+        backend: config.backend,
+    };
+    let cluster = Cluster::new(netns, plane, kubelet, server, dir.clone());
+
+    // The client waits for the go, runs until the stop, then hands its results back.
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // The Pods live until the clients are done (streams still running end on their own).
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let cfg = config.clone();
+    let client = net::spawn_in(&client_ns, move || async move {
+        let r = clients(cfg, go_rx, stop_rx).await;
+        drop(done_tx);
+        r
+    });
+
+    let c = cluster.clone();
+    let cfg = config.clone();
+    let node = net::spawn_in(&node_ns, move || async move {
+        let r = control(c, cfg, proxy, go_tx, stop_tx).await;
+        let _ = tokio::time::timeout(Duration::from_secs(30), done_rx).await;
+        r
+    });
+    let control_result = node
+        .join()
+        .map_err(|_| NetError("the node thread panicked".into()))?;
+    let client_result = client
+        .join()
+        .map_err(|_| NetError("the client thread panicked".into()))??;
+    if let Ok(json) = serde_json::to_string_pretty(&cluster.events()) {
+        let _ = std::fs::write(dir.join("events.json"), json);
+    }
+    let deleted = control_result??;
+    let results = client_result.map_err(NetError)?;
+
+    let mut counts = Counts::default();
+    for (i, r) in results.iter().enumerate() {
+        let s = &r.summary;
+        counts.requests += s.all.total;
+        counts.ok += s.all.succeeded;
+        counts.failed += s.all.failed;
+        counts.unfinished += s.all.unfinished;
+        counts.rerouted += s.rerouted;
+        counts.not_sent += s.not_sent;
+        if let Some(f) = &s.first_failure {
+            let at = s.started_unix_ms as f64 + f.at_ms;
+            let line = format!("{at:.0} [{}] {} {}", s.label, f.kind.as_str(), f.error);
+            if counts.first_failure.as_ref().is_none_or(|old| *old > line) {
+                counts.first_failure = Some(line);
+            }
+        }
+        if let Ok(file) = std::fs::File::create(dir.join(format!("probe-{i}-{}.jsonl", s.label))) {
+            let _ = r.write_json_lines(std::io::BufWriter::new(file));
+        }
+    }
+    let events = cluster.events();
+    let pods = deleted
+        .iter()
+        .map(|p| pod_timeline(p, &events, &dir))
+        .collect();
+    let result = CellResult {
+        name,
+        config: config.clone(),
+        counts,
+        pods,
+        events,
+        dir: dir.clone(),
+    };
+    if let Ok(json) = serde_json::to_string_pretty(&result) {
+        let _ = std::fs::write(dir.join("cell.json"), json);
+    }
+    // Dropping the last reference to the cluster removes the namespaces.
+    drop(cluster);
+    Ok(result)
+}
+
+/// The node side: pods, control plane, rollout. Returns the deleted Pods.
+async fn control(
+    cluster: Arc<Cluster>,
+    config: CellConfig,
+    proxy: Proxy,
+    go: tokio::sync::oneshot::Sender<()>,
+    stop: tokio::sync::watch::Sender<bool>,
+) -> Result<Vec<String>, NetError> {
+    // Whatever happens, the client stops.
+    struct StopOnDrop(tokio::sync::watch::Sender<bool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.send_replace(true);
+        }
+    }
+    let _stop = StopOnDrop(stop);
+    let slices = tokio::spawn(cluster.clone().slice_controller());
+    let syncs = tokio::spawn(cluster.clone().proxy_loop(proxy));
+    let result = async {
+        let replicas = match config.rollout {
+            Rollout::Rolling => config.replicas.max(1),
+            Rollout::Evict => 1,
+        };
+        let mut first = Vec::new();
+        for _ in 0..replicas {
+            first.push(cluster.create_pod()?);
+        }
+        let settle = Duration::from_secs(30);
+        tokio::time::timeout(settle, async {
+            while !first.iter().all(|p| cluster.available(p)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            cluster.wait_applied(&first).await;
+        })
+        .await
+        .map_err(|_| {
+            NetError(
+                "the first Pods did not become ready and routed in 30 s: see the pod logs".into(),
+            )
+        })?;
+        let _ = go.send(());
+        cluster.record("client_started", None, "");
+        tokio::time::sleep(config.warmup).await;
+        let (surge, unavailable) = match config.rollout {
+            Rollout::Rolling => (1, 0),
+            Rollout::Evict => (1, 1),
+        };
+        let new = cluster
+            .rollout(&first, surge, unavailable, config.grace * 4 + settle)
+            .await?;
+        // Every old Pod gone, the rules on the new ones, then a tail of traffic.
+        tokio::time::timeout(config.grace + Duration::from_secs(5), async {
+            while !first.iter().all(|p| cluster.exited(p)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            cluster.wait_applied(&new).await;
+        })
+        .await
+        .map_err(|_| NetError("old Pods did not exit, or the rules did not settle".into()))?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cluster.record("client_stopped", None, "");
+        Ok(first)
+    }
+    .await;
+    slices.abort();
+    syncs.abort();
+    result
+}
+
+/// The client side: the probes, retry-free, at the VIP.
+async fn clients(
+    config: CellConfig,
+    go: tokio::sync::oneshot::Receiver<()>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<Vec<ProbeResult>, String> {
+    if go.await.is_err() {
+        return Ok(Vec::new());
+    }
+    let target = format!("{SERVICE_VIP}:{SERVICE_PORT}");
+    let base = |label: &str, mode: ConnectionMode, http: HttpVersion| {
+        let mut c = ProbeConfig::new(target.clone());
+        c.label = label.to_owned();
+        c.connections = mode;
+        c.http = http;
+        c.duration = Duration::from_secs(600);
+        c.drain_wait = Duration::from_secs(5);
+        c.connect_timeout = Duration::from_secs(2);
+        c.slow = Duration::from_secs(1);
+        c.stream = Duration::from_secs(2);
+        c.short_rate = 0.0;
+        c.slow_rate = 0.0;
+        c
+    };
+    let mut configs = Vec::new();
+    let mut fresh = base("fresh", ConnectionMode::Fresh, HttpVersion::Http1);
+    match config.shape {
+        Shape::Pool => {
+            let mut pool = base("pool-h1", ConnectionMode::KeepAlive, HttpVersion::Http1);
+            pool.short_rate = 20.0;
+            pool.slow_rate = 1.0;
+            pool.stream_rate = 0.5;
+            configs.push(pool);
+            let mut h2 = base("pool-h2c", ConnectionMode::KeepAlive, HttpVersion::Http2);
+            h2.short_rate = 5.0;
+            configs.push(h2);
+            fresh.short_rate = config.new_conn_rate;
+        }
+        Shape::Fresh => {
+            fresh.short_rate = config.new_conn_rate * 0.8;
+            fresh.slow_rate = config.new_conn_rate * 0.2;
+        }
+    }
+    configs.push(fresh);
+    let mut probes = Vec::new();
+    for c in configs {
+        let p = Probe::new(c).map_err(|e| format!("probe config: {e}"))?;
+        probes.push((p.handle(), tokio::spawn(p.run())));
+    }
+    let _ = stop.wait_for(|s| *s).await;
+    let mut out = Vec::new();
+    for (h, _) in &probes {
+        h.stop();
+    }
+    for (_, task) in probes {
+        match task.await {
+            Ok(Ok(r)) => out.push(r),
+            Ok(Err(e)) => return Err(format!("probe: {e}")),
+            Err(e) => return Err(format!("probe task: {e}")),
+        }
+    }
+    Ok(out)
+}
+
+/// Lines up, for one deleted Pod, the model's events (deletion, slice, sync, hook, signal,
+/// exit) and the drain report's own events, relative to the deletion.
+fn pod_timeline(pod: &str, events: &[Event], dir: &Path) -> PodTimeline {
+    let deleted = events
+        .iter()
+        .find(|e| e.what == "deleted" && e.pod.as_deref() == Some(pod))
+        .map_or(0, |e| e.unix_ms);
+    let exit = events
+        .iter()
+        .find(|e| e.what == "exit" && e.pod.as_deref() == Some(pod))
+        .map(|e| e.unix_ms);
+    let end = exit.unwrap_or(u64::MAX).saturating_add(1);
+    let mut rows: Vec<(u64, String, String, String)> = Vec::new();
+    let mut after_exit_sync = false;
+    for e in events {
+        if e.unix_ms < deleted {
+            continue;
+        }
+        let mine = e.pod.as_deref() == Some(pod);
+        let global = matches!(e.what.as_str(), "slice" | "sync");
+        if mine || (global && e.unix_ms <= end) || (e.what == "sync" && !after_exit_sync) {
+            if e.what == "sync" && e.unix_ms > end {
+                after_exit_sync = true;
+            }
+            rows.push((e.unix_ms, "model".into(), e.what.clone(), e.detail.clone()));
+        }
+    }
+    if let Ok(text) = std::fs::read_to_string(dir.join(format!("{pod}.report.json"))) {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+            for ev in v["timeline"].as_array().into_iter().flatten() {
+                if let (Some(what), Some(at)) = (ev["event"].as_str(), ev["unix_ms"].as_u64()) {
+                    let mut detail = String::new();
+                    if let Some(obj) = ev.as_object() {
+                        for (k, val) in obj {
+                            if !matches!(k.as_str(), "event" | "at_ms" | "unix_ms") {
+                                let _ = write!(detail, "{k}={val} ");
+                            }
+                        }
+                    }
+                    rows.push((
+                        at,
+                        "report".into(),
+                        what.to_owned(),
+                        detail.trim().to_owned(),
+                    ));
+                }
+            }
+            let kind = v["propagation"]["kind"].as_str().unwrap_or("?");
+            rows.push((
+                exit.unwrap_or(deleted),
+                "report".into(),
+                "summary".into(),
+                format!("outcome={} propagation={kind}", v["outcome"]),
+            ));
+        }
+    }
+    rows.sort_by_key(|r| r.0);
+    let lines = rows
+        .into_iter()
+        .map(|(at, src, what, detail)| {
+            let rel = at as i64 - deleted as i64;
+            format!("{:>+7} ms  {src:<6} {what:<20} {detail}", rel)
+        })
+        .collect();
+    PodTimeline {
+        pod: pod.to_owned(),
+        deleted_unix_ms: deleted,
+        drain_ms: exit.map(|x| x.saturating_sub(deleted)),
+        lines,
+    }
+}
+
+/// `target/testbed/<unix-seconds>` next to the service binary's `target/`, or `./target/…`.
+pub fn default_out(service_bin: &Path) -> PathBuf {
+    let target = service_bin
+        .ancestors()
+        .find(|p| p.file_name().is_some_and(|n| n == "target"))
+        .map_or_else(|| PathBuf::from("target"), Path::to_path_buf);
+    target.join("testbed").join(format!("{}", unix_ms() / 1000))
+}

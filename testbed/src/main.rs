@@ -1,0 +1,207 @@
+//! `lameduck-testbed`: runs cells of the kube-proxy datapath testbed. See the README.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use lameduck_testbed::cell::{self, CellConfig, CellResult};
+use lameduck_testbed::{matrix, net};
+
+const USAGE: &str = "\
+usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines] COMMAND
+commands:
+  cell [--server lameduck|naive|graceful|sleep5] [--backend iptables|nftables]
+       [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh] [--evict]
+       [--replicas N] [--grace DUR] [--publish-not-ready] [--lameduck-flag FLAG]...
+  matrix     sync delay x rate x shape x backend x server, and the single-replica eviction
+  table      every server, iptables, 1 s sync, pool, dense
+  eviction   the single-replica eviction for every server
+  sweep      remove namespaces left by runs that were killed
+DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary.";
+
+fn fail(msg: &str) -> ! {
+    eprintln!("lameduck-testbed: {msg}\n{USAGE}");
+    std::process::exit(2)
+}
+
+fn dur(flag: &str, v: &str) -> Duration {
+    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        fail(&format!(
+            "{flag} {v:?}: expected a duration like 300ms or 1.5s"
+        ))
+    };
+    match num.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 && x * scale <= 3600.0 => {
+            Duration::from_secs_f64(x * scale)
+        }
+        _ => fail(&format!(
+            "{flag} {v:?}: expected a duration like 300ms or 1.5s"
+        )),
+    }
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1).peekable();
+    let mut service_bin: Option<PathBuf> = None;
+    let mut out: Option<PathBuf> = None;
+    let mut timelines = false;
+    while let Some(a) = args.peek() {
+        match a.as_str() {
+            "--service-bin" => {
+                args.next();
+                service_bin = Some(
+                    args.next()
+                        .unwrap_or_else(|| fail("--service-bin needs a path"))
+                        .into(),
+                );
+            }
+            "--out" => {
+                args.next();
+                out = Some(
+                    args.next()
+                        .unwrap_or_else(|| fail("--out needs a directory"))
+                        .into(),
+                );
+            }
+            "--timelines" => {
+                args.next();
+                timelines = true;
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            _ => break,
+        }
+    }
+    let command = args.next().unwrap_or_else(|| fail("a command is needed"));
+    if command == "sweep" {
+        for n in net::sweep_stale() {
+            println!("removed {n}");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let cells: Vec<CellConfig> = match command.as_str() {
+        "cell" => vec![parse_cell(args.collect())],
+        "matrix" => matrix::full(),
+        "table" => matrix::baseline_table(),
+        "eviction" => matrix::eviction(),
+        other => fail(&format!("unknown command {other:?}")),
+    };
+    let service_bin = service_bin.unwrap_or_else(|| {
+        let exe = std::env::current_exe().unwrap_or_default();
+        exe.parent()
+            .map(|d| d.join("examples").join("service"))
+            .unwrap_or_default()
+    });
+    if !service_bin.is_file() {
+        fail(&format!(
+            "no service binary at {} (build it with `cargo build --example service`, or pass --service-bin)",
+            service_bin.display()
+        ));
+    }
+    if let Err(e) = net::preflight() {
+        eprintln!("lameduck-testbed: {e}");
+        return ExitCode::from(3);
+    }
+    for n in net::sweep_stale() {
+        eprintln!("removed a namespace left by a killed run: {n}");
+    }
+    install_signal_cleanup();
+    let out = out.unwrap_or_else(|| cell::default_out(&service_bin));
+    eprintln!("{} cells, files under {}", cells.len(), out.display());
+    let mut results: Vec<CellResult> = Vec::new();
+    let mut errors = 0;
+    for (i, c) in cells.iter().enumerate() {
+        eprintln!("[{}/{}] {}", i + 1, cells.len(), c.name());
+        match cell::run_cell(c, &service_bin, &out) {
+            Ok(r) => {
+                eprint!("{}", cell::table_row(&r));
+                if timelines || cells.len() == 1 {
+                    eprint!("{}", r.timelines());
+                    if let Some(f) = &r.counts.first_failure {
+                        eprintln!("  first failure: {f}");
+                    }
+                }
+                results.push(r);
+            }
+            Err(e) => {
+                errors += 1;
+                eprintln!("  cell failed to run: {e}");
+            }
+        }
+    }
+    let mut table = cell::table_header();
+    for r in &results {
+        table.push_str(&cell::table_row(r));
+    }
+    let _ = std::fs::write(out.join("table.txt"), &table);
+    print!("{table}");
+    if errors > 0 {
+        eprintln!("{errors} cells could not run");
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
+}
+
+fn parse_cell(args: Vec<String>) -> CellConfig {
+    let mut c = CellConfig::new(cell::Server::Lameduck);
+    let mut it = args.into_iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .unwrap_or_else(|| fail(&format!("{flag} needs a value")))
+        };
+        match flag.as_str() {
+            "--server" => c.server = value().parse().unwrap_or_else(|e: String| fail(&e)),
+            "--backend" => c.backend = value().parse().unwrap_or_else(|e: String| fail(&e)),
+            "--sync-delay" => c.sync_delay = dur("--sync-delay", &value()),
+            "--slice-delay" => c.slice_delay = dur("--slice-delay", &value()),
+            "--rate" => {
+                c.new_conn_rate = match value().parse::<f64>() {
+                    Ok(r) if r > 0.0 && r <= 1000.0 => r,
+                    _ => fail("--rate: expected new connections per second in (0, 1000]"),
+                }
+            }
+            "--shape" => c.shape = value().parse().unwrap_or_else(|e: String| fail(&e)),
+            "--evict" => c.rollout = cell::Rollout::Evict,
+            "--replicas" => {
+                c.replicas = match value().parse::<usize>() {
+                    Ok(n) if (1..=20).contains(&n) => n,
+                    _ => fail("--replicas: expected 1 to 20"),
+                }
+            }
+            "--grace" => c.grace = dur("--grace", &value()),
+            "--publish-not-ready" => c.publish_not_ready = true,
+            "--lameduck-flag" => c.lameduck_flags.push(value()),
+            other => fail(&format!("unknown cell flag {other:?}")),
+        }
+    }
+    c
+}
+
+/// On SIGINT / SIGTERM: kill the Pods, remove the namespaces, exit 130.
+fn install_signal_cleanup() {
+    std::thread::spawn(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("signal runtime");
+        rt.block_on(async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        });
+        eprintln!("lameduck-testbed: interrupted, removing namespaces");
+        net::remove_all_live();
+        std::process::exit(130);
+    });
+}

@@ -1,0 +1,333 @@
+//! Network namespaces, veth pairs and addresses, and the guard that removes them.
+//!
+//! Layout (all in 198.18.0.0/15, the range set aside for network test hosts):
+//!
+//! ```text
+//!  client ns                node ns (ip_forward=1, kube-proxy rules)          pod ns (one per Pod)
+//!  eth0 198.18.0.2/24 ───── cli 198.18.0.1/24
+//!                           pod<N> 198.18.1.254/32, route 198.18.1.N ──────── eth0 198.18.1.N/32
+//!  default via 198.18.0.1   198.18.100.0/24 (Service VIPs) dev cli             default via 198.18.1.254
+//! ```
+//!
+//! The Service VIP has no interface: it exists only as kube-proxy's DNAT rules in the node
+//! namespace; when no rule matches, the node forwards it towards the client side where the
+//! reject rule (no endpoints) sits on the path. Nothing is routed out of these namespaces.
+
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+/// The node's address on the client link, the client's default gateway.
+pub const NODE_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+/// The client's address.
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+/// The node's address on every Pod link, each Pod's default gateway.
+pub const NODE_POD_GW: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 254);
+/// The Service VIP.
+pub const SERVICE_VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 100, 10);
+/// The Service port (on the VIP).
+pub const SERVICE_PORT: u16 = 80;
+/// The Pod's service port (`--listen`).
+pub const POD_PORT: u16 = 8080;
+/// The Pod's admin port (`--admin`: probes, `/drain`).
+pub const ADMIN_PORT: u16 = 9901;
+
+/// Every namespace name starts with this, then the creating process id.
+pub const PREFIX: &str = "ldtb";
+
+/// An error from a command or a system call, with what to change.
+#[derive(Debug)]
+pub struct NetError(pub String);
+
+impl std::fmt::Display for NetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NetError {}
+
+/// Runs a program to completion; the error carries its stderr.
+pub fn run(program: &str, args: &[&str]) -> Result<String, NetError> {
+    run_stdin(program, args, None)
+}
+
+/// Runs a program with `stdin` as its input.
+pub fn run_stdin(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, NetError> {
+    use std::io::Write;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdin(if stdin.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        });
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| NetError(format!("cannot run {program}: {e}")))?;
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("piped stdin");
+        pipe.write_all(input.as_bytes())
+            .map_err(|e| NetError(format!("{program}: writing its input: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| NetError(format!("{program}: {e}")))?;
+    if !out.status.success() {
+        return Err(NetError(format!(
+            "`{program} {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `args` inside namespace `ns` (`ip netns exec`).
+pub fn run_in(ns: &str, args: &[&str], stdin: Option<&str>) -> Result<String, NetError> {
+    let mut all = vec!["netns", "exec", ns];
+    all.extend_from_slice(args);
+    run_stdin("ip", &all, stdin)
+}
+
+/// What the testbed needs on this machine: root, `ip`, `iptables-restore`, `nft`, `conntrack`.
+/// `Err` names what is missing.
+pub fn preflight() -> Result<(), NetError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(NetError(
+            "the testbed needs root (network namespaces, iptables, nft): run it as root".into(),
+        ));
+    }
+    let mut missing = Vec::new();
+    for (tool, args) in [
+        ("ip", &["-V"][..]),
+        ("iptables-restore", &["--version"][..]),
+        ("nft", &["--version"][..]),
+        ("conntrack", &["--version"][..]),
+    ] {
+        if run(tool, args).is_err() {
+            missing.push(tool);
+        }
+    }
+    if !missing.is_empty() {
+        return Err(NetError(format!(
+            "missing tools: {} (install iproute2, iptables, nftables, conntrack)",
+            missing.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Every namespace this process created and has not removed yet, for the signal handler.
+static LIVE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static NEXT_SET: AtomicU32 = AtomicU32::new(1);
+/// Every Pod process still running, for the signal handler.
+static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Registers a running Pod process (so a signal handler can kill it).
+pub fn pid_started(pid: u32) {
+    PIDS.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+}
+
+/// Forgets a Pod process that exited.
+pub fn pid_exited(pid: u32) {
+    PIDS.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p| *p != pid);
+}
+
+/// Kills every Pod process still running and removes every namespace this process created
+/// and still holds (for a signal handler).
+pub fn remove_all_live() {
+    let pids: Vec<u32> = std::mem::take(&mut *PIDS.lock().unwrap_or_else(|e| e.into_inner()));
+    for pid in pids {
+        if let Ok(pid) = i32::try_from(pid) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    let names: Vec<String> = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()));
+    for name in names {
+        let _ = run("ip", &["netns", "delete", &name]);
+    }
+}
+
+/// Removes namespaces named `ldtb<pid>-…` whose process no longer exists (left by a run that
+/// was killed). Returns the names removed.
+pub fn sweep_stale() -> Vec<String> {
+    let Ok(list) = run("ip", &["netns", "list"]) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for line in list.lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            continue;
+        };
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let Ok(pid) = digits.parse::<u32>() else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            if run("ip", &["netns", "delete", name]).is_ok() {
+                removed.push(name.to_owned());
+            }
+        }
+    }
+    removed
+}
+
+/// One cell's namespaces: client, node and the Pods. Dropping it removes them all (also when
+/// unwinding from a panic); [`remove_all_live`] does the same from a signal handler.
+#[derive(Debug)]
+pub struct Netns {
+    /// `ldtb<pid>-<set>`: the prefix of every name here.
+    pub base: String,
+    owned: Vec<String>,
+}
+
+impl Netns {
+    /// Creates the client and node namespaces, their link, forwarding and routes.
+    pub fn create() -> Result<Netns, NetError> {
+        let set = NEXT_SET.fetch_add(1, Ordering::Relaxed);
+        let mut n = Netns {
+            base: format!("{PREFIX}{}-{set}", std::process::id()),
+            owned: Vec::new(),
+        };
+        let client = n.client();
+        let node = n.node();
+        n.add(&client)?;
+        n.add(&node)?;
+        let ip = |args: &[&str]| run("ip", args).map(drop);
+        ip(&[
+            "-n", &node, "link", "add", "cli", "type", "veth", "peer", "name", "eth0", "netns",
+            &client,
+        ])?;
+        ip(&["-n", &node, "addr", "add", "198.18.0.1/24", "dev", "cli"])?;
+        ip(&["-n", &node, "link", "set", "cli", "up"])?;
+        ip(&["-n", &client, "addr", "add", "198.18.0.2/24", "dev", "eth0"])?;
+        ip(&["-n", &client, "link", "set", "eth0", "up"])?;
+        ip(&[
+            "-n",
+            &client,
+            "route",
+            "add",
+            "default",
+            "via",
+            "198.18.0.1",
+        ])?;
+        // Unmatched VIP traffic goes towards the client link, through FORWARD, where the
+        // no-endpoints reject sits, as on a node whose default route leads off the node.
+        ip(&["-n", &node, "route", "add", "198.18.100.0/24", "dev", "cli"])?;
+        run_in(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"], None)?;
+        Ok(n)
+    }
+
+    /// The client namespace's name.
+    pub fn client(&self) -> String {
+        format!("{}-client", self.base)
+    }
+
+    /// The node namespace's name.
+    pub fn node(&self) -> String {
+        format!("{}-node", self.base)
+    }
+
+    /// Pod `n`'s namespace name.
+    pub fn pod(&self, n: u8) -> String {
+        format!("{}-pod{n}", self.base)
+    }
+
+    fn add(&mut self, name: &str) -> Result<(), NetError> {
+        run("ip", &["netns", "add", name])?;
+        self.owned.push(name.to_owned());
+        LIVE.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(name.to_owned());
+        run("ip", &["-n", name, "link", "set", "lo", "up"])?;
+        Ok(())
+    }
+
+    /// Creates Pod `n`'s namespace with address 198.18.1.`n`, linked to the node.
+    pub fn add_pod(&mut self, n: u8) -> Result<(String, Ipv4Addr), NetError> {
+        if n == 0 || n >= 254 {
+            return Err(NetError(format!("pod number {n} out of 1..=253")));
+        }
+        let pod = self.pod(n);
+        let node = self.node();
+        let ip4 = Ipv4Addr::new(198, 18, 1, n);
+        let dev = format!("pod{n}");
+        self.add(&pod)?;
+        let ip = |args: &[&str]| run("ip", args).map(drop);
+        ip(&[
+            "-n", &node, "link", "add", &dev, "type", "veth", "peer", "name", "eth0", "netns", &pod,
+        ])?;
+        ip(&["-n", &node, "addr", "add", "198.18.1.254/32", "dev", &dev])?;
+        ip(&["-n", &node, "link", "set", &dev, "up"])?;
+        ip(&[
+            "-n",
+            &node,
+            "route",
+            "add",
+            &format!("{ip4}/32"),
+            "dev",
+            &dev,
+        ])?;
+        ip(&[
+            "-n",
+            &pod,
+            "addr",
+            "add",
+            &format!("{ip4}/32"),
+            "dev",
+            "eth0",
+        ])?;
+        ip(&["-n", &pod, "link", "set", "eth0", "up"])?;
+        ip(&["-n", &pod, "route", "add", "198.18.1.254", "dev", "eth0"])?;
+        ip(&["-n", &pod, "route", "add", "default", "via", "198.18.1.254"])?;
+        Ok((pod, ip4))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        // Pods first, then node and client (deleting a namespace removes its veth ends).
+        for name in self.owned.iter().rev() {
+            let _ = run("ip", &["netns", "delete", name]);
+            live.retain(|n| n != name);
+        }
+    }
+}
+
+/// Spawns a thread whose sockets live in namespace `ns`: it joins the namespace (setns), then
+/// runs `make()` to completion on a current-thread tokio runtime of its own.
+pub fn spawn_in<T, F, Fut>(ns: &str, make: F) -> std::thread::JoinHandle<Result<T, NetError>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+{
+    let path = format!("/run/netns/{ns}");
+    let name = ns.rsplit('-').next().unwrap_or("ns").to_owned();
+    std::thread::Builder::new()
+        .name(format!("netns-{name}"))
+        .spawn(move || {
+            let file = File::open(&path).map_err(|e| NetError(format!("open {path}: {e}")))?;
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| NetError(format!("setns {path}: {e}")))?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| NetError(format!("runtime: {e}")))?;
+            Ok(rt.block_on(make()))
+        })
+        .expect("spawn namespace thread")
+}
