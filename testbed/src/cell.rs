@@ -65,7 +65,8 @@ impl std::str::FromStr for Server {
 #[serde(rename_all = "lowercase")]
 pub enum Shape {
     /// Keep-alive pools (HTTP/1.1: 20 short/s, 1 slow/s of 1 s, a 2 s stream every 2 s;
-    /// h2c: 5 short/s) plus fresh connections at the cell's rate.
+    /// h2c: 5 short/s; a heavier HTTP/1.1 pool: 100 short/s and 10 slow/s of 0.3 s) plus
+    /// fresh connections at the cell's rate.
     Pool,
     /// Fresh connections only, at the cell's rate (short and slow).
     Fresh,
@@ -518,6 +519,12 @@ async fn clients(
             let mut h2 = base("pool-h2c", ConnectionMode::KeepAlive, HttpVersion::Http2);
             h2.short_rate = 5.0;
             configs.push(h2);
+            // The heavier keep-alive load: a busy pooling client with several connections.
+            let mut heavy = base("heavy-h1", ConnectionMode::KeepAlive, HttpVersion::Http1);
+            heavy.short_rate = 100.0;
+            heavy.slow_rate = 10.0;
+            heavy.slow = Duration::from_millis(300);
+            configs.push(heavy);
             fresh.short_rate = config.new_conn_rate;
         }
         Shape::Fresh => {

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The kube-proxy datapath testbed, as one command (needs root, iproute2, iptables, nftables,
+# conntrack):
+#
+#   bash testbed/run.sh                 # the whole matrix (about 40 minutes)
+#   bash testbed/run.sh table           # every server, iptables, 1 s sync, pooled + dense clients
+#   bash testbed/run.sh eviction        # single-replica eviction, every server
+#   bash testbed/run.sh cell --server sleep5 --backend nftables --sync-delay 4s --rate 0.5
+#   bash testbed/run.sh --timelines table   # also print every deleted Pod's timeline
+#
+# Builds release binaries of the example service and the testbed, then runs
+# `lameduck-testbed` with the arguments given (default `matrix`). Files go under
+# target/testbed/<unix-seconds>/, the table to stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --quiet --example service
+cargo build --release --quiet -p lameduck-testbed
+if [ $# -eq 0 ]; then
+  set -- matrix
+fi
+exec target/release/lameduck-testbed "$@"

@@ -1,0 +1,196 @@
+//! The CI subset of the kube-proxy datapath testbed: real namespaces, real iptables / nftables
+//! rules, conntrack, the real example service, retry-free clients.
+//!
+//! Needs root and `ip`, `iptables-restore`, `nft`, `conntrack`. Without them these tests print
+//! a SKIPPED banner and pass — unless `LAMEDUCK_E2E=require` (as `.ci/run` sets), where they
+//! fail. The service binary is `target/<profile>/examples/service`, built by
+//! `cargo test --workspace --all-features`; `LAMEDUCK_TESTBED_SERVICE` overrides it.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lameduck_testbed::cell::{self, CellConfig, CellResult};
+use lameduck_testbed::matrix::{DENSE, SPARSE};
+use lameduck_testbed::{net, Backend, Rollout, Server, Shape};
+
+/// One cell at a time: cells measure timing, two at once on a small machine would disturb it.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn service_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("LAMEDUCK_TESTBED_SERVICE") {
+        return p.into();
+    }
+    // target/<profile>/deps/datapath-… → target/<profile>/examples/service
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("examples").join("service"))
+        .expect("target directory")
+}
+
+/// `None` (after a loud banner) when the testbed cannot run here and that is allowed.
+fn ready() -> Option<PathBuf> {
+    let problem = match net::preflight() {
+        Err(e) => Some(e.to_string()),
+        Ok(()) if !service_bin().is_file() => Some(format!(
+            "no service binary at {} (run `cargo test --workspace --all-features`, which builds it, \
+             or `cargo build --example service`)",
+            service_bin().display()
+        )),
+        Ok(()) => None,
+    };
+    match problem {
+        None => {
+            net::sweep_stale();
+            Some(service_bin())
+        }
+        Some(p) if std::env::var("LAMEDUCK_E2E").as_deref() == Ok("require") => {
+            panic!("datapath testbed cannot run: {p}, and LAMEDUCK_E2E=require")
+        }
+        Some(p) => {
+            eprintln!(
+                "\n======================================================================\n\
+                 SKIPPED: datapath testbed: {p}\n\
+                 (set LAMEDUCK_E2E=require to make this a failure)\n\
+                 ======================================================================\n"
+            );
+            None
+        }
+    }
+}
+
+fn run(cells: &[CellConfig]) -> Vec<CellResult> {
+    let Some(bin) = ready() else {
+        return Vec::new();
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = cell::default_out(&bin).join("ci");
+    let mut results = Vec::new();
+    let mut table = cell::table_header();
+    for c in cells {
+        let r = cell::run_cell(c, &bin, &out)
+            .unwrap_or_else(|e| panic!("cell {} could not run: {e}", c.name()));
+        table.push_str(&cell::table_row(&r));
+        println!("{}{}", cell::table_row(&r), r.timelines());
+        results.push(r);
+    }
+    println!("{table}");
+    results
+}
+
+fn cell(server: Server, backend: Backend, sync_ms: u64, rate: f64, shape: Shape) -> CellConfig {
+    let mut c = CellConfig::new(server);
+    c.backend = backend;
+    c.sync_delay = Duration::from_millis(sync_ms);
+    c.new_conn_rate = rate;
+    c.shape = shape;
+    c
+}
+
+fn describe(r: &CellResult) -> String {
+    format!(
+        "{}{}first failure: {:?}\nfiles: {}",
+        cell::table_row(r),
+        r.timelines(),
+        r.counts.first_failure,
+        r.dir.display()
+    )
+}
+
+#[test]
+fn lameduck_loses_nothing_in_dense_cells() {
+    let results = run(&[
+        cell(
+            Server::Lameduck,
+            Backend::Iptables,
+            1000,
+            DENSE,
+            Shape::Pool,
+        ),
+        cell(
+            Server::Lameduck,
+            Backend::Iptables,
+            1000,
+            DENSE,
+            Shape::Fresh,
+        ),
+        cell(
+            Server::Lameduck,
+            Backend::Nftables,
+            1000,
+            DENSE,
+            Shape::Pool,
+        ),
+    ]);
+    for r in &results {
+        assert!(
+            r.counts.requests > 100,
+            "too little traffic: {}",
+            describe(r)
+        );
+        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        assert_eq!(r.pods.len(), 2, "two Pods rolled: {}", describe(r));
+        assert!(
+            r.pods.iter().all(|p| p.drain_ms.is_some()),
+            "every old Pod exited: {}",
+            describe(r)
+        );
+    }
+}
+
+#[test]
+fn baselines_lose_requests_on_this_datapath() {
+    let results = run(&[
+        cell(Server::Naive, Backend::Iptables, 1000, DENSE, Shape::Pool),
+        cell(
+            Server::Graceful,
+            Backend::Nftables,
+            1000,
+            DENSE,
+            Shape::Pool,
+        ),
+    ]);
+    for r in &results {
+        assert!(
+            r.counts.requests > 100,
+            "too little traffic: {}",
+            describe(r)
+        );
+        assert!(
+            r.counts.lost() > 0,
+            "a baseline lost nothing, so the testbed cannot tell: {}",
+            describe(r)
+        );
+    }
+}
+
+/// The sparse cell of the propagation-by-evidence work: a fresh connection every two seconds
+/// and a slow proxy. The quiet window takes silence for proof and the drain ends before the
+/// rules change; this is expected to lose requests until that work lands.
+#[test]
+#[ignore = "fails until propagation by evidence lands: silence at 0.5 new connections/s is taken for proof"]
+fn lameduck_loses_nothing_sparse_slow_proxy() {
+    let results = run(&[cell(
+        Server::Lameduck,
+        Backend::Iptables,
+        4000,
+        SPARSE,
+        Shape::Fresh,
+    )]);
+    for r in &results {
+        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+    }
+}
+
+/// The single-replica eviction: no endpoint ready for a while, the serving terminating one is
+/// the fallback — as long as it keeps `serving`.
+#[test]
+#[ignore = "fails until the readiness policy keeps the KEP-1669 fallback by default"]
+fn lameduck_loses_nothing_single_replica_eviction() {
+    let mut c = CellConfig::new(Server::Lameduck);
+    c.rollout = Rollout::Evict;
+    for r in &run(&[c]) {
+        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+    }
+}
