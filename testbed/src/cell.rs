@@ -128,13 +128,15 @@ pub struct CellConfig {
     pub warmup: Duration,
     /// `publishNotReadyAddresses`.
     pub publish_not_ready: bool,
+    /// From a Pod's creation to its process starting (sandbox, image, container).
+    pub start_delay: Duration,
     /// Extra flags for the lameduck server (e.g. `--readiness-policy auto`).
     pub lameduck_flags: Vec<String>,
 }
 
 impl CellConfig {
     /// Defaults: lameduck, iptables, 1 s sync, 0.1 s slice, 50/s fresh, pool, rolling 2,
-    /// grace 15 s, warm-up 4 s.
+    /// grace 15 s, warm-up 4 s, Pod start 2 s.
     pub fn new(server: Server) -> Self {
         CellConfig {
             server,
@@ -148,6 +150,7 @@ impl CellConfig {
             grace: Duration::from_secs(15),
             warmup: Duration::from_secs(4),
             publish_not_ready: false,
+            start_delay: Duration::from_secs(2),
             lameduck_flags: Vec::new(),
         }
     }
@@ -330,6 +333,7 @@ pub fn run_cell(
         failure_threshold: 1,
         success_threshold: 1,
         pre_stop,
+        start_delay: config.start_delay,
         stop_signal: nix::sys::signal::Signal::SIGTERM,
         grace: config.grace,
     };

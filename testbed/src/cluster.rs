@@ -50,6 +50,8 @@ pub struct Kubelet {
     pub success_threshold: u32,
     /// The hook.
     pub pre_stop: PreStop,
+    /// From the Pod's creation (its IP) to its process starting.
+    pub start_delay: Duration,
     /// The stop signal (default SIGTERM).
     pub stop_signal: nix::sys::signal::Signal,
     /// `terminationGracePeriodSeconds`, counted from the deletion, hook included.
@@ -304,6 +306,36 @@ impl Cluster {
         };
         let (ns, ip) = self.netns.lock().unwrap().add_pod(n)?;
         let name = format!("pod-{n}");
+        self.state.lock().unwrap().push(PodState {
+            name: name.clone(),
+            ip,
+            ready: false,
+            deleted_ms: None,
+            exited_ms: None,
+            pid: None,
+        });
+        self.record("created", Some(&name), ip.to_string());
+        self.pod_changed.notify_one();
+        let (del_tx, del_rx) = watch::channel(false);
+        self.deleters.lock().unwrap().push((name.clone(), del_tx));
+        let me = self.clone();
+        let pod = name.clone();
+        tokio::spawn(async move {
+            // Sandbox, image, container start: the process comes up a while after the Pod
+            // got its IP.
+            tokio::time::sleep(me.kubelet.start_delay).await;
+            match me.start_process(&pod, &ns) {
+                Ok(child) => me.kubelet_pod(pod, ns, ip, child, del_rx).await,
+                Err(e) => {
+                    let (tx, _) = watch::channel(false);
+                    me.finish(&pod, &format!("start failed: {e}"), &tx);
+                }
+            }
+        });
+        Ok(name)
+    }
+
+    fn start_process(&self, name: &str, ns: &str) -> Result<tokio::process::Child, NetError> {
         let report = self.dir.join(format!("{name}.report.json"));
         let log = std::fs::File::create(self.dir.join(format!("{name}.log")))
             .map_err(|e| NetError(format!("pod log: {e}")))?;
@@ -311,11 +343,11 @@ impl Cluster {
             .try_clone()
             .map_err(|e| NetError(format!("pod log: {e}")))?;
         let mut cmd = tokio::process::Command::new("ip");
-        cmd.args(["netns", "exec", &ns])
+        cmd.args(["netns", "exec", ns])
             .arg(&self.server.bin)
             .args(["--listen", &format!("0.0.0.0:{POD_PORT}")])
             .args(["--admin", &format!("0.0.0.0:{ADMIN_PORT}")])
-            .args(["--instance", &name])
+            .args(["--instance", name])
             .arg("--report-file")
             .arg(&report)
             .args(&self.server.flags)
@@ -328,24 +360,18 @@ impl Cluster {
             .map_err(|e| NetError(format!("start {}: {e}", self.server.bin.display())))?;
         if let Some(pid) = child.id() {
             crate::net::pid_started(pid);
+            if let Some(p) = self
+                .state
+                .lock()
+                .unwrap()
+                .iter_mut()
+                .find(|p| p.name == name)
+            {
+                p.pid = Some(pid);
+            }
         }
-        self.state.lock().unwrap().push(PodState {
-            name: name.clone(),
-            ip,
-            ready: false,
-            deleted_ms: None,
-            exited_ms: None,
-            pid: child.id(),
-        });
-        self.record("created", Some(&name), ip.to_string());
-        self.pod_changed.notify_one();
-        let (del_tx, del_rx) = watch::channel(false);
-        self.deleters.lock().unwrap().push((name.clone(), del_tx));
-        tokio::spawn(
-            self.clone()
-                .kubelet_pod(name.clone(), ns, ip, child, del_rx),
-        );
-        Ok(name)
+        self.record("started", Some(name), "");
+        Ok(child)
     }
 
     /// Deletes Pod `name`: kubelet starts its termination.
