@@ -175,10 +175,11 @@ pub fn sweep_stale() -> Vec<String> {
         let Ok(pid) = digits.parse::<u32>() else {
             continue;
         };
-        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            if run("ip", &["netns", "delete", name]).is_ok() {
-                removed.push(name.to_owned());
-            }
+        if pid != std::process::id()
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && run("ip", &["netns", "delete", name]).is_ok()
+        {
+            removed.push(name.to_owned());
         }
     }
     removed
