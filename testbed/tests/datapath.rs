@@ -49,7 +49,11 @@ fn ready() -> Option<PathBuf> {
             panic!("datapath testbed cannot run: {p}, and LAMEDUCK_E2E=require")
         }
         Some(p) => {
-            eprintln!(
+            // Straight to the stderr handle: the test harness captures `eprintln!`, and this
+            // must be seen.
+            use std::io::Write;
+            let _ = write!(
+                std::io::stderr(),
                 "\n======================================================================\n\
                  SKIPPED: datapath testbed: {p}\n\
                  (set LAMEDUCK_E2E=require to make this a failure)\n\
