@@ -244,21 +244,45 @@ impl Cluster {
             match proxy.apply(&chosen) {
                 Ok(rules) => {
                     let names: Vec<&str> = chosen.iter().map(|e| e.pod.as_str()).collect();
-                    self.record(
-                        "sync",
-                        None,
-                        if names.is_empty() {
-                            "no endpoints: reject".to_owned()
-                        } else {
-                            names.join(" ")
-                        },
-                    );
+                    let mut detail = if names.is_empty() {
+                        "no endpoints: reject".to_owned()
+                    } else {
+                        names.join(" ")
+                    };
+                    // Flows conntrack keeps on endpoints that just left the rules.
+                    for e in eps.iter().filter(|e| !ips.contains(&e.ip)) {
+                        if let Some(n) = self.pinned_flows(e.ip) {
+                            detail.push_str(&format!("; {} keeps {n} tracked flows", e.pod));
+                        }
+                    }
+                    self.record("sync", None, detail);
                     let _ = std::fs::write(self.dir.join(format!("rules-{n:03}.txt")), rules);
                     self.applied.send_replace(ips);
                 }
                 Err(e) => self.record("sync_failed", None, e.to_string()),
             }
         }
+    }
+
+    /// Established TCP flows conntrack holds towards `ip` in the node namespace.
+    fn pinned_flows(&self, ip: Ipv4Addr) -> Option<usize> {
+        let node = self.netns.lock().unwrap().node();
+        let out = crate::net::run_in(
+            &node,
+            &[
+                "conntrack",
+                "-L",
+                "-p",
+                "tcp",
+                "--state",
+                "ESTABLISHED",
+                "--reply-src",
+                &ip.to_string(),
+            ],
+            None,
+        )
+        .ok()?;
+        Some(out.lines().filter(|l| l.starts_with("tcp")).count())
     }
 
     /// Waits until the applied rules route to exactly `pods` (by name).
