@@ -132,6 +132,8 @@ pub struct CellConfig {
     pub start_delay: Duration,
     /// Extra flags for the lameduck server (e.g. `--readiness-policy auto`).
     pub lameduck_flags: Vec<String>,
+    /// The lameduck server's hook as `exec` of `service prestop` instead of `httpGet /drain`.
+    pub exec_hook: bool,
 }
 
 impl CellConfig {
@@ -152,6 +154,7 @@ impl CellConfig {
             publish_not_ready: false,
             start_delay: Duration::from_secs(2),
             lameduck_flags: Vec::new(),
+            exec_hook: false,
         }
     }
 
@@ -177,7 +180,12 @@ impl CellConfig {
             Server::Lameduck => {
                 let mut f = vec!["--grace-period".to_owned(), grace];
                 f.extend(self.lameduck_flags.iter().cloned());
-                (f, PreStop::HttpGet("/drain?wait=drained".to_owned()))
+                let hook = if self.exec_hook {
+                    PreStop::Exec
+                } else {
+                    PreStop::HttpGet("/drain?wait=drained".to_owned())
+                };
+                (f, hook)
             }
             Server::Naive => (vec!["--naive".to_owned()], PreStop::None),
             Server::Graceful => (vec!["--fixed-sleep".into(), "0".into()], PreStop::None),

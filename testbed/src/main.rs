@@ -12,7 +12,7 @@ usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines] COMMAND
 commands:
   cell [--server lameduck|naive|graceful|sleep5] [--backend iptables|nftables]
        [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh] [--evict]
-       [--replicas N] [--grace DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]...
+       [--replicas N] [--grace DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook]
   matrix     sync delay x rate x shape x backend x server, and the single-replica eviction
   table      every server, iptables, 1 s sync, pool, dense
   eviction   the single-replica eviction for every server
@@ -179,6 +179,7 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--start-delay" => c.start_delay = dur("--start-delay", &value()),
             "--publish-not-ready" => c.publish_not_ready = true,
             "--lameduck-flag" => c.lameduck_flags.push(value()),
+            "--exec-hook" => c.exec_hook = true,
             other => fail(&format!("unknown cell flag {other:?}")),
         }
     }
