@@ -171,6 +171,9 @@ impl CellConfig {
         if self.rollout == Rollout::Evict {
             n.push_str("/evict");
         }
+        if self.exec_hook && self.server == Server::Lameduck {
+            n.push_str("/exec");
+        }
         n
     }
 
