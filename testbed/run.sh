@@ -8,14 +8,17 @@
 #   bash testbed/run.sh cell --server sleep5 --backend nftables --sync-delay 4s --rate 0.5
 #   bash testbed/run.sh --timelines table   # also print every deleted Pod's timeline
 #
-# Builds release binaries of the example service and the testbed, then runs
-# `lameduck-testbed` with the arguments given (default `matrix`). Files go under
-# target/testbed/<unix-seconds>/, the table to stdout.
+# Builds release binaries of the example service and the testbed (LAMEDUCK_TESTBED_PROFILE=dev
+# for debug ones), then runs `lameduck-testbed` with the arguments given (default `matrix`).
+# Files go under target/testbed/<unix-seconds>/, the table to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --example service
-cargo build --release --quiet -p lameduck-testbed
+profile=${LAMEDUCK_TESTBED_PROFILE:-release}
+dir=$profile
+[ "$profile" = dev ] && dir=debug
+cargo build --profile "$profile" --quiet --example service
+cargo build --profile "$profile" --quiet -p lameduck-testbed
 if [ $# -eq 0 ]; then
   set -- matrix
 fi
-exec target/release/lameduck-testbed "$@"
+exec "target/$dir/lameduck-testbed" "$@"
