@@ -91,6 +91,7 @@ mod phase;
 mod propagation;
 mod report;
 mod signal;
+mod stall;
 mod tasks;
 
 #[cfg(feature = "admin")]
