@@ -208,6 +208,7 @@ impl DrainBuilder {
                 forced: AtomicBool::new(false),
                 terminate_seen: Notify::new(),
                 tasks: Tasks::default(),
+                exit: crate::exit::ExitHolds::default(),
             }),
         };
         #[cfg(feature = "metrics")]
@@ -265,6 +266,7 @@ pub(crate) struct Inner {
     forced: AtomicBool,
     terminate_seen: Notify,
     tasks: Tasks,
+    pub(crate) exit: crate::exit::ExitHolds,
 }
 
 /// The drain coordinator: a cheap-to-clone handle shared by the server, the admin endpoint,
@@ -1112,6 +1114,10 @@ impl Drain {
     ///
     /// When the drain was started by a `preStop` call and finished before SIGTERM arrived, it
     /// waits for SIGTERM before returning, so the hook never sees its own process vanish.
+    ///
+    /// Before returning it lets the admin endpoint answer every `/drain?wait=…` caller (and,
+    /// with [`AdminBuilder::serve`](crate::admin::AdminBuilder::serve), finish writing every
+    /// admin response), bounded by the hard deadline.
     pub async fn run(&self) -> DrainReport {
         self.install_signals();
         self.mark_started();
@@ -1135,6 +1141,7 @@ impl Drain {
                 }
             }
         }
+        self.settle_before_exit().await;
         report
     }
 

@@ -82,6 +82,7 @@ mod closers;
 mod counter;
 mod drain;
 mod error;
+mod exit;
 mod guard;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]

@@ -81,9 +81,11 @@
 mod prestop;
 mod query;
 mod router;
+mod serve;
 
 pub use prestop::{prestop, prestop_blocking, PrestopError, PrestopOptions};
 pub use router::{AdminBuilder, Wait, ADMIN_TOKEN_ENV};
+pub use serve::{AdminServe, DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_MAX_CONNECTIONS};
 
 use crate::Drain;
 

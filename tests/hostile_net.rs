@@ -1,0 +1,225 @@
+//! Hostile networks, over real sockets on 127.0.0.1: slow readers, slowloris connections on the
+//! service and admin ports, and `/drain` callers at exit.
+#![cfg(feature = "admin")]
+
+mod common;
+
+use std::time::Duration;
+
+use axum::routing::get;
+use common::*;
+use lameduck::{EventKind, Outcome, Phase, Propagation, Trigger};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// Larger than anything the kernel can queue between the two sockets (send queue at most
+/// `tcp_wmem` max, 4 MiB by default, plus the client's small receive buffer).
+const BIG: usize = 32 << 20;
+
+fn big_app(drain: &lameduck::Drain) -> axum::Router {
+    axum::Router::new()
+        .route("/big", get(|| async { vec![b'x'; BIG] }))
+        .layer(drain.layer())
+}
+
+/// A client with a 4 KiB receive buffer that asks for `/big` and reads nothing yet.
+async fn slow_client(addr: std::net::SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /big HTTP/1.1\r\nhost: test\r\n\r\n")
+        .await
+        .unwrap();
+    stream
+}
+
+/// Reads the response head, then body bytes until `until` of them arrived or the connection
+/// ends; returns the body bytes read. Bounded by the response's size.
+async fn read_body(stream: &mut TcpStream, head_done: &mut bool, until: usize) -> usize {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut body = 0usize;
+    let mut head = Vec::new();
+    while body < until {
+        let n = match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if *head_done {
+            body += n;
+        } else {
+            head.extend_from_slice(&buf[..n]);
+            if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                *head_done = true;
+                body += head.len() - (end + 4);
+            }
+        }
+    }
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
+    // grace 4 s: quiesce deadline ≈ 3.2 s after the trigger.
+    let drain = drain(
+        Duration::from_secs(4),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (listener, addr) = bind().await;
+    let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
+
+    let mut client = slow_client(addr).await;
+    let client_addr = client.local_addr().unwrap().to_string();
+    // The body was handed to hyper at once; its bytes are stuck behind the client.
+    eventually("the stalled response counts as in flight", || {
+        drain.in_flight() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(drain.in_flight(), 1, "still in flight while nobody reads");
+
+    assert!(drain.start(Trigger::Api));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert!(
+        !report
+            .timeline
+            .iter()
+            .any(|e| e.event == EventKind::InFlightZero),
+        "in_flight_zero recorded while the response had not left: {:?}",
+        report.timeline
+    );
+    let straggler = report
+        .stragglers
+        .iter()
+        .find(|s| s.kind == "response")
+        .unwrap_or_else(|| panic!("the response is named: {:?}", report.stragglers));
+    assert_eq!(straggler.peer.as_deref(), Some(client_addr.as_str()));
+    assert!(
+        straggler.name.contains(&client_addr) && straggler.name.contains("bytes written"),
+        "{}",
+        straggler.name
+    );
+    assert!(
+        !report.stragglers.iter().any(|s| s.name.contains("undescribed")),
+        "{:?}",
+        report.stragglers
+    );
+    within("serve returns", server).await.unwrap().unwrap();
+
+    // The connection was cut: the client gets less than the whole body.
+    let mut head_done = false;
+    let got = within("client sees the cut", read_body(&mut client, &mut head_done, BIG)).await;
+    assert!(got < BIG, "the client got the whole body ({got} bytes)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (listener, addr) = bind().await;
+    let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
+
+    let mut client = slow_client(addr).await;
+    eventually("the stalled response counts as in flight", || {
+        drain.in_flight() == 1
+    })
+    .await;
+    assert!(drain.start(Trigger::Api));
+    within("stopped accepting", drain.reached(Phase::StoppedAccepting)).await;
+
+    // Half the body read: more than the kernel can hold is still in the server's hands.
+    let mut head_done = false;
+    let first = within("half the body", read_body(&mut client, &mut head_done, BIG / 2)).await;
+    assert!(first >= BIG / 2, "connection ended early after {first} bytes");
+    assert!(
+        !has_event(&drain, EventKind::InFlightZero),
+        "in_flight_zero before the client had the response"
+    );
+    assert!(drain.in_flight() >= 1);
+
+    let rest = within(
+        "the rest of the body",
+        read_body(&mut client, &mut head_done, BIG - first),
+    )
+    .await;
+    assert_eq!(first + rest, BIG, "the client got the whole body");
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    assert!(report.stragglers.is_empty());
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+/// Partial request heads that are never finished.
+async fn slowloris(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /conn HTTP/1.1\r\nhost: test\r\nx-slow: ")
+            .await
+            .unwrap();
+        out.push(s);
+    }
+    out
+}
+
+/// `true` once the server closed the connection (EOF or reset).
+async fn closed_by_server(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return true,
+            Ok(_) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() {
+    // grace 30 s: the quiesce deadline (≈ 24 s) is past PATIENCE, so only a clean end passes.
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+    let mut loris = slowloris(addr, 20).await;
+    let mut silent = Vec::new();
+    for _ in 0..5 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    eventually("all connections accepted", || drain.connections() == 25).await;
+
+    assert!(drain.start(Trigger::Api));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    within("serve returns", server).await.unwrap().unwrap();
+    assert_eq!(drain.connections(), 0);
+    for s in loris.iter_mut().chain(silent.iter_mut()) {
+        assert!(within("connection closed", closed_by_server(s)).await);
+    }
+}
+
+#[tokio::test]
+async fn the_header_read_timeout_closes_a_slowloris_connection_while_serving() {
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (listener, addr) = bind().await;
+    let app = app(&drain, Probe::default()).layer(drain.layer());
+    let _server = tokio::spawn(
+        lameduck::serve(listener, app, &drain).header_read_timeout(Duration::from_millis(500)),
+    );
+    let mut loris = slowloris(addr, 3).await;
+    for s in &mut loris {
+        assert!(within("slowloris connection closed", closed_by_server(s)).await);
+    }
+    assert_eq!(drain.phase(), Phase::Serving);
+    // A well-behaved client is still served.
+    let (mut c, _conn) = h1(addr).await;
+    let (status, _, _) = text(send1(&mut c, "/conn").await).await;
+    assert_eq!(status, http::StatusCode::OK);
+}
