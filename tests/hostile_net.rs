@@ -101,7 +101,10 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
         straggler.name
     );
     assert!(
-        !report.stragglers.iter().any(|s| s.name.contains("undescribed")),
+        !report
+            .stragglers
+            .iter()
+            .any(|s| s.name.contains("undescribed")),
         "{:?}",
         report.stragglers
     );
@@ -109,7 +112,11 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
 
     // The connection was cut: the client gets less than the whole body.
     let mut head_done = false;
-    let got = within("client sees the cut", read_body(&mut client, &mut head_done, BIG)).await;
+    let got = within(
+        "client sees the cut",
+        read_body(&mut client, &mut head_done, BIG),
+    )
+    .await;
     assert!(got < BIG, "the client got the whole body ({got} bytes)");
 }
 
@@ -132,8 +139,15 @@ async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
 
     // Half the body read: more than the kernel can hold is still in the server's hands.
     let mut head_done = false;
-    let first = within("half the body", read_body(&mut client, &mut head_done, BIG / 2)).await;
-    assert!(first >= BIG / 2, "connection ended early after {first} bytes");
+    let first = within(
+        "half the body",
+        read_body(&mut client, &mut head_done, BIG / 2),
+    )
+    .await;
+    assert!(
+        first >= BIG / 2,
+        "connection ended early after {first} bytes"
+    );
     assert!(
         !has_event(&drain, EventKind::InFlightZero),
         "in_flight_zero before the client had the response"
@@ -222,4 +236,217 @@ async fn the_header_read_timeout_closes_a_slowloris_connection_while_serving() {
     let (mut c, _conn) = h1(addr).await;
     let (status, _, _) = text(send1(&mut c, "/conn").await).await;
     assert_eq!(status, http::StatusCode::OK);
+}
+
+// ---- the admin port ----
+
+/// One `GET` on a fresh connection with `Connection: close`; the raw answer (status code and
+/// body), or `None` when the connection was cut before a complete response (the body shorter
+/// than its `Content-Length`, or no head at all).
+async fn raw_get(addr: std::net::SocketAddr, target: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET {target} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    // Bounded by the server closing the connection (Connection: close).
+    let _ = s.read_to_end(&mut raw).await;
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..end]).ok()?;
+    let code: u16 = head.split(' ').nth(1)?.parse().ok()?;
+    let len: usize = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse().ok())?
+    })?;
+    let body = &raw[end + 4..];
+    (body.len() == len).then(|| (code, String::from_utf8_lossy(body).into_owned()))
+}
+
+async fn admin_server(drain: &lameduck::Drain, cap: usize) -> std::net::SocketAddr {
+    let (listener, addr) = bind().await;
+    tokio::spawn(
+        drain
+            .admin()
+            .without_token()
+            .max_connections(cap)
+            // Longer than the test: only the cap's eviction can free a slot.
+            .header_read_timeout(Duration::from_secs(60))
+            .serve(listener),
+    );
+    addr
+}
+
+#[tokio::test]
+async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(1500)),
+    );
+    drain.mark_started();
+    let addr = admin_server(&drain, 8).await;
+
+    // A preStop caller waiting for the drain: busy, never evicted.
+    let waiter = tokio::spawn(async move { raw_get(addr, "/drain?wait=drained").await });
+    eventually("drain started", || drain.is_draining()).await;
+
+    let mut loris = slowloris(addr, 40).await;
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // Every probe gets its answer, on a port flooded far past its cap.
+    for _ in 0..20 {
+        let (code, body) = within("readyz answers", raw_get(addr, "/readyz"))
+            .await
+            .expect("a complete /readyz answer");
+        assert_eq!((code, body.as_str()), (503, "draining"));
+    }
+    // The cap held: all but the newest few slow connections were evicted.
+    let mut evicted = 0;
+    for s in loris.iter_mut().chain(silent.iter_mut()) {
+        let mut b = [0u8; 16];
+        match tokio::time::timeout(Duration::from_millis(50), s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => evicted += 1,
+            _ => {}
+        }
+    }
+    assert!(
+        evicted >= 50 - 8,
+        "only {evicted} of 50 slow connections evicted"
+    );
+
+    let (code, body) = within("the waiter's answer", waiter)
+        .await
+        .unwrap()
+        .expect("the waiting /drain caller got a complete answer");
+    assert_eq!(code, 200);
+    assert!(body.contains("\"phase\":\"done\""), "{body}");
+}
+
+#[tokio::test]
+async fn the_admin_header_read_timeout_closes_slow_heads() {
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (listener, addr) = bind().await;
+    tokio::spawn(
+        drain
+            .admin()
+            .header_read_timeout(Duration::from_millis(300))
+            .serve(listener),
+    );
+    let mut loris = slowloris(addr, 3).await;
+    for s in &mut loris {
+        assert!(within("slow head closed", closed_by_server(s)).await);
+    }
+    let (code, _) = raw_get(addr, "/livez").await.expect("livez answers");
+    assert_eq!(code, 200);
+}
+
+// ---- /drain callers at exit, through the example service ----
+
+/// The `service` example, built by `cargo test --all-features` next to this test binary.
+fn service_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("service");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo test --all-features` (or `cargo build --example service`) first",
+        bin.display()
+    );
+    bin
+}
+
+struct Service(std::process::Child);
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_waiting_drain_caller_is_answered_before_the_process_exits() {
+    use std::io::BufRead;
+
+    let mut child = std::process::Command::new(service_bin())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--grace-period",
+            "10s",
+            "--quiet",
+            "300ms",
+            "--min",
+            "300ms",
+            "--max",
+            "2s",
+        ])
+        .env_remove("LAMEDUCK_ADMIN_TOKEN")
+        .env_remove("LAMEDUCK_GRACE_PERIOD")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut service = Service(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    let admin: std::net::SocketAddr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("admin="))
+        .unwrap_or_else(|| panic!("no READY line: {line:?}"))
+        .parse()
+        .unwrap();
+    // Ready once the warm-up gate opened.
+    within("service ready", async {
+        while raw_get(admin, "/readyz").await.map(|a| a.0) != Some(200) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    let callers: Vec<_> = (0..50)
+        .map(|_| tokio::spawn(async move { raw_get(admin, "/drain?wait=drained").await }))
+        .collect();
+    // Every caller is waiting (the first call started the drain), then SIGTERM.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &service.0.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -TERM failed");
+
+    let mut answered = 0;
+    for c in callers {
+        let answer = within("a /drain caller", c).await.unwrap();
+        let (code, body) = answer.expect("a complete answer, not a cut connection");
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("\"phase\":\"done\""), "{body}");
+        answered += 1;
+    }
+    assert_eq!(answered, 50);
+    let status = within("service exits", async {
+        loop {
+            if let Some(s) = service.0.try_wait().unwrap() {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(status.code(), Some(0));
 }

@@ -229,7 +229,12 @@ async fn serve_conn(
         let mut router = router.clone();
         async move {
             let res = tower_service::Service::call(&mut router, req).await?;
-            Ok::<_, Infallible>(res.map(|body| Body::new(Held { inner: body, _hold: busy })))
+            Ok::<_, Infallible>(res.map(|body| {
+                Body::new(Held {
+                    inner: body,
+                    _hold: busy,
+                })
+            }))
         }
     });
     let conn = builder.serve_connection(TokioIo::new(stream), svc);
