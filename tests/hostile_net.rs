@@ -430,15 +430,20 @@ async fn every_waiting_drain_caller_is_answered_before_the_process_exits() {
         .success();
     assert!(ok, "kill -TERM failed");
 
-    let mut answered = 0;
+    let mut cut = 0;
     for c in callers {
-        let answer = within("a /drain caller", c).await.unwrap();
-        let (code, body) = answer.expect("a complete answer, not a cut connection");
-        assert_eq!(code, 200, "{body}");
-        assert!(body.contains("\"phase\":\"done\""), "{body}");
-        answered += 1;
+        match within("a /drain caller", c).await.unwrap() {
+            Some((code, body)) => {
+                assert_eq!(code, 200, "{body}");
+                assert!(body.contains("\"phase\":\"done\""), "{body}");
+            }
+            None => cut += 1,
+        }
     }
-    assert_eq!(answered, 50);
+    assert_eq!(
+        cut, 0,
+        "{cut} of 50 /drain callers were cut instead of answered"
+    );
     let status = within("service exits", async {
         loop {
             if let Some(s) = service.0.try_wait().unwrap() {

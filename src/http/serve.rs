@@ -86,7 +86,8 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   cost as axum's `ConnectInfo`). Sets `TCP_NODELAY` on accepted sockets.
 /// * Counts a connection whose response bytes wait for a slow reader as in flight until they
 ///   have been handed to the socket, and names it as a `response` straggler at the quiesce
-///   deadline (see the [module docs](self#in-flight-until-the-response-has-left)).
+///   deadline; the layer alone cannot see those bytes (see
+///   [`DrainLayer`](crate::DrainLayer#what-the-layer-can-and-cannot-see)).
 /// * Bounds HTTP/1 header reads ([`Serve::header_read_timeout`], default 75 s) and closes
 ///   connections that never delivered a complete request head once the drain has nothing in
 ///   flight, so slowloris connections cannot hold it open.
