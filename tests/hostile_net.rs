@@ -217,6 +217,40 @@ async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() 
 }
 
 #[tokio::test]
+async fn silent_connections_close_at_stopped_accepting_and_partial_heads_once_nothing_is_in_flight()
+{
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut loris = slowloris(addr, 1).await.pop().unwrap();
+    // A request in flight keeps the drain in StoppedAccepting for a while.
+    let (mut busy, _busy_conn) = h1(addr).await;
+    let slow = tokio::spawn(async move { text(send1(&mut busy, "/slow/2500").await).await });
+    eventually("slow request in flight", || drain.in_flight() == 1).await;
+
+    assert!(drain.start(Trigger::Api));
+    assert!(within("silent connection closed", closed_by_server(&mut silent)).await);
+    assert_eq!(
+        drain.phase(),
+        Phase::StoppedAccepting,
+        "a connection that never sent a byte closes at stopped_accepting"
+    );
+    assert!(within("slowloris closed", closed_by_server(&mut loris)).await);
+    assert!(
+        drain.phase() >= Phase::Closing,
+        "a partial head is closed only once nothing is in flight"
+    );
+    let (status, _, body) = within("slow request", slow).await.unwrap();
+    assert_eq!((status, body.as_str()), (http::StatusCode::OK, "slow done"));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
 async fn the_header_read_timeout_closes_a_slowloris_connection_while_serving() {
     let drain = drain(
         Duration::from_secs(30),
