@@ -1376,16 +1376,9 @@ impl Drain {
         // Responses handed to the connection whose bytes still wait for the peer to read them.
         let stalled = self.inner.core.stalls.snapshot();
         for w in &stalled {
-            let peer = w
-                .peer
-                .map_or_else(|| "an unknown peer".to_owned(), |p| p.to_string());
             out.push(Straggler {
                 kind: "response".to_owned(),
-                name: format!(
-                    "response to {peer} not delivered: {} bytes written on connection {}",
-                    w.written(),
-                    w.conn
-                ),
+                name: w.describe(),
                 age_ms: now.saturating_duration_since(w.since).as_millis() as u64,
                 peer: w.peer.map(|p| p.to_string()),
                 recovery: None,

@@ -167,6 +167,42 @@ async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
     within("serve returns", server).await.unwrap().unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_response_stuck_behind_flow_control_is_in_flight_and_named() {
+    let drain = drain(
+        Duration::from_secs(4),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (listener, addr) = bind().await;
+    let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
+
+    // The client takes the head and never reads the body: once its stream window is full the
+    // rest of the body waits in the server's HTTP/2 send queue, which the socket never sees.
+    let (mut client, _client_conn) = h2(addr).await;
+    let res = send2(&mut client, "/big").await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::OK);
+    let _unread = res.into_body();
+
+    assert!(drain.start(Trigger::Api));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert!(
+        !report
+            .timeline
+            .iter()
+            .any(|e| e.event == EventKind::InFlightZero),
+        "in_flight_zero recorded while the response had not left: {:?}",
+        report.timeline
+    );
+    let straggler = report
+        .stragglers
+        .iter()
+        .find(|s| s.kind == "response")
+        .unwrap_or_else(|| panic!("the connection is named: {:?}", report.stragglers));
+    assert!(straggler.name.contains("HTTP/2"), "{}", straggler.name);
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
 /// Partial request heads that are never finished.
 async fn slowloris(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
     let mut out = Vec::with_capacity(n);

@@ -43,10 +43,31 @@ pub(crate) struct WatchedIo {
     pending: Option<Pending>,
 }
 
-/// A write that could not complete at once: the guard, and (once draining) the straggler entry.
-struct Pending {
+/// A write that could not complete at once (or, for [`Pending::after_goaway`], an HTTP/2
+/// connection finishing its streams): the guard, and (once draining) the straggler entry.
+pub(crate) struct Pending {
     entry: Option<Arc<StalledWrite>>,
     guard: InFlightGuard,
+}
+
+impl Pending {
+    /// Counts an HTTP/2 connection that was sent GOAWAY as in flight until it closes: hyper
+    /// closes it once every stream has sent everything, including data queued behind the
+    /// peer's flow-control window, which the socket never sees. Only called while draining.
+    pub(crate) fn after_goaway(core: &'static Core, conn: u64, peer: Option<SocketAddr>) -> Self {
+        let entry = Arc::new(StalledWrite {
+            conn,
+            after_goaway: true,
+            peer,
+            since: Instant::now(),
+            written: 0.into(),
+        });
+        core.stalls.register(Arc::clone(&entry));
+        Self {
+            entry: Some(entry),
+            guard: core.hold(),
+        }
+    }
 }
 
 impl Drop for Pending {
@@ -54,7 +75,7 @@ impl Drop for Pending {
         // Unregister before the guard leaves (a field, dropped after this), so whoever sees
         // zero in flight sees no stalled write.
         if let Some(e) = &self.entry {
-            self.guard.core().stalls.unregister(e.conn);
+            self.guard.core().stalls.unregister(e);
         }
     }
 }
@@ -106,6 +127,7 @@ impl WatchedIo {
         if pending.entry.is_none() && core.counter.is_draining() {
             let entry = Arc::new(StalledWrite {
                 conn: self.conn,
+                after_goaway: false,
                 peer: self.peer,
                 since: Instant::now(),
                 written: self.written.into(),

@@ -57,7 +57,7 @@ use crate::guard::Core;
 use crate::{Drain, Phase};
 
 use super::conn::{ConnMeta, PROTO_H1, PROTO_H2, PROTO_UNKNOWN};
-use super::io::WatchedIo;
+use super::io::{Pending, WatchedIo};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -434,12 +434,15 @@ impl ConnTask {
         let mut draining = accepted_while_draining;
         let mut shutdown_sent = false;
         let mut idle_closed = false;
+        // An HTTP/2 connection after its GOAWAY: in flight until it closes (see `Pending`).
+        let mut h2_closing: Option<Pending> = None;
         loop {
             let proto = meta.proto();
             if draining && !shutdown_sent && proto == PROTO_H2 && !accepted_while_draining {
                 tracing::debug!(conn = meta.id(), "lameduck: GOAWAY to HTTP/2 connection");
                 conn.as_mut().graceful_shutdown();
                 shutdown_sent = true;
+                h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
             }
             // `select!` polls every enabled branch on each wake-up of this task — about once
             // per request — and each poll of a `cancelled()` future locks its token. The stop
@@ -466,6 +469,9 @@ impl ConnTask {
                         // HTTP/1: closes now if idle, after the current response if busy.
                         conn.as_mut().graceful_shutdown();
                         shutdown_sent = true;
+                        if meta.proto() == PROTO_H2 {
+                            h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
+                        }
                     }
                 }
                 () = tokens.deadline.cancelled(), if draining => {
@@ -478,6 +484,7 @@ impl ConnTask {
                 }
             }
         }
+        drop(h2_closing);
         drop(counted);
     }
 }
