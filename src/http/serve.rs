@@ -22,7 +22,13 @@
 //! as in-flight work until hyper's flush completes. The drain's `in_flight_zero` therefore
 //! waits for those bytes; at the quiesce deadline the connection is named as a `response`
 //! straggler (peer, bytes written on the connection) and cut. Writes that complete at once cost
-//! one addition to a plain field. While draining, each poll of a connection also holds a guard
+//! one addition to a plain field.
+//!
+//! HTTP/2 queues a response's data behind the peer's flow-control window, where the socket never
+//! sees it; so an HTTP/2 connection also counts as in flight from its GOAWAY until it closes
+//! (hyper closes it once every stream has sent everything). Connections opened before the
+//! drain get their GOAWAY at the trigger, so this covers them from the start; one opened during
+//! the drain is counted from `stopped_accepting`, when its GOAWAY goes out. While draining, each poll of a connection also holds a guard
 //! for its duration, so that the moment a body's last frame is handed to hyper and the moment
 //! its bytes fail to go out cannot leave a gap in which nothing is counted.
 //!
@@ -86,7 +92,8 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   cost as axum's `ConnectInfo`). Sets `TCP_NODELAY` on accepted sockets.
 /// * Counts a connection whose response bytes wait for a slow reader as in flight until they
 ///   have been handed to the socket, and names it as a `response` straggler at the quiesce
-///   deadline; the layer alone cannot see those bytes (see
+///   deadline (an HTTP/2 connection from its GOAWAY until it closes, for data queued behind
+///   flow control); the layer alone cannot see those bytes (see
 ///   [`DrainLayer`](crate::DrainLayer#what-the-layer-can-and-cannot-see)).
 /// * Bounds HTTP/1 header reads ([`Serve::header_read_timeout`], default 75 s) and closes
 ///   connections that never delivered a complete request head once the drain has nothing in
