@@ -94,7 +94,11 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   have been handed to the socket, and names it as a `response` straggler at the quiesce
 ///   deadline (an HTTP/2 connection from its GOAWAY until it closes, for data queued behind
 ///   flow control); the layer alone cannot see those bytes (see
-///   [`DrainLayer`](crate::DrainLayer#what-the-layer-can-and-cannot-see)).
+///   [`DrainLayer`](crate::DrainLayer#what-the-layer-can-and-cannot-see)). While draining, a
+///   connection also counts as one in flight for the duration of each poll (so
+///   [`Drain::in_flight`] read by an HTTP/1 handler then includes its own connection): the
+///   instant a body's last frame is handed over and the instant its bytes fail to go out are
+///   one poll apart, and nothing may look finished in between.
 /// * Bounds HTTP/1 header reads ([`Serve::header_read_timeout`], default 75 s) and closes
 ///   connections that never delivered a complete request head once the drain has nothing in
 ///   flight, so slowloris connections cannot hold it open.
