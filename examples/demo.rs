@@ -76,9 +76,9 @@ async fn start_backend(name: &'static str, naive: bool) -> Backend {
         .termination_log(None)
         .build()
         .expect("valid settings");
-    let router = drain.admin_router();
+    let admin_server = drain.admin().serve(admin);
     tasks.push(tokio::spawn(async move {
-        let _ = axum::serve(admin, router).await;
+        let _ = admin_server.await;
     }));
     let app = app::app(name).layer(
         drain

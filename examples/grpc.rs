@@ -61,8 +61,7 @@ async fn serve(grpc_addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> 
         .layer(drain.layer());
 
     let admin = tokio::net::TcpListener::bind(addr("ADMIN_ADDR", "127.0.0.1:9090")).await?;
-    let admin_router = drain.admin_router();
-    tokio::spawn(async move { axum::serve(admin, admin_router).await });
+    tokio::spawn(drain.admin().serve(admin));
 
     let listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     println!("gRPC on {grpc_addr}; Ctrl-C or GET /drain on the admin port starts the drain");

@@ -223,11 +223,9 @@ async fn run(args: Args) -> i32 {
         listener.local_addr().unwrap(),
         admin.local_addr().unwrap()
     );
-    // The admin listener is not behind the drain layer and lives until the process exits.
-    let admin_router = drain.admin_router();
-    tokio::spawn(async move {
-        let _ = axum::serve(admin, admin_router).await;
-    });
+    // The admin listener is not behind the drain layer and lives until the process exits;
+    // `run` returns only once every `/drain` caller has its answer.
+    tokio::spawn(drain.admin().serve(admin));
     let app = app(&args.instance).layer(
         drain
             .layer()

@@ -69,8 +69,7 @@ async fn serve(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let drain = drain()?;
     let admin = tokio::net::TcpListener::bind(admin).await?;
-    let admin_router = drain.admin_router();
-    tokio::spawn(async move { axum::serve(admin, admin_router).await });
+    tokio::spawn(drain.admin().serve(admin));
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("events on http://{addr}/events; Ctrl-C or GET /drain on the admin port drains");

@@ -208,6 +208,7 @@ impl DrainBuilder {
                 forced: AtomicBool::new(false),
                 terminate_seen: Notify::new(),
                 tasks: Tasks::default(),
+                exit: crate::exit::ExitHolds::default(),
             }),
         };
         #[cfg(feature = "metrics")]
@@ -265,6 +266,7 @@ pub(crate) struct Inner {
     forced: AtomicBool,
     terminate_seen: Notify,
     tasks: Tasks,
+    pub(crate) exit: crate::exit::ExitHolds,
 }
 
 /// The drain coordinator: a cheap-to-clone handle shared by the server, the admin endpoint,
@@ -1112,6 +1114,10 @@ impl Drain {
     ///
     /// When the drain was started by a `preStop` call and finished before SIGTERM arrived, it
     /// waits for SIGTERM before returning, so the hook never sees its own process vanish.
+    ///
+    /// Before returning it lets the admin endpoint answer every `/drain?wait=…` caller (and,
+    /// with [`AdminBuilder::serve`](crate::admin::AdminBuilder::serve), finish writing every
+    /// admin response), bounded by the hard deadline.
     pub async fn run(&self) -> DrainReport {
         self.install_signals();
         self.mark_started();
@@ -1135,6 +1141,7 @@ impl Drain {
                 }
             }
         }
+        self.settle_before_exit().await;
         report
     }
 
@@ -1366,7 +1373,21 @@ impl Drain {
                 recovery: None,
             });
         }
-        let unnamed = self.in_flight().saturating_sub(named);
+        // Responses handed to the connection whose bytes still wait for the peer to read them.
+        let stalled = self.inner.core.stalls.snapshot();
+        for w in &stalled {
+            out.push(Straggler {
+                kind: "response".to_owned(),
+                name: w.describe(),
+                age_ms: now.saturating_duration_since(w.since).as_millis() as u64,
+                peer: w.peer.map(|p| p.to_string()),
+                recovery: None,
+            });
+        }
+        let unnamed = self
+            .in_flight()
+            .saturating_sub(named)
+            .saturating_sub(stalled.len());
         for _ in 0..unnamed {
             out.push(Straggler {
                 kind: "request".to_owned(),

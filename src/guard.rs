@@ -69,6 +69,8 @@ pub(crate) struct Core {
     pub(crate) connections: AtomicUsize,
     pub(crate) after_flip: AfterFlip,
     requests: Mutex<Registry>,
+    /// Connections whose response bytes wait for a slow peer (`lameduck::serve`).
+    pub(crate) stalls: crate::stall::Stalls,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -84,6 +86,7 @@ impl Core {
             connections: AtomicUsize::new(0),
             after_flip: AfterFlip::default(),
             requests: Mutex::new(Registry::default()),
+            stalls: crate::stall::Stalls::default(),
         }))
     }
 
@@ -109,6 +112,18 @@ impl Core {
             },
             draining,
         )
+    }
+
+    /// Takes a guard that is not an arrival: no activity is recorded for the propagation
+    /// policy (a response waiting for its reader, a connection being polled).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the accept loop of the `http` feature
+    #[inline]
+    pub(crate) fn hold(&'static self) -> InFlightGuard {
+        self.counter.enter();
+        InFlightGuard {
+            core: self,
+            slot: NO_SLOT,
+        }
     }
 
     pub(crate) fn record_activity(&self) {

@@ -82,6 +82,7 @@ mod closers;
 mod counter;
 mod drain;
 mod error;
+mod exit;
 mod guard;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
@@ -91,6 +92,7 @@ mod phase;
 mod propagation;
 mod report;
 mod signal;
+mod stall;
 mod tasks;
 
 #[cfg(feature = "admin")]

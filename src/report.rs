@@ -126,9 +126,11 @@ pub struct AfterFlipReport {
 /// Work still running at the quiesce deadline.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Straggler {
-    /// `request` or `task`.
+    /// `request`, `task`, or `response` (a connection of `lameduck::serve` whose response
+    /// bytes were still waiting for the peer to read them).
     pub kind: String,
-    /// For a request `METHOD /path`; for a task its name.
+    /// For a request `METHOD /path`; for a task its name; for a response the peer and the
+    /// bytes written on its connection so far.
     pub name: String,
     /// Age at the deadline, in milliseconds (for requests that started before the drain and
     /// were described late, a lower bound: the drain's age).

@@ -31,10 +31,18 @@
 //!
 //! # Serving it
 //!
-//! Serve the admin router on its own listener with plain `axum::serve`, not with the drain's
-//! accept loop and not behind the drain's request layer: the admin listener must stay up until
-//! the process exits (probes keep coming during the drain), and a `/drain?wait=drained` request
-//! counted as in-flight work would wait for itself.
+//! Serve the admin endpoint on its own listener with [`AdminBuilder::serve`], not with the
+//! drain's accept loop and not behind the drain's request layer: the admin listener must stay
+//! up until the process exits (probes keep coming during the drain), and a
+//! `/drain?wait=drained` request counted as in-flight work would wait for itself.
+//!
+//! [`AdminBuilder::serve`] is built for hostile networks: an HTTP/1 header-read timeout (5 s)
+//! and a connection cap (64) that evicts the oldest connection with no request in progress, so
+//! slowloris connections cannot lock the probes out; and [`Drain::run`] does not return before
+//! every `/drain?wait=…` caller got its answer, fully written (bounded by the hard deadline).
+//! The router alone ([`Drain::admin_router`]) can be served by `axum::serve` too, without the
+//! timeout and the cap; `run` then waits until each `/drain` answer is handed to axum, not
+//! until it is written.
 //!
 //! ```
 //! use lameduck::{Drain, Signals};
@@ -42,8 +50,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let drain = Drain::builder().build()?;
 //! let listener = tokio::net::TcpListener::bind("0.0.0.0:9901").await?;
-//! let admin = drain.admin_router();
-//! tokio::spawn(async move { axum::serve(listener, admin).await });
+//! tokio::spawn(drain.admin().serve(listener));
 //! # Ok(()) }
 //! ```
 //!
@@ -81,9 +88,11 @@
 mod prestop;
 mod query;
 mod router;
+mod serve;
 
 pub use prestop::{prestop, prestop_blocking, PrestopError, PrestopOptions};
 pub use router::{AdminBuilder, Wait, ADMIN_TOKEN_ENV};
+pub use serve::{AdminServe, DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_MAX_CONNECTIONS};
 
 use crate::Drain;
 

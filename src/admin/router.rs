@@ -137,6 +137,8 @@ pub struct AdminBuilder {
     drain: Drain,
     token: TokenSetting,
     body_limit: usize,
+    header_read_timeout: Duration,
+    max_connections: usize,
     #[cfg(feature = "prometheus")]
     prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
@@ -151,7 +153,9 @@ impl fmt::Debug for AdminBuilder {
         };
         let mut d = f.debug_struct("AdminBuilder");
         d.field("token", &token)
-            .field("body_limit", &self.body_limit);
+            .field("body_limit", &self.body_limit)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("max_connections", &self.max_connections);
         #[cfg(feature = "prometheus")]
         d.field("prometheus", &self.prometheus.is_some());
         d.finish_non_exhaustive()
@@ -164,6 +168,8 @@ impl AdminBuilder {
             drain,
             token: TokenSetting::FromEnv,
             body_limit: DEFAULT_BODY_LIMIT,
+            header_read_timeout: super::DEFAULT_ADMIN_HEADER_READ_TIMEOUT,
+            max_connections: super::DEFAULT_ADMIN_MAX_CONNECTIONS,
             #[cfg(feature = "prometheus")]
             prometheus: None,
         }
@@ -216,6 +222,63 @@ impl AdminBuilder {
     pub fn prometheus(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
         self.prometheus = Some(handle);
         self
+    }
+
+    /// How long [`serve`](Self::serve) lets an HTTP/1 client take to send a complete request
+    /// head (default 5 s: probes send theirs at once). It also closes keep-alive connections
+    /// idle that long. Has no effect on [`router`](Self::router) served elsewhere.
+    pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.header_read_timeout = timeout;
+        self
+    }
+
+    /// The most connections [`serve`](Self::serve) keeps open (default 64; at least 1). At the
+    /// cap a new connection evicts the oldest one with no request in progress; it is refused
+    /// only when every open connection is busy. Has no effect on [`router`](Self::router)
+    /// served elsewhere.
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// Serves the admin router on `listener` until the process is about to exit, hardened for
+    /// hostile networks — use it instead of `axum::serve` for the admin port:
+    ///
+    /// * an HTTP/1 header-read timeout ([`header_read_timeout`](Self::header_read_timeout),
+    ///   5 s) and a connection cap ([`max_connections`](Self::max_connections), 64) whose
+    ///   eviction of the oldest idle connection keeps probes answering under a slowloris;
+    /// * every `/drain?wait=…` caller gets its answer, fully written, before
+    ///   [`Drain::run`](crate::Drain::run) returns (bounded by the hard deadline). With
+    ///   `axum::serve`, `run` waits until the answers are handed to the server, but the server
+    ///   may still be writing them when the process exits.
+    ///
+    /// The future resolves (`Ok`) when `run` is about to return; accept errors are logged and
+    /// retried with a short back-off, never returned. HTTP/1.1 and HTTP/2 (h2c) are served.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let drain = lameduck::Drain::builder().build()?;
+    /// let admin = tokio::net::TcpListener::bind("0.0.0.0:9901").await?;
+    /// tokio::spawn(drain.admin().serve(admin));
+    /// // ... serve the app ...
+    /// let report = drain.run().await; // returns once every admin answer is written
+    /// std::process::exit(report.exit_code);
+    /// # }
+    /// ```
+    pub fn serve(self, listener: tokio::net::TcpListener) -> super::AdminServe {
+        let drain = self.drain.clone();
+        let header_read_timeout = self.header_read_timeout;
+        let max_connections = self.max_connections;
+        super::AdminServe::new(
+            listener,
+            self.router(),
+            drain,
+            header_read_timeout,
+            max_connections,
+        )
     }
 
     /// Builds the router. The token setting is resolved now (the environment is read once).
@@ -503,6 +566,9 @@ async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
     let Some(target) = wait.phase() else {
         return Ok(status_json(StatusCode::ACCEPTED, &s.drain));
     };
+    // An answer is owed from now on: `Drain::run` does not return before the response body
+    // holding this token is handed to the server (or the caller went away).
+    let owed = s.drain.exit_holds().token();
     let reached = s.drain.reached(target);
     // The drain is driven by its own task: giving up the wait (or the client going away)
     // never stops it.
@@ -518,7 +584,12 @@ async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
     } else {
         StatusCode::GATEWAY_TIMEOUT
     };
-    Ok(status_json(code, &s.drain))
+    Ok(status_json(code, &s.drain).map(|body| {
+        Body::new(super::serve::Held {
+            inner: body,
+            _hold: owed,
+        })
+    }))
 }
 
 #[cfg(feature = "prometheus")]

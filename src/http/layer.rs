@@ -67,6 +67,16 @@ impl Drain {
 ///     in `call`; their age is reported as the drain's age (a lower bound), their peer is not
 ///     recorded, and a body that is never polled again stays unnamed.
 ///
+/// # What the layer can and cannot see
+///
+/// A request counts until its response body's last frame is handed to the server (or the body
+/// is dropped). The layer does not see the socket: bytes the server still holds for a client
+/// that reads slowly are not counted, so under `axum::serve` or another server a drain can
+/// report zero in flight while a large response is still being written. Under
+/// [`serve`](crate::serve) the connection counts them instead (until the kernel has accepted
+/// every byte) and names them at the quiesce deadline; see the
+/// [axum guide](crate::guide::axum#slow-readers).
+///
 /// # Upgraded connections
 ///
 /// A `101 Switching Protocols` response ends the HTTP exchange: its guard is released with its

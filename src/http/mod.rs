@@ -17,6 +17,7 @@
 mod body;
 mod conn;
 pub mod future;
+mod io;
 mod layer;
 mod line;
 mod serve;
@@ -26,6 +27,6 @@ mod stream;
 pub use body::DrainBody;
 pub use conn::ConnMeta;
 pub use layer::DrainLayer;
-pub use serve::{serve, Serve};
+pub use serve::{serve, Serve, DEFAULT_HEADER_READ_TIMEOUT};
 pub use service::DrainService;
 pub use stream::{EndOnStop, StreamStop};

@@ -7,7 +7,30 @@
 //! | Serving | accepts | keep-alive | normal |
 //! | Draining | **still accepts** | busy: `Connection: close` on the response (the layer); idle: left open | open before the trigger: GOAWAY at once, in-flight streams finish; opened during the drain: left open |
 //! | StoppedAccepting | closed | idle ones closed now, busy ones after their response | GOAWAY to those opened during the drain |
+//! | Closing (nothing in flight) | — | never sent a complete request head: closed | same |
 //! | quiesce deadline | — | force-closed | force-closed |
+//!
+//! A connection that has not sent a byte is closed at `stopped_accepting` like an idle one; one
+//! that sent part of a first request head and stalls (slowloris) is bounded by the header-read
+//! timeout and closed at the latest when the drain has nothing left in flight, so it cannot keep
+//! [`serve`] from returning.
+//!
+//! # In flight until the response has left
+//!
+//! Each connection's socket is wrapped so that a connection whose response bytes could not all
+//! be handed to the socket (a slow or stalled reader: the kernel's send queue is full) counts
+//! as in-flight work until hyper's flush completes. The drain's `in_flight_zero` therefore
+//! waits for those bytes; at the quiesce deadline the connection is named as a `response`
+//! straggler (peer, bytes written on the connection) and cut. Writes that complete at once cost
+//! one addition to a plain field.
+//!
+//! HTTP/2 queues a response's data behind the peer's flow-control window, where the socket never
+//! sees it; so an HTTP/2 connection also counts as in flight from its GOAWAY until it closes
+//! (hyper closes it once every stream has sent everything). Connections opened before the
+//! drain get their GOAWAY at the trigger, so this covers them from the start; one opened during
+//! the drain is counted from `stopped_accepting`, when its GOAWAY goes out. While draining, each poll of a connection also holds a guard
+//! for its duration, so that the moment a body's last frame is handed to hyper and the moment
+//! its bytes fail to go out cannot leave a gap in which nothing is counted.
 //!
 //! Idle HTTP/1 connections are not closed at the trigger: closing an idle pooled socket races
 //! with the client's next request on it, and a request lost in that race is a client error.
@@ -29,7 +52,7 @@ use std::time::Duration;
 use http::{Request, Response, Version};
 use http_body::Body;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
@@ -40,12 +63,16 @@ use crate::guard::Core;
 use crate::{Drain, Phase};
 
 use super::conn::{ConnMeta, PROTO_H1, PROTO_H2, PROTO_UNKNOWN};
+use super::io::{Pending, WatchedIo};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// First back-off after a failed `accept` (EMFILE and friends); doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The default HTTP/1 header-read timeout of [`serve`]: see [`Serve::header_read_timeout`].
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// Serves `service` on `listener` until the drain is over: HTTP/1.1 and HTTP/2 (prior
 /// knowledge, h2c) on one port, with upgrades (WebSocket).
@@ -63,6 +90,18 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 ///   logged, and the loop backs off briefly (10 ms doubling to 1 s) and continues.
 /// * Attaches a [`ConnMeta`] to every request (one extension insert per request, the same
 ///   cost as axum's `ConnectInfo`). Sets `TCP_NODELAY` on accepted sockets.
+/// * Counts a connection whose response bytes wait for a slow reader as in flight until they
+///   have been handed to the socket, and names it as a `response` straggler at the quiesce
+///   deadline (an HTTP/2 connection from its GOAWAY until it closes, for data queued behind
+///   flow control); the layer alone cannot see those bytes (see
+///   [`DrainLayer`](crate::DrainLayer#what-the-layer-can-and-cannot-see)). While draining, a
+///   connection also counts as one in flight for the duration of each poll (so
+///   [`Drain::in_flight`] read by an HTTP/1 handler then includes its own connection): the
+///   instant a body's last frame is handed over and the instant its bytes fail to go out are
+///   one poll apart, and nothing may look finished in between.
+/// * Bounds HTTP/1 header reads ([`Serve::header_read_timeout`], default 75 s) and closes
+///   connections that never delivered a complete request head once the drain has nothing in
+///   flight, so slowloris connections cannot hold it open.
 ///
 /// `serve` does not count requests itself: wrap the service with [`Drain::layer`]. The
 /// returned future resolves to `Ok(())`; it never fails on accept errors.
@@ -114,6 +153,7 @@ where
             service,
             drain: drain.clone(),
             keep_listening: false,
+            header_read_timeout: Some(DEFAULT_HEADER_READ_TIMEOUT),
         }),
         running: None,
     }
@@ -133,6 +173,7 @@ struct Setup<S> {
     service: S,
     drain: Drain,
     keep_listening: bool,
+    header_read_timeout: Option<Duration>,
 }
 
 // `Serve` never pins `S` or the listener in place: they are moved into the boxed future on the
@@ -148,6 +189,35 @@ impl<S> Serve<S> {
     pub fn keep_listening_after_stop(mut self) -> Self {
         if let Some(setup) = &mut self.setup {
             setup.keep_listening = true;
+        }
+        self
+    }
+
+    /// How long an HTTP/1 client may take to send a complete request head (default
+    /// [`DEFAULT_HEADER_READ_TIMEOUT`], 75 s); `None` disables the limit. A connection that
+    /// exceeds it is closed.
+    ///
+    /// hyper runs this timer whenever an HTTP/1 connection waits for a request head, including
+    /// between requests: it is also the idle timeout of keep-alive connections. Keep it above
+    /// the idle timeout of the load balancers and proxies in front (their pooled connections
+    /// would otherwise be closed under them, racing their next request); 75 s is above the
+    /// common 60 s defaults. HTTP/2 connections are not affected.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(drain: lameduck::Drain, app: axum::Router) -> std::io::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+    /// lameduck::serve(listener, app, &drain)
+    ///     .header_read_timeout(Duration::from_secs(620)) // behind a proxy that pools for 600 s
+    ///     .await
+    /// # }
+    /// ```
+    pub fn header_read_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
+        if let Some(setup) = &mut self.setup {
+            setup.header_read_timeout = timeout.into();
         }
         self
     }
@@ -211,15 +281,23 @@ where
         service,
         drain,
         keep_listening,
+        header_read_timeout,
     } = setup;
     drain.mark_started();
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    if let Some(t) = header_read_timeout {
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(t);
+    }
     // Extended CONNECT, so WebSockets work over HTTP/2 too.
     builder.http2().enable_connect_protocol();
     let tokens = Tokens {
         drain: drain.drain_token(),
         idle_close: CancellationToken::new(),
         deadline: drain.deadline_token(),
+        closing: CancellationToken::new(),
     };
     let tracker = TaskTracker::new();
     let mut backoff = MIN_BACKOFF;
@@ -262,7 +340,15 @@ where
     );
     tokens.idle_close.cancel();
     tracker.close();
-    tracker.wait().await;
+    tokio::select! {
+        () = tracker.wait() => {}
+        () = drain.reached(Phase::Closing) => {
+            // Nothing is in flight any more: connections still waiting for a first request
+            // head (slowloris, or a client that connected and went quiet) hold nothing.
+            tokens.closing.cancel();
+            tracker.wait().await;
+        }
+    }
     Ok(())
 }
 
@@ -284,6 +370,8 @@ struct Tokens {
     idle_close: CancellationToken,
     /// Quiesce deadline: force-close.
     deadline: CancellationToken,
+    /// Closing (nothing in flight): close connections that never delivered a request head.
+    closing: CancellationToken,
 }
 
 /// Keeps `Drain::connections` exact even if a connection task panics or is aborted.
@@ -335,17 +423,19 @@ impl ConnTask {
         B::Error: Into<BoxError>,
     {
         let Self {
-            counted: _counted,
+            counted,
             meta,
             tokens,
         } = self;
         // Best effort: responses are small writes that should not wait for Nagle.
         let _ = stream.set_nodelay(true);
+        let core = counted.0;
+        let io = WatchedIo::new(stream, core, meta.id(), meta.peer());
         let svc = ConnService {
             inner: svc,
             meta: meta.clone(),
         };
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
         let mut conn = pin!(conn);
         // A connection that arrives while draining came from a client (or proxy) that still
         // routes here; a GOAWAY right after its first request would only make it reconnect for
@@ -355,19 +445,28 @@ impl ConnTask {
         let mut draining = accepted_while_draining;
         let mut shutdown_sent = false;
         let mut idle_closed = false;
+        // An HTTP/2 connection after its GOAWAY: in flight until it closes (see `Pending`).
+        let mut h2_closing: Option<Pending> = None;
         loop {
             let proto = meta.proto();
             if draining && !shutdown_sent && proto == PROTO_H2 && !accepted_while_draining {
                 tracing::debug!(conn = meta.id(), "lameduck: GOAWAY to HTTP/2 connection");
                 conn.as_mut().graceful_shutdown();
                 shutdown_sent = true;
+                h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
             }
             // `select!` polls every enabled branch on each wake-up of this task — about once
             // per request — and each poll of a `cancelled()` future locks its token. The stop
             // and deadline tokens fire only after the drain token (the drain's order), so while
             // Serving only the drain token is polled.
+            // While draining, each poll holds a guard (see the module docs), so the last frame
+            // of a body and a write that then stalls are never both uncounted.
+            let held = HeldWhilePolled {
+                fut: conn.as_mut(),
+                core: draining.then_some(core),
+            };
             tokio::select! {
-                res = conn.as_mut() => {
+                res = held => {
                     if let Err(e) = res {
                         tracing::debug!(conn = meta.id(), error = %e, "lameduck: connection ended with an error");
                     }
@@ -381,14 +480,39 @@ impl ConnTask {
                         // HTTP/1: closes now if idle, after the current response if busy.
                         conn.as_mut().graceful_shutdown();
                         shutdown_sent = true;
+                        if meta.proto() == PROTO_H2 {
+                            h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
+                        }
                     }
                 }
                 () = tokens.deadline.cancelled(), if draining => {
                     tracing::debug!(conn = meta.id(), "lameduck: quiesce deadline; force-closing connection");
                     break;
                 }
+                () = tokens.closing.cancelled(), if idle_closed && meta.requests() == 0 => {
+                    tracing::debug!(conn = meta.id(), "lameduck: no request head by the end of the drain; closing connection");
+                    break;
+                }
             }
         }
+        drop(h2_closing);
+        drop(counted);
+    }
+}
+
+/// Polls `fut` holding an in-flight guard for the duration of each poll, when `core` is set.
+struct HeldWhilePolled<'a, F> {
+    fut: Pin<&'a mut F>,
+    core: Option<&'static Core>,
+}
+
+impl<F: Future> Future for HeldWhilePolled<'_, F> {
+    type Output = F::Output;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let _held = self.core.map(Core::hold);
+        self.fut.as_mut().poll(cx)
     }
 }
 

@@ -1,0 +1,82 @@
+//! Work that must end before the process exits: answers owed to admin callers.
+//!
+//! # Invariants
+//!
+//! * A `/drain?wait=…` caller holds a token from the moment it starts waiting until its
+//!   response body is dropped (handed to the server, or the client went away); connections of
+//!   [`AdminBuilder::serve`](crate::admin::AdminBuilder::serve) are tracked for their whole life.
+//! * [`Drain::run`](crate::Drain::run) fires `exiting` as its last step (after `Done`, and after
+//!   SIGTERM in the `preStop` case), then waits until nothing is tracked — bounded by the hard
+//!   deadline, or one second when that has already passed. Admin connections stop accepting and
+//!   close idle connections when `exiting` fires, and finish the responses they are writing.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tokio_util::task::TaskTracker;
+
+use crate::Drain;
+
+/// How long `run` waits for admin answers when the hard deadline has already passed (a drain
+/// that finished after a `preStop` call and then waited for SIGTERM).
+const LATE_EXIT_WAIT: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Default)]
+pub(crate) struct ExitHolds {
+    tracker: TaskTracker,
+    exiting: CancellationToken,
+}
+
+#[cfg_attr(not(feature = "admin"), allow(dead_code))] // used by the admin router and its server
+impl ExitHolds {
+    /// Counts one answer owed until the token is dropped.
+    pub(crate) fn token(&self) -> TaskTrackerToken {
+        self.tracker.token()
+    }
+
+    /// Runs `fut` as owed work.
+    pub(crate) fn spawn<F>(&self, fut: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tracker.spawn(fut);
+    }
+
+    /// Fires when the process is about to exit.
+    pub(crate) fn exiting(&self) -> &CancellationToken {
+        &self.exiting
+    }
+}
+
+impl Drain {
+    /// The last step of `run`: lets admin servers finish what they owe, bounded.
+    pub(crate) async fn settle_before_exit(&self) {
+        let holds = &self.inner.exit;
+        holds.exiting.cancel();
+        holds.tracker.close();
+        if holds.tracker.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let until = self
+            .hard_deadline()
+            .filter(|hard| *hard > now)
+            .unwrap_or(now + LATE_EXIT_WAIT);
+        if tokio::time::timeout_at(until, holds.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                owed = holds.tracker.len(),
+                "lameduck: admin answers still owed at the hard deadline; exiting anyway"
+            );
+        }
+    }
+
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // used by the admin router and its server
+    pub(crate) fn exit_holds(&self) -> &ExitHolds {
+        &self.inner.exit
+    }
+}

@@ -1,0 +1,527 @@
+//! Hostile networks, over real sockets on 127.0.0.1: slow readers, slowloris connections on the
+//! service and admin ports, and `/drain` callers at exit.
+#![cfg(feature = "admin")]
+
+mod common;
+
+use std::time::Duration;
+
+use axum::routing::get;
+use common::*;
+use lameduck::{EventKind, Outcome, Phase, Propagation, Trigger};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// Larger than anything the kernel can queue between the two sockets (send queue at most
+/// `tcp_wmem` max, 4 MiB by default, plus the client's small receive buffer).
+const BIG: usize = 32 << 20;
+
+fn big_app(drain: &lameduck::Drain) -> axum::Router {
+    axum::Router::new()
+        .route("/big", get(|| async { vec![b'x'; BIG] }))
+        .layer(drain.layer())
+}
+
+/// A client with a 4 KiB receive buffer that asks for `/big` and reads nothing yet.
+async fn slow_client(addr: std::net::SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /big HTTP/1.1\r\nhost: test\r\n\r\n")
+        .await
+        .unwrap();
+    stream
+}
+
+/// Reads the response head, then body bytes until `until` of them arrived or the connection
+/// ends; returns the body bytes read. Bounded by the response's size.
+async fn read_body(stream: &mut TcpStream, head_done: &mut bool, until: usize) -> usize {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut body = 0usize;
+    let mut head = Vec::new();
+    while body < until {
+        let n = match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if *head_done {
+            body += n;
+        } else {
+            head.extend_from_slice(&buf[..n]);
+            if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                *head_done = true;
+                body += head.len() - (end + 4);
+            }
+        }
+    }
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
+    // grace 4 s: quiesce deadline ≈ 3.2 s after the trigger.
+    let drain = drain(
+        Duration::from_secs(4),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (listener, addr) = bind().await;
+    let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
+
+    let mut client = slow_client(addr).await;
+    let client_addr = client.local_addr().unwrap().to_string();
+    // The body was handed to hyper at once; its bytes are stuck behind the client.
+    eventually("the stalled response counts as in flight", || {
+        drain.in_flight() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(drain.in_flight(), 1, "still in flight while nobody reads");
+
+    assert!(drain.start(Trigger::Api));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert!(
+        !report
+            .timeline
+            .iter()
+            .any(|e| e.event == EventKind::InFlightZero),
+        "in_flight_zero recorded while the response had not left: {:?}",
+        report.timeline
+    );
+    let straggler = report
+        .stragglers
+        .iter()
+        .find(|s| s.kind == "response")
+        .unwrap_or_else(|| panic!("the response is named: {:?}", report.stragglers));
+    assert_eq!(straggler.peer.as_deref(), Some(client_addr.as_str()));
+    assert!(
+        straggler.name.contains(&client_addr) && straggler.name.contains("bytes written"),
+        "{}",
+        straggler.name
+    );
+    assert!(
+        !report
+            .stragglers
+            .iter()
+            .any(|s| s.name.contains("undescribed")),
+        "{:?}",
+        report.stragglers
+    );
+    within("serve returns", server).await.unwrap().unwrap();
+
+    // The connection was cut: the client gets less than the whole body.
+    let mut head_done = false;
+    let got = within(
+        "client sees the cut",
+        read_body(&mut client, &mut head_done, BIG),
+    )
+    .await;
+    assert!(got < BIG, "the client got the whole body ({got} bytes)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (listener, addr) = bind().await;
+    let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
+
+    let mut client = slow_client(addr).await;
+    eventually("the stalled response counts as in flight", || {
+        drain.in_flight() == 1
+    })
+    .await;
+    assert!(drain.start(Trigger::Api));
+    within("stopped accepting", drain.reached(Phase::StoppedAccepting)).await;
+
+    // Half the body read: more than the kernel can hold is still in the server's hands.
+    let mut head_done = false;
+    let first = within(
+        "half the body",
+        read_body(&mut client, &mut head_done, BIG / 2),
+    )
+    .await;
+    assert!(
+        first >= BIG / 2,
+        "connection ended early after {first} bytes"
+    );
+    assert!(
+        !has_event(&drain, EventKind::InFlightZero),
+        "in_flight_zero before the client had the response"
+    );
+    assert!(drain.in_flight() >= 1);
+
+    let rest = within(
+        "the rest of the body",
+        read_body(&mut client, &mut head_done, BIG - first),
+    )
+    .await;
+    assert_eq!(first + rest, BIG, "the client got the whole body");
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    assert!(report.stragglers.is_empty());
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_response_stuck_behind_flow_control_is_in_flight_and_named() {
+    let drain = drain(
+        Duration::from_secs(4),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (listener, addr) = bind().await;
+    let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
+
+    // The client takes the head and never reads the body: once its stream window is full the
+    // rest of the body waits in the server's HTTP/2 send queue, which the socket never sees.
+    let (mut client, _client_conn) = h2(addr).await;
+    let res = send2(&mut client, "/big").await.unwrap();
+    assert_eq!(res.status(), http::StatusCode::OK);
+    let _unread = res.into_body();
+
+    assert!(drain.start(Trigger::Api));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert!(
+        !report
+            .timeline
+            .iter()
+            .any(|e| e.event == EventKind::InFlightZero),
+        "in_flight_zero recorded while the response had not left: {:?}",
+        report.timeline
+    );
+    let straggler = report
+        .stragglers
+        .iter()
+        .find(|s| s.kind == "response")
+        .unwrap_or_else(|| panic!("the connection is named: {:?}", report.stragglers));
+    assert!(straggler.name.contains("HTTP/2"), "{}", straggler.name);
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+/// Partial request heads that are never finished.
+async fn slowloris(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /conn HTTP/1.1\r\nhost: test\r\nx-slow: ")
+            .await
+            .unwrap();
+        out.push(s);
+    }
+    out
+}
+
+/// `true` once the server closed the connection (EOF or reset).
+async fn closed_by_server(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return true,
+            Ok(_) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() {
+    // grace 30 s: the quiesce deadline (≈ 24 s) is past PATIENCE, so only a clean end passes.
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+    let mut loris = slowloris(addr, 20).await;
+    let mut silent = Vec::new();
+    for _ in 0..5 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    eventually("all connections accepted", || drain.connections() == 25).await;
+
+    assert!(drain.start(Trigger::Api));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    within("serve returns", server).await.unwrap().unwrap();
+    assert_eq!(drain.connections(), 0);
+    for s in loris.iter_mut().chain(silent.iter_mut()) {
+        assert!(within("connection closed", closed_by_server(s)).await);
+    }
+}
+
+#[tokio::test]
+async fn silent_connections_close_at_stopped_accepting_and_partial_heads_once_nothing_is_in_flight()
+{
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut loris = slowloris(addr, 1).await.pop().unwrap();
+    // A request in flight keeps the drain in StoppedAccepting for a while.
+    let (mut busy, _busy_conn) = h1(addr).await;
+    let slow = tokio::spawn(async move { text(send1(&mut busy, "/slow/2500").await).await });
+    eventually("slow request in flight", || drain.in_flight() == 1).await;
+
+    assert!(drain.start(Trigger::Api));
+    assert!(within("silent connection closed", closed_by_server(&mut silent)).await);
+    assert_eq!(
+        drain.phase(),
+        Phase::StoppedAccepting,
+        "a connection that never sent a byte closes at stopped_accepting"
+    );
+    assert!(within("slowloris closed", closed_by_server(&mut loris)).await);
+    assert!(
+        drain.phase() >= Phase::Closing,
+        "a partial head is closed only once nothing is in flight"
+    );
+    let (status, _, body) = within("slow request", slow).await.unwrap();
+    assert_eq!((status, body.as_str()), (http::StatusCode::OK, "slow done"));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    within("serve returns", server).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn the_header_read_timeout_closes_a_slowloris_connection_while_serving() {
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (listener, addr) = bind().await;
+    let app = app(&drain, Probe::default()).layer(drain.layer());
+    let _server = tokio::spawn(
+        lameduck::serve(listener, app, &drain).header_read_timeout(Duration::from_millis(500)),
+    );
+    let mut loris = slowloris(addr, 3).await;
+    for s in &mut loris {
+        assert!(within("slowloris connection closed", closed_by_server(s)).await);
+    }
+    assert_eq!(drain.phase(), Phase::Serving);
+    // A well-behaved client is still served.
+    let (mut c, _conn) = h1(addr).await;
+    let (status, _, _) = text(send1(&mut c, "/conn").await).await;
+    assert_eq!(status, http::StatusCode::OK);
+}
+
+// ---- the admin port ----
+
+/// One `GET` on a fresh connection with `Connection: close`; the raw answer (status code and
+/// body), or `None` when the connection was cut before a complete response (the body shorter
+/// than its `Content-Length`, or no head at all).
+async fn raw_get(addr: std::net::SocketAddr, target: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET {target} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    // Bounded by the server closing the connection (Connection: close).
+    let _ = s.read_to_end(&mut raw).await;
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..end]).ok()?;
+    let code: u16 = head.split(' ').nth(1)?.parse().ok()?;
+    let len: usize = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse().ok())?
+    })?;
+    let body = &raw[end + 4..];
+    (body.len() == len).then(|| (code, String::from_utf8_lossy(body).into_owned()))
+}
+
+async fn admin_server(drain: &lameduck::Drain, cap: usize) -> std::net::SocketAddr {
+    let (listener, addr) = bind().await;
+    tokio::spawn(
+        drain
+            .admin()
+            .without_token()
+            .max_connections(cap)
+            // Longer than the test: only the cap's eviction can free a slot.
+            .header_read_timeout(Duration::from_secs(60))
+            .serve(listener),
+    );
+    addr
+}
+
+#[tokio::test]
+async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(1500)),
+    );
+    drain.mark_started();
+    let addr = admin_server(&drain, 8).await;
+
+    // A preStop caller waiting for the drain: busy, never evicted.
+    let waiter = tokio::spawn(async move { raw_get(addr, "/drain?wait=drained").await });
+    eventually("drain started", || drain.is_draining()).await;
+
+    let mut loris = slowloris(addr, 40).await;
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // Every probe gets its answer, on a port flooded far past its cap.
+    for _ in 0..20 {
+        let (code, body) = within("readyz answers", raw_get(addr, "/readyz"))
+            .await
+            .expect("a complete /readyz answer");
+        assert_eq!((code, body.as_str()), (503, "draining"));
+    }
+    // The cap held: all but the newest few slow connections were evicted.
+    let mut evicted = 0;
+    for s in loris.iter_mut().chain(silent.iter_mut()) {
+        let mut b = [0u8; 16];
+        match tokio::time::timeout(Duration::from_millis(50), s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => evicted += 1,
+            _ => {}
+        }
+    }
+    assert!(
+        evicted >= 50 - 8,
+        "only {evicted} of 50 slow connections evicted"
+    );
+
+    let (code, body) = within("the waiter's answer", waiter)
+        .await
+        .unwrap()
+        .expect("the waiting /drain caller got a complete answer");
+    assert_eq!(code, 200);
+    assert!(body.contains("\"phase\":\"done\""), "{body}");
+}
+
+#[tokio::test]
+async fn the_admin_header_read_timeout_closes_slow_heads() {
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(300)),
+    );
+    let (listener, addr) = bind().await;
+    tokio::spawn(
+        drain
+            .admin()
+            .header_read_timeout(Duration::from_millis(300))
+            .serve(listener),
+    );
+    let mut loris = slowloris(addr, 3).await;
+    for s in &mut loris {
+        assert!(within("slow head closed", closed_by_server(s)).await);
+    }
+    let (code, _) = raw_get(addr, "/livez").await.expect("livez answers");
+    assert_eq!(code, 200);
+}
+
+// ---- /drain callers at exit, through the example service ----
+
+/// The `service` example, built by `cargo test --all-features` next to this test binary.
+fn service_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("service");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo test --all-features` (or `cargo build --example service`) first",
+        bin.display()
+    );
+    bin
+}
+
+struct Service(std::process::Child);
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_waiting_drain_caller_is_answered_before_the_process_exits() {
+    use std::io::BufRead;
+
+    let mut child = std::process::Command::new(service_bin())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--grace-period",
+            "10s",
+            "--quiet",
+            "300ms",
+            "--min",
+            "300ms",
+            "--max",
+            "2s",
+        ])
+        .env_remove("LAMEDUCK_ADMIN_TOKEN")
+        .env_remove("LAMEDUCK_GRACE_PERIOD")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut service = Service(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    let admin: std::net::SocketAddr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("admin="))
+        .unwrap_or_else(|| panic!("no READY line: {line:?}"))
+        .parse()
+        .unwrap();
+    // Ready once the warm-up gate opened.
+    within("service ready", async {
+        while raw_get(admin, "/readyz").await.map(|a| a.0) != Some(200) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    let callers: Vec<_> = (0..50)
+        .map(|_| tokio::spawn(async move { raw_get(admin, "/drain?wait=drained").await }))
+        .collect();
+    // Every caller is waiting (the first call started the drain), then SIGTERM.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &service.0.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -TERM failed");
+
+    let mut cut = 0;
+    for c in callers {
+        match within("a /drain caller", c).await.unwrap() {
+            Some((code, body)) => {
+                assert_eq!(code, 200, "{body}");
+                assert!(body.contains("\"phase\":\"done\""), "{body}");
+            }
+            None => cut += 1,
+        }
+    }
+    assert_eq!(
+        cut, 0,
+        "{cut} of 50 /drain callers were cut instead of answered"
+    );
+    let status = within("service exits", async {
+        loop {
+            if let Some(s) = service.0.try_wait().unwrap() {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(status.code(), Some(0));
+}
