@@ -27,6 +27,6 @@ mod stream;
 pub use body::DrainBody;
 pub use conn::ConnMeta;
 pub use layer::DrainLayer;
-pub use serve::{serve, Serve, DEFAULT_HEADER_READ_TIMEOUT};
+pub use serve::{serve, Serve, SUGGESTED_HEADER_READ_TIMEOUT};
 pub use service::DrainService;
 pub use stream::{EndOnStop, StreamStop};

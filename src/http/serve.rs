@@ -71,8 +71,10 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 const MIN_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// The default HTTP/1 header-read timeout of [`serve`]: see [`Serve::header_read_timeout`].
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
+/// A header-read timeout for [`Serve::header_read_timeout`] when the port faces clients you do
+/// not trust: above the common 60 s idle timeouts of load balancers, so their pooled
+/// connections are not closed under them. Not the default: see the setter.
+pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// Serves `service` on `listener` until the drain is over: HTTP/1.1 and HTTP/2 (prior
 /// knowledge, h2c) on one port, with upgrades (WebSocket).
@@ -153,7 +155,7 @@ where
             service,
             drain: drain.clone(),
             keep_listening: false,
-            header_read_timeout: Some(DEFAULT_HEADER_READ_TIMEOUT),
+            header_read_timeout: None,
         }),
         running: None,
     }
@@ -193,9 +195,16 @@ impl<S> Serve<S> {
         self
     }
 
-    /// How long an HTTP/1 client may take to send a complete request head (default
-    /// [`DEFAULT_HEADER_READ_TIMEOUT`], 75 s); `None` disables the limit. A connection that
-    /// exceeds it is closed.
+    /// How long an HTTP/1 client may take to send a complete request head; `None` (the
+    /// default, as with hyper and `axum::serve` without a timer) sets no limit. A connection
+    /// that exceeds it is closed.
+    ///
+    /// Off by default because of its price: hyper (1.12) allocates and registers a timer for
+    /// every request head, about +2,200 instructions and one allocation per request (measured
+    /// with `benches/callgrind.sh`, see BENCHMARKS.md). Without it a client that never finishes
+    /// its head still cannot hold up a drain: connections that never sent a byte close at
+    /// `stopped_accepting`, and half-sent heads at Closing. Set it when the port faces clients
+    /// you do not trust ([`SUGGESTED_HEADER_READ_TIMEOUT`], 75 s).
     ///
     /// hyper runs this timer whenever an HTTP/1 connection waits for a request head, including
     /// between requests: it is also the idle timeout of keep-alive connections. Keep it above
