@@ -105,10 +105,11 @@ pub mod guide;
 pub mod metrics;
 
 pub use advice::{advise, Advice, AdviceLevel};
-pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV};
+pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions, CloserResult};
 pub use drain::{
     Drain, DrainBuilder, Readiness, ReadinessWhileDraining, StartupGate, Status, TaskContext,
+    STATUS_TIMELINE_LIMIT,
 };
 pub use error::ConfigError;
 pub use guard::InFlightGuard;
@@ -121,9 +122,9 @@ pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
 pub use report::{
     AfterFlipReport, BudgetReport, DrainReport, Outcome, PeerCount, PodInfo, PolicyReport,
-    Straggler, TERMINATION_LOG_LIMIT,
+    SignalReceipt, StopSignalWait, Straggler, TERMINATION_LOG_LIMIT,
 };
-pub use signal::Signals;
+pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
 pub use tasks::TaskEnd;
 
 #[cfg(feature = "admin")]
