@@ -503,6 +503,12 @@ impl Sinks {
         }
         if !text.is_empty() {
             if let Err(e) = stderr_bounded(text, STDERR_WAIT) {
+                // The file is the durable sink: rewrite it so it names the stalled stderr.
+                if let (Some(path), false) = (&self.file, out.file_failed) {
+                    let mut r = report.clone();
+                    r.sink_errors.push(e.clone());
+                    let _ = write_report_file(path, &format!("{}\n", r.to_json()));
+                }
                 out.errors.push(e);
             }
         }
