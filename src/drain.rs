@@ -136,6 +136,11 @@ impl DrainBuilder {
     }
 
     /// Also write the final report (one JSON line) to this file.
+    ///
+    /// The file is replaced atomically (a temporary file in the same directory, synced, then
+    /// renamed), so a crash leaves the previous report or the new one, never a truncated file;
+    /// a device or FIFO (`/dev/stdout`) is written in place. If it cannot be written, the
+    /// error is said on stderr, recorded in the report's `sink_errors`, and the exit code is 1.
     pub fn report_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.sinks.file = Some(path.into());
         self

@@ -97,9 +97,20 @@ impl std::str::FromStr for StopSignal {
 /// Which OS signals the coordinator listens to, set with
 /// [`DrainBuilder::signals`](crate::DrainBuilder::signals).
 ///
-/// The stop signal (see [`StopSignal`]; default env `LAMEDUCK_STOP_SIGNAL`, else SIGTERM) and
-/// SIGTERM and SIGINT start the drain; a SIGQUIT that is not the stop signal, and any second
-/// signal, force the exit.
+/// | signal                                  | first signal      | any second signal |
+/// |-----------------------------------------|-------------------|-------------------|
+/// | the stop signal (default SIGTERM)       | starts the drain  | exit now (forced) |
+/// | SIGTERM, SIGINT                         | starts the drain  | exit now (forced) |
+/// | SIGQUIT, when it is not the stop signal | exit now (forced) | exit now (forced) |
+///
+/// The stop signal is [`StopSignal`]: set here, else env `LAMEDUCK_STOP_SIGNAL`, else SIGTERM.
+/// A signal after a `preStop` hook started the drain is the *first* signal: it forces
+/// nothing, it lets [`Drain::run`](crate::Drain::run) return.
+///
+/// Signals are received on a plain thread (not on the runtime), so the budget counts from
+/// their receipt even when the runtime is starved; and once a signal has started the drain, a
+/// watchdog thread writes a `forced` report (cause `runtime starved`) and exits with code 1
+/// if the drain is not done half a safety margin past the hard deadline.
 ///
 /// # Examples
 ///
