@@ -1459,8 +1459,12 @@ impl Drain {
     async fn drive(self, origin: Instant) {
         let inner = &self.inner;
         let budget = inner.budget;
-        let quiesce = origin + budget.quiesce_deadline();
-        let hard = origin + budget.hard_deadline();
+        // `build` proved `now + grace` representable; should the clock still refuse, the
+        // deadline is now (the drain ends early, named) rather than a panic in the driver.
+        let quiesce = origin
+            .checked_add(budget.quiesce_deadline())
+            .unwrap_or(origin);
+        let hard = origin.checked_add(budget.hard_deadline()).unwrap_or(origin);
         let hurry_at = quiesce
             .checked_sub(inner.hurry_lead)
             .unwrap_or(origin)

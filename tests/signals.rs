@@ -12,6 +12,8 @@ use lameduck::{Drain, DrainReport, EventKind, Outcome, Propagation, Signals, Sto
 const CHILD_ENV: &str = "LAMEDUCK_SIGNAL_CHILD";
 /// The report file a child writes, for the scenarios that use one.
 const REPORT_ENV: &str = "LAMEDUCK_TEST_REPORT_FILE";
+/// The termination log a child writes, for the scenarios that use one.
+const TERMINATION_LOG_ENV: &str = "LAMEDUCK_TEST_TERMINATION_LOG";
 
 /// Child side: build a coordinator, announce readiness, run, exit with the report's code.
 fn child_main(scenario: &str) -> ! {
@@ -35,6 +37,9 @@ fn child_main(scenario: &str) -> ! {
             .termination_log(None);
         if let Ok(path) = std::env::var(REPORT_ENV) {
             builder = builder.report_file(path);
+        }
+        if let Ok(path) = std::env::var(TERMINATION_LOG_ENV) {
+            builder = builder.termination_log(Some(path.into()));
         }
         if scenario == "stop-quit-builder" {
             builder = builder.signals(Signals::default().stop_signal(StopSignal::Sigquit));
@@ -484,10 +489,16 @@ fn the_report_file_is_replaced_atomically_with_the_final_report() {
     }
     let path = report_path("final.json");
     std::fs::write(&path, "the previous report\n").unwrap();
+    // Kubernetes creates the termination log; lameduck only writes an existing one.
+    let tlog = report_path("termination-log");
+    std::fs::write(&tlog, "").unwrap();
     let p = spawn_with(
         "the_report_file_is_replaced_atomically_with_the_final_report",
         "report-file",
-        &[(REPORT_ENV, path.to_str().unwrap())],
+        &[
+            (REPORT_ENV, path.to_str().unwrap()),
+            (TERMINATION_LOG_ENV, tlog.to_str().unwrap()),
+        ],
     );
     kill(&p, "-TERM");
     let (code, _, stderr_report) = wait(p, Duration::from_secs(20));
@@ -503,5 +514,14 @@ fn the_report_file_is_replaced_atomically_with_the_final_report() {
         .filter(|n| n.contains("final.json") && n != "final.json")
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+    // The termination log is the summary of the same final report: it ends with the exit.
+    let summary = std::fs::read_to_string(&tlog).unwrap();
+    let last = summary.lines().last().unwrap_or_default();
+    assert!(last.ends_with(" exit code=0"), "{summary}");
+    assert!(
+        summary.contains("drain_started trigger=sigterm"),
+        "{summary}"
+    );
     let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&tlog);
 }
