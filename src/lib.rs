@@ -30,7 +30,7 @@
 //! drain.on_close("database", || async { Ok::<_, std::io::Error>(()) });
 //!
 //! # drain.start(Trigger::Api);
-//! let report = drain.run().await; // waits for SIGTERM/SIGINT (or /drain), then drains
+//! let report = drain.run().await; // waits for the stop signal (or /drain), then drains
 //! # assert_eq!(report.exit_code, 0);
 //! // Return it from `main` (`-> Result<DrainReport, _>`) to exit with its code after
 //! // destructors ran.

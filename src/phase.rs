@@ -109,7 +109,8 @@ pub enum CommitReason {
     Fixed,
     /// The quiesce deadline arrived first.
     Deadline,
-    /// The drain was forced (second SIGINT, SIGQUIT, [`Drain::force`](crate::Drain::force)).
+    /// The drain was forced (a second signal, a SIGQUIT that is not the stop signal,
+    /// [`Drain::force`](crate::Drain::force)).
     Forced,
 }
 
