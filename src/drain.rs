@@ -936,10 +936,11 @@ impl Drain {
     /// receipt as its origin (or record it), let `run` return after a `preStop` drain, and
     /// force the exit when the signal table says so.
     pub(crate) fn on_signal(&self, trigger: Trigger, receipt: Receipt, force: bool) {
+        let origin = Instant::from_std(receipt.at);
+        // Recorded before `run` is woken, so the report it completes holds this signal.
+        self.start_at(trigger, origin, receipt.unix_ms, true);
         self.inner.lock().stop_seen = true;
         self.inner.terminate_seen.notify_waiters();
-        let origin = Instant::from_std(receipt.at);
-        self.start_at(trigger, origin, receipt.unix_ms, true);
         if force {
             self.force();
         }
