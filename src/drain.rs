@@ -5,8 +5,11 @@
 //! * `Drain` is a thin handle over `Arc<Inner>`; the hot-path counter lives in a leaked
 //!   [`Core`] so that request guards need no reference count (see `guard.rs`).
 //! * The first trigger wins: it fixes the budget's origin under the `state` lock, sets the
-//!   counter's draining flag, and spawns the one driver task. Later triggers only add a
-//!   `signal_received` event.
+//!   counter's draining flag, and spawns the one driver task. Later triggers only raise the
+//!   count of one `signal_received` event per trigger kind, so the timeline stays bounded
+//!   whatever the number of triggers; once the Done event is in, the timeline is final.
+//! * The final report is written by exactly one of the driver and the watchdog thread: each
+//!   claims the `emission` flag with a compare-exchange before writing.
 //! * The `state` mutex is never held across an `.await` and never taken on the request path,
 //!   so it cannot deadlock with the driver or stall a request.
 //! * Phases only move forward; each transition is published on a `watch` channel.
