@@ -1320,14 +1320,20 @@ impl Drain {
     /// Writes the report through the sinks on a blocking thread (a slow disk or a stalled
     /// stderr must not hold a runtime worker).
     async fn emit_off_runtime(&self, report: &DrainReport, stderr: bool) -> Emitted {
+        // Logged here, in the drain's span and the caller's subscriber; written over there.
+        crate::report::log_report(report, &report.to_json());
         let sinks = self.inner.sinks.clone();
         let r = report.clone();
-        tokio::task::spawn_blocking(move || sinks.emit(&r, stderr, true))
+        let emitted = tokio::task::spawn_blocking(move || sinks.emit(&r, stderr))
             .await
             .unwrap_or_else(|e| Emitted {
                 file_failed: false,
                 errors: vec![format!("report writer: {e}")],
-            })
+            });
+        for e in &emitted.errors {
+            tracing::warn!(error = %e, "lameduck: a report sink failed");
+        }
+        emitted
     }
 
     /// Called on the watchdog thread once the hard deadline (plus half the safety margin) has
@@ -1387,7 +1393,7 @@ impl Drain {
         );
         e.code = Some(1);
         report.timeline.push(e);
-        let _ = self.inner.sinks.emit(&report, true, false);
+        let _ = self.inner.sinks.emit(&report, true);
         std::process::exit(1);
     }
 

@@ -460,20 +460,10 @@ impl Sinks {
     /// stderr line (the last emission does). Failures are said on stderr (best effort,
     /// bounded) and returned.
     ///
-    /// `log` also emits the report as a tracing event; the watchdog passes `false`, since a
-    /// subscriber may write synchronously to the very stderr that stalls.
-    pub(crate) fn emit(&self, report: &DrainReport, stderr: bool, log: bool) -> Emitted {
+    /// Nothing here goes through tracing: a subscriber may write synchronously to the very
+    /// stderr that stalls (the driver logs the report itself, before calling this).
+    pub(crate) fn emit(&self, report: &DrainReport, stderr: bool) -> Emitted {
         let json = report.to_json();
-        if log {
-            tracing::info!(
-                target: "lameduck::report",
-                outcome = report.outcome.as_str(),
-                exit_code = report.exit_code,
-                used_ms = report.budget.used_ms,
-                report = %json,
-                "lameduck: drain report"
-            );
-        }
         let mut out = Emitted::default();
         if let Some(path) = &self.file {
             if let Err(e) = write_report_file(path, &format!("{json}\n")) {
@@ -496,9 +486,6 @@ impl Sinks {
             text.push('\n');
         }
         for e in &out.errors {
-            if log {
-                tracing::warn!(error = %e, "lameduck: a report sink failed");
-            }
             let _ = writeln!(text, "lameduck: cannot write the drain report: {e}");
         }
         if !text.is_empty() {
@@ -514,6 +501,18 @@ impl Sinks {
         }
         out
     }
+}
+
+/// The report as one INFO tracing event (target `lameduck::report`).
+pub(crate) fn log_report(report: &DrainReport, json: &str) {
+    tracing::info!(
+        target: "lameduck::report",
+        outcome = report.outcome.as_str(),
+        exit_code = report.exit_code,
+        used_ms = report.budget.used_ms,
+        report = %json,
+        "lameduck: drain report"
+    );
 }
 
 /// Replaces the report file atomically: a temporary file in the same directory is written,
@@ -574,10 +573,8 @@ fn write_termination_log(path: &Path, summary: &str) -> std::io::Result<()> {
         .open(path);
     match open {
         Ok(mut f) => f.write_all(summary.as_bytes()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            tracing::debug!(path = %path.display(), "lameduck: no termination log at this path");
-            Ok(())
-        }
+        // Outside Kubernetes the file is missing: nothing to write, nothing failed.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
 }
