@@ -15,6 +15,13 @@ use crate::ConfigError;
 pub const GRACE_PERIOD_ENV: &str = "LAMEDUCK_GRACE_PERIOD";
 
 pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// The longest grace period accepted. Kubernetes validates `terminationGracePeriodSeconds` only
+/// as non-negative, so it gives no cap; a day is far past any drain worth the name, and keeps
+/// every deadline (`origin + grace`) representable on any platform's monotonic clock.
+pub const MAX_GRACE_PERIOD: Duration = Duration::from_secs(24 * 3600);
+/// The shortest grace period accepted: Kubernetes counts `terminationGracePeriodSeconds` in
+/// whole seconds (0 is an immediate SIGKILL), and below a second no drain can finish.
+pub const MIN_GRACE_PERIOD: Duration = Duration::from_secs(1);
 const DEFAULT_MARGIN: Duration = Duration::from_secs(1);
 const DEFAULT_CLOSE: Duration = Duration::from_secs(5);
 
@@ -49,10 +56,31 @@ impl Budget {
             })?,
             (None, None) => DEFAULT_GRACE,
         };
+        let from = if grace.is_none() && env.is_some() {
+            GRACE_PERIOD_ENV
+        } else {
+            "grace_period"
+        };
         if grace_period.is_zero() {
-            return Err(ConfigError::budget(
-                "grace_period is zero: set it to the Pod's terminationGracePeriodSeconds (e.g. 30s)",
-            ));
+            return Err(ConfigError::budget(format!(
+                "{from} is zero: set it to the Pod's terminationGracePeriodSeconds (e.g. 30s)"
+            )));
+        }
+        if grace_period < MIN_GRACE_PERIOD {
+            return Err(ConfigError::budget(format!(
+                "{from} ({}) is below {}: Kubernetes counts terminationGracePeriodSeconds in whole \
+                 seconds and no drain fits in less; set it to the Pod's terminationGracePeriodSeconds (e.g. 30s)",
+                DurationDisplay(grace_period),
+                DurationDisplay(MIN_GRACE_PERIOD),
+            )));
+        }
+        if grace_period > MAX_GRACE_PERIOD {
+            return Err(ConfigError::budget(format!(
+                "{from} ({}) is above the maximum of {} (24h): set it to the Pod's \
+                 terminationGracePeriodSeconds (e.g. 30s)",
+                DurationDisplay(grace_period),
+                DurationDisplay(MAX_GRACE_PERIOD),
+            )));
         }
         let scale = |default: Duration| {
             if grace_period >= DEFAULT_GRACE {
@@ -65,7 +93,12 @@ impl Budget {
         };
         let safety_margin = margin.unwrap_or_else(|| scale(DEFAULT_MARGIN));
         let close_budget = close.unwrap_or_else(|| scale(DEFAULT_CLOSE));
-        if close_budget + safety_margin >= grace_period {
+        // Both are checked before they are added, so the sum cannot overflow.
+        let reserved = close_budget.checked_add(safety_margin);
+        if close_budget >= grace_period
+            || safety_margin >= grace_period
+            || reserved.is_none_or(|r| r >= grace_period)
+        {
             return Err(ConfigError::budget(format!(
                 "close_budget ({}) + safety_margin ({}) leaves nothing of grace_period ({}): \
                  lower close_budget or safety_margin, or raise grace_period",
@@ -83,13 +116,21 @@ impl Budget {
 
     /// Offset of the hard deadline from the origin: the process must be gone by then.
     pub fn hard_deadline(&self) -> Duration {
-        self.grace_period - self.safety_margin
+        // `resolve` guarantees safety_margin < grace_period; saturate rather than panic anyway.
+        self.grace_period.saturating_sub(self.safety_margin)
     }
 
     /// Offset of the quiesce deadline from the origin: stragglers are cut here so closers get
     /// `close_budget`.
     pub fn quiesce_deadline(&self) -> Duration {
-        self.hard_deadline() - self.close_budget
+        self.hard_deadline().saturating_sub(self.close_budget)
+    }
+
+    /// When the watchdog acts, as an offset from the origin: half the safety margin past the
+    /// hard deadline, so a driver that ends right at the hard deadline is not taken for
+    /// starved, and the process is still gone before SIGKILL.
+    pub(crate) fn watchdog_deadline(&self) -> Duration {
+        self.hard_deadline().saturating_add(self.safety_margin / 2)
     }
 }
 
@@ -178,6 +219,40 @@ mod tests {
         .unwrap_err();
         assert!(err.is_budget());
         assert!(err.to_string().contains("close_budget (5s)"), "{err}");
+    }
+
+    #[test]
+    fn grace_periods_outside_what_kubernetes_can_mean_are_refused() {
+        let env = |raw: &str| Budget::resolve(None, None, None, Some(raw)).unwrap_err();
+        let e = env("18446744073709551615");
+        assert!(e.is_budget(), "{e}");
+        assert!(e.to_string().contains("above the maximum of 86400s"), "{e}");
+        assert!(e.to_string().starts_with("LAMEDUCK_GRACE_PERIOD ("), "{e}");
+        for raw in ["1ms", "30ms", "999ms"] {
+            let e = env(raw);
+            assert!(
+                e.to_string().contains(&format!("({raw}) is below 1s")),
+                "{e}"
+            );
+        }
+        let e = Budget::resolve(Some(Duration::from_millis(30)), None, None, None).unwrap_err();
+        assert!(
+            e.to_string().starts_with("grace_period (30ms) is below 1s"),
+            "{e}"
+        );
+        let e = Budget::resolve(Some(Duration::MAX), None, None, None).unwrap_err();
+        assert!(e.is_budget(), "{e}");
+        // Explicit margins too large to add are refused, not overflowed.
+        let e = Budget::resolve(
+            Some(Duration::from_secs(10)),
+            Some(Duration::MAX),
+            Some(Duration::MAX),
+            None,
+        )
+        .unwrap_err();
+        assert!(e.is_budget(), "{e}");
+        assert!(Budget::resolve(None, None, None, Some("24h")).is_ok());
+        assert!(Budget::resolve(None, None, None, Some("1s")).is_ok());
     }
 
     #[test]

@@ -5,8 +5,11 @@
 //! * `Drain` is a thin handle over `Arc<Inner>`; the hot-path counter lives in a leaked
 //!   [`Core`] so that request guards need no reference count (see `guard.rs`).
 //! * The first trigger wins: it fixes the budget's origin under the `state` lock, sets the
-//!   counter's draining flag, and spawns the one driver task. Later triggers only add a
-//!   `signal_received` event.
+//!   counter's draining flag, and spawns the one driver task. Later triggers only raise the
+//!   count of one `signal_received` event per trigger kind, so the timeline stays bounded
+//!   whatever the number of triggers; once the Done event is in, the timeline is final.
+//! * The final report is written by exactly one of the driver and the watchdog thread: each
+//!   claims the `emission` flag with a compare-exchange before writing.
 //! * The `state` mutex is never held across an `.await` and never taken on the request path,
 //!   so it cannot deadlock with the driver or stall a request.
 //! * Phases only move forward; each transition is published on a `watch` channel.
@@ -14,7 +17,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -29,9 +32,10 @@ use crate::guard::{Core, InFlightGuard};
 use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::{Policy, Propagation};
 use crate::report::{
-    AfterFlipReport, BudgetReport, DrainReport, Outcome, PeerCount, PodInfo, Sinks, Straggler,
+    AfterFlipReport, BudgetReport, DrainReport, Emitted, Outcome, PeerCount, PodInfo,
+    SignalReceipt, Sinks, StopSignalWait, Straggler,
 };
-use crate::signal::Signals;
+use crate::signal::{Receipt, Signals, STOP_SIGNAL_ENV};
 use crate::tasks::{Recovery, TaskKind, Tasks};
 use crate::ConfigError;
 
@@ -121,7 +125,8 @@ impl DrainBuilder {
         self
     }
 
-    /// Which OS signals [`Drain::run`] listens to. Default [`Signals::default`].
+    /// Which OS signals [`Drain::run`] listens to. Default [`Signals::default`], with the
+    /// stop signal from env `LAMEDUCK_STOP_SIGNAL` (else SIGTERM).
     pub fn signals(mut self, s: Signals) -> Self {
         self.signals = Some(s);
         self
@@ -134,6 +139,11 @@ impl DrainBuilder {
     }
 
     /// Also write the final report (one JSON line) to this file.
+    ///
+    /// The file is replaced atomically (a temporary file in the same directory, synced, then
+    /// renamed), so a crash leaves the previous report or the new one, never a truncated file;
+    /// a device or FIFO (`/dev/stdout`) is written in place. If it cannot be written, the
+    /// error is said on stderr, recorded in the report's `sink_errors`, and the exit code is 1.
     pub fn report_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.sinks.file = Some(path.into());
         self
@@ -166,7 +176,8 @@ impl DrainBuilder {
     ///
     /// A [`ConfigError`] naming the setting to change: a zero grace period, a close budget plus
     /// safety margin that leave nothing of the grace period, a propagation `min` above `max`
-    /// or a `max` past the quiesce deadline, an unparsable `LAMEDUCK_GRACE_PERIOD`.
+    /// or a `max` past the quiesce deadline, an unparsable `LAMEDUCK_GRACE_PERIOD`, a grace
+    /// period under 1 s or above 24 h, an unknown `LAMEDUCK_STOP_SIGNAL`.
     pub fn build(self) -> Result<Drain, ConfigError> {
         let env = std::env::var(GRACE_PERIOD_ENV).ok();
         let budget = Budget::resolve(
@@ -175,6 +186,19 @@ impl DrainBuilder {
             self.close_budget,
             env.as_deref(),
         )?;
+        // Every deadline is `origin + offset ≤ origin + grace`: refuse a grace period the
+        // clock cannot represent now rather than overflow at the trigger.
+        if Instant::now().checked_add(budget.grace_period).is_none() {
+            return Err(ConfigError::budget(format!(
+                "grace_period ({}) overflows this platform's clock: lower it",
+                crate::budget::DurationDisplay(budget.grace_period)
+            )));
+        }
+        let stop_env = std::env::var(STOP_SIGNAL_ENV).ok();
+        let signals = self
+            .signals
+            .unwrap_or_default()
+            .resolve(stop_env.as_deref())?;
         let policy = self.propagation.resolve(&budget)?;
         let window = budget.quiesce_deadline();
         let hurry_lead = match self.hurry_lead {
@@ -194,7 +218,7 @@ impl DrainBuilder {
                 core: Core::leak(),
                 budget,
                 policy,
-                signals: self.signals.unwrap_or_default(),
+                signals,
                 readiness: self.readiness,
                 sinks: self.sinks,
                 hurry_lead,
@@ -206,6 +230,7 @@ impl DrainBuilder {
                 deadline_token: CancellationToken::new(),
                 force_token: CancellationToken::new(),
                 forced: AtomicBool::new(false),
+                emission: AtomicU8::new(EMIT_NONE),
                 terminate_seen: Notify::new(),
                 tasks: Tasks::default(),
                 exit: crate::exit::ExitHolds::default(),
@@ -225,9 +250,43 @@ struct State {
     gates: Vec<GateState>,
     checks: Vec<Check>,
     closers: Vec<Closer>,
-    sigterm_seen: bool,
+    /// A signal arrived (any kind): after a `preStop` drain, `run` may return.
+    stop_seen: bool,
     signals_installed: bool,
+    /// `run` owns the process: the stderr line is written once, at exit, with the exit event.
+    owned_by_run: bool,
+    /// The timeline is final (the Done event is in); later signals go to `late_signals`.
+    frozen: bool,
+    /// Signals received after Done, one event per trigger kind, added to the report at exit.
+    late_signals: Vec<Event>,
+    /// Receipt of the signal that started the drain, and when the driver first ran (unix ms).
+    receipt: Option<u64>,
+    noticed: Option<u64>,
     report: Option<DrainReport>,
+}
+
+/// The most events `/status` (and `/drain`) carry; the rest are counted in
+/// [`Status::timeline_omitted`].
+pub const STATUS_TIMELINE_LIMIT: usize = 64;
+
+// Who writes the final report: the driver and the watchdog must not both write it.
+const EMIT_NONE: u8 = 0;
+const EMIT_DRIVER: u8 = 1;
+const EMIT_WATCHDOG: u8 = 2;
+
+/// Collapses a repeated trigger into the first event of its kind (a count, the first time).
+/// Returns `false` when there is no such event yet.
+fn collapse_signal(timeline: &mut [Event], trigger: Trigger) -> bool {
+    match timeline
+        .iter_mut()
+        .find(|e| e.event == EventKind::SignalReceived && e.trigger == Some(trigger))
+    {
+        Some(e) => {
+            e.count = Some(e.count.unwrap_or(1).saturating_add(1));
+            true
+        }
+        None => false,
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -264,6 +323,8 @@ pub(crate) struct Inner {
     deadline_token: CancellationToken,
     force_token: CancellationToken,
     forced: AtomicBool,
+    /// `EMIT_*`: who writes the final report (the loser of the swap backs off).
+    emission: AtomicU8,
     terminate_seen: Notify,
     tasks: Tasks,
     pub(crate) exit: crate::exit::ExitHolds,
@@ -391,8 +452,12 @@ pub struct Status {
     pub readiness_policy: ReadinessWhileDraining,
     /// The budget: grace, used so far, remaining (all zero-used before the drain starts).
     pub budget: BudgetReport,
-    /// The timeline so far.
+    /// The timeline so far: at most [`STATUS_TIMELINE_LIMIT`] events (the first and the last
+    /// halves when longer).
     pub timeline: Vec<Event>,
+    /// Events left out of `timeline` to keep the body bounded.
+    #[serde(default)]
+    pub timeline_omitted: usize,
 }
 
 /// Given to cancellable tasks: when to stop taking new work, and when to hurry.
@@ -426,7 +491,7 @@ impl TaskContext {
     }
 }
 
-fn unix_ms_now() -> u64 {
+pub(crate) fn unix_ms_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -747,13 +812,14 @@ impl Drain {
     pub fn deadline(&self) -> Option<Instant> {
         let st = self.inner.lock();
         st.origin
-            .map(|o| o.at + self.inner.budget.quiesce_deadline())
+            .and_then(|o| o.at.checked_add(self.inner.budget.quiesce_deadline()))
     }
 
     /// The hard deadline (grace period minus safety margin), once the drain has started.
     pub fn hard_deadline(&self) -> Option<Instant> {
         let st = self.inner.lock();
-        st.origin.map(|o| o.at + self.inner.budget.hard_deadline())
+        st.origin
+            .and_then(|o| o.at.checked_add(self.inner.budget.hard_deadline()))
     }
 
     /// Starts the drain. Returns `true` only for the call that started it; later calls are
@@ -778,28 +844,42 @@ impl Drain {
     /// # }
     /// ```
     pub fn start(&self, trigger: Trigger) -> bool {
-        let now = Instant::now();
-        let unix_ms = unix_ms_now();
-        {
+        self.start_at(trigger, Instant::now(), unix_ms_now(), false)
+    }
+
+    /// Starts the drain with its origin at `now` (a signal's receipt time), or records a later
+    /// trigger: one `signal_received` event per trigger kind, a count for repeats, nothing
+    /// appended to the timeline once it is final.
+    fn start_at(&self, trigger: Trigger, now: Instant, unix_ms: u64, from_signal: bool) -> bool {
+        let watchdog = {
             let mut st = self.inner.lock();
             if let Some(origin) = st.origin {
-                let mut e = Event::new(
-                    EventKind::SignalReceived,
-                    now.saturating_duration_since(origin.at),
-                    unix_ms,
-                );
-                e.trigger = Some(trigger);
-                tracing::info!(
-                    event = "signal_received",
-                    trigger = trigger.as_str(),
-                    at_ms = e.at_ms,
-                    "lameduck: trigger received while draining"
-                );
-                st.timeline.push(e);
+                let st = &mut *st;
+                let timeline = if st.frozen {
+                    &mut st.late_signals
+                } else {
+                    &mut st.timeline
+                };
+                if !collapse_signal(timeline, trigger) {
+                    let mut e = Event::new(
+                        EventKind::SignalReceived,
+                        now.saturating_duration_since(origin.at),
+                        unix_ms,
+                    );
+                    e.trigger = Some(trigger);
+                    tracing::info!(
+                        event = "signal_received",
+                        trigger = trigger.as_str(),
+                        at_ms = e.at_ms,
+                        "lameduck: trigger received while draining"
+                    );
+                    timeline.push(e);
+                }
                 return false;
             }
             st.origin = Some(Origin { at: now, unix_ms });
             st.trigger = Some(trigger);
+            st.receipt = from_signal.then_some(unix_ms);
             let mut e = Event::new(EventKind::DrainStarted, Duration::ZERO, unix_ms);
             e.trigger = Some(trigger);
             st.timeline.push(e);
@@ -810,6 +890,15 @@ impl Drain {
                     unix_ms,
                 ));
             }
+            st.signals_installed
+        };
+        if watchdog {
+            // Only a process that installed the handlers owns its exit.
+            crate::signal::arm_watchdog(
+                self.clone(),
+                now.into_std(),
+                self.inner.budget.watchdog_deadline(),
+            );
         }
         tracing::info!(
             event = "drain_started",
@@ -838,19 +927,28 @@ impl Drain {
             grace_ms = self.inner.budget.grace_period.as_millis() as u64
         );
         tokio::spawn(tracing::Instrument::instrument(
-            async move { drain.drive(now).await },
+            async move {
+                // The runtime's notice, against the signal's receipt.
+                drain.inner.lock().noticed = Some(unix_ms_now());
+                drain.drive(now).await
+            },
             span,
         ));
         true
     }
 
-    /// A signal arrived: start (or record), and remember SIGTERM for the preStop case.
-    pub(crate) fn on_signal(&self, trigger: Trigger) {
-        if trigger == Trigger::Sigterm {
-            self.inner.lock().sigterm_seen = true;
-            self.inner.terminate_seen.notify_waiters();
+    /// A signal arrived (on the signal thread, `receipt` is when): start the drain with the
+    /// receipt as its origin (or record it), let `run` return after a `preStop` drain, and
+    /// force the exit when the signal table says so.
+    pub(crate) fn on_signal(&self, trigger: Trigger, receipt: Receipt, force: bool) {
+        let origin = Instant::from_std(receipt.at);
+        // Recorded before `run` is woken, so the report it completes holds this signal.
+        self.start_at(trigger, origin, receipt.unix_ms, true);
+        self.inner.lock().stop_seen = true;
+        self.inner.terminate_seen.notify_waiters();
+        if force {
+            self.force();
         }
-        self.start(trigger);
     }
 
     /// Exit now: skip the remaining waits and the closers, report `forced`. Starts the drain if
@@ -1074,9 +1172,19 @@ impl Drain {
     pub fn status(&self) -> Status {
         let phase = self.phase();
         let ready = self.is_ready();
-        let (trigger, timeline, origin) = {
+        let (trigger, timeline, timeline_omitted, origin) = {
             let st = self.inner.lock();
-            (st.trigger, st.timeline.clone(), st.origin)
+            let all = &st.timeline;
+            let (timeline, omitted) = if all.len() <= STATUS_TIMELINE_LIMIT {
+                (all.clone(), 0)
+            } else {
+                // The start and the end say the most: keep both halves, count the middle.
+                let half = STATUS_TIMELINE_LIMIT / 2;
+                let mut kept = all[..half].to_vec();
+                kept.extend_from_slice(&all[all.len() - half..]);
+                (kept, all.len() - STATUS_TIMELINE_LIMIT)
+            };
+            (st.trigger, timeline, omitted, st.origin)
         };
         let used = origin.map_or(Duration::ZERO, |o| o.at.elapsed());
         Status {
@@ -1089,6 +1197,7 @@ impl Drain {
             readiness_policy: self.inner.readiness,
             budget: BudgetReport::new(&self.inner.budget, used),
             timeline,
+            timeline_omitted,
         }
     }
 
@@ -1110,39 +1219,189 @@ impl Drain {
 
     /// Drives the whole lifecycle for apps that want one call in `main`: listens to the
     /// configured signals, marks startup complete when no gate is closed, waits for a trigger
-    /// and the end of the drain, and returns the report (use its `exit_code`).
+    /// and the end of the drain, and returns the report (exit with its `exit_code`).
     ///
-    /// When the drain was started by a `preStop` call and finished before SIGTERM arrived, it
-    /// waits for SIGTERM before returning, so the hook never sees its own process vanish.
+    /// When the drain was started by a `preStop` call and finished before the stop signal
+    /// arrived, it waits for the stop signal before returning, so the hook never sees its own
+    /// process vanish — at most until the hard deadline: an entrypoint that does not forward
+    /// signals is named in the report (`stop_signal_wait`) and its advice.
     ///
     /// Before returning it lets the admin endpoint answer every `/drain?wait=…` caller (and,
     /// with [`AdminBuilder::serve`](crate::admin::AdminBuilder::serve), finish writing every
     /// admin response), bounded by the hard deadline.
+    ///
+    /// The report returned is the one written last: it ends with an `exit` event carrying the
+    /// exit code, after every signal received (also the one that followed a `preStop` drain).
+    /// The file and the termination log are written when the drain is Done and again here; the
+    /// stderr line only here, once.
     pub async fn run(&self) -> DrainReport {
+        self.inner.lock().owned_by_run = true;
         self.install_signals();
         self.mark_started();
-        let report = self.drained().await;
-        let wait_for_term = {
+        let mut report = self.drained().await;
+        let wait_for_stop = {
             let st = self.inner.lock();
-            st.trigger == Some(Trigger::PreStop) && self.inner.signals.sigterm && !st.sigterm_seen
+            st.trigger == Some(Trigger::PreStop) && !self.inner.signals.is_none() && !st.stop_seen
         };
-        if wait_for_term && !self.inner.forced.load(Ordering::Acquire) {
-            tracing::info!("lameduck: drained after preStop; waiting for SIGTERM to exit");
+        if wait_for_stop && !self.is_forced() {
+            let stop = self.inner.signals.stop();
+            let since = Instant::now();
+            let until = self.hard_deadline().unwrap_or(since);
+            tracing::info!(
+                stop_signal = stop.as_str(),
+                "lameduck: drained after preStop; waiting for the stop signal to exit"
+            );
+            if !tracing::dispatcher::has_been_set() {
+                let line = format!(
+                    "lameduck: drained after preStop; waiting for the stop signal ({stop}) to exit, \
+                     at most {} ms\n",
+                    until.saturating_duration_since(since).as_millis()
+                );
+                let _ = tokio::task::spawn_blocking(move || {
+                    crate::report::stderr_bounded(line, crate::report::STDERR_WAIT)
+                })
+                .await;
+            }
+            let mut arrived = true;
             loop {
                 let n = self.inner.terminate_seen.notified();
                 tokio::pin!(n);
                 n.as_mut().enable();
-                if self.inner.lock().sigterm_seen || self.inner.forced.load(Ordering::Acquire) {
+                if self.inner.lock().stop_seen || self.is_forced() {
                     break;
                 }
                 tokio::select! {
                     () = n => {}
                     () = self.inner.force_token.cancelled() => break,
+                    () = tokio::time::sleep_until(until) => {
+                        arrived = false;
+                        break;
+                    }
                 }
+            }
+            let waited_ms = since.elapsed().as_millis() as u64;
+            report.stop_signal_wait = Some(StopSignalWait { waited_ms, arrived });
+            if !arrived {
+                tracing::warn!(
+                    waited_ms,
+                    "lameduck: the stop signal did not arrive after the preStop drain"
+                );
+                report.advice.insert(
+                    0,
+                    crate::Advice {
+                        level: crate::AdviceLevel::Warn,
+                        rule: "stop_signal_missing".to_owned(),
+                        message: format!(
+                            "stop signal ({stop}) did not arrive {waited_ms} ms after the preStop \
+                             drain: is the entrypoint forwarding signals? run the binary as PID 1 \
+                             or use an init that forwards"
+                        ),
+                        observed: waited_ms,
+                    },
+                );
             }
         }
         self.settle_before_exit().await;
+        self.finish(report).await
+    }
+
+    /// Completes the report for the exit (signals received after Done, the `exit` event) and
+    /// writes it to every sink for the last time.
+    async fn finish(&self, mut report: DrainReport) -> DrainReport {
+        let (late, origin) = {
+            let st = self.inner.lock();
+            (st.late_signals.clone(), st.origin)
+        };
+        report.timeline.extend(late);
+        let at = origin.map_or(Duration::ZERO, |o| o.at.elapsed());
+        let unix_ms = origin.map_or_else(unix_ms_now, |o| o.unix_ms + at.as_millis() as u64);
+        let mut e = Event::new(EventKind::Exit, at, unix_ms);
+        e.code = Some(report.exit_code);
+        report.timeline.push(e);
+        let emitted = self.emit_off_runtime(&report, true).await;
+        apply_emitted(&mut report, emitted);
+        self.inner.lock().report = Some(report.clone());
         report
+    }
+
+    /// Writes the report through the sinks on a blocking thread (a slow disk or a stalled
+    /// stderr must not hold a runtime worker).
+    async fn emit_off_runtime(&self, report: &DrainReport, stderr: bool) -> Emitted {
+        // Logged here, in the drain's span and the caller's subscriber; written over there.
+        crate::report::log_report(report, &report.to_json());
+        let sinks = self.inner.sinks.clone();
+        let r = report.clone();
+        let emitted = tokio::task::spawn_blocking(move || sinks.emit(&r, stderr))
+            .await
+            .unwrap_or_else(|e| Emitted {
+                file_failed: false,
+                errors: vec![format!("report writer: {e}")],
+            });
+        for e in &emitted.errors {
+            tracing::warn!(error = %e, "lameduck: a report sink failed");
+        }
+        emitted
+    }
+
+    /// Called on the watchdog thread once the hard deadline (plus half the safety margin) has
+    /// passed: if the drain is not Done, the runtime is starved. Writes a `forced` report with
+    /// what is known and exits the process with code 1.
+    pub(crate) fn watchdog_fire(&self) {
+        if self.phase() == Phase::Done {
+            return;
+        }
+        // AcqRel: whoever wins writes; the driver checks the same flag before writing.
+        match self.inner.emission.compare_exchange(
+            EMIT_NONE,
+            EMIT_WATCHDOG,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {}
+            Err(_) => {
+                // The driver is writing the report and has not finished by now: exit anyway.
+                let _ = crate::report::stderr_bounded(
+                    "lameduck: the drain report was still being written at the hard deadline; exiting with code 1\n".to_owned(),
+                    crate::report::STDERR_WAIT,
+                );
+                std::process::exit(1);
+            }
+        }
+        let Some(origin) = self.inner.lock().origin else {
+            return;
+        };
+        let now = Instant::now();
+        let stragglers = self.collect_stragglers(now, origin.at);
+        let used = now.saturating_duration_since(origin.at);
+        {
+            // Not through `push`: its log line may go to the very stderr that stalls.
+            let mut st = self.inner.lock();
+            let mut e = Event::new(
+                EventKind::Done,
+                used,
+                origin.unix_ms + used.as_millis() as u64,
+            );
+            e.detail = Some("forced: runtime starved".to_owned());
+            st.timeline.push(e);
+            st.frozen = true;
+        }
+        self.inner.forced.store(true, Ordering::Release);
+        let mut report = self.build_report(origin.at, Outcome::Forced, stragglers, Vec::new());
+        report.cause = Some(format!(
+            "runtime starved: the drain had not finished {} ms after the trigger (hard deadline \
+             {} ms); something blocks the runtime's worker threads",
+            used.as_millis(),
+            self.inner.budget.hard_deadline().as_millis()
+        ));
+        let mut e = Event::new(
+            EventKind::Exit,
+            used,
+            origin.unix_ms + used.as_millis() as u64,
+        );
+        e.code = Some(1);
+        report.timeline.push(e);
+        let _ = self.inner.sinks.emit(&report, true);
+        std::process::exit(1);
     }
 
     /// Installs the configured OS signal handlers (once). [`run`](Self::run) calls it; call it
@@ -1198,7 +1457,13 @@ impl Drain {
             "lameduck: {}",
             e.event
         );
-        self.inner.lock().timeline.push(e);
+        {
+            let mut st = self.inner.lock();
+            // Nothing is appended once the timeline is final (the report is built from it).
+            if !st.frozen {
+                st.timeline.push(e);
+            }
+        }
         // Metrics are sampled at lifecycle events, never per request.
         #[cfg(feature = "metrics")]
         self.record_metrics();
@@ -1211,8 +1476,12 @@ impl Drain {
     async fn drive(self, origin: Instant) {
         let inner = &self.inner;
         let budget = inner.budget;
-        let quiesce = origin + budget.quiesce_deadline();
-        let hard = origin + budget.hard_deadline();
+        // `build` proved `now + grace` representable; should the clock still refuse, the
+        // deadline is now (the drain ends early, named) rather than a panic in the driver.
+        let quiesce = origin
+            .checked_add(budget.quiesce_deadline())
+            .unwrap_or(origin);
+        let hard = origin.checked_add(budget.hard_deadline()).unwrap_or(origin);
         let hurry_at = quiesce
             .checked_sub(inner.hurry_lead)
             .unwrap_or(origin)
@@ -1312,8 +1581,24 @@ impl Drain {
         let mut e = self.event(EventKind::Done, origin);
         e.detail = Some(outcome.as_str().to_owned());
         self.push(e);
-        let report = self.build_report(origin, outcome, stragglers, closers);
-        inner.sinks.emit(&report);
+        let owned_by_run = {
+            let mut st = inner.lock();
+            st.frozen = true;
+            st.owned_by_run
+        };
+        let mut report = self.build_report(origin, outcome, stragglers, closers);
+        // AcqRel: pairs with the watchdog's claim; only one of them writes the report.
+        if inner
+            .emission
+            .compare_exchange(EMIT_NONE, EMIT_DRIVER, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // The watchdog took over: it writes the report and exits the process.
+            return;
+        }
+        // Under `run`, the stderr line waits for the exit, so it is written once and complete.
+        let emitted = self.emit_off_runtime(&report, !owned_by_run).await;
+        apply_emitted(&mut report, emitted);
         // Before the phase turns Done, so whoever awaits Done finds the histograms recorded.
         #[cfg(feature = "metrics")]
         crate::metrics::record_done(&report);
@@ -1473,10 +1758,15 @@ impl Drain {
             .unstamp(af.last_new_connection.load(Ordering::Relaxed))
             .map(|t| t.saturating_duration_since(origin).as_millis() as u64);
         let used = origin.elapsed();
-        let (trigger, timeline) = {
+        let (trigger, timeline, receipt, noticed) = {
             let st = self.inner.lock();
-            (st.trigger, st.timeline.clone())
+            (st.trigger, st.timeline.clone(), st.receipt, st.noticed)
         };
+        let signal_receipt = receipt.map(|received| SignalReceipt {
+            received_unix_ms: received,
+            noticed_unix_ms: noticed,
+            notice_delay_ms: noticed.map(|n| n.saturating_sub(received)),
+        });
         let mut report = DrainReport {
             outcome,
             trigger,
@@ -1497,8 +1787,25 @@ impl Drain {
             closers,
             pod: PodInfo::from_env(),
             advice: Vec::new(),
+            cause: None,
+            signal_receipt,
+            stop_signal_wait: None,
+            sink_errors: Vec::new(),
         };
         report.advice = crate::advice::advise(&report);
         report
+    }
+}
+
+/// Records what an emission achieved: failed sinks, and exit code 1 when the report file
+/// could not be written.
+fn apply_emitted(report: &mut DrainReport, emitted: Emitted) {
+    if emitted.file_failed {
+        report.exit_code = 1;
+    }
+    for e in emitted.errors {
+        if !report.sink_errors.contains(&e) {
+            report.sink_errors.push(e);
+        }
     }
 }

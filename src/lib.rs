@@ -30,7 +30,7 @@
 //! drain.on_close("database", || async { Ok::<_, std::io::Error>(()) });
 //!
 //! # drain.start(Trigger::Api);
-//! let report = drain.run().await; // waits for SIGTERM/SIGINT (or /drain), then drains
+//! let report = drain.run().await; // waits for the stop signal (or /drain), then drains
 //! # assert_eq!(report.exit_code, 0);
 //! // Return it from `main` (`-> Result<DrainReport, _>`) to exit with its code after
 //! // destructors ran.
@@ -107,10 +107,11 @@ pub mod guide;
 pub mod metrics;
 
 pub use advice::{advise, Advice, AdviceLevel};
-pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV};
+pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions, CloserResult};
 pub use drain::{
     Drain, DrainBuilder, Readiness, ReadinessWhileDraining, StartupGate, Status, TaskContext,
+    STATUS_TIMELINE_LIMIT,
 };
 pub use error::ConfigError;
 pub use guard::InFlightGuard;
@@ -123,9 +124,9 @@ pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
 pub use report::{
     AfterFlipReport, BudgetReport, DrainReport, Outcome, PeerCount, PodInfo, PolicyReport,
-    Straggler, TERMINATION_LOG_LIMIT,
+    SignalReceipt, StopSignalWait, Straggler, TERMINATION_LOG_LIMIT,
 };
-pub use signal::Signals;
+pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
 pub use tasks::TaskEnd;
 
 #[cfg(feature = "admin")]

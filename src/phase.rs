@@ -109,7 +109,8 @@ pub enum CommitReason {
     Fixed,
     /// The quiesce deadline arrived first.
     Deadline,
-    /// The drain was forced (second SIGINT, SIGQUIT, [`Drain::force`](crate::Drain::force)).
+    /// The drain was forced (a second signal, a SIGQUIT that is not the stop signal,
+    /// [`Drain::force`](crate::Drain::force)).
     Forced,
 }
 
@@ -136,6 +137,7 @@ pub enum EventKind {
     /// `/readyz` started answering 503.
     ReadinessFlipped,
     /// A trigger arrived after the first one (recorded, changes nothing), or a signal arrived.
+    /// One event per trigger kind: repeats raise its `count` and keep the first one's time.
     SignalReceived,
     /// The propagation policy is satisfied (or gave up).
     PropagationDone,
@@ -151,6 +153,9 @@ pub enum EventKind {
     ResourceClosed,
     /// The drain is over.
     Done,
+    /// The process is exiting with `code`: the last event, recorded in the report as it is
+    /// written for the last time (by [`Drain::run`](crate::Drain::run) or the watchdog).
+    Exit,
 }
 
 impl EventKind {
@@ -167,6 +172,7 @@ impl EventKind {
             EventKind::DeadlineExceeded => "deadline_exceeded",
             EventKind::ResourceClosed => "resource_closed",
             EventKind::Done => "done",
+            EventKind::Exit => "exit",
         }
     }
 }
@@ -201,6 +207,12 @@ pub struct Event {
     /// A short free-form detail (a closer's result, the number of stragglers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// For `signal_received`: how many times this trigger arrived (left out when once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// For `exit`: the process's exit code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
 }
 
 impl Event {
@@ -213,6 +225,8 @@ impl Event {
             reason: None,
             name: None,
             detail: None,
+            count: None,
+            code: None,
         }
     }
 }

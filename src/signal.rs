@@ -1,26 +1,145 @@
-//! OS signal triggers.
+//! OS signal triggers, received on a plain thread, and the watchdog.
 //!
-//! SIGTERM and SIGINT start the drain (kubelet sends SIGTERM; SIGINT is Ctrl-C). A second SIGINT
-//! or a SIGQUIT during the drain means "exit now", for a human at a terminal.
+//! | signal                                   | first signal               | any second signal |
+//! |------------------------------------------|----------------------------|-------------------|
+//! | the stop signal (default SIGTERM)        | starts the drain           | exit now (forced) |
+//! | SIGTERM, SIGINT                          | starts the drain           | exit now (forced) |
+//! | SIGQUIT, when it is not the stop signal  | exit now (forced)          | exit now (forced) |
+//!
+//! A signal that arrives after a `preStop` hook started the drain is the first *signal*: it
+//! does not force anything, it lets [`Drain::run`](crate::Drain::run) return.
+//!
+//! # Invariants
+//!
+//! * Signals are received on the `lameduck-signals` thread, not on the runtime: the receipt
+//!   time is right even when every worker is blocked, and the budget counts from it.
+//! * The first trigger of a process that installed the handlers arms the `lameduck-watchdog`
+//!   thread: if the drain is not Done shortly after the hard deadline (half the safety margin
+//!   past it), the watchdog writes a `forced` report (cause `runtime starved`) and exits the
+//!   process with code 1, before SIGKILL.
 
-use crate::{Drain, Trigger};
+use std::time::Duration;
+
+use crate::{ConfigError, Drain, Trigger};
+
+/// The environment variable read for the stop signal when the builder is not given one
+/// (`SIGTERM`, `SIGINT` or `SIGQUIT`; the `SIG` prefix and case are optional).
+pub const STOP_SIGNAL_ENV: &str = "LAMEDUCK_STOP_SIGNAL";
+
+/// The signal that starts the drain: the image's `STOPSIGNAL` (kubelet sends it first, and
+/// SIGKILL at the end of the grace period).
+///
+/// # Examples
+///
+/// ```
+/// use lameduck::{Signals, StopSignal};
+///
+/// // An nginx-based image (`STOPSIGNAL SIGQUIT`): SIGQUIT drains instead of forcing the exit.
+/// let signals = Signals::default().stop_signal(StopSignal::Sigquit);
+/// assert_eq!("sigquit".parse::<StopSignal>().unwrap(), StopSignal::Sigquit);
+/// assert!("SIGHUP".parse::<StopSignal>().is_err());
+/// # let _ = signals;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopSignal {
+    /// SIGTERM, the default stop signal of container runtimes.
+    #[default]
+    Sigterm,
+    /// SIGINT.
+    Sigint,
+    /// SIGQUIT (nginx-based images).
+    Sigquit,
+}
+
+impl StopSignal {
+    /// The signal's name: `SIGTERM`, `SIGINT`, `SIGQUIT`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopSignal::Sigterm => "SIGTERM",
+            StopSignal::Sigint => "SIGINT",
+            StopSignal::Sigquit => "SIGQUIT",
+        }
+    }
+
+    pub(crate) fn trigger(self) -> Trigger {
+        match self {
+            StopSignal::Sigterm => Trigger::Sigterm,
+            StopSignal::Sigint => Trigger::Sigint,
+            StopSignal::Sigquit => Trigger::Sigquit,
+        }
+    }
+}
+
+impl std::fmt::Display for StopSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for StopSignal {
+    type Err = ConfigError;
+
+    /// `SIGTERM`, `TERM`, `sigterm` (any case, `SIG` optional); likewise INT and QUIT.
+    fn from_str(raw: &str) -> Result<Self, ConfigError> {
+        let upper = raw.trim().to_ascii_uppercase();
+        match upper.strip_prefix("SIG").unwrap_or(&upper) {
+            "TERM" => Ok(StopSignal::Sigterm),
+            "INT" => Ok(StopSignal::Sigint),
+            "QUIT" => Ok(StopSignal::Sigquit),
+            _ => Err(ConfigError::parse(format!(
+                "`{raw}` is not a supported stop signal: use SIGTERM, SIGINT or SIGQUIT"
+            ))),
+        }
+    }
+}
 
 /// Which OS signals the coordinator listens to, set with
 /// [`DrainBuilder::signals`](crate::DrainBuilder::signals).
+///
+/// | signal                                  | first signal      | any second signal |
+/// |-----------------------------------------|-------------------|-------------------|
+/// | the stop signal (default SIGTERM)       | starts the drain  | exit now (forced) |
+/// | SIGTERM, SIGINT                         | starts the drain  | exit now (forced) |
+/// | SIGQUIT, when it is not the stop signal | exit now (forced) | exit now (forced) |
+///
+/// The stop signal is [`StopSignal`]: set here, else env `LAMEDUCK_STOP_SIGNAL`, else SIGTERM.
+/// A signal after a `preStop` hook started the drain is the *first* signal: it forces
+/// nothing, it lets [`Drain::run`](crate::Drain::run) return.
+///
+/// Signals are received on a plain thread (not on the runtime), so the budget counts from
+/// their receipt even when the runtime is starved; and once a signal has started the drain, a
+/// watchdog thread writes a `forced` report (cause `runtime starved`) and exits with code 1
+/// if the drain is not done half a safety margin past the hard deadline.
+///
+/// # Examples
+///
+/// ```
+/// use lameduck::{Drain, Signals, StopSignal};
+///
+/// let drain = Drain::builder()
+///     .signals(Signals::default().stop_signal(StopSignal::Sigquit))
+///     .build()?;
+/// # let _ = drain;
+/// # Ok::<(), lameduck::ConfigError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Signals {
     pub(crate) sigterm: bool,
     pub(crate) sigint: bool,
     pub(crate) sigquit: bool,
+    /// Set by [`Signals::stop_signal`], or resolved from the environment by `build`.
+    pub(crate) stop: Option<StopSignal>,
 }
 
 impl Default for Signals {
-    /// SIGTERM and SIGINT start the drain; a second SIGINT and SIGQUIT force the exit.
+    /// SIGTERM and SIGINT start the drain; SIGQUIT and a second signal force the exit.
     fn default() -> Self {
         Self {
             sigterm: true,
             sigint: true,
             sigquit: true,
+            stop: None,
         }
     }
 }
@@ -32,6 +151,7 @@ impl Signals {
             sigterm: false,
             sigint: false,
             sigquit: false,
+            stop: None,
         }
     }
 
@@ -41,65 +161,109 @@ impl Signals {
             sigterm: true,
             sigint: false,
             sigquit: false,
+            stop: None,
         }
+    }
+
+    /// The signal that starts the drain (it is always listened to). Default: env
+    /// `LAMEDUCK_STOP_SIGNAL`, else SIGTERM.
+    pub fn stop_signal(mut self, stop: StopSignal) -> Self {
+        self.stop = Some(stop);
+        self
     }
 
     /// `true` if no signal is listened to.
     pub fn is_none(&self) -> bool {
-        !(self.sigterm || self.sigint || self.sigquit)
+        !(self.sigterm || self.sigint || self.sigquit) && self.stop.is_none()
+    }
+
+    /// Fills in the stop signal from `env` (or SIGTERM) when listening at all.
+    pub(crate) fn resolve(mut self, env: Option<&str>) -> Result<Self, ConfigError> {
+        if self.is_none() || self.stop.is_some() {
+            return Ok(self);
+        }
+        self.stop = Some(match env.filter(|v| !v.trim().is_empty()) {
+            Some(raw) => raw.parse().map_err(|e: ConfigError| {
+                ConfigError::env(format!("{STOP_SIGNAL_ENV}={raw:?}: {e}"))
+            })?,
+            None => StopSignal::Sigterm,
+        });
+        Ok(self)
+    }
+
+    /// The stop signal in force (SIGTERM until resolved).
+    pub(crate) fn stop(&self) -> StopSignal {
+        self.stop.unwrap_or_default()
+    }
+
+    fn listens(&self, trigger: Trigger) -> bool {
+        let flag = match trigger {
+            Trigger::Sigterm => self.sigterm,
+            Trigger::Sigint => self.sigint,
+            Trigger::Sigquit => self.sigquit,
+            _ => false,
+        };
+        flag || self.stop.map(StopSignal::trigger) == Some(trigger)
+    }
+
+    /// Whether the `n`th signal received (1-based), `trigger`, forces the exit.
+    pub(crate) fn forces(&self, trigger: Trigger, n: u64) -> bool {
+        n >= 2 || (trigger == Trigger::Sigquit && self.stop() != StopSignal::Sigquit)
+    }
+}
+
+/// When a signal was received, on the signal thread's clocks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Receipt {
+    pub(crate) at: std::time::Instant,
+    pub(crate) unix_ms: u64,
+}
+
+impl Receipt {
+    pub(crate) fn now() -> Self {
+        Self {
+            at: std::time::Instant::now(),
+            unix_ms: crate::drain::unix_ms_now(),
+        }
     }
 }
 
 /// Installs the handlers now (so the default action no longer applies from this point on)
-/// and spawns the task that turns signals into triggers.
+/// and starts the thread that turns signals into triggers. Needs a runtime context: the drain's
+/// driver is spawned on that runtime.
 #[cfg(unix)]
 pub(crate) fn install(drain: &Drain, which: Signals) -> std::io::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
+    use signal_hook::consts::{SIGINT, SIGQUIT, SIGTERM};
 
-    let mut term = which
-        .sigterm
-        .then(|| signal(SignalKind::terminate()))
-        .transpose()?;
-    let mut int = which
-        .sigint
-        .then(|| signal(SignalKind::interrupt()))
-        .transpose()?;
-    let mut quit = which
-        .sigquit
-        .then(|| signal(SignalKind::quit()))
-        .transpose()?;
+    let handle = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+    let list: Vec<i32> = [
+        (Trigger::Sigterm, SIGTERM),
+        (Trigger::Sigint, SIGINT),
+        (Trigger::Sigquit, SIGQUIT),
+    ]
+    .into_iter()
+    .filter(|(t, _)| which.listens(*t))
+    .map(|(_, s)| s)
+    .collect();
+    let mut signals = signal_hook::iterator::Signals::new(&list)?;
     let drain = drain.clone();
-    tokio::spawn(async move {
-        async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
-            match s {
-                Some(s) => {
-                    if s.recv().await.is_none() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-                None => std::future::pending::<()>().await,
+    std::thread::Builder::new()
+        .name("lameduck-signals".to_owned())
+        .spawn(move || {
+            let mut n = 0u64;
+            for sig in signals.forever() {
+                let receipt = Receipt::now();
+                n += 1;
+                let trigger = match sig {
+                    SIGTERM => Trigger::Sigterm,
+                    SIGINT => Trigger::Sigint,
+                    _ => Trigger::Sigquit,
+                };
+                // Spawning the driver from this thread needs the runtime's context.
+                let _rt = handle.enter();
+                drain.on_signal(trigger, receipt, which.forces(trigger, n));
             }
-        }
-        let mut sigints = 0u32;
-        loop {
-            tokio::select! {
-                () = recv(&mut term) => drain.on_signal(Trigger::Sigterm),
-                () = recv(&mut int) => {
-                    sigints += 1;
-                    if sigints >= 2 {
-                        drain.on_signal(Trigger::Sigint);
-                        drain.force();
-                    } else {
-                        drain.on_signal(Trigger::Sigint);
-                    }
-                }
-                () = recv(&mut quit) => {
-                    drain.on_signal(Trigger::Sigquit);
-                    drain.force();
-                }
-            }
-        }
-    });
+        })?;
     Ok(())
 }
 
@@ -111,12 +275,33 @@ pub(crate) fn install(drain: &Drain, which: Signals) -> std::io::Result<()> {
             let mut n = 0;
             while tokio::signal::ctrl_c().await.is_ok() {
                 n += 1;
-                drain.on_signal(Trigger::Sigint);
-                if n >= 2 {
-                    drain.force();
-                }
+                drain.on_signal(Trigger::Sigint, Receipt::now(), n >= 2);
             }
         });
     }
     Ok(())
+}
+
+/// Arms the watchdog: at `origin + at`, unless the drain is Done, it writes a `forced` report
+/// and exits the process with code 1.
+pub(crate) fn arm_watchdog(drain: Drain, origin: std::time::Instant, at: Duration) {
+    let Some(fire_at) = origin.checked_add(at) else {
+        // Unreachable with a validated budget (at most 24 h); never arm a wrong deadline.
+        return;
+    };
+    let spawned = std::thread::Builder::new()
+        .name("lameduck-watchdog".to_owned())
+        .spawn(move || {
+            loop {
+                let now = std::time::Instant::now();
+                if now >= fire_at {
+                    break;
+                }
+                std::thread::sleep(fire_at - now);
+            }
+            drain.watchdog_fire();
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "lameduck: cannot start the watchdog thread");
+    }
 }

@@ -64,6 +64,10 @@ fn base() -> DrainReport {
         closers: vec![],
         pod: PodInfo::default(),
         advice: vec![],
+        cause: None,
+        signal_receipt: None,
+        stop_signal_wait: None,
+        sink_errors: vec![],
     }
 }
 

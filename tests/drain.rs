@@ -159,12 +159,14 @@ async fn exactly_one_of_many_concurrent_starts_wins() {
             .count(),
         1
     );
-    assert_eq!(
-        tl.iter()
-            .filter(|e| e.event == EventKind::SignalReceived)
-            .count(),
-        99
-    );
+    // Repeats collapse: one `signal_received` per trigger kind, counting the 99 later calls.
+    let received: Vec<_> = tl
+        .iter()
+        .filter(|e| e.event == EventKind::SignalReceived)
+        .collect();
+    assert_eq!(received.len(), 2, "{received:?}");
+    let total: u64 = received.iter().map(|e| e.count.unwrap_or(1)).sum();
+    assert_eq!(total, 99);
 }
 
 #[tokio::test(start_paused = true)]
@@ -325,6 +327,88 @@ fn grace_period_from_the_environment() {
     assert!(
         bad.contains("ERR=LAMEDUCK_GRACE_PERIOD=\"soon\" is not a duration")
             && bad.contains("env=true"),
+        "{bad}"
+    );
+    // Accepted once, this overflowed `Instant + Duration` at the trigger.
+    let huge = run("18446744073709551615");
+    assert!(
+        huge.contains(
+            "ERR=LAMEDUCK_GRACE_PERIOD (18446744073709551615s) is above the maximum of 86400s"
+        ),
+        "{huge}"
+    );
+    for short in ["1ms", "30ms"] {
+        let out = run(short);
+        assert!(
+            out.contains(&format!("ERR=LAMEDUCK_GRACE_PERIOD ({short}) is below 1s")),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn grace_periods_kubernetes_cannot_mean_are_refused_by_the_builder() {
+    let e = err(Drain::builder().grace_period(Duration::from_secs(u64::MAX)));
+    assert!(e.is_budget(), "{e}");
+    assert!(
+        e.to_string().contains("above the maximum of 86400s (24h)"),
+        "{e}"
+    );
+    for short in [ms(1), ms(30)] {
+        let e = err(Drain::builder().grace_period(short));
+        assert!(e.is_budget(), "{e}");
+        assert!(e.to_string().contains("is below 1s"), "{e}");
+    }
+    // What is reserved after the propagation window is named with its numbers.
+    let e = err(builder()
+        .grace_period(Duration::from_secs(3))
+        .safety_margin(Duration::from_secs(1))
+        .close_budget(Duration::from_secs(1))
+        .propagation(Propagation::fixed(Duration::from_secs(2))));
+    assert!(
+        e.to_string()
+            .contains("fixed propagation delay (2s) is past the quiesce deadline (1s"),
+        "{e}"
+    );
+    assert!(builder()
+        .grace_period(Duration::from_secs(24 * 3600))
+        .build()
+        .is_ok());
+}
+
+/// The environment is process-wide, so this test runs in a child process of its own.
+#[test]
+fn stop_signal_from_the_environment() {
+    if std::env::var_os("LAMEDUCK_ENV_CHILD").is_some() {
+        match Drain::builder().build() {
+            Ok(_) => println!("OK"),
+            Err(e) => println!("ERR={} env={}", e, e.is_env()),
+        }
+        return;
+    }
+    let run = |value: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "stop_signal_from_the_environment",
+                "--nocapture",
+                "-q",
+            ])
+            .env("LAMEDUCK_ENV_CHILD", "1")
+            .env("LAMEDUCK_STOP_SIGNAL", value)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    for good in ["SIGQUIT", "quit", "SIGTERM", "SigInt", ""] {
+        assert!(run(good).contains("OK"), "{good}");
+    }
+    let bad = run("SIGHUP");
+    assert!(
+        bad.contains(
+            "ERR=LAMEDUCK_STOP_SIGNAL=\"SIGHUP\": `SIGHUP` is not a supported stop signal: \
+             use SIGTERM, SIGINT or SIGQUIT env=true"
+        ),
         "{bad}"
     );
 }
@@ -593,4 +677,143 @@ async fn serving_until_stop_policy_keeps_readiness_until_stopped_accepting() {
     assert!(report
         .to_json()
         .contains("\"readiness_policy\":\"serving_until_stop\""));
+}
+
+// ---------- bounded state ----------
+
+#[tokio::test(start_paused = true)]
+async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
+    let drain = builder()
+        .propagation(Propagation::fixed(ms(100)))
+        .build()
+        .unwrap();
+    drain.mark_started();
+    let triggers = [
+        Trigger::Api,
+        Trigger::PreStop,
+        Trigger::Sigterm,
+        Trigger::Sigint,
+    ];
+    for i in 0..50_000 {
+        drain.start(triggers[i % triggers.len()]);
+    }
+    let tl = drain.timeline();
+    let received: Vec<_> = tl
+        .iter()
+        .filter(|e| e.event == EventKind::SignalReceived)
+        .collect();
+    assert_eq!(
+        received.len(),
+        4,
+        "one event per trigger kind: {received:?}"
+    );
+    let total: u64 = received.iter().map(|e| e.count.unwrap_or(1)).sum();
+    assert_eq!(total, 49_999);
+    // Each keeps the time of its first arrival.
+    assert!(received.iter().all(|e| e.at_ms == 0));
+
+    let report = drain.drained().await;
+    let done = drain.timeline();
+    for _ in 0..1_000 {
+        drain.start(Trigger::PreStop);
+        drain.start(Trigger::Sigquit);
+    }
+    assert_eq!(drain.timeline(), done, "appended after Done");
+    assert_eq!(report.timeline, done);
+    assert_eq!(report.timeline.last().unwrap().event, EventKind::Done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_status_timeline_is_capped_with_a_count_of_what_was_left_out() {
+    let drain = builder()
+        .propagation(Propagation::fixed(ms(100)))
+        .build()
+        .unwrap();
+    // Closers are the one thing that adds events per registration.
+    for i in 0..200 {
+        drain.on_close(format!("c{i}"), || async { Ok::<_, std::io::Error>(()) });
+    }
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    let full = report.timeline.len();
+    assert!(full > lameduck::STATUS_TIMELINE_LIMIT);
+    let status = drain.status();
+    assert_eq!(status.timeline.len(), lameduck::STATUS_TIMELINE_LIMIT);
+    assert_eq!(
+        status.timeline_omitted,
+        full - lameduck::STATUS_TIMELINE_LIMIT
+    );
+    // Both ends survive: the start and the end of the drain.
+    assert_eq!(status.timeline[0].event, EventKind::DrainStarted);
+    assert_eq!(status.timeline.last().unwrap().event, EventKind::Done);
+}
+
+/// 10 000 admin calls (`/drain` and `/status`, no token) over real HTTP on keep-alive
+/// connections: the timeline and the bodies stay the same size.
+#[cfg(feature = "admin")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::TokioIo;
+
+    let drain = builder()
+        .grace_period(Duration::from_secs(60))
+        .propagation(Propagation::fixed(Duration::from_secs(40)))
+        .build()
+        .unwrap();
+    drain.mark_started();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = drain.admin().without_token().router();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+
+    // 10 000 over HTTP (the 50 000-trigger case runs in-process above); enough to show no
+    // growth, short enough for a shared CI machine.
+    const CALLS: usize = 10_000;
+    const CONNS: usize = 4;
+    let mut clients = Vec::new();
+    for c in 0..CONNS {
+        clients.push(tokio::spawn(async move {
+            let io = TokioIo::new(tokio::net::TcpStream::connect(addr).await.unwrap());
+            let (mut tx, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            tokio::spawn(conn);
+            let mut largest = 0;
+            for i in 0..CALLS / CONNS {
+                let path = if (i + c) % 2 == 0 {
+                    "/drain?wait=none"
+                } else {
+                    "/status"
+                };
+                let req = http::Request::builder()
+                    .method(if path == "/status" { "GET" } else { "POST" })
+                    .uri(path)
+                    .header("host", "admin")
+                    .body(Empty::<bytes::Bytes>::new())
+                    .unwrap();
+                let resp = tx.send_request(req).await.unwrap();
+                assert!(resp.status().is_success(), "{path}: {}", resp.status());
+                let body = resp.into_body().collect().await.unwrap().to_bytes();
+                largest = largest.max(body.len());
+            }
+            largest
+        }));
+    }
+    let mut largest = 0;
+    for c in clients {
+        let l = tokio::time::timeout(Duration::from_secs(240), c)
+            .await
+            .expect("the flood finished")
+            .unwrap();
+        largest = largest.max(l);
+    }
+    let tl = drain.timeline();
+    assert!(tl.len() <= 4, "{tl:?}");
+    let received = tl
+        .iter()
+        .find(|e| e.event == EventKind::SignalReceived)
+        .expect("repeated /drain calls are counted");
+    assert_eq!(received.count, Some((CALLS / 2 - 1) as u64));
+    // A status body with a handful of events: a few hundred bytes, never growing with calls.
+    assert!(largest < 4096, "largest body {largest} bytes");
+    drain.force();
 }
