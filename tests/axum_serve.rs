@@ -151,3 +151,139 @@ async fn deadline_bounds_axum_serve_and_names_the_never_ending_stream() {
     // axum's connection tasks outlive its serve future; in an app they end with the process.
     reader.abort();
 }
+
+/// The test app plus two routes that extract `ConnectInfo` the two ways handlers do.
+fn connect_info_app(drain: &Drain) -> axum::Router {
+    use axum::extract::ConnectInfo;
+    use axum::routing::get as route;
+
+    async fn peer(ConnectInfo(addr): ConnectInfo<SocketAddr>) -> String {
+        addr.to_string()
+    }
+    async fn meta(ConnectInfo(conn): ConnectInfo<ConnMeta>) -> String {
+        format!(
+            "{} {} {:?}",
+            conn.id(),
+            conn.peer().expect("peer known"),
+            conn.request_index()
+        )
+    }
+    app(drain, Probe::default())
+        .route("/peer", route(peer))
+        .route("/meta", route(meta))
+        .layer(drain.layer())
+}
+
+#[tokio::test]
+async fn one_call_serve_gives_both_connect_infos_counts_new_and_reused_and_ends_after_stop() {
+    let drain = drain(
+        Duration::from_secs(6),
+        Propagation::fixed(Duration::from_millis(1500)),
+    );
+    let (listener, addr) = bind().await;
+    let server = tokio::spawn(lameduck::axum::serve(
+        listener,
+        connect_info_app(&drain),
+        &drain,
+    ));
+
+    // Serving: both extractors work on one connection, and the ConnMeta is the connection's.
+    let (mut a, a_conn) = h1(addr).await;
+    let (status, _, peer) = text(send1(&mut a, "/peer").await).await;
+    assert_eq!(status, StatusCode::OK);
+    let local: SocketAddr = peer.parse().expect("a socket address");
+    assert_eq!(local.ip(), addr.ip());
+    let (status, _, meta) = text(send1(&mut a, "/meta").await).await;
+    assert_eq!(status, StatusCode::OK);
+    let fields: Vec<&str> = meta.split(' ').collect();
+    assert_eq!(
+        fields[1], peer,
+        "ConnMeta's peer is the ConnectInfo<SocketAddr>"
+    );
+    assert_eq!(fields[2], "Some(1)", "second request on the connection");
+    let a_id: u64 = fields[0].parse().unwrap();
+    assert!(
+        is_phase(&drain, Phase::Serving),
+        "serve marked startup done"
+    );
+
+    assert!(drain.start(Trigger::Api));
+
+    // Reused connection: served, told to close.
+    let (status, headers, _) = text(send1(&mut a, "/conn").await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(connection_close(&headers));
+    assert_eq!(conn_header(&headers), a_id);
+    within("reused connection closed", a_conn)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // New connections while draining: still accepted, both extractors still work.
+    let (mut b, _b_conn) = h1(addr).await;
+    let (status, _, peer_b) = text(send1(&mut b, "/peer").await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_ne!(peer_b, peer, "a new client port");
+    let (mut c, _c_conn) = h2(addr).await;
+    let res = send2(&mut c, "/meta").await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let (_, _, meta_c) = text(res).await;
+    assert_ne!(meta_c.split(' ').next().unwrap(), a_id.to_string());
+    assert!(
+        is_phase(&drain, Phase::Draining),
+        "test window: still draining"
+    );
+
+    // The server future ends only after stopped_accepting.
+    assert!(!server.is_finished());
+    drop((b, c));
+    within("lameduck::axum::serve returns", server)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(drain.phase() >= Phase::StoppedAccepting);
+    assert!(has_event(&drain, EventKind::StoppedAccepting));
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    let af = &report.after_flip;
+    assert_eq!(af.requests_on_reused_connections, 1);
+    assert_eq!(af.requests_on_new_connections, 2);
+    assert_eq!(af.new_connections, 2);
+    assert_eq!(af.peers.len(), 1);
+    assert_eq!(af.peers[0].new_connections, 2);
+    // The listener is closed: a new connection is refused.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+#[tokio::test]
+async fn one_call_serve_is_bounded_by_the_deadline() {
+    // grace 4s → quiesce deadline ≈ 3.2s after the trigger.
+    let drain = drain(
+        Duration::from_secs(4),
+        Propagation::fixed(Duration::from_millis(500)),
+    );
+    let (listener, addr) = bind().await;
+    let app = app(&drain, Probe::default()).layer(drain.layer());
+    let server = tokio::spawn(lameduck::axum::serve(listener, app, &drain));
+
+    let (mut c, _c_conn) = h1(addr).await;
+    let res = send1(&mut c, "/forever").await;
+    let mut body = res.into_body();
+    assert!(next_chunk(&mut body).await.is_some());
+    assert!(drain.start(Trigger::Api));
+    let reader = tokio::spawn(async move { while next_chunk(&mut body).await.is_some() {} });
+
+    within("lameduck::axum::serve bounded by the deadline", server)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(has_event(&drain, EventKind::DeadlineExceeded));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert!(report
+        .stragglers
+        .iter()
+        .any(|s| s.kind == "request" && s.name == "GET /forever"));
+    reader.abort();
+}

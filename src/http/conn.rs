@@ -204,8 +204,8 @@ impl fmt::Debug for ConnMeta {
     }
 }
 
-#[cfg(feature = "admin")]
-#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl
     axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
     for ConnMeta
@@ -217,8 +217,8 @@ impl
     }
 }
 
-#[cfg(feature = "admin")]
-#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::extract::connect_info::Connected<SocketAddr> for ConnMeta {
     fn connect_info(peer: SocketAddr) -> Self {
         ConnMeta::accepted(Some(peer))

@@ -131,7 +131,7 @@ fn conn_meta<B>(req: &Request<B>) -> Option<&ConnMeta> {
     if let Some(m) = ext.get::<ConnMeta>() {
         return Some(m);
     }
-    #[cfg(feature = "admin")]
+    #[cfg(feature = "axum")]
     if let Some(axum::extract::ConnectInfo(m)) = ext.get::<axum::extract::ConnectInfo<ConnMeta>>() {
         return Some(m);
     }

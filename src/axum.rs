@@ -1,0 +1,197 @@
+//! One call to serve an axum [`Router`] under the drain: [`serve`].
+//!
+//! `axum::serve(listener, app)` alone stops at the wrong moment (whatever future it is given),
+//! waits for every connection forever, and attaches no [`ConnMeta`], so the drain cannot tell
+//! requests on new connections from requests on reused ones. [`serve`] is `axum::serve` with
+//! those three pieces in place; the [axum guide](crate::guide::axum) explains each of them and
+//! what [`lameduck::serve`](crate::serve) does beyond it.
+//!
+//! # Invariants
+//!
+//! * One [`ConnMeta`] per accepted connection, made by its `Connected` implementation (the same
+//!   path as `into_make_service_with_connect_info::<ConnMeta>()`), so whatever that path
+//!   records about a new connection is recorded here too.
+//! * Every request carries `ConnectInfo<ConnMeta>` and `ConnectInfo<SocketAddr>`.
+//! * The future resolves at the latest at the quiesce deadline.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::{ready, Future, IntoFuture, Ready};
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::Request;
+use axum::response::Response;
+use axum::serve::IncomingStream;
+use axum::Router;
+use tokio::net::TcpListener;
+use tower_service::Service;
+
+use crate::{ConnMeta, Drain};
+
+/// Serves `router` on `listener` with `axum::serve`, wired to `drain`: the one-call integration
+/// for axum apps.
+///
+/// * Marks startup complete ([`Drain::mark_started`]) when it starts.
+/// * Keeps accepting while Draining; stops accepting at `stopped_accepting`
+///   ([`Drain::stop_token`]), when axum closes its listener and idle connections and sends
+///   HTTP/2 connections a GOAWAY.
+/// * Attaches a [`ConnMeta`] per connection, so the [`DrainLayer`](crate::DrainLayer) counts
+///   requests on new versus reused connections and new connections feed the propagation
+///   policy. Handlers read it with `ConnectInfo<ConnMeta>`; `ConnectInfo<SocketAddr>`
+///   extractors keep working too (see the cost below).
+/// * Resolves when every connection has finished, or at the quiesce deadline
+///   ([`Drain::deadline_token`]) at the latest, so a stuck connection cannot hold the process
+///   past its budget: whatever is still running then is named in the report's stragglers.
+///
+/// It does not count requests itself: add [`Drain::layer`] to the router, as with
+/// [`lameduck::serve`](crate::serve).
+///
+/// # Cost
+///
+/// Per request, on top of `axum::serve` with `into_make_service_with_connect_info::<ConnMeta>()`:
+/// one atomic increment (the request's [`ConnMeta::request_index`]) and the
+/// `ConnectInfo<SocketAddr>` extension, one allocation (`tests/axum_alloc.rs` counts it).
+/// Per connection: the [`ConnMeta`], one allocation.
+///
+/// # Compared with `lameduck::serve`
+///
+/// axum's own loop does not let lameduck close connections: HTTP/2 connections get their
+/// GOAWAY at `stopped_accepting` rather than at the trigger, [`Drain::connections`] stays 0,
+/// and connections still busy at the deadline are not force-closed — the future resolves and
+/// they end with the process, which exits once the report is written. Use
+/// [`lameduck::serve`](crate::serve) (it takes the same router) when that matters.
+///
+/// # Examples
+///
+/// ```
+/// use std::net::SocketAddr;
+///
+/// use axum::{extract::ConnectInfo, routing::get, Router};
+/// use lameduck::{ConnMeta, Drain, Trigger};
+/// # use lameduck::{Propagation, Signals};
+/// # use std::time::Duration;
+///
+/// async fn peer(ConnectInfo(addr): ConnectInfo<SocketAddr>) -> String {
+///     addr.to_string()
+/// }
+///
+/// async fn conn(ConnectInfo(conn): ConnectInfo<ConnMeta>) -> String {
+///     conn.id().to_string()
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let drain = Drain::builder()
+///     # .propagation(Propagation::fixed(Duration::from_secs(1)))
+///     # .signals(Signals::none()).report_to_stderr(false).termination_log(None)
+///     .build()?;
+/// let app = Router::new()
+///     .route("/peer", get(peer))
+///     .route("/conn", get(conn))
+///     .layer(drain.layer());
+///
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// let server = tokio::spawn(lameduck::axum::serve(listener, app, &drain));
+///
+/// # drain.start(Trigger::Api);
+/// let report = drain.run().await; // signals → drain → closers → report
+/// server.await??; // ended at stopped_accepting, or at the deadline at the latest
+/// # assert_eq!(report.exit_code, 0);
+/// # Ok(()) }
+/// ```
+pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> Serve {
+    let drain = drain.clone();
+    let server = axum::serve(listener, WithConnMeta { router })
+        .with_graceful_shutdown(drain.stop_token().cancelled_owned())
+        .into_future();
+    let deadline = drain.deadline_token();
+    Serve {
+        inner: Box::pin(async move {
+            drain.mark_started();
+            tokio::select! {
+                result = server => result,
+                // What is still running is a straggler: the report names it.
+                () = deadline.cancelled_owned() => Ok(()),
+            }
+        }),
+    }
+}
+
+/// The future returned by [`serve`]: resolves when every connection has finished after
+/// `stopped_accepting`, or at the quiesce deadline.
+///
+/// `Send + 'static`: `.await` it or hand it to `tokio::spawn`.
+#[must_use = "futures do nothing unless polled"]
+pub struct Serve {
+    inner: Pin<Box<dyn Future<Output = io::Result<()>> + Send>>,
+}
+
+impl Future for Serve {
+    type Output = io::Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for Serve {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Serve").finish_non_exhaustive()
+    }
+}
+
+/// axum's per-connection factory: one [`ConnMeta`] per accepted connection.
+#[derive(Clone)]
+struct WithConnMeta {
+    router: Router,
+}
+
+impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
+    type Response = ConnService;
+    type Error = Infallible;
+    type Future = Ready<Result<ConnService, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, stream: IncomingStream<'_, TcpListener>) -> Self::Future {
+        let peer = *stream.remote_addr();
+        let meta = <ConnMeta as Connected<IncomingStream<'_, TcpListener>>>::connect_info(stream);
+        ready(Ok(ConnService {
+            router: self.router.clone(),
+            meta,
+            peer,
+        }))
+    }
+}
+
+/// The router for one connection: attaches both `ConnectInfo`s to each request.
+#[derive(Clone)]
+struct ConnService {
+    router: Router,
+    meta: ConnMeta,
+    peer: SocketAddr,
+}
+
+impl Service<Request> for ConnService {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = <Router as Service<Request>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        <Router as Service<Request>>::poll_ready(&mut self.router, cx)
+    }
+
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        let extensions = req.extensions_mut();
+        extensions.insert(ConnectInfo(self.meta.for_request()));
+        // The bridge for existing `ConnectInfo<SocketAddr>` extractors.
+        extensions.insert(ConnectInfo(self.peer));
+        self.router.call(req)
+    }
+}
