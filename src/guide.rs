@@ -1,17 +1,33 @@
 //! Long-form guides, one per stack.
 //!
-//! | Guide | For |
-//! |---|---|
-//! | [`axum`] | apps that keep `axum::serve(...).with_graceful_shutdown(...)` |
-//! | [`hyper`] | apps with their own hyper accept loop |
-//! | [`tonic`] | gRPC services: the drain layer, GOAWAY, the standard health service |
-//! | [`kubernetes`] | the Pod spec: probes, `preStop`, the grace period, reading the report |
+//! | Guide | For | Features |
+//! |---|---|---|
+//! | [`axum`] | axum apps: the one-call [`serve`][one-call], or `axum::serve` wired by hand | `axum` (default) |
+//! | [`hyper`] | apps with their own hyper accept loop | `http` (default) |
+//! | [`tonic`] | gRPC services: the drain layer, GOAWAY, the standard health service | `grpc` |
+//! | [`worker`] | queue consumers, pollers, cron-style processes with no HTTP | none |
+//! | [`kubernetes`] | the Pod spec: probes, `preStop`, the grace period, reading the report | none (`admin` for the probes) |
 //!
-//! Apps that can hand their accept loop to [`serve`](crate::serve) need none of the first
-//! three: it does every connection step of the drain itself.
+//! Apps that can hand their accept loop to [`lameduck::serve`][serve] need neither the
+//! axum nor the hyper guide: it does every connection step of the drain itself.
+//!
+//! A guide whose feature this build of the docs leaves out links to the crate's
+//! [feature table](crate#feature-flags).
+//!
+#![cfg_attr(feature = "axum", doc = "[one-call]: crate::axum::serve")]
+#![cfg_attr(feature = "http", doc = "[serve]: crate::serve")]
+#![cfg_attr(
+    not(feature = "axum"),
+    doc = "[`axum`]: crate#feature-flags\n[one-call]: crate#feature-flags"
+)]
+#![cfg_attr(
+    not(feature = "http"),
+    doc = "[`hyper`]: crate#feature-flags\n[serve]: crate#feature-flags"
+)]
+#![cfg_attr(not(feature = "grpc"), doc = "[`tonic`]: crate#feature-flags")]
 
-#[cfg(feature = "admin")]
-#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[doc = include_str!("docs/axum.md")]
 pub mod axum {}
 
@@ -25,7 +41,26 @@ pub mod hyper {}
 #[doc = include_str!("docs/tonic.md")]
 pub mod tonic {}
 
-#[cfg(feature = "admin")]
-#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+#[doc = include_str!("docs/worker.md")]
+pub mod worker {}
+
 #[doc = include_str!("docs/kubernetes.md")]
+// Links to items behind features, resolved in every feature set (after a blank line: a link
+// definition cannot interrupt a paragraph).
+#[doc = ""]
+#[cfg_attr(feature = "admin", doc = "[admin-router]: crate::admin")]
+#[cfg_attr(
+    feature = "admin",
+    doc = "[prestop-blocking]: crate::admin::prestop_blocking"
+)]
+#[cfg_attr(feature = "http", doc = "[serve]: crate::serve")]
+#[cfg_attr(feature = "http", doc = "[stream-stop]: crate::Drain::stream_stop")]
+#[cfg_attr(
+    not(feature = "admin"),
+    doc = "[admin-router]: crate#feature-flags\n[prestop-blocking]: crate#feature-flags"
+)]
+#[cfg_attr(
+    not(feature = "http"),
+    doc = "[serve]: crate#feature-flags\n[stream-stop]: crate#feature-flags"
+)]
 pub mod kubernetes {}

@@ -53,19 +53,23 @@
 //! | You run | Use | Guide |
 //! |---|---|---|
 //! | axum, hyper or any tower service, and can hand over the accept loop | [`serve`] + [`Drain::layer`] | — |
-//! | `axum::serve(...).with_graceful_shutdown(...)` | [`Drain::layer`] + [`ConnMeta`] + the stop token | [`guide::axum`] |
-//! | your own hyper accept loop | [`Drain::layer`] + the tokens | [`guide::hyper`] |
+//! | axum, keeping axum's own accept loop | [`axum::serve`] + [`Drain::layer`] | [`guide::axum`] |
+//! | your own hyper accept loop | [`Drain::layer`] + [`ConnMeta`] + the tokens | [`guide::hyper`] |
 //! | tonic (gRPC) | [`Drain::layer`] + [`Drain::grpc_health`] | [`guide::tonic`] |
 //! | server-sent events, WebSockets, watches | [`Drain::stream_stop`], [`StreamStop::wrap`], a guard per socket | `examples/sse.rs`, `examples/websocket.rs` |
-//! | queue consumers, pollers | [`Drain::spawn_cancellable`] | `examples/queue_consumer.rs` |
+//! | queue consumers, pollers, cron-style workers (no HTTP) | [`Drain::spawn_cancellable`] | [`guide::worker`] |
 //! | Kubernetes probes and `preStop` | [`Drain::admin_router`] | [`guide::kubernetes`] |
+//!
+//! Each guide opens with the `Cargo.toml` lines it needs. An item that needs a feature this
+//! build of the docs leaves out links to the table below.
 //!
 //! # Feature flags
 //!
 //! | Feature | Default | Enables |
 //! |---|---|---|
 //! | `http` | yes | [`DrainLayer`] (tower middleware), [`ConnMeta`], the [`serve`] accept loop and [`StreamStop`] — on hyper 1 and hyper-util |
-//! | `admin` | yes | the admin router (`/livez`, `/readyz`, `/drain`, `/status`) on axum, and the [`prestop`] helper; implies `http` |
+//! | `axum` | yes | [`axum::serve`]: `axum::serve` with [`ConnMeta`], the stop token and the deadline bound, in one call; implies `http` |
+//! | `admin` | yes | the admin router (`/livez`, `/readyz`, `/drain`, `/status`) on axum, and the [`prestop`] helper; implies `axum` |
 //! | `grpc` | no | [`Drain::grpc_health`]: the standard gRPC health service (tonic-health) following the drain; implies `http` |
 //! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Drain::record_metrics`, `Drain::spawn_metrics_updater` |
 //! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `metrics::prometheus_builder`; no HTTP listener or TLS of its own; implies `metrics` and `admin` |
@@ -73,7 +77,26 @@
 //! The defaults are what a typical axum service needs. With no features at all, the
 //! coordinator ([`Drain`], phases, budget, tasks, closers, signals, the report) is still there
 //! for services that are not HTTP.
+//!
 #![forbid(unsafe_code)]
+// Items behind a feature this build leaves out: their links point at the feature table, so the
+// docs build without broken links in every feature set.
+#![cfg_attr(
+    not(feature = "http"),
+    doc = "[`serve`]: crate#feature-flags\n[`Drain::layer`]: crate#feature-flags\n[`ConnMeta`]: crate#feature-flags\n[`guide::hyper`]: crate#feature-flags\n[`Drain::stream_stop`]: crate#feature-flags\n[`StreamStop::wrap`]: crate#feature-flags\n[`DrainLayer`]: crate#feature-flags\n[`StreamStop`]: crate#feature-flags"
+)]
+#![cfg_attr(
+    not(feature = "axum"),
+    doc = "[`axum::serve`]: crate#feature-flags\n[`guide::axum`]: crate#feature-flags"
+)]
+#![cfg_attr(
+    not(feature = "grpc"),
+    doc = "[`Drain::grpc_health`]: crate#feature-flags\n[`guide::tonic`]: crate#feature-flags"
+)]
+#![cfg_attr(
+    not(feature = "admin"),
+    doc = "[`Drain::admin_router`]: crate#feature-flags\n[`prestop`]: crate#feature-flags"
+)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod advice;
