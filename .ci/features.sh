@@ -32,4 +32,10 @@ for f in $features; do
 done
 run
 run --all-features
-echo "features ok: none, $(echo $features | tr ' ' ','), default, all"
+
+# Intra-doc links to items behind a feature must resolve with that feature off too.
+for f in $features; do
+  echo "+ cargo doc --no-deps -p lameduck --no-default-features --features $f"
+  RUSTDOCFLAGS=-Dwarnings cargo doc --quiet --no-deps -p lameduck --no-default-features --features "$f"
+done
+echo "features ok: none, $(echo $features | tr ' ' ','), default, all (check; docs for each alone)"

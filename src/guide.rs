@@ -39,6 +39,9 @@ pub mod hyper {}
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 #[doc = include_str!("docs/tonic.md")]
+#[doc = ""]
+#[cfg_attr(feature = "axum", doc = "[axum-guide]: crate::guide::axum")]
+#[cfg_attr(not(feature = "axum"), doc = "[axum-guide]: crate#feature-flags")]
 pub mod tonic {}
 
 #[doc = include_str!("docs/worker.md")]

@@ -11,8 +11,11 @@
 //! * [`StreamStop`] / [`EndOnStop`]: end server-sent events and other endless streams at
 //!   `stopped_accepting`, optionally spread over a window.
 //!
-//! Apps that keep `axum::serve`: see [`guide::axum`](crate::guide::axum); apps with their own
-//! hyper accept loop: see [`guide::hyper`](crate::guide::hyper).
+//! axum apps that keep axum's accept loop: see [`guide::axum`] (feature `axum`); apps with their
+//! own hyper accept loop: see [`guide::hyper`](crate::guide::hyper).
+//!
+#![cfg_attr(feature = "axum", doc = "[`guide::axum`]: crate::guide::axum")]
+#![cfg_attr(not(feature = "axum"), doc = "[`guide::axum`]: crate#feature-flags")]
 
 mod body;
 mod conn;
