@@ -1227,8 +1227,17 @@ impl Drain {
     /// signals is named in the report (`stop_signal_wait`) and its advice.
     ///
     /// Before returning it lets the admin endpoint answer every `/drain?wait=…` caller (and,
-    /// with [`AdminBuilder::serve`](crate::admin::AdminBuilder::serve), finish writing every
-    /// admin response), bounded by the hard deadline.
+    /// with [`AdminBuilder::serve`], finish writing every admin response), bounded by the hard
+    /// deadline.
+    ///
+    #[cfg_attr(
+        feature = "admin",
+        doc = "[`AdminBuilder::serve`]: crate::admin::AdminBuilder::serve"
+    )]
+    #[cfg_attr(
+        not(feature = "admin"),
+        doc = "[`AdminBuilder::serve`]: crate#feature-flags"
+    )]
     ///
     /// The report returned is the one written last: it ends with an `exit` event carrying the
     /// exit code, after every signal received (also the one that followed a `preStop` drain).

@@ -75,7 +75,16 @@ impl Drain {
 /// report zero in flight while a large response is still being written. Under
 /// [`serve`](crate::serve) the connection counts them instead (until the kernel has accepted
 /// every byte) and names them at the quiesce deadline; see the
-/// [axum guide](crate::guide::axum#slow-readers).
+/// [axum guide][axum-slow-readers].
+///
+#[cfg_attr(
+    feature = "axum",
+    doc = "[axum-slow-readers]: crate::guide::axum#slow-readers"
+)]
+#[cfg_attr(
+    not(feature = "axum"),
+    doc = "[axum-slow-readers]: crate#feature-flags"
+)]
 ///
 /// # Upgraded connections
 ///
