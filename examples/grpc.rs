@@ -65,7 +65,8 @@ async fn serve(grpc_addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> 
 
     let listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     println!("gRPC on {grpc_addr}; Ctrl-C or GET /drain on the admin port starts the drain");
-    let server = tokio::spawn(lameduck::serve(listener, app, &drain));
+    // The slow service reports the connection of each call, from `ConnMeta`.
+    let server = tokio::spawn(lameduck::serve(listener, app, &drain).conn_meta_on_every_request());
 
     let report = drain.run().await;
     server.await??;

@@ -74,7 +74,8 @@ async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("events on http://{addr}/events; Ctrl-C or GET /drain on the admin port drains");
     let app = ticks::router(&drain, Duration::from_secs(3));
-    let server = tokio::spawn(lameduck::serve(listener, app, &drain));
+    // Each event names its server connection, from `ConnMeta`.
+    let server = tokio::spawn(lameduck::serve(listener, app, &drain).conn_meta_on_every_request());
     let report = drain.run().await;
     server.await??;
     println!("{}", report.summary());
@@ -147,7 +148,7 @@ async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         addrs.push(listener.local_addr()?);
         let app = ticks::router(&drain, Duration::from_millis(500));
-        tokio::spawn(lameduck::serve(listener, app, &drain));
+        tokio::spawn(lameduck::serve(listener, app, &drain).conn_meta_on_every_request());
         replicas.push(drain);
     }
     let first = replicas[0].clone();

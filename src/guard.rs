@@ -109,6 +109,7 @@ impl Core {
             InFlightGuard {
                 core: self,
                 slot: NO_SLOT,
+                tag: 0,
             },
             draining,
         )
@@ -123,6 +124,7 @@ impl Core {
         InFlightGuard {
             core: self,
             slot: NO_SLOT,
+            tag: 0,
         }
     }
 
@@ -240,6 +242,10 @@ impl Core {
 pub struct InFlightGuard {
     core: &'static Core,
     slot: u32,
+    /// Free bits in what would otherwise be padding, for the HTTP layer: the request's HTTP
+    /// version class and its layer's options (see `http::service`). Keeping them here keeps
+    /// the layer's response future and body at the inner ones + 16 bytes.
+    pub(crate) tag: u32,
 }
 
 impl InFlightGuard {

@@ -63,7 +63,8 @@ fn start(drain: &Drain, listener: tokio::net::TcpListener) -> JoinHandle<io::Res
         .prepare()
         .into_axum_router()
         .layer(drain.layer());
-    tokio::spawn(lameduck::serve(listener, app, drain))
+    // The service reports the connection id of each call: it reads `ConnMeta` while Serving.
+    tokio::spawn(lameduck::serve(listener, app, drain).conn_meta_on_every_request())
 }
 
 fn connect(addr: SocketAddr) -> (Channel, Arc<AtomicUsize>) {

@@ -1,13 +1,18 @@
-//! The drain layer adds no allocation per request while Serving.
+//! The drain layer and `lameduck::serve` add no allocation per request while Serving, and the
+//! layer's future and body stay small.
 //!
 //! A counting global allocator (per test binary, hence its own file) counts the allocations of
 //! the current thread while N requests go through a tower service stack in-process, with and
-//! without the layer: call, poll the response future, drain the body, drop it.
+//! without the layer (call, poll the response future, drain the body, drop it), and while N
+//! keep-alive requests go over one loopback connection to `lameduck::serve` or to a bare hyper
+//! accept loop, client and server on one current-thread runtime.
 
 // A global allocator cannot be written without `unsafe impl GlobalAlloc`; this test binary is
 // the only place in the package that needs it (the library forbids unsafe code).
 #![allow(unsafe_code)]
 #![cfg(feature = "http")]
+
+mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -62,7 +67,7 @@ fn allocs() -> u64 {
 #[derive(Clone)]
 struct Hello;
 
-impl Service<Request<()>> for Hello {
+impl<B> Service<Request<B>> for Hello {
     type Response = Response<Full<Bytes>>;
     type Error = Infallible;
     type Future = std::future::Ready<Result<Self::Response, Infallible>>;
@@ -71,7 +76,7 @@ impl Service<Request<()>> for Hello {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _: Request<()>) -> Self::Future {
+    fn call(&mut self, _: Request<B>) -> Self::Future {
         std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"hello")))))
     }
 }
@@ -177,4 +182,105 @@ fn cloning_the_service_allocates_nothing() {
         drop(c);
     }
     assert_eq!(allocs() - before, 0);
+}
+
+#[test]
+fn future_and_body_are_the_inner_ones_plus_16_bytes() {
+    use std::mem::size_of;
+
+    use lameduck::http::future::ResponseFuture;
+    use lameduck::DrainBody;
+
+    type Fut = <Hello as Service<Request<()>>>::Future;
+    assert!(size_of::<ResponseFuture<Fut>>() <= size_of::<Fut>() + 16);
+    // `Full` has no spare bit pattern to mark a refusal's empty body: one word more.
+    assert!(size_of::<DrainBody<Full<Bytes>>>() <= size_of::<Full<Bytes>>() + 24);
+
+    // The future and body axum sees under `Router::layer`.
+    type RouteFut = <axum::routing::Route as Service<Request<axum::body::Body>>>::Future;
+    assert!(size_of::<ResponseFuture<RouteFut>>() <= size_of::<RouteFut>() + 16);
+    assert!(size_of::<DrainBody<axum::body::Body>>() <= size_of::<axum::body::Body>() + 16);
+
+    // The opt-in request line is what makes them bigger.
+    assert!(
+        size_of::<ResponseFuture<Fut, lameduck::http::RequestLine>>()
+            > size_of::<ResponseFuture<Fut>>() + 64
+    );
+}
+
+/// Binds 127.0.0.1:0 and serves `Hello` behind the layer with a bare hyper-util accept loop:
+/// what `lameduck::serve` is compared with.
+async fn bare_hyper(drain: &Drain) -> std::net::SocketAddr {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto;
+    use hyper_util::service::TowerToHyperService;
+
+    let (listener, addr) = common::bind().await;
+    let svc = drain.layer().layer(Hello);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let svc = TowerToHyperService::new(svc.clone());
+            tokio::spawn(async move {
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Allocations (client and server, one thread) of `n` keep-alive requests on one connection,
+/// after `WARM` requests on it.
+async fn over_tcp(addr: std::net::SocketAddr, n: u64) -> u64 {
+    const WARM: u64 = 20;
+    let (mut c, _conn) = common::h1(addr).await;
+    let mut one = async || {
+        let res = common::send1(&mut c, "/api/v1/items/12345").await;
+        assert!(res.status().is_success());
+        http_body_util::BodyExt::collect(res.into_body())
+            .await
+            .unwrap();
+    };
+    for _ in 0..WARM {
+        one().await;
+    }
+    let before = allocs();
+    for _ in 0..n {
+        one().await;
+    }
+    allocs() - before
+}
+
+#[test]
+fn serve_adds_no_allocation_per_request_while_serving() {
+    const N: u64 = 500;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let drain = drain();
+        let bare = over_tcp(bare_hyper(&drain).await, N).await;
+
+        let (listener, addr) = common::bind().await;
+        tokio::spawn(lameduck::serve(listener, drain.layer().layer(Hello), &drain));
+        let serving = over_tcp(addr, N).await;
+        assert_eq!(
+            serving, bare,
+            "lameduck::serve allocated {serving} times over {N} requests, a bare hyper loop {bare}"
+        );
+
+        // Handlers that ask for `ConnMeta` on every request pay for the extension.
+        let (listener, addr) = common::bind().await;
+        tokio::spawn(
+            lameduck::serve(listener, drain.layer().layer(Hello), &drain)
+                .conn_meta_on_every_request(),
+        );
+        assert!(over_tcp(addr, N).await >= bare + N);
+
+        assert_eq!(drain.in_flight(), 0);
+    });
 }

@@ -201,7 +201,8 @@ async fn quiesce_deadline_cuts_a_never_ending_stream_names_it_and_serve_returns(
         Duration::from_secs(4),
         Propagation::fixed(Duration::from_millis(500)),
     );
-    let (addr, server) = start_serve(&drain, Probe::default()).await;
+    // Naming a request that started before the trigger is opt-in.
+    let (addr, server) = start_serve_describing(&drain, Probe::default()).await;
 
     let (mut c, c_conn) = h1(addr).await;
     let res = send1(&mut c, "/forever").await;
@@ -246,6 +247,45 @@ async fn quiesce_deadline_cuts_a_never_ending_stream_names_it_and_serve_returns(
     assert!(!clean_end, "the stream was cut, not ended");
     // The client's connection is gone too.
     let _ = within("client connection closed", c_conn).await.unwrap();
+}
+
+#[tokio::test]
+async fn by_default_a_stream_from_before_the_trigger_is_an_undescribed_straggler() {
+    // grace 4s → quiesce deadline ≈ 3.2s after the trigger.
+    let drain = drain(
+        Duration::from_secs(4),
+        Propagation::fixed(Duration::from_millis(500)),
+    );
+    let (addr, server) = start_serve(&drain, Probe::default()).await;
+
+    let (mut c, _c_conn) = h1(addr).await;
+    let mut before = send1(&mut c, "/forever").await.into_body();
+    assert!(next_chunk(&mut before).await.is_some());
+    assert!(drain.start(Trigger::Api));
+    // One that arrives while draining is named from the request itself, with its peer.
+    let (mut c2, _c2_conn) = h1(addr).await;
+    let mut during = send1(&mut c2, "/forever").await.into_body();
+    assert!(next_chunk(&mut during).await.is_some());
+    let readers = tokio::spawn(async move {
+        while next_chunk(&mut before).await.is_some() {}
+        while next_chunk(&mut during).await.is_some() {}
+    });
+
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    let mut requests: Vec<_> = report
+        .stragglers
+        .iter()
+        .filter(|s| s.kind == "request")
+        .map(|s| (s.name.as_str(), s.peer.is_some()))
+        .collect();
+    requests.sort_unstable();
+    assert_eq!(
+        requests,
+        [("(undescribed guard)", false), ("GET /forever", true)]
+    );
+    within("serve returns", server).await.unwrap().unwrap();
+    readers.abort();
 }
 
 #[tokio::test]

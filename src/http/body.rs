@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 
 use crate::guard::InFlightGuard;
 
-use super::line::RequestLine;
+use super::line::{Naming, Unnamed};
 
 pin_project! {
     /// A response body that keeps its request counted as in flight until the body ends.
@@ -19,12 +19,14 @@ pin_project! {
     /// server force-closes the connection. A streaming body (server-sent events, a download)
     /// therefore counts for as long as it streams.
     ///
-    /// Data and error types are the inner body's.
-    pub struct DrainBody<B> {
+    /// Data and error types are the inner body's. The inner body plus 16 bytes (the guard),
+    /// plus the request line with
+    /// [`describe_requests`](crate::DrainLayer::describe_requests).
+    pub struct DrainBody<B, N = Unnamed> {
         #[pin]
         kind: Kind<B>,
         guard: Option<InFlightGuard>,
-        line: RequestLine,
+        line: N,
     }
 }
 
@@ -40,9 +42,9 @@ pin_project! {
     }
 }
 
-impl<B> DrainBody<B> {
+impl<B, N> DrainBody<B, N> {
     #[inline]
-    pub(crate) fn new(body: B, guard: Option<InFlightGuard>, line: RequestLine) -> Self {
+    pub(crate) fn new(body: B, guard: Option<InFlightGuard>, line: N) -> Self {
         Self {
             kind: Kind::Inner { body },
             guard,
@@ -50,19 +52,20 @@ impl<B> DrainBody<B> {
         }
     }
 
-    pub(crate) fn empty(guard: Option<InFlightGuard>) -> Self {
+    pub(crate) fn empty(guard: Option<InFlightGuard>, line: N) -> Self {
         Self {
             kind: Kind::Empty,
             guard,
-            line: RequestLine::new(&http::Method::GET, ""),
+            line,
         }
     }
 }
 
-impl<B: Body> Body for DrainBody<B> {
+impl<B: Body, N: Naming> Body for DrainBody<B, N> {
     type Data = B::Data;
     type Error = B::Error;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -89,6 +92,7 @@ impl<B: Body> Body for DrainBody<B> {
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
@@ -96,6 +100,7 @@ impl<B: Body> Body for DrainBody<B> {
         }
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
@@ -104,7 +109,7 @@ impl<B: Body> Body for DrainBody<B> {
     }
 }
 
-impl<B> fmt::Debug for DrainBody<B> {
+impl<B, N: fmt::Debug> fmt::Debug for DrainBody<B, N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DrainBody")
             .field("request", &self.line)

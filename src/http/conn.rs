@@ -46,9 +46,12 @@ pub(crate) struct ConnShared {
 /// Facts about the connection a request arrived on: a process-unique id, when it was accepted,
 /// the peer address, and the request's index on the connection.
 ///
-/// [`serve`](crate::serve) attaches one to every request (read it with
-/// `req.extensions().get::<ConnMeta>()`, or `Extension<ConnMeta>` in axum). Apps that keep
-/// `axum::serve` get it through `ConnectInfo<ConnMeta>`:
+/// [`serve`](crate::serve) attaches one to every request that arrives while draining, and to
+/// every request in every phase with
+/// [`Serve::conn_meta_on_every_request`](crate::http::Serve::conn_meta_on_every_request) (read
+/// it with `req.extensions().get::<ConnMeta>()`, or `Extension<ConnMeta>` in axum): inserting
+/// it costs every request an allocation, which `serve` does not make while Serving unless
+/// asked. Apps that keep `axum::serve` get it through `ConnectInfo<ConnMeta>`:
 ///
 /// ```no_run
 /// # #[cfg(feature = "admin")] {
@@ -119,8 +122,18 @@ impl ConnMeta {
     /// The copy to attach to the connection's next request: counts the request and carries its
     /// index.
     pub fn for_request(&self) -> Self {
+        self.with_index(self.next_request_index())
+    }
+
+    /// Counts one more request on the connection; returns its index.
+    #[inline]
+    pub(crate) fn next_request_index(&self) -> u64 {
         // Relaxed: the count only needs to be unique per request on this connection.
-        let index = self.conn.requests.fetch_add(1, Ordering::Relaxed);
+        self.conn.requests.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The copy for the request at `index`.
+    pub(crate) fn with_index(&self, index: u64) -> Self {
         Self {
             conn: Arc::clone(&self.conn),
             index: Some(index),

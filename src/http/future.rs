@@ -3,18 +3,18 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use http::header::{CONNECTION, RETRY_AFTER};
-use http::{HeaderValue, Response, StatusCode, Version};
+use http::{HeaderValue, Response, StatusCode};
 use pin_project_lite::pin_project;
 
 use crate::guard::InFlightGuard;
 
 use super::body::DrainBody;
-use super::layer::Extras;
-use super::line::RequestLine;
+use super::layer::options;
+use super::line::{Naming, Unnamed};
+use super::service::{tag_options, TAG_HTTP1};
 
 pin_project! {
     /// The response future of [`DrainService`](crate::DrainService).
@@ -22,15 +22,16 @@ pin_project! {
     /// Holds the request's in-flight guard until the inner future resolves, then moves it into
     /// the response body. If the inner future fails, or this future is dropped (the client went
     /// away before the headers were ready), the guard is released with it.
+    ///
+    /// The inner future plus 16 bytes (the guard, which also carries the request's HTTP version
+    /// and the layer's options), plus the request line with
+    /// [`describe_requests`](crate::DrainLayer::describe_requests).
     #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<F> {
+    pub struct ResponseFuture<F, N = Unnamed> {
         #[pin]
         state: State<F>,
         guard: Option<InFlightGuard>,
-        version: Version,
-        line: RequestLine,
-        // Only set for requests that arrived while draining, and only when options are set.
-        extras: Option<Arc<Extras>>,
+        line: N,
     }
 }
 
@@ -41,58 +42,38 @@ pin_project! {
             #[pin]
             fut: F,
         },
-        Refused {
-            retry_after: Option<HeaderValue>,
-        },
+        // Refusal mode, after `stopped_accepting`: the inner service was not called.
+        Refused,
     }
 }
 
-impl<F> ResponseFuture<F> {
+impl<F, N> ResponseFuture<F, N> {
     #[inline]
-    pub(crate) fn called(
-        fut: F,
-        guard: InFlightGuard,
-        version: Version,
-        line: RequestLine,
-        extras: Option<Arc<Extras>>,
-    ) -> Self {
+    pub(crate) fn called(fut: F, guard: InFlightGuard, line: N) -> Self {
         Self {
             state: State::Called { fut },
             guard: Some(guard),
-            version,
             line,
-            extras,
         }
     }
 
-    pub(crate) fn refused(
-        guard: InFlightGuard,
-        version: Version,
-        retry_after: HeaderValue,
-    ) -> Self {
+    pub(crate) fn refused(guard: InFlightGuard, line: N) -> Self {
         Self {
-            state: State::Refused {
-                retry_after: Some(retry_after),
-            },
+            state: State::Refused,
             guard: Some(guard),
-            version,
-            line: RequestLine::new(&http::Method::GET, ""),
-            extras: None,
+            line,
         }
     }
 }
 
-/// HTTP/1.x only: `Connection` is a hop-by-hop header that HTTP/2 and HTTP/3 forbid.
-fn is_http1(v: Version) -> bool {
-    v == Version::HTTP_11 || v == Version::HTTP_10 || v == Version::HTTP_09
-}
-
-impl<F, B, E> Future for ResponseFuture<F>
+impl<F, N, B, E> Future for ResponseFuture<F, N>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    N: Naming,
 {
-    type Output = Result<Response<DrainBody<B>>, E>;
+    type Output = Result<Response<DrainBody<B, N>>, E>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         match this.state.project() {
@@ -106,55 +87,61 @@ where
                         return Poll::Ready(Err(e));
                     }
                 };
-                let draining = this
-                    .guard
-                    .as_ref()
-                    .is_some_and(|g| g.core().counter.is_draining());
-                if draining {
-                    mark_draining(&mut res, *this.version, this.extras.as_deref());
-                }
                 let guard = this.guard.take();
+                if let Some(g) = &guard {
+                    if g.core().counter.is_draining() {
+                        mark_draining(&mut res, g.tag);
+                    }
+                }
                 let line = *this.line;
                 Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, line))))
             }
-            StateProj::Refused { retry_after } => {
-                let mut res = Response::new(DrainBody::empty(this.guard.take()));
-                *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-                let h = res.headers_mut();
-                if let Some(v) = retry_after.take() {
-                    h.insert(RETRY_AFTER, v);
-                }
-                if is_http1(*this.version) {
-                    h.insert(CONNECTION, HeaderValue::from_static("close"));
-                }
-                Poll::Ready(Ok(res))
-            }
+            StateProj::Refused => Poll::Ready(Ok(refusal(this.guard.take(), *this.line))),
         }
     }
+}
+
+/// The `503` of refusal mode.
+#[cold]
+#[inline(never)]
+fn refusal<B, N>(guard: Option<InFlightGuard>, line: N) -> Response<DrainBody<B, N>> {
+    let tag = guard.as_ref().map_or(0, |g| g.tag);
+    let mut res = Response::new(DrainBody::empty(guard, line));
+    *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    let h = res.headers_mut();
+    if let Some(v) = options(tag_options(tag)).and_then(|o| o.refuse_retry_after.clone()) {
+        h.insert(RETRY_AFTER, v);
+    }
+    if tag & TAG_HTTP1 != 0 {
+        h.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
 }
 
 /// Response headers while draining. Cold: never reached while Serving.
 #[cold]
 #[inline(never)]
-fn mark_draining<B>(res: &mut Response<B>, version: Version, extras: Option<&Extras>) {
+fn mark_draining<B>(res: &mut Response<B>, tag: u32) {
     // A 101 carries `Connection: upgrade`; replacing it would break the upgrade.
-    if is_http1(version) && res.status() != StatusCode::SWITCHING_PROTOCOLS {
+    if tag & TAG_HTTP1 != 0 && res.status() != StatusCode::SWITCHING_PROTOCOLS {
         res.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    if let Some(extras) = extras {
-        if let Some(name) = &extras.phase_header {
-            let phase = extras.drain.phase();
+    let Some(o) = options(tag_options(tag)) else {
+        return;
+    };
+    if let Some(name) = &o.phase_header {
+        if let Some(drain) = o.drain() {
             res.headers_mut()
-                .insert(name.clone(), HeaderValue::from_static(phase.as_str()));
+                .insert(name.clone(), HeaderValue::from_static(drain.phase().as_str()));
         }
-        if let Some((name, value)) = &extras.instance_header {
-            res.headers_mut().insert(name.clone(), value.clone());
-        }
+    }
+    if let Some((name, value)) = &o.instance_header {
+        res.headers_mut().insert(name.clone(), value.clone());
     }
 }
 
-impl<F> fmt::Debug for ResponseFuture<F> {
+impl<F, N: fmt::Debug> fmt::Debug for ResponseFuture<F, N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
             .field("request", &self.line)

@@ -1,15 +1,27 @@
 //! [`DrainLayer`]: the tower layer, and [`Drain::layer`].
+//!
+//! # Invariants
+//!
+//! * The layer and its service hold no reference count: the coordinator's hot block is a
+//!   `&'static Core`, and the options are an index into a process-wide table of leaked,
+//!   deduplicated option sets. Cloning either is a copy, so the per-request clones axum makes
+//!   cost nothing but the copy.
+//! * The options are read only while draining; the table is locked only then (and when a layer
+//!   is built).
 
 use std::fmt;
-use std::sync::Arc;
+use std::marker::PhantomData;
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use tower_layer::Layer;
 
+use crate::drain::Inner;
 use crate::guard::Core;
 use crate::Drain;
 
+use super::line::{Naming, RequestLine, Unnamed};
 use super::service::DrainService;
 
 impl Drain {
@@ -32,8 +44,9 @@ impl Drain {
     /// ```
     pub fn layer(&self) -> DrainLayer {
         DrainLayer {
-            drain: self.clone(),
-            extras: None,
+            core: self.inner.core,
+            opts: register(Options::new(Arc::downgrade(&self.inner))),
+            naming: PhantomData,
         }
     }
 }
@@ -50,7 +63,8 @@ impl Drain {
 ///   it into the response body ([`DrainBody`](crate::DrainBody)); the request counts until the
 ///   body ends, errors or is dropped. A streaming body is in flight for as long as it streams.
 ///   While Serving this is *all* it does: one atomic operation on the way in, one on the way out,
-///   a bounded copy of the method and path (see below), no lock, no allocation.
+///   one relaxed load when the response head is ready; no lock, no allocation, no reference
+///   count. The response future and body are the inner ones plus 16 bytes.
 /// * **While draining**:
 ///   * HTTP/1.x responses get `Connection: close`, so pooled connections move off one by one and
 ///     the client knows (never on HTTP/2, where the header is illegal and GOAWAY does the job;
@@ -58,14 +72,13 @@ impl Drain {
 ///   * The request is reported to the propagation policy as activity, and counted as arriving
 ///     on a *new* connection (accepted after the drain started) or a *reused* one. The
 ///     connection is known from [`ConnMeta`](crate::ConnMeta) in the request's extensions
-///     (attached by [`serve`](crate::serve)) or from axum's `ConnectInfo<ConnMeta>`. A request
-///     without either is counted as **reused**: lameduck only reports "new connection" — the
-///     evidence that some path still routes here — when it knows.
-///   * The request is registered for the straggler list (method, path, peer, age). Requests that
-///     started *before* the drain are described on the first poll of their future or body after
-///     the drain started, from an inline copy of the method and the first bytes of the path made
-///     in `call`; their age is reported as the drain's age (a lower bound), their peer is not
-///     recorded, and a body that is never polled again stays unnamed.
+///     (attached by [`serve`](crate::serve) while draining) or from axum's
+///     `ConnectInfo<ConnMeta>`. A request without either is counted as **reused**: lameduck only
+///     reports "new connection" — the evidence that some path still routes here — when it knows.
+///   * The request is registered for the straggler list (method, path, peer, age).
+///
+/// Requests that started *before* the drain and are still running at the quiesce deadline are
+/// listed as "undescribed guards", unless [`describe_requests`](Self::describe_requests) is on.
 ///
 /// # What the layer can and cannot see
 ///
@@ -95,41 +108,136 @@ impl Drain {
 ///
 /// # Options
 ///
+/// * [`describe_requests`](Self::describe_requests): carry each request's method and path, so
+///   a request that started before the drain can be named as a straggler.
 /// * [`phase_header`](Self::phase_header) / [`instance_header`](Self::instance_header): name the
 ///   phase and the instance in a response header, so a client can tell it was served by a
 ///   draining process.
 /// * [`refuse_after_stop`](Self::refuse_after_stop): after `stopped_accepting`, answer `503` +
 ///   `Retry-After` + `Connection: close` instead of serving.
 ///
-/// Options live behind one shared pointer; each request that arrives while draining clones it
-/// into its future. Without options nothing is cloned.
-#[derive(Clone)]
-pub struct DrainLayer {
-    drain: Drain,
-    extras: Option<Arc<Extras>>,
+/// The layer is `Copy`: the options live in a process-wide table (each distinct set of options
+/// is kept for the life of the process, like the coordinator's counter), read only while
+/// draining. Build layers at startup, not per request.
+pub struct DrainLayer<N = Unnamed> {
+    core: &'static Core,
+    opts: u32,
+    naming: PhantomData<fn() -> N>,
 }
+
+impl<N> Clone for DrainLayer<N> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<N> Copy for DrainLayer<N> {}
 
 /// What the options add; read only while draining.
 #[derive(Clone)]
-pub(crate) struct Extras {
-    pub(crate) drain: Drain,
+pub(crate) struct Options {
+    drain: Weak<Inner>,
     pub(crate) phase_header: Option<HeaderName>,
     pub(crate) instance_header: Option<(HeaderName, HeaderValue)>,
     /// `Retry-After` value, when refusal mode is on.
     pub(crate) refuse_retry_after: Option<HeaderValue>,
 }
 
-impl DrainLayer {
-    fn extras(&mut self) -> &mut Extras {
-        let drain = &self.drain;
-        Arc::make_mut(self.extras.get_or_insert_with(|| {
-            Arc::new(Extras {
-                drain: drain.clone(),
-                phase_header: None,
-                instance_header: None,
-                refuse_retry_after: None,
-            })
-        }))
+impl Options {
+    fn new(drain: Weak<Inner>) -> Self {
+        Self {
+            drain,
+            phase_header: None,
+            instance_header: None,
+            refuse_retry_after: None,
+        }
+    }
+
+    fn same(&self, other: &Options) -> bool {
+        Weak::ptr_eq(&self.drain, &other.drain)
+            && self.phase_header == other.phase_header
+            && self.instance_header == other.instance_header
+            && self.refuse_retry_after == other.refuse_retry_after
+    }
+
+    /// The coordinator, if it still exists.
+    pub(crate) fn drain(&self) -> Option<Drain> {
+        self.drain.upgrade().map(|inner| Drain { inner })
+    }
+}
+
+/// Every distinct set of options a layer was built with; a layer holds `index + 1`.
+static OPTIONS: RwLock<Vec<&'static Options>> = RwLock::new(Vec::new());
+
+/// Largest option index: the guard's tag keeps it in 31 bits (see `http::service`).
+const MAX_OPTIONS: usize = (u32::MAX >> 1) as usize;
+
+/// The index (from 1) of `opts` in the table, adding it if no equal set is there yet.
+fn register(opts: Options) -> u32 {
+    let mut table = OPTIONS.write().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = table.iter().position(|o| o.same(&opts)) {
+        return i as u32 + 1;
+    }
+    assert!(
+        table.len() < MAX_OPTIONS,
+        "lameduck: too many distinct drain layer option sets; build layers once, at startup"
+    );
+    table.push(Box::leak(Box::new(opts)));
+    table.len() as u32
+}
+
+/// The options at `index` (from 1); `None` for 0.
+pub(crate) fn options(index: u32) -> Option<&'static Options> {
+    let i = (index as usize).checked_sub(1)?;
+    OPTIONS.read().unwrap_or_else(|e| e.into_inner()).get(i).copied()
+}
+
+impl<N> DrainLayer<N> {
+    fn with_options(mut self, f: impl FnOnce(&mut Options)) -> Self {
+        let mut o = options(self.opts)
+            .cloned()
+            .expect("a layer's options are registered when it is built");
+        f(&mut o);
+        self.opts = register(o);
+        self
+    }
+
+    /// Carry each request's method and the first 80 bytes of its path with the request, so
+    /// that a request that started *before* the drain and is still running at the quiesce
+    /// deadline is named in the straggler list (`GET /export`) instead of being counted as an
+    /// "undescribed guard". Off by default.
+    ///
+    /// The trade-off: the copy costs no allocation and no lock, but every request pays for it,
+    /// and the response future and body grow by 88 bytes, which axum and hyper move several
+    /// times per request — about a third more than the counting itself. Requests that arrive
+    /// *while draining* are named either way, from the request itself, with their peer and
+    /// age. Turn it on when long requests or streams are expected to outlive the drain and
+    /// their names matter more than the per-request cost.
+    ///
+    /// With it on, a request that started before the drain is named on the first poll of its
+    /// response future or body after the drain started, its age is reported as the drain's age
+    /// (a lower bound), its peer is not recorded, and a body that is never polled again stays
+    /// unnamed. Long paths are truncated; the query string is never kept.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(feature = "admin")] {
+    /// use axum::{routing::get, Router};
+    ///
+    /// let drain = lameduck::Drain::builder().build().unwrap();
+    /// let app: Router = Router::new()
+    ///     .route("/export", get(|| async { "a long export" }))
+    ///     .layer(drain.layer().describe_requests());
+    /// # let _: Router = app;
+    /// # }
+    /// ```
+    pub fn describe_requests(self) -> DrainLayer<RequestLine> {
+        DrainLayer {
+            core: self.core,
+            opts: self.opts,
+            naming: PhantomData,
+        }
     }
 
     /// While draining, add header `name` with the current phase (`draining`,
@@ -146,9 +254,8 @@ impl DrainLayer {
     ///     .phase_header(HeaderName::from_static("x-lameduck-phase"));
     /// # let _ = layer;
     /// ```
-    pub fn phase_header(mut self, name: HeaderName) -> Self {
-        self.extras().phase_header = Some(name);
-        self
+    pub fn phase_header(self, name: HeaderName) -> Self {
+        self.with_options(|o| o.phase_header = Some(name))
     }
 
     /// While draining, add header `name: value` naming this instance (e.g. the Pod name from
@@ -167,9 +274,8 @@ impl DrainLayer {
     /// );
     /// # let _ = layer;
     /// ```
-    pub fn instance_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
-        self.extras().instance_header = Some((name, value));
-        self
+    pub fn instance_header(self, name: HeaderName, value: HeaderValue) -> Self {
+        self.with_options(|o| o.instance_header = Some((name, value)))
     }
 
     /// Refusal mode (off by default): from `stopped_accepting` on, answer new requests with
@@ -198,42 +304,36 @@ impl DrainLayer {
     /// # }
     /// # }
     /// ```
-    pub fn refuse_after_stop(mut self, retry_after: Duration) -> Self {
+    pub fn refuse_after_stop(self, retry_after: Duration) -> Self {
         let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-        self.extras().refuse_retry_after = Some(HeaderValue::from(secs.max(1)));
-        self
+        self.with_options(|o| o.refuse_retry_after = Some(HeaderValue::from(secs.max(1))))
     }
 }
 
-impl<S> Layer<S> for DrainLayer {
-    type Service = DrainService<S>;
+impl<S, N: Naming> Layer<S> for DrainLayer<N> {
+    type Service = DrainService<S, N>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        DrainService::new(inner, self.core(), self.extras.clone())
+        DrainService::new(inner, self.core, self.opts)
     }
 }
 
-impl DrainLayer {
-    fn core(&self) -> &'static Core {
-        self.drain.inner.core
-    }
-}
-
-impl fmt::Debug for DrainLayer {
+impl<N> fmt::Debug for DrainLayer<N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("DrainLayer");
-        if let Some(e) = &self.extras {
-            d.field("phase_header", &e.phase_header)
-                .field("instance_header", &e.instance_header)
-                .field("refuse_retry_after", &e.refuse_retry_after);
+        if let Some(o) = options(self.opts) {
+            d.field("phase_header", &o.phase_header)
+                .field("instance_header", &o.instance_header)
+                .field("refuse_retry_after", &o.refuse_retry_after);
         }
-        d.finish_non_exhaustive()
+        d.field("naming", &std::any::type_name::<N>())
+            .finish_non_exhaustive()
     }
 }
 
-impl fmt::Debug for Extras {
+impl fmt::Debug for Options {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Extras")
+        f.debug_struct("Options")
             .field("phase_header", &self.phase_header)
             .field("instance_header", &self.instance_header)
             .field("refuse_retry_after", &self.refuse_retry_after)

@@ -1,11 +1,16 @@
-//! A fixed-size inline copy of a request's method and path, for the straggler list.
+//! Naming requests that started before the drain: [`Naming`], [`Unnamed`] and [`RequestLine`].
 //!
 //! Requests that arrive while Serving are not registered anywhere (that would cost a lock and
-//! an allocation per request). If one of them is still running when the drain starts, its
-//! response future or body describes it on the first poll after the drain started, from this
-//! copy. The copy costs a bounded `memcpy` per request and no allocation; the price is that
-//! long paths are truncated, the query string is never kept, and a body that is never polled
-//! again after the drain starts (a silent stream) stays an "undescribed guard" in the report.
+//! an allocation per request). If one of them is still running when the drain starts, the
+//! straggler list can only name it if the request's method and path travelled with it. That is
+//! opt-in ([`DrainLayer::describe_requests`](crate::DrainLayer::describe_requests)): the copy
+//! is a bounded `memcpy` per request and no allocation, but it makes the response future and
+//! body 88 bytes bigger, and they are moved several times per request. Without it, such a
+//! request is reported as an "undescribed guard" (requests that arrive *while draining* are
+//! always named, from the request itself).
+//!
+//! With the copy, long paths are truncated, the query string is never kept, and a body that is
+//! never polled again after the drain starts (a silent stream) stays an "undescribed guard".
 
 use std::fmt;
 
@@ -16,22 +21,84 @@ use crate::guard::{InFlightGuard, RequestInfo};
 
 use super::conn::ConnMeta;
 
+pub(crate) mod sealed {
+    use super::{InFlightGuard, Method};
+
+    pub trait Sealed: Copy + Send + Sync + Unpin + 'static {
+        /// What travels with a request that arrived while Serving.
+        fn capture(method: &Method, path: &str) -> Self;
+        /// Describes the guard from the capture if the drain has started and nobody described
+        /// it yet.
+        fn describe_if_draining(&self, guard: &mut Option<InFlightGuard>);
+    }
+}
+
+/// What a [`DrainLayer`](crate::DrainLayer) keeps of each request that arrives while Serving,
+/// to name it in the straggler list should it outlive the drain's start: nothing
+/// ([`Unnamed`], the default) or its method and path ([`RequestLine`]).
+///
+/// Sealed: implemented by these two types only.
+pub trait Naming: sealed::Sealed {}
+
+/// Keeps nothing of requests that arrive while Serving (the default): one that is still in
+/// flight at the quiesce deadline is listed as an "undescribed guard".
+///
+/// See [`DrainLayer::describe_requests`](crate::DrainLayer::describe_requests) for the
+/// alternative and its cost.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Unnamed;
+
+impl sealed::Sealed for Unnamed {
+    #[inline(always)]
+    fn capture(_: &Method, _: &str) -> Self {
+        Unnamed
+    }
+
+    #[inline(always)]
+    fn describe_if_draining(&self, _: &mut Option<InFlightGuard>) {}
+}
+
+impl Naming for Unnamed {}
+
 /// Bytes kept of `METHOD` + path. Sized so the copy stays a couple of cache lines.
 const CAP: usize = 80;
 /// Longest path kept when the request is described from the request itself (while draining).
 const LONG_PATH: usize = 256;
 
+/// An inline copy of a request's method and the first bytes of its path, carried by the
+/// response future and body so that a request that started before the drain can be named in
+/// the straggler list. Selected with
+/// [`DrainLayer::describe_requests`](crate::DrainLayer::describe_requests).
 #[derive(Clone, Copy)]
-pub(crate) struct RequestLine {
+pub struct RequestLine {
     buf: [u8; CAP],
     method_len: u8,
     len: u8,
     truncated: bool,
 }
 
+impl sealed::Sealed for RequestLine {
+    #[inline]
+    fn capture(method: &Method, path: &str) -> Self {
+        Self::new(method, path)
+    }
+
+    /// One relaxed load while Serving.
+    #[inline]
+    fn describe_if_draining(&self, guard: &mut Option<InFlightGuard>) {
+        if let Some(g) = guard {
+            if !g.is_described() && g.core().counter.is_draining() {
+                self.describe_cold(g);
+            }
+        }
+    }
+}
+
+impl Naming for RequestLine {}
+
 impl RequestLine {
     #[inline]
-    pub(crate) fn new(method: &Method, path: &str) -> Self {
+    fn new(method: &Method, path: &str) -> Self {
         let mut buf = [0u8; CAP];
         let m = method.as_str().as_bytes();
         let method_len = m.len().min(16);
@@ -63,17 +130,6 @@ impl RequestLine {
             // Unknown: recording a start instant per request while Serving is work the hot path
             // does not do. The report then uses the drain's age as a lower bound.
             started: None,
-        }
-    }
-
-    /// Describes the guard from this copy if the drain has started and nobody described it yet.
-    /// One relaxed load while Serving.
-    #[inline]
-    pub(crate) fn describe_if_draining(&self, guard: &mut Option<InFlightGuard>) {
-        if let Some(g) = guard {
-            if !g.is_described() && g.core().counter.is_draining() {
-                self.describe_cold(g);
-            }
         }
     }
 

@@ -30,6 +30,7 @@ mod stream;
 pub use body::DrainBody;
 pub use conn::ConnMeta;
 pub use layer::DrainLayer;
+pub use line::{Naming, RequestLine, Unnamed};
 pub use serve::{serve, Serve, SUGGESTED_HEADER_READ_TIMEOUT};
 pub use service::DrainService;
 pub use stream::{EndOnStop, StreamStop};

@@ -90,8 +90,11 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   gone.
 /// * Accept errors (out of file descriptors and the like) do not end the loop: they are
 ///   logged, and the loop backs off briefly (10 ms doubling to 1 s) and continues.
-/// * Attaches a [`ConnMeta`] to every request (one extension insert per request, the same
-///   cost as axum's `ConnectInfo`). Sets `TCP_NODELAY` on accepted sockets.
+/// * Attaches a [`ConnMeta`] to every request that arrives while draining, which is when the
+///   [`DrainLayer`](crate::DrainLayer) reads it to count requests on new versus reused
+///   connections. While Serving it attaches nothing, so a request costs no allocation here;
+///   handlers that read `ConnMeta` on every request turn that on with
+///   [`Serve::conn_meta_on_every_request`]. Sets `TCP_NODELAY` on accepted sockets.
 /// * Counts a connection whose response bytes wait for a slow reader as in flight until they
 ///   have been handed to the socket, and names it as a `response` straggler at the quiesce
 ///   deadline (an HTTP/2 connection from its GOAWAY until it closes, for data queued behind
@@ -156,6 +159,7 @@ where
             drain: drain.clone(),
             keep_listening: false,
             header_read_timeout: None,
+            conn_meta_always: false,
         }),
         running: None,
     }
@@ -176,6 +180,7 @@ struct Setup<S> {
     drain: Drain,
     keep_listening: bool,
     header_read_timeout: Option<Duration>,
+    conn_meta_always: bool,
 }
 
 // `Serve` never pins `S` or the listener in place: they are moved into the boxed future on the
@@ -227,6 +232,41 @@ impl<S> Serve<S> {
     pub fn header_read_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         if let Some(setup) = &mut self.setup {
             setup.header_read_timeout = timeout.into();
+        }
+        self
+    }
+
+    /// Attaches a [`ConnMeta`] to every request's extensions, for handlers that read it
+    /// (`Extension<ConnMeta>` in axum, `req.extensions().get::<ConnMeta>()`).
+    ///
+    /// Off by default: inserting into a request's extensions allocates (the extension map and
+    /// the boxed value, about 200 instructions and 2 allocations per request), and the drain
+    /// needs the value only for requests that arrive while draining, so by default `serve`
+    /// attaches it only to those. With this on, every request carries it, in every phase.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "admin")] {
+    /// use axum::{routing::get, Extension, Router};
+    /// use lameduck::ConnMeta;
+    ///
+    /// async fn handler(Extension(conn): Extension<ConnMeta>) -> String {
+    ///     format!("request {:?} on connection {}", conn.request_index(), conn.id())
+    /// }
+    ///
+    /// # async fn run(drain: lameduck::Drain) -> std::io::Result<()> {
+    /// let app = Router::new().route("/", get(handler)).layer(drain.layer());
+    /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+    /// lameduck::serve(listener, app, &drain)
+    ///     .conn_meta_on_every_request()
+    ///     .await
+    /// # }
+    /// # }
+    /// ```
+    pub fn conn_meta_on_every_request(mut self) -> Self {
+        if let Some(setup) = &mut self.setup {
+            setup.conn_meta_always = true;
         }
         self
     }
@@ -291,6 +331,7 @@ where
         drain,
         keep_listening,
         header_read_timeout,
+        conn_meta_always,
     } = setup;
     drain.mark_started();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -307,6 +348,7 @@ where
         idle_close: CancellationToken::new(),
         deadline: drain.deadline_token(),
         closing: CancellationToken::new(),
+        conn_meta_always,
     };
     let tracker = TaskTracker::new();
     let mut backoff = MIN_BACKOFF;
@@ -381,6 +423,9 @@ struct Tokens {
     deadline: CancellationToken,
     /// Closing (nothing in flight): close connections that never delivered a request head.
     closing: CancellationToken,
+    /// Not a token, but per-connection settings travel with them: attach `ConnMeta` to every
+    /// request, not only while draining.
+    conn_meta_always: bool,
 }
 
 /// Keeps `Drain::connections` exact even if a connection task panics or is aborted.
@@ -443,6 +488,8 @@ impl ConnTask {
         let svc = ConnService {
             inner: svc,
             meta: meta.clone(),
+            core: counted.0,
+            always: tokens.conn_meta_always,
         };
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
         let mut conn = pin!(conn);
@@ -525,11 +572,14 @@ impl<F: Future> Future for HeldWhilePolled<'_, F> {
     }
 }
 
-/// The per-connection hyper service: attaches this request's [`ConnMeta`], learns the
-/// protocol from the first request, then hands over to the tower service.
+/// The per-connection hyper service: learns the protocol from the first request, attaches the
+/// request's [`ConnMeta`] while draining (or always, when asked), then hands over to the tower
+/// service.
 struct ConnService<S> {
     inner: TowerToHyperService<S>,
     meta: ConnMeta,
+    core: &'static Core,
+    always: bool,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for ConnService<S>
@@ -540,17 +590,24 @@ where
     type Error = S::Error;
     type Future = <TowerToHyperService<S> as hyper::service::Service<Request<Incoming>>>::Future;
 
+    #[inline]
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
-        let meta = self.meta.for_request();
-        if meta.request_index() == Some(0) {
+        let index = self.meta.next_request_index();
+        if index == 0 {
             let proto = if req.version() == Version::HTTP_2 {
                 PROTO_H2
             } else {
                 PROTO_H1
             };
-            meta.set_proto(proto);
+            self.meta.set_proto(proto);
         }
-        req.extensions_mut().insert(meta);
+        // Inserting allocates, so while Serving only when asked. A request that meets a drain
+        // starting between this check and the layer's `call` carries no `ConnMeta` and is
+        // counted as on a reused connection, which it is: a connection accepted after the drain
+        // started always sees the flag here.
+        if self.always || self.core.counter.is_draining() {
+            req.extensions_mut().insert(self.meta.with_index(index));
+        }
         self.inner.call(req)
     }
 }

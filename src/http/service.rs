@@ -1,10 +1,10 @@
 //! [`DrainService`]: the middleware service.
 
 use std::fmt;
-use std::sync::Arc;
+use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
-use http::{Request, Response};
+use http::{Request, Response, Version};
 use tower_service::Service;
 
 use crate::guard::{Core, InFlightGuard};
@@ -13,29 +13,53 @@ use crate::Phase;
 use super::body::DrainBody;
 use super::conn::ConnMeta;
 use super::future::ResponseFuture;
-use super::layer::Extras;
-use super::line::{describe_now, RequestLine};
+use super::layer::options;
+use super::line::{describe_now, Naming, Unnamed};
+
+/// Bit 0 of a guard's tag: the request is HTTP/1.x, so `Connection: close` may be added while
+/// draining. The bits above hold the layer's options index.
+pub(crate) const TAG_HTTP1: u32 = 1;
+
+/// The options index kept in a guard's tag.
+#[inline]
+pub(crate) fn tag_options(tag: u32) -> u32 {
+    tag >> 1
+}
 
 /// Counts each request as in flight until its response body ends; see
 /// [`DrainLayer`](crate::DrainLayer) for the behaviour while draining.
 ///
 /// Built by [`DrainLayer`](crate::DrainLayer). The service's error type is the inner service's:
 /// the middleware never fails a request (refusal, when enabled, is a `503` response).
-#[derive(Clone)]
-pub struct DrainService<S> {
+pub struct DrainService<S, N = Unnamed> {
     inner: S,
     /// A plain `&'static` reference, so cloning the service (axum clones it per request) costs
     /// no reference count.
     core: &'static Core,
-    extras: Option<Arc<Extras>>,
+    /// The layer's options, by index (see `layer.rs`); read only while draining.
+    opts: u32,
+    naming: PhantomData<fn() -> N>,
 }
 
-impl<S> DrainService<S> {
-    pub(crate) fn new(inner: S, core: &'static Core, extras: Option<Arc<Extras>>) -> Self {
+impl<S: Clone, N> Clone for DrainService<S, N> {
+    #[inline]
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            core: self.core,
+            opts: self.opts,
+            naming: PhantomData,
+        }
+    }
+}
+
+impl<S, N> DrainService<S, N> {
+    pub(crate) fn new(inner: S, core: &'static Core, opts: u32) -> Self {
         Self {
             inner,
             core,
-            extras,
+            opts,
+            naming: PhantomData,
         }
     }
 
@@ -55,13 +79,20 @@ impl<S> DrainService<S> {
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for DrainService<S>
+/// HTTP/1.x only: `Connection` is a hop-by-hop header that HTTP/2 and HTTP/3 forbid.
+#[inline]
+fn is_http1(v: Version) -> bool {
+    v == Version::HTTP_11 || v == Version::HTTP_10 || v == Version::HTTP_09
+}
+
+impl<S, N, ReqBody, ResBody> Service<Request<ReqBody>> for DrainService<S, N>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    N: Naming,
 {
-    type Response = Response<DrainBody<ResBody>>;
+    type Response = Response<DrainBody<ResBody, N>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S::Future, N>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -73,34 +104,22 @@ where
         // The guard is taken here, held by the future, moved into the body, and released when
         // the body ends, errors or is dropped (see `DrainBody`).
         let (mut guard, draining) = self.core.enter();
-        let version = req.version();
-        if !draining {
-            // Serving: the copy is what lets a request that outlives the drain's start be named
-            // later without registering every request now.
-            let line = RequestLine::new(req.method(), req.uri().path());
-            return ResponseFuture::called(self.inner.call(req), guard, version, line, None);
+        guard.tag = self.opts << 1 | u32::from(is_http1(req.version()));
+        // A copy of the request line with `describe_requests`, nothing otherwise.
+        let line = N::capture(req.method(), req.uri().path());
+        if draining && self.while_draining(&mut guard, &req) {
+            return ResponseFuture::refused(guard, line);
         }
-        match self.while_draining(&mut guard, &req) {
-            Some(retry_after) => ResponseFuture::refused(guard, version, retry_after),
-            None => {
-                let line = RequestLine::new(req.method(), req.uri().path());
-                let extras = self.extras.clone();
-                ResponseFuture::called(self.inner.call(req), guard, version, line, extras)
-            }
-        }
+        ResponseFuture::called(self.inner.call(req), guard, line)
     }
 }
 
-impl<S> DrainService<S> {
-    /// Accounting for a request that arrived while draining. Returns the `Retry-After` value if
-    /// the request must be refused.
+impl<S, N> DrainService<S, N> {
+    /// Accounting for a request that arrived while draining. Returns `true` if the request must
+    /// be refused.
     #[cold]
     #[inline(never)]
-    fn while_draining<B>(
-        &self,
-        guard: &mut InFlightGuard,
-        req: &Request<B>,
-    ) -> Option<http::HeaderValue> {
+    fn while_draining<B>(&self, guard: &mut InFlightGuard, req: &Request<B>) -> bool {
         let meta = conn_meta(req);
         let on_new = meta.is_some_and(|m| m.is_new_since_drain(self.core));
         if on_new {
@@ -112,15 +131,15 @@ impl<S> DrainService<S> {
             }
         }
         self.core.note_request(on_new);
-        if let Some(extras) = &self.extras {
-            if let Some(retry_after) = &extras.refuse_retry_after {
-                if extras.drain.phase() >= Phase::StoppedAccepting {
-                    return Some(retry_after.clone());
-                }
+        if let Some(o) = options(self.opts) {
+            if o.refuse_retry_after.is_some()
+                && o.drain().is_some_and(|d| d.phase() >= Phase::StoppedAccepting)
+            {
+                return true;
             }
         }
         describe_now(guard, req.method(), req.uri().path(), meta);
-        None
+        false
     }
 }
 
@@ -138,11 +157,11 @@ fn conn_meta<B>(req: &Request<B>) -> Option<&ConnMeta> {
     None
 }
 
-impl<S: fmt::Debug> fmt::Debug for DrainService<S> {
+impl<S: fmt::Debug, N> fmt::Debug for DrainService<S, N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DrainService")
             .field("inner", &self.inner)
-            .field("extras", &self.extras)
+            .field("options", &options(self.opts))
             .finish_non_exhaustive()
     }
 }

@@ -285,6 +285,18 @@ pub async fn start_serve(
     (addr, server)
 }
 
+/// [`start_serve`] with `describe_requests` on: requests that started before the trigger can be
+/// named as stragglers.
+pub async fn start_serve_describing(
+    drain: &Drain,
+    probe: Probe,
+) -> (SocketAddr, JoinHandle<std::io::Result<()>>) {
+    let (listener, addr) = bind().await;
+    let app = app(drain, probe).layer(drain.layer().describe_requests());
+    let server = tokio::spawn(lameduck::serve(listener, app, drain));
+    (addr, server)
+}
+
 /// Reads the next data frame of a response body.
 pub async fn next_chunk(body: &mut Incoming) -> Option<Bytes> {
     loop {
