@@ -6,23 +6,37 @@
 # the same counts run after run. Heap allocations per request are counted the same way, with
 # `valgrind --tool=dhat`.
 #
-# Usage: benches/callgrind.sh [variant ...]   (default: every request, hyper- and guard variant;
-#        see examples/bench_requests.rs)
+# Usage: benches/callgrind.sh [variant ...]   (default: the in-process variants, a hyper- and
+#        a tcp- selection, and the guards; see examples/bench_requests.rs)
 # Env:   N1 (default 2000), N2 (default 12000)
-# Needs: valgrind. Takes a few minutes (the hyper- variants run ~10× more instructions).
+# Needs: valgrind. Takes about 10 minutes with the default list on 2 cores (the hyper- and tcp-
+#        variants run ~3× more instructions per request).
+#
+# Prints the raw counts, then the counting cost: each counting middleware's instructions and
+# allocations per request over a no-op layer applied the same way (`noop` under
+# `Router::layer`, `noop-outer` around the whole router), and that cost divided by the floor's
+# (`floor`: a bare atomic counter with a Notify, guard released when the response head is
+# ready). `floor-body` is the same guard held until the body ends: floor-body − floor is what
+# body-scoped counting costs by itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 N1="${N1:-2000}"
 N2="${N2:-12000}"
+counting=(floor floor-body semaphore inflight tasktracker graceful from_fn lameduck lameduck-named)
 if [ "$#" -gt 0 ]; then
     variants=("$@")
 else
-    layers=(plain lameduck lameduck-outer atomic-outer atomic from_fn tasktracker semaphore graceful inflight)
-    variants=("${layers[@]}" "${layers[@]/#/hyper-}"
-        tcp-plain tcp-plain-lserve tcp-lameduck-lserve tcp-lameduck-outer tcp-atomic-outer
-        tcp-lameduck tcp-atomic tcp-inflight
-        guard-lameduck guard-atomic guard-tasktracker guard-semaphore guard-graceful)
+    inproc=(plain noop floor floor-body semaphore inflight tasktracker graceful from_fn lameduck
+        lameduck-named noop-outer floor-outer floor-body-outer semaphore-outer inflight-outer
+        lameduck-outer lameduck-named-outer)
+    over=(plain noop floor floor-body semaphore inflight lameduck noop-outer floor-outer
+        floor-body-outer inflight-outer lameduck-outer)
+    variants=("${inproc[@]}" "${over[@]/#/hyper-}"
+        tcp-plain tcp-noop tcp-floor tcp-floor-body tcp-inflight tcp-lameduck tcp-plain-lserve
+        tcp-lameduck-lserve tcp-noop-outer tcp-floor-outer tcp-floor-body-outer tcp-inflight-outer
+        tcp-lameduck-outer
+        guard-lameduck guard-floor guard-tasktracker guard-semaphore guard-graceful)
 fi
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed" >&2; exit 1; }
 
@@ -54,28 +68,67 @@ echo
 printf '| %-24s | %12s | %10s | %14s | %14s |\n' variant "instr/op" "allocs/op" "I(N1)" "I(N2)"
 printf '|%s|%s:|%s:|%s:|%s:|\n' "--------------------------" "-------------" "-----------" \
     "---------------" "---------------"
-declare -A per
+declare -A per al
 for v in "${variants[@]}"; do
     i1=$(instructions "$v" "$N1")
     i2=$(instructions "$v" "$N2")
     per[$v]=$(per_op "$i1" "$i2")
-    allocs=$(per_op "$(allocations "$v" "$N1")" "$(allocations "$v" "$N2")")
-    printf '| %-24s | %12s | %10s | %14s | %14s |\n' "$v" "${per[$v]}" "$allocs" "$i1" "$i2"
+    al[$v]=$(per_op "$(allocations "$v" "$N1")" "$(allocations "$v" "$N2")")
+    printf '| %-24s | %12s | %10s | %14s | %14s |\n' "$v" "${per[$v]}" "${al[$v]}" "$i1" "$i2"
 done
 
-# Overhead of each middleware over the bare router (in-process, through hyper, over TCP).
+# "$1 − $2" with a sign, or "–" if either is missing.
+diff_of() {
+    if [ -n "$1" ] && [ -n "$2" ]; then
+        awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.1f", a - b }'
+    else
+        printf '–'
+    fi
+}
+
+# "$1 ÷ $2", or "–".
+ratio_of() {
+    if [ -n "$1" ] && [ -n "$2" ] && [ "$1" != "–" ] && [ "$2" != "–" ]; then
+        awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "–"; else printf "%.2f", a / b }'
+    else
+        printf '–'
+    fi
+}
+
+# The counting cost over the no-op layer, in both placements (in-process, hyper-, tcp-).
 for prefix in "" "hyper-" "tcp-"; do
-    base="${prefix}plain"
-    [ -n "${per[$base]:-}" ] || continue
+    noop="${per[${prefix}noop]:-}"
+    noop_outer="${per[${prefix}noop-outer]:-}"
+    [ -n "$noop" ] || [ -n "$noop_outer" ] || continue
+    floor=$(diff_of "${per[${prefix}floor]:-}" "$noop")
+    floor_outer=$(diff_of "${per[${prefix}floor-outer]:-}" "$noop_outer")
     echo
-    printf '| %-24s | %22s | %14s |\n' "layer" "added over ${base}" "${base} ÷ layer"
-    printf '|%s|%s:|%s:|\n' "--------------------------" "-----------------------" "---------------"
-    for v in "${variants[@]}"; do
-        case "$v" in "$base" | guard-*) continue ;; esac
-        if [ -z "$prefix" ]; then case "$v" in hyper-* | tcp-*) continue ;; esac; fi
-        case "$v" in "$prefix"*) ;; *) continue ;; esac
-        printf '| %-24s | %22s | %14s |\n' "$v" \
-            "$(awk -v a="${per[$v]}" -v p="${per[$base]}" 'BEGIN { printf "%+.1f", a - p }')" \
-            "$(awk -v a="${per[$v]}" -v p="${per[$base]}" 'BEGIN { printf "%.3f", p / a }')"
+    echo "Counting cost ${prefix:-in-process }(instructions and allocations per request over ${prefix}noop / ${prefix}noop-outer; ÷ floor):"
+    echo
+    printf '| %-16s | %14s | %8s | %8s | %18s | %8s | %8s |\n' middleware "Router::layer" "÷ floor" allocs \
+        "around the router" "÷ floor" allocs
+    printf '|%s|%s:|%s:|%s:|%s:|%s:|%s:|\n' "------------------" "----------------" "----------" \
+        "----------" "--------------------" "----------" "----------"
+    for c in "${counting[@]}"; do
+        inner=$(diff_of "${per[${prefix}${c}]:-}" "$noop")
+        outer=$(diff_of "${per[${prefix}${c}-outer]:-}" "$noop_outer")
+        [ "$inner" != "–" ] || [ "$outer" != "–" ] || continue
+        printf '| %-16s | %14s | %8s | %8s | %18s | %8s | %8s |\n' "$c" \
+            "$inner" "$(ratio_of "$inner" "$floor")" \
+            "$(diff_of "${al[${prefix}${c}]:-}" "${al[${prefix}noop]:-}")" \
+            "$outer" "$(ratio_of "$outer" "$floor_outer")" \
+            "$(diff_of "${al[${prefix}${c}-outer]:-}" "${al[${prefix}noop-outer]:-}")"
     done
 done
+
+# Servers over TCP: what `lameduck::serve` adds over `axum::serve`.
+if [ -n "${per[tcp-plain]:-}" ]; then
+    echo
+    printf '| %-24s | %22s | %10s |\n' "tcp- variant" "added over tcp-plain" "allocs"
+    printf '|%s|%s:|%s:|\n' "--------------------------" "-----------------------" "-----------"
+    for v in "${variants[@]}"; do
+        case "$v" in tcp-*) ;; *) continue ;; esac
+        printf '| %-24s | %22s | %10s |\n' "$v" "$(diff_of "${per[$v]}" "${per[tcp-plain]}")" \
+            "$(diff_of "${al[$v]}" "${al[tcp-plain]}")"
+    done
+fi

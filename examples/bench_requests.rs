@@ -6,9 +6,10 @@
 //! `valgrind --tool=callgrind` at two values of `n`, so that setup cost cancels out of
 //! `(instructions(n2) − instructions(n1)) / (n2 − n1)`.
 //!
-//! Variants: plain, lameduck, lameduck-outer, atomic-outer, atomic, from_fn, tasktracker, semaphore,
-//! graceful, inflight; guard-lameduck, guard-atomic, guard-tasktracker, guard-semaphore,
-//! guard-graceful.
+//! Variants: every name of `benches/support/variants.rs` (in-process), the same with `hyper-`
+//! (through a hyper connection over an in-memory pipe) or `tcp-` (over loopback TCP, plus
+//! `tcp-plain-lserve` and `tcp-lameduck-lserve`), and guard-lameduck, guard-floor,
+//! guard-tasktracker, guard-semaphore, guard-graceful.
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -21,11 +22,11 @@ use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use variants::{app, drain, Acquire, App, StaticAtomic, Variant};
+use variants::{app, drain, with_app, Acquire, App, Floor, Variant};
 
 const GUARDS: [&str; 5] = [
     "guard-lameduck",
-    "guard-atomic",
+    "guard-floor",
     "guard-tasktracker",
     "guard-semaphore",
     "guard-graceful",
@@ -64,13 +65,7 @@ fn main() -> ExitCode {
         });
     } else if let Some(v) = variant.strip_prefix("hyper-").and_then(Variant::parse) {
         let app = app(v, &drain);
-        rt.block_on(async {
-            match app {
-                App::Router(s) => over_hyper(s, n).await,
-                App::Outer(s) => over_hyper(s, n).await,
-                App::AtomicOuter(s) => over_hyper(s, n).await,
-            }
-        });
+        rt.block_on(async { with_app!(app, |s| over_hyper(s, n).await) });
     } else if let Some(v) = Variant::parse(&variant) {
         let app = app(v, &drain);
         let mut bytes = 0;
@@ -81,9 +76,9 @@ fn main() -> ExitCode {
     } else {
         match variant.as_str() {
             "guard-lameduck" => (0..n).for_each(|_| drop(black_box(drain.enter()))),
-            "guard-atomic" => {
-                // The reference layer's guard: `fetch_add` in, `fetch_sub` in `Drop`.
-                let floor = StaticAtomic::leak();
+            "guard-floor" => {
+                // The reference layers' guard: `fetch_add` in, `fetch_sub` in `Drop`.
+                let floor = Floor::leak();
                 (0..n).for_each(|_| drop(black_box(floor.acquire())));
             }
             "guard-tasktracker" => {

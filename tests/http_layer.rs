@@ -191,7 +191,8 @@ async fn phase_and_instance_headers_mark_responses_while_draining() {
             HeaderValue::from_static("pod-a"),
         );
     let app = app(&drain, Probe::default()).layer(layer);
-    let server = tokio::spawn(lameduck::serve(listener, app, &drain));
+    // The test app reports each request's connection id, from `ConnMeta`.
+    let server = tokio::spawn(lameduck::serve(listener, app, &drain).conn_meta_on_every_request());
 
     let (mut c, _c_conn) = h2(addr).await;
     let res = send2(&mut c, "/conn").await.unwrap();

@@ -266,7 +266,11 @@ fn serve_adds_no_allocation_per_request_while_serving() {
         let bare = over_tcp(bare_hyper(&drain).await, N).await;
 
         let (listener, addr) = common::bind().await;
-        tokio::spawn(lameduck::serve(listener, drain.layer().layer(Hello), &drain));
+        tokio::spawn(lameduck::serve(
+            listener,
+            drain.layer().layer(Hello),
+            &drain,
+        ));
         let serving = over_tcp(addr, N).await;
         assert_eq!(
             serving, bare,

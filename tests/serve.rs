@@ -297,7 +297,11 @@ async fn refusal_mode_answers_503_with_retry_after_after_stop() {
     let (listener, addr) = bind().await;
     let app = app(&drain, Probe::default())
         .layer(drain.layer().refuse_after_stop(Duration::from_millis(1500)));
-    let server = tokio::spawn(lameduck::serve(listener, app, &drain).keep_listening_after_stop());
+    let server = tokio::spawn(
+        lameduck::serve(listener, app, &drain)
+            .keep_listening_after_stop()
+            .conn_meta_on_every_request(),
+    );
 
     // Something in flight keeps the drain in StoppedAccepting for a while.
     let (mut busy, _busy_conn) = h1(addr).await;

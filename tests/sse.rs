@@ -19,11 +19,11 @@ const EVERY: Duration = Duration::from_millis(20);
 async fn replica(propagation: Propagation, window: Duration) -> (Drain, std::net::SocketAddr) {
     let drain = drain(Duration::from_secs(30), propagation);
     let (listener, addr) = bind().await;
-    tokio::spawn(lameduck::serve(
-        listener,
-        ticks::router(&drain, window),
-        &drain,
-    ));
+    // Each event names its server connection, from `ConnMeta`.
+    tokio::spawn(
+        lameduck::serve(listener, ticks::router(&drain, window), &drain)
+            .conn_meta_on_every_request(),
+    );
     // `serve` marks the replica started when it first runs; until then it is not ready.
     within("the replica to serve", drain.reached(Phase::Serving)).await;
     (drain, addr)

@@ -1,12 +1,13 @@
 //! The variants the benchmarks compare: one hello-world axum `Router`, bare or with one
-//! in-flight-counting middleware.
+//! in-flight-counting middleware, applied with `Router::layer` or wrapped around the whole
+//! router (`-outer`).
 //!
 //! Included with `#[path]` by `benches/layer.rs`, `examples/bench_requests.rs` (callgrind) and
 //! `examples/bench_server.rs` (load), so every figure in BENCHMARKS.md measures the same code.
 //!
-//! Every counting middleware except `from_fn` is applied the same way, with `Router::layer`,
-//! and the ones built here ([`CountLayer`]) keep their guard in the response future and move it
-//! into the response body, exactly as lameduck's layer does: only the guard differs.
+//! The reference layers built here take their guard in `call` and either release it when the
+//! response head is ready ([`HeadLayer`]) or move it into the response body ([`CountLayer`]),
+//! as lameduck's layer does: only the guard and where it lives differ.
 
 // Each including target uses a different subset.
 #![allow(dead_code)]
@@ -27,11 +28,14 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use lameduck::http::RequestLine;
 use lameduck::{Drain, DrainService, Propagation, Signals};
 use pin_project_lite::pin_project;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
+use tower_http::metrics::in_flight_requests::InFlightRequests;
+use tower_http::metrics::InFlightRequestsLayer;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -40,55 +44,83 @@ use tower_service::Service;
 pub(crate) enum Variant {
     /// The bare router.
     Plain,
+    /// A layer that only forwards (its future is the inner one): what `Router::layer` costs
+    /// any layer. The baseline the counting layers are compared with.
+    Noop,
+    /// The floor: a leaked `AtomicUsize` (draining bit packed in, as lameduck's) and a `Notify`
+    /// woken on the last leave while draining; `fetch_add` in `call`, `fetch_sub` when the
+    /// response head is ready (the guard lives in the future only).
+    Floor,
+    /// [`Variant::Floor`]'s guard moved into the response body, released when the body ends:
+    /// what counting until the body ends costs with the cheapest guard.
+    FloorBody,
     /// `Router::layer(drain.layer())`.
     Lameduck,
-    /// `drain.layer()` wrapped around the whole router (`Layer::layer(&drain.layer(), router)`).
-    LameduckOuter,
-    /// [`Variant::Atomic`]'s layer wrapped around the whole router: the floor for
-    /// [`Variant::LameduckOuter`].
-    AtomicOuter,
-    /// Reference layer: the guard is a `&'static AtomicUsize`, one `fetch_add` in `call`, one
-    /// `fetch_sub` when the body is dropped. The floor for "a guard in the body".
-    Atomic,
+    /// `Router::layer(drain.layer().describe_requests())`: with the request line carried.
+    LameduckNamed,
     /// `axum::middleware::from_fn_with_state`: `Arc<AtomicUsize>` increment before
     /// `next.run`, decrement (by a drop guard) when the response head is ready.
     FromFn,
-    /// Reference layer with a `tokio_util::task::TaskTracker::token()` as the guard.
+    /// Reference layer with a `tokio_util::task::TaskTracker::token()` in the body.
     TaskTracker,
-    /// Reference layer with a `tokio::sync::Semaphore` permit (`try_acquire_owned`).
+    /// Reference layer with a `tokio::sync::Semaphore` permit (`try_acquire_owned`) in the body.
     Semaphore,
-    /// Reference layer with a `tokio_graceful::Shutdown::guard()`.
+    /// Reference layer with a `tokio_graceful::Shutdown::guard()` in the body.
     Graceful,
-    /// tower-http's `InFlightRequestsLayer`.
+    /// tower-http's `InFlightRequestsLayer` (its guard lives in the body too).
     InFlight,
+    /// The same middleware wrapped around the whole router.
+    NoopOuter,
+    FloorOuter,
+    FloorBodyOuter,
+    LameduckOuter,
+    LameduckNamedOuter,
+    SemaphoreOuter,
+    InFlightOuter,
 }
 
 impl Variant {
-    pub(crate) const ALL: [Variant; 10] = [
+    pub(crate) const ALL: [Variant; 18] = [
         Variant::Plain,
+        Variant::Noop,
+        Variant::Floor,
+        Variant::FloorBody,
         Variant::Lameduck,
-        Variant::LameduckOuter,
-        Variant::AtomicOuter,
-        Variant::Atomic,
+        Variant::LameduckNamed,
         Variant::FromFn,
         Variant::TaskTracker,
         Variant::Semaphore,
         Variant::Graceful,
         Variant::InFlight,
+        Variant::NoopOuter,
+        Variant::FloorOuter,
+        Variant::FloorBodyOuter,
+        Variant::LameduckOuter,
+        Variant::LameduckNamedOuter,
+        Variant::SemaphoreOuter,
+        Variant::InFlightOuter,
     ];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
             Variant::Plain => "plain",
+            Variant::Noop => "noop",
+            Variant::Floor => "floor",
+            Variant::FloorBody => "floor-body",
             Variant::Lameduck => "lameduck",
-            Variant::LameduckOuter => "lameduck-outer",
-            Variant::AtomicOuter => "atomic-outer",
-            Variant::Atomic => "atomic",
+            Variant::LameduckNamed => "lameduck-named",
             Variant::FromFn => "from_fn",
             Variant::TaskTracker => "tasktracker",
             Variant::Semaphore => "semaphore",
             Variant::Graceful => "graceful",
             Variant::InFlight => "inflight",
+            Variant::NoopOuter => "noop-outer",
+            Variant::FloorOuter => "floor-outer",
+            Variant::FloorBodyOuter => "floor-body-outer",
+            Variant::LameduckOuter => "lameduck-outer",
+            Variant::LameduckNamedOuter => "lameduck-named-outer",
+            Variant::SemaphoreOuter => "semaphore-outer",
+            Variant::InFlightOuter => "inflight-outer",
         }
     }
 
@@ -120,38 +152,75 @@ pub(crate) fn hello() -> Router {
     Router::new().route("/", get(|| async { "hello" }))
 }
 
-/// The service for one variant: a `Router`, or a layer wrapped around one.
+/// The service for one variant: a `Router`, or a middleware wrapped around one.
 #[derive(Clone)]
 pub(crate) enum App {
     Router(Router),
-    Outer(DrainService<Router>),
-    AtomicOuter(Count<StaticAtomic, Router>),
+    Noop(Noop<Router>),
+    Floor(Head<Floor, Router>),
+    FloorBody(Count<Floor, Router>),
+    Lameduck(DrainService<Router>),
+    LameduckNamed(DrainService<Router, RequestLine>),
+    Semaphore(Count<Arc<Semaphore>, Router>),
+    InFlight(InFlightRequests<Router>),
 }
+
+/// Runs `$body` with `$s` bound to the service inside `$app`, whatever its type.
+macro_rules! with_app {
+    ($app:expr, |$s:ident| $body:expr) => {
+        match $app {
+            App::Router($s) => $body,
+            App::Noop($s) => $body,
+            App::Floor($s) => $body,
+            App::FloorBody($s) => $body,
+            App::Lameduck($s) => $body,
+            App::LameduckNamed($s) => $body,
+            App::Semaphore($s) => $body,
+            App::InFlight($s) => $body,
+        }
+    };
+}
+// Used by name only from `bench_requests`; the other including targets use it in this file.
+#[allow(unused_imports)]
+pub(crate) use with_app;
 
 /// Builds the service for `variant`. Must run inside a Tokio runtime context: the
 /// `tokio-graceful` coordinator spawns its signal task when built.
 pub(crate) fn app(variant: Variant, drain: &Drain) -> App {
     let router = hello();
+    let semaphore = || Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
     App::Router(match variant {
         Variant::Plain => router,
+        Variant::Noop => router.layer(NoopLayer),
+        Variant::Floor => router.layer(HeadLayer::new(Floor::leak())),
+        Variant::FloorBody => router.layer(CountLayer::new(Floor::leak())),
         Variant::Lameduck => router.layer(drain.layer()),
-        Variant::LameduckOuter => return App::Outer(drain.layer().layer(router)),
-        Variant::AtomicOuter => {
-            return App::AtomicOuter(CountLayer::new(StaticAtomic::leak()).layer(router))
-        }
-        Variant::Atomic => router.layer(CountLayer::new(StaticAtomic::leak())),
+        Variant::LameduckNamed => router.layer(drain.layer().describe_requests()),
         Variant::FromFn => router.layer(from_fn_with_state(
             Arc::new(AtomicUsize::new(0)),
             count_around_next,
         )),
         Variant::TaskTracker => router.layer(CountLayer::new(TaskTracker::new())),
-        Variant::Semaphore => router.layer(CountLayer::new(Arc::new(Semaphore::new(
-            Semaphore::MAX_PERMITS,
-        )))),
+        Variant::Semaphore => router.layer(CountLayer::new(semaphore())),
         Variant::Graceful => router.layer(CountLayer::new(Arc::new(
             tokio_graceful::Shutdown::new(std::future::pending::<()>()),
         ))),
-        Variant::InFlight => router.layer(tower_http::metrics::InFlightRequestsLayer::pair().0),
+        Variant::InFlight => router.layer(InFlightRequestsLayer::pair().0),
+        Variant::NoopOuter => return App::Noop(NoopLayer.layer(router)),
+        Variant::FloorOuter => return App::Floor(HeadLayer::new(Floor::leak()).layer(router)),
+        Variant::FloorBodyOuter => {
+            return App::FloorBody(CountLayer::new(Floor::leak()).layer(router))
+        }
+        Variant::LameduckOuter => return App::Lameduck(drain.layer().layer(router)),
+        Variant::LameduckNamedOuter => {
+            return App::LameduckNamed(drain.layer().describe_requests().layer(router))
+        }
+        Variant::SemaphoreOuter => {
+            return App::Semaphore(CountLayer::new(semaphore()).layer(router))
+        }
+        Variant::InFlightOuter => {
+            return App::InFlight(InFlightRequestsLayer::pair().0.layer(router))
+        }
     })
 }
 
@@ -159,11 +228,7 @@ impl App {
     /// Runs one request through the service in-process and consumes the response body;
     /// returns the body's length.
     pub(crate) fn one_request(&self) -> usize {
-        match self {
-            App::Router(r) => one_request(r),
-            App::Outer(s) => one_request(s),
-            App::AtomicOuter(s) => one_request(s),
-        }
+        with_app!(self, |s| one_request(s))
     }
 }
 
@@ -243,8 +308,8 @@ pub(crate) const SERVE_ONLY: [&str; 2] = ["plain-lserve", "lameduck-lserve"];
 ///
 /// * `plain-lserve`, `lameduck-lserve`: the bare router, or `Router::layer(drain.layer())`,
 ///   under `lameduck::serve` (the accept loop alone, and with the layer);
-/// * `lameduck-outer`, `atomic-outer`: the layer around the whole router, under
-///   `lameduck::serve` (`axum::serve` takes only services whose body is axum's `Body`);
+/// * every `-outer` variant: the middleware around the whole router, under `lameduck::serve`
+///   (`axum::serve` takes only services whose body is axum's `Body`);
 /// * every other [`Variant`]: that router under `axum::serve`.
 pub(crate) async fn serve(
     name: String,
@@ -268,8 +333,7 @@ pub(crate) async fn serve(
             lameduck::serve(listener, router, drain).await
         }
         App::Router(router) => axum::serve(listener, router).await,
-        App::Outer(svc) => lameduck::serve(listener, svc, drain).await,
-        App::AtomicOuter(svc) => lameduck::serve(listener, svc, drain).await,
+        app => with_app!(app, |s| lameduck::serve(listener, s, drain).await),
     }
     .map_err(|e| e.to_string())
 }
@@ -282,31 +346,44 @@ pub(crate) trait Acquire: Clone + Send + Sync + 'static {
     fn acquire(&self) -> Self::Guard;
 }
 
-/// The floor: a leaked counter, so the guard is a plain reference (no reference count).
+/// The floor: a leaked counter with the draining flag packed in (bit 0) and a `Notify` for the
+/// waiter, so the guard is a plain reference (no reference count) and leaving is one
+/// `fetch_sub` plus one comparison, as in lameduck's counter.
 #[derive(Clone, Copy)]
-pub(crate) struct StaticAtomic(&'static AtomicUsize);
+pub(crate) struct Floor(&'static FloorState);
 
-impl StaticAtomic {
+pub(crate) struct FloorState {
+    count: AtomicUsize,
+    zero: Notify,
+}
+
+impl Floor {
     pub(crate) fn leak() -> Self {
-        Self(Box::leak(Box::new(AtomicUsize::new(0))))
+        Self(Box::leak(Box::new(FloorState {
+            count: AtomicUsize::new(0),
+            zero: Notify::new(),
+        })))
     }
 }
 
-pub(crate) struct AtomicGuard(&'static AtomicUsize);
+pub(crate) struct FloorGuard(&'static FloorState);
 
-impl Drop for AtomicGuard {
+impl Drop for FloorGuard {
     #[inline]
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Release);
+        // Step 2, flag in bit 0: the last guard while draining wakes the waiter.
+        if self.0.count.fetch_sub(2, Ordering::Release) == 3 {
+            self.0.zero.notify_waiters();
+        }
     }
 }
 
-impl Acquire for StaticAtomic {
-    type Guard = AtomicGuard;
+impl Acquire for Floor {
+    type Guard = FloorGuard;
     #[inline]
-    fn acquire(&self) -> AtomicGuard {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        AtomicGuard(self.0)
+    fn acquire(&self) -> FloorGuard {
+        self.0.count.fetch_add(2, Ordering::Relaxed);
+        FloorGuard(self.0)
     }
 }
 
@@ -446,5 +523,111 @@ impl<B: HttpBody, G> HttpBody for CountBody<B, G> {
     #[inline]
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+// ---- the floor with the guard in the future only, and the no-op layer ----
+
+/// Tower layer: takes `A::acquire()` in `call` and releases it when the response head is ready.
+#[derive(Clone)]
+pub(crate) struct HeadLayer<A> {
+    source: A,
+}
+
+impl<A> HeadLayer<A> {
+    pub(crate) fn new(source: A) -> Self {
+        Self { source }
+    }
+}
+
+impl<A: Clone, S> Layer<S> for HeadLayer<A> {
+    type Service = Head<A, S>;
+    fn layer(&self, inner: S) -> Head<A, S> {
+        Head {
+            inner,
+            source: self.source.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Head<A, S> {
+    inner: S,
+    source: A,
+}
+
+impl<A, S, R> Service<R> for Head<A, S>
+where
+    A: Acquire,
+    S: Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = HeadFuture<S::Future, A::Guard>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, req: R) -> Self::Future {
+        let guard = self.source.acquire();
+        HeadFuture {
+            fut: self.inner.call(req),
+            guard: Some(guard),
+        }
+    }
+}
+
+pin_project! {
+    pub(crate) struct HeadFuture<F, G> {
+        #[pin]
+        fut: F,
+        guard: Option<G>,
+    }
+}
+
+impl<F: Future, G> Future for HeadFuture<F, G> {
+    type Output = F::Output;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let out = ready!(this.fut.poll(cx));
+        *this.guard = None;
+        Poll::Ready(out)
+    }
+}
+
+/// A layer that forwards every call: its service's future is the inner one.
+#[derive(Clone, Copy)]
+pub(crate) struct NoopLayer;
+
+impl<S> Layer<S> for NoopLayer {
+    type Service = Noop<S>;
+    fn layer(&self, inner: S) -> Noop<S> {
+        Noop { inner }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Noop<S> {
+    inner: S,
+}
+
+impl<S: Service<R>, R> Service<R> for Noop<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    #[inline]
+    fn call(&mut self, req: R) -> S::Future {
+        self.inner.call(req)
     }
 }

@@ -132,8 +132,10 @@ fn mark_draining<B>(res: &mut Response<B>, tag: u32) {
     };
     if let Some(name) = &o.phase_header {
         if let Some(drain) = o.drain() {
-            res.headers_mut()
-                .insert(name.clone(), HeaderValue::from_static(drain.phase().as_str()));
+            res.headers_mut().insert(
+                name.clone(),
+                HeaderValue::from_static(drain.phase().as_str()),
+            );
         }
     }
     if let Some((name, value)) = &o.instance_header {

@@ -189,7 +189,11 @@ fn register(opts: Options) -> u32 {
 /// The options at `index` (from 1); `None` for 0.
 pub(crate) fn options(index: u32) -> Option<&'static Options> {
     let i = (index as usize).checked_sub(1)?;
-    OPTIONS.read().unwrap_or_else(|e| e.into_inner()).get(i).copied()
+    OPTIONS
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(i)
+        .copied()
 }
 
 impl<N> DrainLayer<N> {

@@ -133,7 +133,8 @@ impl<S, N> DrainService<S, N> {
         self.core.note_request(on_new);
         if let Some(o) = options(self.opts) {
             if o.refuse_retry_after.is_some()
-                && o.drain().is_some_and(|d| d.phase() >= Phase::StoppedAccepting)
+                && o.drain()
+                    .is_some_and(|d| d.phase() >= Phase::StoppedAccepting)
             {
                 return true;
             }

@@ -281,7 +281,8 @@ pub async fn start_serve(
 ) -> (SocketAddr, JoinHandle<std::io::Result<()>>) {
     let (listener, addr) = bind().await;
     let app = app(drain, probe).layer(drain.layer());
-    let server = tokio::spawn(lameduck::serve(listener, app, drain));
+    // The test app reports each request's connection id, from `ConnMeta`.
+    let server = tokio::spawn(lameduck::serve(listener, app, drain).conn_meta_on_every_request());
     (addr, server)
 }
 
@@ -293,7 +294,8 @@ pub async fn start_serve_describing(
 ) -> (SocketAddr, JoinHandle<std::io::Result<()>>) {
     let (listener, addr) = bind().await;
     let app = app(drain, probe).layer(drain.layer().describe_requests());
-    let server = tokio::spawn(lameduck::serve(listener, app, drain));
+    // The test app reports each request's connection id, from `ConnMeta`.
+    let server = tokio::spawn(lameduck::serve(listener, app, drain).conn_meta_on_every_request());
     (addr, server)
 }
 
