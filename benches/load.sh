@@ -9,7 +9,7 @@
 # more than MAX_DRIFT is discarded (the level changed during it) and counted in the table.
 #
 # Usage: benches/load.sh [variant ...]
-#   default variants: plain-lserve lameduck-lserve lameduck-outer lameduck atomic from_fn
+#   default variants: plain-lserve lameduck-lserve lameduck-outer lameduck floor-body from_fn
 #                     inflight tasktracker semaphore graceful
 #                     (see examples/bench_server.rs; `plain` is implied)
 # Env:   ROUNDS (default 6), SECS per run (default 2), CONNS (default 64), PORT (default 18080),
@@ -27,7 +27,7 @@ MAX_DRIFT="${MAX_DRIFT:-0.10}"
 if [ "$#" -gt 0 ]; then
     variants=("$@")
 else
-    variants=(plain-lserve lameduck-lserve lameduck-outer lameduck atomic from_fn inflight tasktracker
+    variants=(plain-lserve lameduck-lserve lameduck-outer lameduck floor-body from_fn inflight tasktracker
         semaphore graceful)
 fi
 for tool in wrk taskset python3; do

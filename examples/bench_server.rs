@@ -6,10 +6,12 @@
 //! * `plain`: the bare router under `axum::serve`;
 //! * `plain-lserve`: the bare router under `lameduck::serve` (the accept loop alone);
 //! * `lameduck-lserve`: `Router::layer(drain.layer())` under `lameduck::serve`;
-//! * `lameduck-outer`, `atomic-outer`: the layer around the whole router, under
-//!   `lameduck::serve` (`axum::serve` takes only services whose body is axum's `Body`);
-//! * any other name from `benches/support/variants.rs` (`lameduck`, `atomic`, `from_fn`,
-//!   `tasktracker`, `semaphore`, `graceful`, `inflight`): that router under `axum::serve`.
+//! * every `-outer` variant (`lameduck-outer`, `floor-outer`, …): the middleware around the
+//!   whole router, under `lameduck::serve` (`axum::serve` takes only services whose body is
+//!   axum's `Body`);
+//! * any other name from `benches/support/variants.rs` (`lameduck`, `noop`, `floor`,
+//!   `floor-body`, `from_fn`, `tasktracker`, `semaphore`, `graceful`, `inflight`, …): that
+//!   router under `axum::serve`.
 //!
 //! The runtime is Tokio's multi-threaded one with its default worker count, which follows the
 //! CPU affinity: one worker under `taskset -c 0`. Stop it with SIGTERM (the drain is never

@@ -65,7 +65,8 @@ impl<B: Body, N: Naming> Body for DrainBody<B, N> {
     type Data = B::Data;
     type Error = B::Error;
 
-    #[inline]
+    // Always inlined: out of line, each frame result (~100 bytes) is returned through memory.
+    #[inline(always)]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

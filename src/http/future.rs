@@ -48,7 +48,7 @@ pin_project! {
 }
 
 impl<F, N> ResponseFuture<F, N> {
-    #[inline]
+    #[inline(always)]
     pub(crate) fn called(fut: F, guard: InFlightGuard, line: N) -> Self {
         Self {
             state: State::Called { fut },
@@ -73,7 +73,9 @@ where
 {
     type Output = Result<Response<DrainBody<B, N>>, E>;
 
-    #[inline]
+    // Always inlined: out of line, the response (~150 bytes) is returned through memory and
+    // copied again by the caller, which measured ~120 instructions per request.
+    #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         match this.state.project() {
