@@ -128,6 +128,23 @@ impl Core {
         }
     }
 
+    /// Takes a guard without the draining-time bookkeeping: the caller learns whether the drain
+    /// has started and, if so, must call [`record_activity`](Self::record_activity) itself (the
+    /// HTTP layer does it out of line, to keep its inlined path small).
+    #[inline]
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the HTTP layer of the `http` feature
+    pub(crate) fn enter_tagged(&'static self, tag: u32) -> (InFlightGuard, bool) {
+        let draining = self.counter.enter();
+        (
+            InFlightGuard {
+                core: self,
+                slot: NO_SLOT,
+                tag,
+            },
+            draining,
+        )
+    }
+
     pub(crate) fn record_activity(&self) {
         let now = self.stamp(Instant::now());
         // Relaxed: a timestamp read by the propagation policy, which tolerates staleness of a
@@ -245,6 +262,7 @@ pub struct InFlightGuard {
     /// Free bits in what would otherwise be padding, for the HTTP layer: the request's HTTP
     /// version class and its layer's options (see `http::service`). Keeping them here keeps
     /// the layer's response future and body at the inner ones + 16 bytes.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // read by the HTTP layer of the `http` feature
     pub(crate) tag: u32,
 }
 

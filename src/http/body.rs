@@ -19,8 +19,9 @@ pin_project! {
     /// server force-closes the connection. A streaming body (server-sent events, a download)
     /// therefore counts for as long as it streams.
     ///
-    /// Data and error types are the inner body's. The inner body plus 16 bytes (the guard),
-    /// plus the request line with
+    /// Data and error types are the inner body's. Its size is the inner body's plus 16 bytes
+    /// (the guard) — 24 when the inner body type has no spare bit pattern to mark a refusal's
+    /// empty body (boxed bodies such as axum's `Body` have one) — plus the request line with
     /// [`describe_requests`](crate::DrainLayer::describe_requests).
     pub struct DrainBody<B, N = Unnamed> {
         #[pin]

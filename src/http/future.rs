@@ -81,7 +81,7 @@ where
         match this.state.project() {
             StateProj::Called { fut } => {
                 this.line.describe_if_draining(this.guard);
-                let mut res = match ready!(fut.poll(cx)) {
+                let res = match ready!(fut.poll(cx)) {
                     Ok(res) => res,
                     Err(e) => {
                         // No body will carry the guard: the request is over.
@@ -90,12 +90,15 @@ where
                     }
                 };
                 let guard = this.guard.take();
-                if let Some(g) = &guard {
-                    if g.core().counter.is_draining() {
-                        mark_draining(&mut res, g.tag);
-                    }
-                }
                 let line = *this.line;
+                if guard
+                    .as_ref()
+                    .is_some_and(|g| g.core().counter.is_draining())
+                {
+                    // Out of line and by value: taking `&mut res` here would keep the response
+                    // in memory and cost a copy of it on every request.
+                    return Poll::Ready(Ok(finish_draining(res, guard, line)));
+                }
                 Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, line))))
             }
             StateProj::Refused => Poll::Ready(Ok(refusal(this.guard.take(), *this.line))),
@@ -120,9 +123,22 @@ fn refusal<B, N>(guard: Option<InFlightGuard>, line: N) -> Response<DrainBody<B,
     res
 }
 
-/// Response headers while draining. Cold: never reached while Serving.
+/// The response of a request that completes while draining: draining headers, guard in the
+/// body. Cold: never reached while Serving.
 #[cold]
 #[inline(never)]
+fn finish_draining<B, N>(
+    mut res: Response<B>,
+    guard: Option<InFlightGuard>,
+    line: N,
+) -> Response<DrainBody<B, N>> {
+    if let Some(g) = &guard {
+        mark_draining(&mut res, g.tag);
+    }
+    res.map(|body| DrainBody::new(body, guard, line))
+}
+
+/// Response headers while draining.
 fn mark_draining<B>(res: &mut Response<B>, tag: u32) {
     // A 101 carries `Connection: upgrade`; replacing it would break the upgrade.
     if tag & TAG_HTTP1 != 0 && res.status() != StatusCode::SWITCHING_PROTOCOLS {

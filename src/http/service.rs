@@ -103,22 +103,41 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         // The guard is taken here, held by the future, moved into the body, and released when
         // the body ends, errors or is dropped (see `DrainBody`).
-        let (mut guard, draining) = self.core.enter();
-        guard.tag = self.opts << 1 | u32::from(is_http1(req.version()));
+        let tag = self.opts << 1 | u32::from(is_http1(req.version()));
+        let (guard, draining) = self.core.enter_tagged(tag);
+        if draining {
+            // Out of line: the inlined path stays small enough for the callers (axum's
+            // wrappers) to be inlined around it, which saves moves of the whole future.
+            return self.call_draining(guard, req);
+        }
         // A copy of the request line with `describe_requests`, nothing otherwise.
         let line = N::capture(req.method(), req.uri().path());
-        if draining && self.while_draining(&mut guard, &req) {
-            return ResponseFuture::refused(guard, line);
-        }
         ResponseFuture::called(self.inner.call(req), guard, line)
     }
 }
 
-impl<S, N> DrainService<S, N> {
-    /// Accounting for a request that arrived while draining. Returns `true` if the request must
-    /// be refused.
+impl<S, N: Naming> DrainService<S, N> {
+    /// `call` for a request that arrived while draining.
     #[cold]
     #[inline(never)]
+    fn call_draining<ReqBody, ResBody>(
+        &mut self,
+        mut guard: InFlightGuard,
+        req: Request<ReqBody>,
+    ) -> ResponseFuture<S::Future, N>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    {
+        self.core.record_activity();
+        let line = N::capture(req.method(), req.uri().path());
+        if self.while_draining(&mut guard, &req) {
+            return ResponseFuture::refused(guard, line);
+        }
+        ResponseFuture::called(self.inner.call(req), guard, line)
+    }
+
+    /// Accounting for a request that arrived while draining. Returns `true` if the request must
+    /// be refused.
     fn while_draining<B>(&self, guard: &mut InFlightGuard, req: &Request<B>) -> bool {
         let meta = conn_meta(req);
         let on_new = meta.is_some_and(|m| m.is_new_since_drain(self.core));
