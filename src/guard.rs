@@ -262,7 +262,8 @@ pub struct InFlightGuard {
     /// Free bits in what would otherwise be padding, for the HTTP layer: the request's HTTP
     /// version class and its layer's options (see `http::service`). Keeping them here keeps
     /// the layer's response future and body at the inner ones + 16 bytes.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // read by the HTTP layer of the `http` feature
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    // read by the HTTP layer of the `http` feature
     pub(crate) tag: u32,
 }
 
