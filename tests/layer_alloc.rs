@@ -276,8 +276,10 @@ fn serve_adds_no_allocation_per_request_while_serving() {
             &drain,
         ));
         let serving = over_tcp(addr, N).await;
-        assert_eq!(
-            serving, bare,
+        // Equal in a quiet run; hyper's read buffer may grow a few more times when the kernel
+        // splits reads differently. One allocation per request would add N.
+        assert!(
+            serving <= bare + N / 10,
             "lameduck::serve allocated {serving} times over {N} requests, a bare hyper loop {bare}"
         );
 
