@@ -270,7 +270,8 @@ async fn one_call_serve_is_bounded_by_the_deadline() {
         Propagation::fixed(Duration::from_millis(500)),
     );
     let (listener, addr) = bind().await;
-    let app = app(&drain, Probe::default()).layer(drain.layer());
+    // Naming a request that started before the trigger is opt-in.
+    let app = app(&drain, Probe::default()).layer(drain.layer().describe_requests());
     let server = tokio::spawn(lameduck::axum::serve(listener, app, &drain));
 
     let (mut c, _c_conn) = h1(addr).await;
