@@ -231,7 +231,8 @@ async fn run(args: Args) -> i32 {
             .layer()
             .phase_header(HeaderName::from_static("x-lameduck-phase")),
     );
-    let server = tokio::spawn(lameduck::serve(listener, app, &drain));
+    // `with_state(())` prepares the routes once instead of per request.
+    let server = tokio::spawn(lameduck::serve(listener, app.with_state(()), &drain));
     let report = drain.run().await;
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
     report.exit_code
