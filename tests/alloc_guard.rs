@@ -4,6 +4,7 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -13,9 +14,17 @@ struct Counting;
 
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// Only the measuring thread counts: the test harness and the runtime's other threads
+    /// allocate whenever they like, and their allocations are not the guard's.
+    static MEASURING: Cell<bool> = const { Cell::new(false) };
+}
+
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        if MEASURING.try_with(Cell::get).unwrap_or(false) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -28,9 +37,11 @@ static GLOBAL: Counting = Counting;
 
 fn allocations_for(n: usize, f: impl Fn()) -> usize {
     let before = ALLOCS.load(Ordering::Relaxed);
+    MEASURING.with(|m| m.set(true));
     for _ in 0..n {
         f();
     }
+    MEASURING.with(|m| m.set(false));
     ALLOCS.load(Ordering::Relaxed) - before
 }
 
