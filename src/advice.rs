@@ -5,8 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::evidence::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
 use crate::phase::{CommitReason, EventKind};
-use crate::report::DrainReport;
+use crate::report::{DrainReport, PolicyReport};
 
 /// Below this many requests after the drain started, propagation is not measured.
 const MIN_TRAFFIC: u64 = 5;
@@ -54,11 +55,95 @@ fn advice(level: AdviceLevel, rule: &str, observed: u64, message: String) -> Adv
     }
 }
 
+/// Seconds with one decimal, for messages.
+fn secs(ms: u64) -> String {
+    format!("{:.1} s", ms as f64 / 1000.0)
+}
+
+/// What the propagation evidence says: why the drain waited as long as it did.
+fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p: &PolicyReport) {
+    use AdviceLevel::{Info, Warn};
+    let rate = e.rate_per_s().unwrap_or(0.0);
+    let quiet = p.quiet_ms.unwrap_or(p.min_ms);
+    let set = "set `Propagation::assume_converged_after` to that (or lower max)";
+    match (e.kind, e.weak) {
+        (EvidenceKind::Max, Some(WeakEvidence::NoConnectionData))
+            if e.max_reason == Some(MaxReason::NotEnoughEvidence) =>
+        {
+            out.push(advice(
+                Warn,
+                "no_connection_data",
+                stopped_ms,
+                format!(
+                    "connection data unavailable: use lameduck::serve or ConnMeta (axum's connect info),                      or no client connected; without a rate, silence is not evidence, so the drain waited                      {} (max). If your proxies converge faster, {set}",
+                    secs(stopped_ms)
+                ),
+            ));
+        }
+        (EvidenceKind::Max, Some(WeakEvidence::TooFewSlots))
+            if e.max_reason == Some(MaxReason::NotEnoughEvidence) =>
+        {
+            out.push(advice(
+                Warn,
+                "weak_evidence",
+                stopped_ms,
+                format!(
+                    "the process had served for only {} before the drain, too short to measure a rate:                      waited {} (max). If your proxies converge faster, {set}",
+                    secs(e.slots_observed * e.slot_ms),
+                    secs(stopped_ms)
+                ),
+            ));
+        }
+        (EvidenceKind::Max, Some(_)) if e.max_reason == Some(MaxReason::NotEnoughEvidence) => {
+            out.push(advice(
+                Warn,
+                "weak_evidence",
+                stopped_ms,
+                format!(
+                    "{rate:.2} new connections/s before the drain ({} of {} slots of {} ms empty):                      {} of silence is not evidence, confidence needed {}; waited {} (max).                      If your proxies converge faster, {set}",
+                    e.empty_slots,
+                    e.slots_observed,
+                    e.slot_ms,
+                    secs(quiet),
+                    e.t_conf_ms.map_or_else(|| "more than max".to_owned(), secs),
+                    secs(stopped_ms)
+                ),
+            ));
+        }
+        (EvidenceKind::Confidence, _) => out.push(advice(
+            Info,
+            "confidence",
+            e.t_conf_ms.unwrap_or(0),
+            format!(
+                "committed on evidence: {rate:.2} new connections/s before the drain, so {} of silence                  meant the proxies had moved on (ε = {}); silent for {} at the commit",
+                secs(e.t_conf_ms.unwrap_or(0).max(quiet)),
+                e.epsilon_ppm as f64 / 1e6,
+                secs(e.silence_ms)
+            ),
+        )),
+        (EvidenceKind::Floor, _) => out.push(advice(
+            Info,
+            "floor",
+            stopped_ms,
+            format!(
+                "committed on the floor you set (assume_converged_after {}): the arrival rate alone                  ({rate:.2} new connections/s) {}",
+                secs(e.floor_ms.unwrap_or(0)),
+                match (e.weak, e.t_conf_ms) {
+                    (None, Some(t)) => format!("would have needed {} of silence", secs(t)),
+                    _ => "was not enough evidence".to_owned(),
+                }
+            ),
+        )),
+        _ => {}
+    }
+}
+
 /// Computes the advice for a finished drain, most important first.
 ///
 /// Rules: observed propagation (the last new connection after the drain started) against the
 /// policy's `min` and `quiet`; a commit forced by `max`; requests still running at the quiesce
-/// deadline; how late in-flight work reached zero against the quiesce window; the headroom
+/// deadline; the evidence the commit went on (and, when it was too weak, its numbers and what to
+/// set); how late in-flight work reached zero against the quiesce window; the headroom
 /// left in the grace period; new connections dominated by one peer (a path that bypasses the
 /// Service). With too little traffic after the flip it says so instead of guessing.
 pub fn advise(r: &DrainReport) -> Vec<Advice> {
@@ -123,7 +208,14 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
             ),
         ));
     }
-    if let Some(e) = stopped {
+    let weak_at_max = p
+        .evidence
+        .as_ref()
+        .is_some_and(|e| e.max_reason == Some(MaxReason::NotEnoughEvidence));
+    if let (Some(ev), Some(stop)) = (&p.evidence, stopped) {
+        evidence_advice(&mut out, ev, stop.at_ms, p);
+    }
+    if let Some(e) = stopped.filter(|_| !weak_at_max) {
         if e.reason == Some(CommitReason::Max) {
             out.push(advice(
                 Warn,

@@ -30,6 +30,7 @@ use crate::budget::{Budget, GRACE_PERIOD_ENV};
 use crate::closers::{BoxError, CloseOptions, Closer, CloserResult};
 use crate::guard::{Core, InFlightGuard};
 use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
+use crate::evidence::{Estimate, Evidence, EvidenceKind, EvidenceReport};
 use crate::propagation::{Policy, Propagation};
 use crate::report::{
     AfterFlipReport, BudgetReport, DrainReport, Emitted, Outcome, PeerCount, PodInfo,
@@ -44,14 +45,29 @@ use crate::ConfigError;
 /// When a Pod is deleted, the EndpointSlice controller marks its endpoint `ready=false`,
 /// `terminating=true` whatever the probe says; `serving` follows the Pod's Ready condition,
 /// i.e. this probe. Proxies ignore terminating endpoints, except that when *every* endpoint of
-/// a Service is terminating, kube-proxy falls back to those still `serving`.
+/// a Service is terminating, kube-proxy falls back to those still `serving` (a single replica
+/// evicted while its replacement is not ready yet, a scale to zero).
+///
+/// The trade-off: kubelet's probe decides `serving`, which only matters for that fallback, and
+/// `ready` turns false at deletion anyway — so kubelet should see "ready" until the process
+/// stops accepting. A load balancer that probes the Pod directly (a cloud LB, HAProxy) has no
+/// EndpointSlice to tell it: it must see "not ready" from the trigger, or it keeps sending new
+/// work for its whole probe interval. [`Auto`](Self::Auto), the default, answers each by who
+/// asks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ReadinessWhileDraining {
-    /// 503 from the trigger on (the default; the convention of kube-apiserver). Load balancers
-    /// that probe the Pod directly stop sending soonest; kube-proxy's all-terminating fallback
-    /// loses this endpoint.
+    /// By caller (the default): a probe whose `User-Agent` starts with `kube-probe/` —
+    /// kubelet's HTTP and gRPC probes — gets [`ServingUntilStop`](Self::ServingUntilStop),
+    /// which keeps kube-proxy's all-terminating fallback; every other caller gets
+    /// [`NotReady`](Self::NotReady). An external checker that sends kubelet's User-Agent is
+    /// taken for kubelet. [`Drain::readiness`] and `/status` answer as for other callers.
     #[default]
+    Auto,
+    /// 503 from the trigger on, for every caller (the convention of kube-apiserver). Load
+    /// balancers that probe the Pod directly stop sending soonest; kube-proxy's all-terminating
+    /// fallback loses this endpoint.
     NotReady,
     /// 200 until `stopped_accepting`, then 503. Keeps kube-proxy's all-terminating fallback
     /// (scale to zero, one replica, `externalTrafficPolicy: Local` on a draining node), at the
@@ -63,8 +79,61 @@ impl ReadinessWhileDraining {
     /// The policy's name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
         match self {
+            ReadinessWhileDraining::Auto => "auto",
             ReadinessWhileDraining::NotReady => "not_ready",
             ReadinessWhileDraining::ServingUntilStop => "serving_until_stop",
+        }
+    }
+
+    /// The one rule, for `/readyz` and gRPC health alike: whether the caller sees "ready"
+    /// while Draining (before `stopped_accepting`; after it, no caller does).
+    pub(crate) fn ready_while_draining(self, caller: Caller) -> bool {
+        match self {
+            ReadinessWhileDraining::NotReady => false,
+            ReadinessWhileDraining::ServingUntilStop => true,
+            ReadinessWhileDraining::Auto => caller == Caller::Kubelet,
+        }
+    }
+}
+
+impl std::str::FromStr for ReadinessWhileDraining {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.replace('-', "_").as_str() {
+            "auto" => Ok(Self::Auto),
+            "not_ready" => Ok(Self::NotReady),
+            "serving_until_stop" => Ok(Self::ServingUntilStop),
+            _ => Err(ConfigError::parse(format!(
+                "`{s}` is not a readiness policy: expected auto, not-ready or serving-until-stop"
+            ))),
+        }
+    }
+}
+
+/// Who asks for readiness: kubelet's probe or anyone else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// `User-Agent: kube-probe/…` (kubelet's HTTP and gRPC probes).
+    Kubelet,
+    /// A load balancer, a monitor, a person — or no User-Agent at all.
+    Other,
+}
+
+impl Caller {
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the admin router and gRPC health
+    pub(crate) fn from_user_agent(ua: Option<&[u8]>) -> Self {
+        match ua {
+            Some(ua) if ua.starts_with(b"kube-probe/") => Caller::Kubelet,
+            _ => Caller::Other,
+        }
+    }
+
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the admin router
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Caller::Kubelet => "kubelet's probe (User-Agent kube-probe/)",
+            Caller::Other => "not kubelet's probe",
         }
     }
 }
@@ -118,8 +187,8 @@ impl DrainBuilder {
         self
     }
 
-    /// When to stop accepting. Default: [`Propagation::default`] (quiet window 2 s, min 2 s,
-    /// max half the grace period).
+    /// When to stop accepting. Default: [`Propagation::default`] (quiet window 1 s, min 1 s,
+    /// confidence from the arrival rate with ε = 10⁻³, max half the grace period).
     pub fn propagation(mut self, p: Propagation) -> Self {
         self.propagation = p;
         self
@@ -132,7 +201,7 @@ impl DrainBuilder {
         self
     }
 
-    /// What `/readyz` says while draining. Default [`ReadinessWhileDraining::NotReady`].
+    /// What `/readyz` says while draining. Default [`ReadinessWhileDraining::Auto`].
     pub fn readiness_while_draining(mut self, r: ReadinessWhileDraining) -> Self {
         self.readiness = r;
         self
@@ -213,9 +282,11 @@ impl DrainBuilder {
             None => (window / 5).min(Duration::from_secs(5)),
         };
         let (phase, _) = watch::channel(Phase::Starting);
+        let core = Core::leak();
+        crate::evidence::set_connect_info_target(core);
         let drain = Drain {
             inner: Arc::new(Inner {
-                core: Core::leak(),
+                core,
                 budget,
                 policy,
                 signals,
@@ -263,6 +334,10 @@ struct State {
     receipt: Option<u64>,
     noticed: Option<u64>,
     report: Option<DrainReport>,
+    /// The arrival-rate evidence taken at the trigger.
+    evidence: Option<Evidence>,
+    /// What the propagation commit went on, once it committed.
+    committed: Option<EvidenceReport>,
 }
 
 /// The most events `/status` (and `/drain`) carry; the rest are counted in
@@ -458,6 +533,10 @@ pub struct Status {
     /// Events left out of `timeline` to keep the body bounded.
     #[serde(default)]
     pub timeline_omitted: usize,
+    /// While draining, the evidence the propagation policy waits on (its kind is what it
+    /// expects to commit on); once committed, the evidence it went on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<EvidenceReport>,
 }
 
 /// Given to cancellable tasks: when to stop taking new work, and when to hurry.
@@ -701,6 +780,7 @@ impl Drain {
                 }
             });
             if moved {
+                self.inner.core.mark_serving();
                 tracing::info!("lameduck: serving");
                 #[cfg(feature = "metrics")]
                 self.record_metrics();
@@ -713,8 +793,14 @@ impl Drain {
         self.readiness().ready
     }
 
-    /// Readiness with its reason and every check.
+    /// Readiness with its reason and every check, as a caller other than kubelet's probe sees
+    /// it (see [`ReadinessWhileDraining::Auto`]).
     pub fn readiness(&self) -> Readiness {
+        self.readiness_for(Caller::Other)
+    }
+
+    /// Readiness as `caller` sees it: `/readyz` passes who asked.
+    pub(crate) fn readiness_for(&self, caller: Caller) -> Readiness {
         let phase = self.phase();
         type Gates = Vec<(String, bool)>;
         type Checks = Vec<(String, Arc<CheckFn>)>;
@@ -738,25 +824,37 @@ impl Drain {
                 reason.get_or_insert_with(|| format!("starting: waiting for {name}"));
             }
         }
+        let policy = self.inner.readiness;
         let draining_ready = match phase {
             Phase::Starting | Phase::Serving => true,
-            Phase::Draining => self.inner.readiness == ReadinessWhileDraining::ServingUntilStop,
+            Phase::Draining => policy.ready_while_draining(caller),
             _ => false,
+        };
+        // Under `auto`, say which semantics applied and why.
+        let why = if policy == ReadinessWhileDraining::Auto {
+            format!("policy auto, {}", caller.describe())
+        } else {
+            format!("policy {}", policy.as_str())
         };
         if draining_ready && phase == Phase::Draining {
             lines.push(format!(
-                "[+]drain draining, ready until stopped_accepting (policy {})",
-                self.inner.readiness.as_str()
+                "[+]drain draining, ready until stopped_accepting ({why}: keeps kube-proxy's fallback to serving terminating endpoints)"
             ));
         } else if draining_ready {
             lines.push("[+]drain ok".to_owned());
-        } else {
+        } else if phase == Phase::Draining {
             lines.push(format!(
-                "[-]drain {} (policy {})",
-                phase,
-                self.inner.readiness.as_str()
+                "[-]drain draining, not ready from the trigger ({why})"
             ));
             reason.get_or_insert_with(|| "draining".to_owned());
+        } else {
+            lines.push(format!("[-]drain {phase} ({why})"));
+            reason.get_or_insert_with(|| "draining".to_owned());
+        }
+        if phase >= Phase::Draining {
+            if let Some(ev) = self.evidence_now() {
+                lines.push(format!("[i]propagation {}", describe_evidence(&ev)));
+            }
         }
         if phase == Phase::Starting && reason.is_none() {
             reason = Some("starting".to_owned());
@@ -883,13 +981,14 @@ impl Drain {
             let mut e = Event::new(EventKind::DrainStarted, Duration::ZERO, unix_ms);
             e.trigger = Some(trigger);
             st.timeline.push(e);
-            if self.inner.readiness == ReadinessWhileDraining::NotReady {
-                st.timeline.push(Event::new(
-                    EventKind::ReadinessFlipped,
-                    Duration::ZERO,
-                    unix_ms,
-                ));
+            if self.inner.readiness != ReadinessWhileDraining::ServingUntilStop {
+                let mut e = Event::new(EventKind::ReadinessFlipped, Duration::ZERO, unix_ms);
+                if self.inner.readiness == ReadinessWhileDraining::Auto {
+                    e.detail = Some("for callers other than kubelet's probe".to_owned());
+                }
+                st.timeline.push(e);
             }
+            st.evidence = Some(self.take_evidence(now));
             st.signals_installed
         };
         if watchdog {
@@ -907,7 +1006,7 @@ impl Drain {
             grace_ms = self.inner.budget.grace_period.as_millis() as u64,
             "lameduck: drain_started"
         );
-        if self.inner.readiness == ReadinessWhileDraining::NotReady {
+        if self.inner.readiness != ReadinessWhileDraining::ServingUntilStop {
             tracing::info!(
                 event = "readiness_flipped",
                 at_ms = 0u64,
@@ -1198,6 +1297,7 @@ impl Drain {
             budget: BudgetReport::new(&self.inner.budget, used),
             timeline,
             timeline_omitted,
+            evidence: self.evidence_now(),
         }
     }
 
@@ -1433,6 +1533,7 @@ impl Drain {
     /// A new connection was accepted; counts it as activity while draining.
     #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the accept loop of the `http` feature
     pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) -> bool {
+        self.inner.core.note_arrival();
         let draining = self.is_draining();
         if draining {
             self.inner.core.note_connection(peer);
@@ -1507,18 +1608,44 @@ impl Drain {
         }
 
         // 1. Propagation.
-        let reason = tokio::select! {
-            r = self.propagate(origin) => r,
-            () = inner.force_token.cancelled() => CommitReason::Forced,
+        let evidence = inner
+            .lock()
+            .evidence
+            .expect("the evidence is taken with the origin");
+        let (reason, kind) = tokio::select! {
+            r = self.propagate(origin, evidence) => r,
+            () = inner.force_token.cancelled() => (CommitReason::Forced, EvidenceKind::Cut),
         };
+        {
+            let silence = self.silence(origin);
+            let report = evidence.report(kind, silence);
+            tracing::info!(
+                evidence = kind.as_str(),
+                max_reason = report.max_reason.map(|r| r.as_str()),
+                weak = report.weak.map(|w| w.as_str()),
+                rate_per_s = report.rate_per_s(),
+                t_conf_ms = report.t_conf_ms,
+                silence_ms = report.silence_ms,
+                "lameduck: propagation evidence"
+            );
+            inner.lock().committed = Some(report);
+        }
         let mut e = self.event(EventKind::PropagationDone, origin);
         e.reason = Some(reason);
         self.push(e);
         let mut e = self.event(EventKind::StoppedAccepting, origin);
         e.reason = Some(reason);
         self.push(e);
-        if inner.readiness == ReadinessWhileDraining::ServingUntilStop {
-            self.push(self.event(EventKind::ReadinessFlipped, origin));
+        match inner.readiness {
+            ReadinessWhileDraining::ServingUntilStop => {
+                self.push(self.event(EventKind::ReadinessFlipped, origin));
+            }
+            ReadinessWhileDraining::Auto => {
+                let mut e = self.event(EventKind::ReadinessFlipped, origin);
+                e.detail = Some("for kubelet's probe".to_owned());
+                self.push(e);
+            }
+            _ => {}
         }
         inner.phase.send_modify(|p| *p = Phase::StoppedAccepting);
         #[cfg(feature = "metrics")]
@@ -1617,40 +1744,106 @@ impl Drain {
         self.record_metrics();
     }
 
-    /// Waits until the propagation policy commits. Event-driven: it sleeps until the earliest
-    /// instant the policy could hold, or until in-flight work reaches zero, then re-checks.
-    async fn propagate(&self, origin: Instant) -> CommitReason {
+    /// Waits until the propagation policy commits, and says on what evidence. Event-driven:
+    /// it sleeps until the earliest instant the policy could hold, or until in-flight work
+    /// reaches zero, then re-checks.
+    async fn propagate(&self, origin: Instant, evidence: Evidence) -> (CommitReason, EvidenceKind) {
         let core = self.inner.core;
         match self.inner.policy {
             Policy::Fixed(d) => {
                 tokio::time::sleep_until(origin + d).await;
-                CommitReason::Fixed
+                (CommitReason::Fixed, EvidenceKind::Fixed)
             }
-            Policy::Quiet { quiet, min, max } => {
+            Policy::Quiet {
+                quiet,
+                min,
+                max,
+                floor,
+                ..
+            } => {
                 let max_at = origin + max;
+                // `None`: the arrival data cannot say how long to wait; only the floor or max can.
+                let t_conf = if evidence.weak().is_some() {
+                    None
+                } else {
+                    evidence.t_conf()
+                };
                 loop {
                     let now = Instant::now();
                     if now >= max_at {
-                        return CommitReason::Max;
+                        return (CommitReason::Max, EvidenceKind::Max);
                     }
                     let last = core.last_activity().unwrap_or(origin).max(origin);
-                    let quiet_at = (last + quiet).max(origin + min);
-                    if now >= quiet_at {
+                    let last_conn = core.last_new_connection().unwrap_or(origin).max(origin);
+                    let conf_at = t_conf.map_or(max_at, |t| last_conn + t);
+                    let (conf_at, kind) = match floor {
+                        Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Floor),
+                        _ => (conf_at, EvidenceKind::Confidence),
+                    };
+                    let ready_at = (last + quiet).max(origin + min).max(conf_at);
+                    if now >= ready_at {
                         if core.counter.is_drained() {
-                            return CommitReason::Quiet;
+                            return (CommitReason::Quiet, kind);
                         }
                         // Quiet, but something is in flight: wait for zero (or max), then
                         // re-check the window.
                         tokio::select! {
                             () = core.wait_zero() => {}
-                            () = tokio::time::sleep_until(max_at) => return CommitReason::Max,
+                            () = tokio::time::sleep_until(max_at) => return (CommitReason::Max, EvidenceKind::Max),
                         }
                         continue;
                     }
-                    tokio::time::sleep_until(quiet_at.min(max_at)).await;
+                    tokio::time::sleep_until(ready_at.min(max_at)).await;
                 }
             }
         }
+    }
+
+    /// The evidence at the trigger `now`: the arrival rate over the slots observed before it.
+    fn take_evidence(&self, now: Instant) -> Evidence {
+        let core = self.inner.core;
+        let (epsilon, max, floor) = match self.inner.policy {
+            Policy::Quiet {
+                epsilon, max, floor, ..
+            } => (epsilon, max, floor),
+            Policy::Fixed(d) => (crate::evidence::DEFAULT_EPSILON, d, None),
+        };
+        Evidence {
+            estimate: Estimate::at(core, now, core.serving_since(), epsilon),
+            epsilon,
+            max,
+            floor,
+        }
+    }
+
+    /// Silence so far: since the later of the trigger and the last new connection.
+    fn silence(&self, origin: Instant) -> Duration {
+        let last = self
+            .inner
+            .core
+            .last_new_connection()
+            .unwrap_or(origin)
+            .max(origin);
+        Instant::now().saturating_duration_since(last)
+    }
+
+    /// The committed evidence, or while draining the evidence the policy waits on.
+    fn evidence_now(&self) -> Option<EvidenceReport> {
+        let (evidence, committed, origin) = {
+            let st = self.inner.lock();
+            (st.evidence, st.committed.clone(), st.origin)
+        };
+        if committed.is_some() {
+            return committed;
+        }
+        let (evidence, origin) = (evidence?, origin?);
+        let kind = match self.inner.policy {
+            Policy::Fixed(_) => EvidenceKind::Fixed,
+            Policy::Quiet { .. } if evidence.weak().is_none() => EvidenceKind::Confidence,
+            Policy::Quiet { floor: Some(_), .. } => EvidenceKind::Floor,
+            Policy::Quiet { .. } => EvidenceKind::Max,
+        };
+        Some(evidence.report(kind, self.silence(origin.at)))
     }
 
     fn collect_stragglers(&self, now: Instant, origin: Instant) -> Vec<Straggler> {
@@ -1776,13 +1969,15 @@ impl Drain {
             noticed_unix_ms: noticed,
             notice_delay_ms: noticed.map(|n| n.saturating_sub(received)),
         });
+        let mut propagation = self.inner.policy.report();
+        propagation.evidence = self.inner.lock().committed.clone();
         let mut report = DrainReport {
             outcome,
             trigger,
             exit_code: outcome.exit_code(),
             readiness_policy: self.inner.readiness,
             budget: BudgetReport::new(&self.inner.budget, used),
-            propagation: self.inner.policy.report(),
+            propagation,
             timeline,
             after_flip: AfterFlipReport {
                 new_connections: af.new_connections.load(Ordering::Relaxed),
@@ -1817,4 +2012,30 @@ fn apply_emitted(report: &mut DrainReport, emitted: Emitted) {
             report.sink_errors.push(e);
         }
     }
+}
+
+/// One line for `/readyz?verbose`: the evidence and its numbers.
+fn describe_evidence(e: &EvidenceReport) -> String {
+    let rate = match (e.rate_per_s(), e.weak) {
+        (_, Some(crate::WeakEvidence::NoConnectionData)) => {
+            "no connection data (use lameduck::serve or ConnMeta)".to_owned()
+        }
+        (Some(r), _) => format!(
+            "{r:.2} new connections/s before the trigger ({} of {} slots empty)",
+            e.empty_slots, e.slots_observed
+        ),
+        (None, _) => "no rate".to_owned(),
+    };
+    let need = match e.t_conf_ms {
+        Some(t) if e.weak.is_none() => format!("needs {t} ms of silence"),
+        _ => match e.weak {
+            Some(w) => format!("not enough evidence ({})", w.as_str()),
+            None => String::new(),
+        },
+    };
+    format!(
+        "{}: {rate}; {need}; silent for {} ms",
+        e.kind.as_str(),
+        e.silence_ms
+    )
 }

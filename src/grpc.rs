@@ -7,11 +7,14 @@
 //! |---|---|
 //! | Starting | `NOT_SERVING` |
 //! | Serving | `SERVING` |
-//! | Draining | `NOT_SERVING` at once (policy [`NotReady`](crate::ReadinessWhileDraining::NotReady), the default); `SERVING` under [`ServingUntilStop`](crate::ReadinessWhileDraining::ServingUntilStop) |
+//! | Draining | under [`Auto`](crate::ReadinessWhileDraining::Auto) (the default): `SERVING` to kubelet's gRPC probe (`user-agent: kube-probe/…`), `NOT_SERVING` at once to every other caller; `NOT_SERVING` at once under [`NotReady`](crate::ReadinessWhileDraining::NotReady); `SERVING` under [`ServingUntilStop`](crate::ReadinessWhileDraining::ServingUntilStop) |
 //! | StoppedAccepting and later | `NOT_SERVING`; every open `Watch` gets a last `NOT_SERVING` and ends with status `OK` |
 //!
-//! The status follows the phase and the readiness policy — what `/readyz` says, without the
-//! readiness checks, which are user code and change without telling anyone. Report a named
+//! The status follows the phase and the readiness policy — what `/readyz` says, by the same
+//! rule, without the readiness checks, which are user code and change without telling anyone.
+//! kubelet's gRPC probe sends `user-agent: kube-probe/<version>` (followed by its gRPC
+//! library's own token), so `Auto` tells it apart here as on `/readyz`; a caller without a
+//! User-Agent is taken for a load balancer. Report a named
 //! service's own trouble with the returned reporter; the next phase change overwrites it.
 //!
 //! `Watch` streams never end on their own, so under [`Drain::layer`] each one would count as
@@ -34,6 +37,9 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
 use tonic_health::ServingStatus;
 
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+use crate::drain::Caller;
 use crate::{Drain, Phase, ReadinessWhileDraining, StreamStop};
 
 impl Drain {
@@ -99,13 +105,23 @@ impl Drain {
     }
 }
 
-/// Whether the phase alone makes the service ready: `/readyz` without the readiness checks.
-fn serving_in(phase: Phase, policy: ReadinessWhileDraining) -> bool {
+/// Whether the phase alone makes the service ready for `caller`: `/readyz` without the
+/// readiness checks.
+fn serving_in(phase: Phase, policy: ReadinessWhileDraining, caller: Caller) -> bool {
     match phase {
         Phase::Serving => true,
-        Phase::Draining => policy == ReadinessWhileDraining::ServingUntilStop,
+        Phase::Draining => policy.ready_while_draining(caller),
         _ => false,
     }
+}
+
+fn caller_of<T>(request: &Request<T>) -> Caller {
+    Caller::from_user_agent(
+        request
+            .metadata()
+            .get("user-agent")
+            .map(|v| v.as_encoded_bytes()),
+    )
 }
 
 /// Sets every name's status at each phase change, until nothing can change any more.
@@ -120,7 +136,9 @@ async fn follow_phase(
     let mut last = None;
     loop {
         let phase = *phases.borrow_and_update();
-        let status = if serving_in(phase, policy) {
+        // The statuses held are kubelet's view; `DrainHealth` answers other callers by the
+        // same rule (they differ only under `Auto`).
+        let status = if serving_in(phase, policy, Caller::Kubelet) {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing
@@ -162,7 +180,12 @@ impl Health for DrainHealth {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
-        self.inner.check(request).await
+        let caller = caller_of(&request);
+        let mut response = self.inner.check(request).await?;
+        if !self.serving_for(caller) {
+            response.get_mut().status = WireStatus::NotServing as i32;
+        }
+        Ok(response)
     }
 
     type WatchStream = WatchUntilStop;
@@ -173,18 +196,36 @@ impl Health for DrainHealth {
     ) -> Result<Response<Self::WatchStream>, Status> {
         // Taken before the inner call, so a watch opened just before the stop still ends.
         let stop = self.drain.stream_stop();
+        let caller = caller_of(&request);
+        // The statuses held are kubelet's view: a caller that sees "not serving" from the
+        // trigger gets its own NOT_SERVING then (see `WatchUntilStop`).
+        let differs = self.drain.readiness_policy().ready_while_draining(caller)
+            != self.drain.readiness_policy().ready_while_draining(Caller::Kubelet);
+        let not_serving_from = differs.then(|| Box::pin(self.drain.drain_token().cancelled_owned()));
         let response = self.inner.watch(request).await?;
         Ok(response.map(|inner| WatchUntilStop {
             inner,
             stop,
+            not_serving_from,
             state: WatchState::Open,
         }))
+    }
+}
+
+impl DrainHealth {
+    /// Whether the phase lets `caller` see `SERVING` (the reporter's own statuses still apply
+    /// when it does).
+    fn serving_for(&self, caller: Caller) -> bool {
+        let phase = self.drain.phase();
+        phase != Phase::Draining || serving_in(phase, self.drain.readiness_policy(), caller)
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WatchState {
     Open,
+    /// NOT_SERVING sent for this caller from the trigger; the held statuses are not passed on.
+    NotServing,
     Ended,
 }
 
@@ -200,6 +241,7 @@ pin_project! {
         inner: tonic_health::server::WatchStream,
         #[pin]
         stop: StreamStop,
+        not_serving_from: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
         state: WatchState,
     }
 }
@@ -213,16 +255,36 @@ impl futures_core::Stream for WatchUntilStop {
             return Poll::Ready(None);
         }
         if this.stop.poll(cx).is_ready() {
+            let sent = *this.state == WatchState::NotServing;
             *this.state = WatchState::Ended;
+            if sent {
+                return Poll::Ready(None);
+            }
             return Poll::Ready(Some(Ok(HealthCheckResponse {
                 status: WireStatus::NotServing as i32,
             })));
         }
-        let item = ready!(Pin::new(this.inner).poll_next(cx));
-        if item.is_none() {
-            *this.state = WatchState::Ended;
+        if *this.state == WatchState::Open {
+            if let Some(from) = this.not_serving_from.as_mut() {
+                if from.as_mut().poll(cx).is_ready() {
+                    *this.state = WatchState::NotServing;
+                    return Poll::Ready(Some(Ok(HealthCheckResponse {
+                        status: WireStatus::NotServing as i32,
+                    })));
+                }
+            }
         }
-        Poll::Ready(item)
+        loop {
+            let item = ready!(Pin::new(&mut *this.inner).poll_next(cx));
+            if item.is_none() {
+                *this.state = WatchState::Ended;
+                return Poll::Ready(None);
+            }
+            // Held statuses say SERVING to kubelet's view; this caller already has its answer.
+            if *this.state != WatchState::NotServing {
+                return Poll::Ready(item);
+            }
+        }
     }
 }
 

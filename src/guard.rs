@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::counter::Counter;
+use crate::evidence::Arrivals;
 
 /// What is known about a request that is in flight while draining, for the straggler list.
 #[derive(Clone, Debug)]
@@ -68,6 +69,10 @@ pub(crate) struct Core {
     drain_started: AtomicU64,
     pub(crate) connections: AtomicUsize,
     pub(crate) after_flip: AfterFlip,
+    /// Which recent slots saw a new connection, while Serving too: the propagation evidence.
+    pub(crate) arrivals: Arrivals,
+    /// Nanoseconds since `base` + 1 of the move to Serving; 0 = not yet.
+    serving_since: AtomicU64,
     requests: Mutex<Registry>,
     /// Connections whose response bytes wait for a slow peer (`lameduck::serve`).
     pub(crate) stalls: crate::stall::Stalls,
@@ -85,9 +90,45 @@ impl Core {
             drain_started: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
             after_flip: AfterFlip::default(),
+            arrivals: Arrivals::new(),
+            serving_since: AtomicU64::new(0),
             requests: Mutex::new(Registry::default()),
             stalls: crate::stall::Stalls::default(),
         }))
+    }
+
+    /// Counts a new connection in the arrival ring (Serving or not): one relaxed atomic
+    /// operation, once per connection, never per request.
+    #[inline]
+    pub(crate) fn note_arrival(&self) {
+        let slot = Instant::now().saturating_duration_since(self.base).as_nanos()
+            / crate::evidence::SLOT.as_nanos();
+        self.arrivals.record(slot as u64);
+    }
+
+    /// Connection data is counted from now on (the accept loop starts).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the accept loop of the `http` feature
+    pub(crate) fn observe_arrivals(&self) {
+        self.arrivals.observe_from(self.stamp(Instant::now()));
+    }
+
+    /// The phase moved to Serving: slots before it say nothing about routing.
+    pub(crate) fn mark_serving(&self) {
+        let _ = self.serving_since.compare_exchange(
+            0,
+            self.stamp(Instant::now()),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    pub(crate) fn serving_since(&self) -> Option<Instant> {
+        self.unstamp(self.serving_since.load(Ordering::Relaxed))
+    }
+
+    /// The last new connection counted while draining.
+    pub(crate) fn last_new_connection(&self) -> Option<Instant> {
+        self.unstamp(self.after_flip.last_new_connection.load(Ordering::Relaxed))
     }
 
     fn stamp(&self, at: Instant) -> u64 {

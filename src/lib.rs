@@ -106,6 +106,7 @@ mod counter;
 mod drain;
 mod error;
 mod exit;
+mod evidence;
 mod guard;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
@@ -140,6 +141,7 @@ pub use drain::{
     STATUS_TIMELINE_LIMIT,
 };
 pub use error::ConfigError;
+pub use evidence::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
 pub use guard::InFlightGuard;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]

@@ -1,22 +1,44 @@
-//! When to commit to leaving: the quiet window (default) or a fixed delay.
+//! When to commit to leaving: the quiet window weighed by evidence (default) or a fixed delay.
 
 use std::time::Duration;
 
 use crate::budget::{Budget, DurationDisplay};
+use crate::evidence::DEFAULT_EPSILON;
 use crate::ConfigError;
 
-const DEFAULT_QUIET: Duration = Duration::from_secs(2);
-const DEFAULT_MIN: Duration = Duration::from_secs(2);
+// 1 s each: the confidence rule now guards sparse traffic, so these only need to cover what it
+// cannot see — a last connection already in the kernel's accept queue, a proxy's last retry.
+// Dense drains end about `quiet` after the last new connection.
+const DEFAULT_QUIET: Duration = Duration::from_secs(1);
+const DEFAULT_MIN: Duration = Duration::from_secs(1);
 
 /// The propagation policy: how long to keep accepting after the trigger, while load balancers
 /// catch up with the readiness flip.
 ///
-/// * [`Propagation::quiet`] (the default, with `quiet = 2s`, `min = 2s`, `max = grace/2`): commit
-///   once at least `min` has passed since the trigger **and** no new connection and no new
-///   request has arrived for `quiet` **and** nothing is in flight; commit anyway at `max`.
+/// * [`Propagation::quiet`] (the default, with `quiet = 1s`, `min = 1s`, `max = grace/2`,
+///   ε = 10⁻³): commit once at least `min` has passed since the trigger **and** no new
+///   connection and no new request has arrived for `quiet` **and** nothing is in flight
+///   **and** no new *connection* has arrived for `T_conf` — commit anyway at `max`.
 ///   This *measures* propagation instead of guessing it.
 /// * [`Propagation::fixed`]: commit a fixed time after the trigger (a `sleep` in `preStop`,
 ///   done inside the process).
+///
+/// # Silence is evidence only in proportion to traffic
+///
+/// `T_conf` is the silence after which, at the rate new connections arrived during the 30 s
+/// before the trigger, one would have arrived with probability ≥ 1 − ε had the proxies still
+/// routed here (`ln(1/ε) / λ` for a Poisson rate λ: 0.7 s at 10 connections/s, 6.9 s at one
+/// per second). It is counted from the later of the trigger and the last new connection. The
+/// rate comes from the fraction of 250 ms slots without a new connection, so one burst does
+/// not pass for a rate. New connections are counted by [`serve`](crate::serve), or by
+/// [`ConnMeta`](crate::ConnMeta) through `axum::serve`'s connect info.
+///
+/// With too little evidence — no connection data (the layer alone sees requests, not
+/// connections), less than 5 s of serving before the trigger, or a rate so low that `T_conf`
+/// exceeds `max` — the policy waits to `max`, or to the floor set with
+/// [`assume_converged_after`](Self::assume_converged_after), and the report says so. The
+/// report's [`EvidenceReport`](crate::EvidenceReport) names the evidence that committed.
+/// (Reading the EndpointSlice itself, with a `kube` feature, is not yet available.)
 ///
 /// `max` is clamped to the quiesce deadline when it is left at its default; an explicit `max`
 /// beyond it is a [`ConfigError`].
@@ -48,6 +70,9 @@ enum Kind {
         quiet: Option<Duration>,
         min: Option<Duration>,
         max: Option<Duration>,
+        floor: Option<Duration>,
+        /// ε as `f64` bits, so the type stays `Eq`.
+        epsilon_bits: Option<u64>,
     },
     Fixed(Duration),
 }
@@ -59,6 +84,8 @@ impl Default for Propagation {
                 quiet: None,
                 min: None,
                 max: None,
+                floor: None,
+                epsilon_bits: None,
             },
         }
     }
@@ -73,6 +100,8 @@ impl Propagation {
                 quiet: Some(quiet),
                 min: None,
                 max: None,
+                floor: None,
+                epsilon_bits: None,
             },
         }
     }
@@ -89,6 +118,54 @@ impl Propagation {
     pub fn max(mut self, d: Duration) -> Self {
         if let Kind::Quiet { max, .. } = &mut self.kind {
             *max = Some(d);
+        }
+        self
+    }
+
+    /// What you know of your proxies: after `d` from the trigger, they have all caught up, so
+    /// silence for `quiet` is enough even when the arrival rate cannot show it. Without it, a
+    /// drain with too little evidence waits to `max`. Ignored by [`Propagation::fixed`].
+    ///
+    /// Set it to the slowest proxy's convergence time you have measured (kube-proxy's sync
+    /// period plus the EndpointSlice delay, an ingress's refresh interval), not to a hope.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lameduck::{Drain, Propagation};
+    ///
+    /// // A quiet service behind proxies known to converge within 4 s.
+    /// let drain = Drain::builder()
+    ///     .propagation(Propagation::default().assume_converged_after(Duration::from_secs(4)))
+    ///     .build()?;
+    /// # Ok::<(), lameduck::ConfigError>(())
+    /// ```
+    pub fn assume_converged_after(mut self, d: Duration) -> Self {
+        if let Kind::Quiet { floor, .. } = &mut self.kind {
+            *floor = Some(d);
+        }
+        self
+    }
+
+    /// ε: the accepted chance that, had the proxies still routed here, no new connection would
+    /// have arrived during the silence the policy takes for proof (default 10⁻³). Smaller is
+    /// safer and slower: the silence needed grows with `ln(1/ε)`. Must be in (0, 1). Ignored by
+    /// [`Propagation::fixed`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lameduck::{Drain, Propagation};
+    ///
+    /// let drain = Drain::builder()
+    ///     .propagation(Propagation::default().miss_probability(1e-4))
+    ///     .build()?;
+    /// # Ok::<(), lameduck::ConfigError>(())
+    /// ```
+    pub fn miss_probability(mut self, epsilon: f64) -> Self {
+        if let Kind::Quiet { epsilon_bits, .. } = &mut self.kind {
+            *epsilon_bits = Some(epsilon.to_bits());
         }
         self
     }
@@ -114,7 +191,13 @@ impl Propagation {
                 }
                 Ok(Policy::Fixed(d))
             }
-            Kind::Quiet { quiet, min, max } => {
+            Kind::Quiet {
+                quiet,
+                min,
+                max,
+                floor,
+                epsilon_bits,
+            } => {
                 let max = match max {
                     Some(m) if m > window => {
                         return Err(ConfigError::propagation(format!(
@@ -145,19 +228,42 @@ impl Propagation {
                          or set quiet to e.g. 2s",
                     ));
                 }
-                Ok(Policy::Quiet { quiet, min, max })
+                if let Some(f) = floor {
+                    if f > max {
+                        return Err(ConfigError::propagation(format!(
+                            "assume_converged_after ({}) is above max ({}): lower it or raise max",
+                            DurationDisplay(f),
+                            DurationDisplay(max)
+                        )));
+                    }
+                }
+                let epsilon = epsilon_bits.map_or(DEFAULT_EPSILON, f64::from_bits);
+                if !(epsilon > 0.0 && epsilon < 1.0) {
+                    return Err(ConfigError::propagation(format!(
+                        "miss_probability ({epsilon}) is not between 0 and 1 (exclusive): use e.g. 0.001"
+                    )));
+                }
+                Ok(Policy::Quiet {
+                    quiet,
+                    min,
+                    max,
+                    floor,
+                    epsilon,
+                })
             }
         }
     }
 }
 
 /// A validated policy, offsets from the origin.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Policy {
     Quiet {
         quiet: Duration,
         min: Duration,
         max: Duration,
+        floor: Option<Duration>,
+        epsilon: f64,
     },
     Fixed(Duration),
 }
@@ -166,17 +272,21 @@ impl Policy {
     pub(crate) fn report(&self) -> crate::report::PolicyReport {
         let ms = |d: Duration| d.as_millis() as u64;
         match *self {
-            Policy::Quiet { quiet, min, max } => crate::report::PolicyReport {
+            Policy::Quiet {
+                quiet, min, max, ..
+            } => crate::report::PolicyReport {
                 kind: "quiet".to_owned(),
                 quiet_ms: Some(ms(quiet)),
                 min_ms: ms(min),
                 max_ms: ms(max),
+                evidence: None,
             },
             Policy::Fixed(d) => crate::report::PolicyReport {
                 kind: "fixed".to_owned(),
                 quiet_ms: None,
                 min_ms: ms(d),
                 max_ms: ms(d),
+                evidence: None,
             },
         }
     }

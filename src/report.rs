@@ -97,6 +97,9 @@ pub struct PolicyReport {
     pub min_ms: u64,
     /// The latest commit (for `fixed`, the delay).
     pub max_ms: u64,
+    /// The evidence the commit went on, with its numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<crate::EvidenceReport>,
 }
 
 /// New connections from one peer address after the drain started.

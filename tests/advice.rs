@@ -36,6 +36,7 @@ fn base() -> DrainReport {
             quiet_ms: Some(2_000),
             min_ms: 2_000,
             max_ms: 15_000,
+            evidence: None,
         },
         timeline: vec![
             ev(EventKind::DrainStarted, 0),

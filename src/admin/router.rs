@@ -503,7 +503,10 @@ async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
     let parts = s.admit(req, "/readyz", PROBE_METHODS, "GET, HEAD").await?;
     let params = Params::parse(parts.uri.query(), "/readyz", &["verbose"]).map_err(bad_request)?;
     let verbose = params.flag("verbose").map_err(bad_request)?;
-    let r = s.drain.readiness();
+    let caller = crate::drain::Caller::from_user_agent(
+        parts.headers.get(header::USER_AGENT).map(HeaderValue::as_bytes),
+    );
+    let r = s.drain.readiness_for(caller);
     let code = if r.ready {
         StatusCode::OK
     } else {

@@ -225,7 +225,11 @@ impl
 {
     /// Called by axum once per accepted connection: the per-connection part is allocated here,
     /// and axum clones the value into each of the connection's requests.
+    ///
+    /// It also counts the connection in the arrival rate of the coordinator built last (axum's
+    /// hook cannot name one; a process builds one): the propagation policy's evidence.
     fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        crate::evidence::note_connect_info();
         ConnMeta::accepted(Some(*stream.remote_addr()))
     }
 }
@@ -234,6 +238,7 @@ impl
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::extract::connect_info::Connected<SocketAddr> for ConnMeta {
     fn connect_info(peer: SocketAddr) -> Self {
+        crate::evidence::note_connect_info();
         ConnMeta::accepted(Some(peer))
     }
 }

@@ -338,6 +338,8 @@ where
         conn_meta_always,
     } = setup;
     drain.mark_started();
+    // From now on every accepted connection counts in the arrival rate (the evidence).
+    drain.inner.core.observe_arrivals();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     if let Some(t) = header_read_timeout {
         builder
