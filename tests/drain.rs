@@ -59,11 +59,23 @@ async fn phases_move_forward_in_order() {
             EventKind::ReadinessFlipped,
             EventKind::PropagationDone,
             EventKind::StoppedAccepting,
+            // The default readiness policy (auto) flips kubelet's view at stopped_accepting.
+            EventKind::ReadinessFlipped,
             EventKind::InFlightZero,
             EventKind::TasksDone,
             EventKind::Done,
         ]
     );
+    let flips: Vec<_> = report
+        .timeline
+        .iter()
+        .filter(|e| e.event == EventKind::ReadinessFlipped)
+        .map(|e| (e.at_ms, e.detail.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(flips[0].0, 0);
+    assert!(flips[0].1.contains("other than kubelet"), "{flips:?}");
+    assert_eq!(flips[1].0, 500);
+    assert!(flips[1].1.contains("kubelet"), "{flips:?}");
     assert_eq!(
         report.event(EventKind::StoppedAccepting).unwrap().reason,
         Some(CommitReason::Fixed)
@@ -414,6 +426,10 @@ fn stop_signal_from_the_environment() {
 }
 
 // ---------- the quiet window ----------
+//
+// These drive the quiet-window mechanics with `Drain::enter` alone, which gives no connection
+// data: without a floor the policy would wait to max (tested in `tests/evidence.rs`). A zero
+// floor says "the proxies have converged", leaving only `min`, `quiet` and in-flight work.
 
 #[tokio::test(start_paused = true)]
 async fn quiet_window_waits_while_activity_continues() {
@@ -422,7 +438,8 @@ async fn quiet_window_waits_while_activity_continues() {
         .propagation(
             Propagation::quiet(Duration::from_secs(2))
                 .min(Duration::from_secs(1))
-                .max(Duration::from_secs(20)),
+                .max(Duration::from_secs(20))
+                .assume_converged_after(Duration::ZERO),
         )
         .build()
         .unwrap();
@@ -452,7 +469,8 @@ async fn quiet_window_respects_min() {
         .propagation(
             Propagation::quiet(ms(500))
                 .min(Duration::from_secs(3))
-                .max(Duration::from_secs(10)),
+                .max(Duration::from_secs(10))
+                .assume_converged_after(Duration::ZERO),
         )
         .build()
         .unwrap();
@@ -503,7 +521,8 @@ async fn quiet_window_waits_for_in_flight_work() {
         .propagation(
             Propagation::quiet(Duration::from_secs(1))
                 .min(Duration::from_secs(1))
-                .max(Duration::from_secs(10)),
+                .max(Duration::from_secs(10))
+                .assume_converged_after(Duration::ZERO),
         )
         .build()
         .unwrap();

@@ -143,9 +143,12 @@ async fn wait_status(health: &mut HealthClient<Channel>, service: &str, want: Se
 async fn in_flight_rpc_finishes_then_channel_reconnects_and_is_served_while_draining() {
     let drain = drain(
         Duration::from_secs(30),
+        // The process is seconds old: too young for an arrival rate, so without a floor the
+        // policy would rightly wait to max.
         Propagation::quiet(Duration::from_millis(200))
             .min(Duration::from_millis(200))
-            .max(Duration::from_secs(20)),
+            .max(Duration::from_secs(20))
+            .assume_converged_after(Duration::from_millis(200)),
     );
     let (listener, addr) = bind().await;
     let server = start(&drain, listener);
