@@ -1,0 +1,203 @@
+//! Propagation by evidence over real sockets on 127.0.0.1: the arrival rate measured by
+//! `lameduck::serve` and by `ConnMeta` under `axum::serve`, and readiness by caller.
+#![cfg(feature = "admin")]
+
+mod common;
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use common::{bind, h1, send1, text, within};
+use http::{Request, StatusCode};
+use http_body_util::Empty;
+use lameduck::{
+    CommitReason, ConnMeta, Drain, EventKind, EvidenceKind, MaxReason, Phase, Propagation,
+    ReadinessWhileDraining, Trigger, WeakEvidence,
+};
+
+/// `ConnMeta` under `axum::serve` counts toward the coordinator built last (axum's hook cannot
+/// name one), so the tests of this file build and run their coordinators one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `n` fresh connections, one request each, one every `every`. Bounded by `n`.
+async fn fresh(addr: SocketAddr, n: u32, every: Duration) {
+    for _ in 0..n {
+        let (mut sender, conn) = h1(addr).await;
+        let (status, _, _) = text(send1(&mut sender, "/").await).await;
+        assert_eq!(status, StatusCode::OK);
+        drop(sender);
+        let _ = within("the connection to close", conn).await;
+        tokio::time::sleep(every).await;
+    }
+}
+
+fn app(drain: &Drain) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(drain.layer())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
+    let _serial = serial();
+    let drain = common::drain(
+        Duration::from_secs(60),
+        Propagation::default().max(Duration::from_secs(40)),
+    );
+    let (listener, addr) = bind().await;
+    let server = tokio::spawn(lameduck::serve(listener, app(&drain), &drain));
+    // 6 s and more of a fresh connection every 50 ms, then the trigger, then 1 s more (the
+    // proxies catching up), then none.
+    fresh(addr, 120, Duration::from_millis(50)).await;
+    assert!(drain.start(Trigger::Api));
+    fresh(addr, 20, Duration::from_millis(50)).await;
+    let report = within("the drain", drain.drained()).await;
+    let ev = report.propagation.evidence.clone().expect("evidence");
+    assert_eq!(ev.kind, EvidenceKind::Confidence, "{}", report.to_json());
+    assert!(ev.slots_observed >= 20, "{ev:?}");
+    assert!(ev.empty_slots < ev.slots_observed / 2, "{ev:?}");
+    let stop = report.event(EventKind::StoppedAccepting).unwrap();
+    assert_eq!(stop.reason, Some(CommitReason::Quiet));
+    let last = report.after_flip.last_new_connection_ms.expect("new connections after the trigger");
+    assert!(report.after_flip.new_connections >= 20);
+    // Not before the quiet window (1 s) and T_conf after the last new connection.
+    let t_conf = ev.t_conf_ms.unwrap();
+    assert!(stop.at_ms >= last + t_conf.max(1000), "{}", report.to_json());
+    assert!(report.advice.iter().any(|a| a.rule == "confidence"));
+    within("serve to return", server).await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_serve_sparse_arrivals_wait_to_max() {
+    let _serial = serial();
+    let drain = common::drain(
+        Duration::from_secs(30),
+        Propagation::default().max(Duration::from_secs(4)),
+    );
+    let (listener, addr) = bind().await;
+    let server = tokio::spawn(lameduck::serve(listener, app(&drain), &drain));
+    // One fresh connection every 2 s for 7 s: a rate, but far too low for 4 s to prove
+    // anything.
+    fresh(addr, 4, Duration::from_secs(2)).await;
+    assert!(drain.start(Trigger::Api));
+    let report = within("the drain", drain.drained()).await;
+    let ev = report.propagation.evidence.clone().expect("evidence");
+    assert_eq!(ev.kind, EvidenceKind::Max, "{}", report.to_json());
+    assert_eq!(ev.max_reason, Some(MaxReason::NotEnoughEvidence));
+    assert_eq!(ev.weak, Some(WeakEvidence::TooSparse), "{ev:?}");
+    assert!(ev.t_conf_ms.unwrap() > 4000);
+    let stop = report.event(EventKind::StoppedAccepting).unwrap();
+    assert_eq!(stop.reason, Some(CommitReason::Max));
+    assert!(stop.at_ms >= 4000);
+    let advice = report
+        .advice
+        .iter()
+        .find(|a| a.rule == "weak_evidence")
+        .expect("weak evidence is explained");
+    assert!(advice.message.contains("is not evidence"), "{}", advice.message);
+    assert!(advice.message.contains("assume_converged_after"), "{}", advice.message);
+    within("serve to return", server).await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_axum_serve_conn_meta_counts_the_rate() {
+    let _serial = serial();
+    let drain = common::drain(
+        Duration::from_secs(60),
+        Propagation::default().max(Duration::from_secs(40)),
+    );
+    drain.mark_started();
+    let (listener, addr) = bind().await;
+    let stop = drain.stop_token();
+    let server = tokio::spawn(
+        axum::serve(
+            listener,
+            app(&drain).into_make_service_with_connect_info::<ConnMeta>(),
+        )
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .into_future(),
+    );
+    fresh(addr, 120, Duration::from_millis(50)).await;
+    assert!(drain.start(Trigger::Api));
+    fresh(addr, 10, Duration::from_millis(50)).await;
+    let report = within("the drain", drain.drained()).await;
+    let ev = report.propagation.evidence.clone().expect("evidence");
+    assert_eq!(ev.kind, EvidenceKind::Confidence, "{}", report.to_json());
+    assert_eq!(ev.weak, None);
+    assert!(report.after_flip.new_connections >= 10);
+    within("axum::serve to return", server).await.unwrap().unwrap();
+}
+
+async fn readyz(addr: SocketAddr, user_agent: Option<&str>) -> (StatusCode, String) {
+    let (mut sender, _conn) = h1(addr).await;
+    let mut req = Request::builder()
+        .uri("/readyz?verbose")
+        .header("host", "admin");
+    if let Some(ua) = user_agent {
+        req = req.header("user-agent", ua);
+    }
+    sender.ready().await.unwrap();
+    let res = sender
+        .send_request(req.body(Empty::new()).unwrap())
+        .await
+        .unwrap();
+    let (status, _, body) = text(res).await;
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_at_once() {
+    let _serial = serial();
+    let drain = common::drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_secs(2)),
+    );
+    assert_eq!(drain.readiness_policy(), ReadinessWhileDraining::Auto);
+    drain.mark_started();
+    let (listener, addr) = bind().await;
+    let admin = drain.admin().without_token().router();
+    tokio::spawn(async move { axum::serve(listener, admin).await.unwrap() });
+
+    let kubelet = Some("kube-probe/1.31");
+    assert_eq!(readyz(addr, kubelet).await.0, StatusCode::OK);
+    assert_eq!(readyz(addr, None).await.0, StatusCode::OK);
+
+    assert!(drain.start(Trigger::Api));
+    let (status, body) = readyz(addr, kubelet).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains("policy auto, kubelet's probe"), "{body}");
+    assert!(body.contains("[i]propagation fixed"), "{body}");
+    for other in [None, Some("HAProxy"), Some("GoogleHC/1.0")] {
+        let (status, body) = readyz(addr, other).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{other:?}: {body}");
+        assert!(body.contains("not kubelet's probe"), "{body}");
+        assert!(body.contains("readyz check failed: draining"), "{body}");
+    }
+    assert_eq!(drain.phase(), Phase::Draining, "the checks ran before the commit");
+
+    within("stopped_accepting", drain.reached(Phase::StoppedAccepting)).await;
+    let (status, body) = readyz(addr, kubelet).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    within("the drain", drain.drained()).await;
+}
+
+#[test]
+fn readiness_policies_parse_from_flags() {
+    assert_eq!(
+        "serving-until-stop".parse::<ReadinessWhileDraining>().unwrap(),
+        ReadinessWhileDraining::ServingUntilStop
+    );
+    assert_eq!(
+        "not_ready".parse::<ReadinessWhileDraining>().unwrap(),
+        ReadinessWhileDraining::NotReady
+    );
+    let e = "sometimes".parse::<ReadinessWhileDraining>().unwrap_err();
+    assert!(e.to_string().contains("auto, not-ready or serving-until-stop"), "{e}");
+}
