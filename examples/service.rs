@@ -9,6 +9,7 @@
 //! service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR]
 //!         [--quiet DUR] [--min DUR] [--max DUR] [--report-file PATH]
 //!         [--stuck-task] [--startup-delay DUR] [--naive] [--fixed-sleep DUR]
+//!         [--readiness-policy auto|not-ready|serving-until-stop]
 //! service prestop [--admin ADDR]      # the preStop exec hook, for images without curl
 //! ```
 //!
@@ -49,6 +50,7 @@ struct Args {
     startup_delay: Duration,
     naive: bool,
     fixed_sleep: Option<Duration>,
+    readiness_policy: Option<lameduck::ReadinessWhileDraining>,
 }
 
 fn usage(msg: &str) -> ! {
@@ -56,7 +58,8 @@ fn usage(msg: &str) -> ! {
     eprintln!(
         "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR] \
          [--quiet DUR] [--min DUR] [--max DUR] [--report-file PATH] [--stuck-task] \
-         [--startup-delay DUR] [--naive] [--fixed-sleep DUR]\n       service prestop [--admin ADDR]"
+         [--startup-delay DUR] [--naive] [--fixed-sleep DUR] \
+         [--readiness-policy auto|not-ready|serving-until-stop]\n       service prestop [--admin ADDR]"
     );
     std::process::exit(2)
 }
@@ -75,6 +78,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
         startup_delay: Duration::ZERO,
         naive: false,
         fixed_sleep: None,
+        readiness_policy: None,
     };
     while let Some(flag) = it.next() {
         let mut value = |name: &str| {
@@ -103,6 +107,13 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
             "--startup-delay" => a.startup_delay = dur("--startup-delay", value("--startup-delay")),
             "--naive" => a.naive = true,
             "--fixed-sleep" => a.fixed_sleep = Some(dur("--fixed-sleep", value("--fixed-sleep"))),
+            "--readiness-policy" => {
+                let v = value("--readiness-policy");
+                a.readiness_policy = Some(
+                    v.parse()
+                        .unwrap_or_else(|e| usage(&format!("--readiness-policy: {e}"))),
+                )
+            }
             "-h" | "--help" => usage("help"),
             other => usage(&format!("unknown flag {other:?}")),
         }
@@ -162,6 +173,9 @@ async fn run(args: Args) -> i32 {
     }
     if let Some(f) = &args.report_file {
         builder = builder.report_file(f);
+    }
+    if let Some(r) = args.readiness_policy {
+        builder = builder.readiness_while_draining(r);
     }
     let drain = match builder.build() {
         Ok(d) => d,
