@@ -28,9 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::budget::{Budget, GRACE_PERIOD_ENV};
 use crate::closers::{BoxError, CloseOptions, Closer, CloserResult};
+use crate::evidence::{Estimate, Evidence, EvidenceKind, EvidenceReport};
 use crate::guard::{Core, InFlightGuard};
 use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
-use crate::evidence::{Estimate, Evidence, EvidenceKind, EvidenceReport};
 use crate::propagation::{Policy, Propagation};
 use crate::report::{
     AfterFlipReport, BudgetReport, DrainReport, Emitted, Outcome, PeerCount, PodInfo,
@@ -1804,7 +1804,10 @@ impl Drain {
         let core = self.inner.core;
         let (epsilon, max, floor) = match self.inner.policy {
             Policy::Quiet {
-                epsilon, max, floor, ..
+                epsilon,
+                max,
+                floor,
+                ..
             } => (epsilon, max, floor),
             Policy::Fixed(d) => (crate::evidence::DEFAULT_EPSILON, d, None),
         };

@@ -129,7 +129,9 @@ pub(crate) fn set_connect_info_target(core: &'static Core) {
 /// A connection accepted by `axum::serve` (through `ConnMeta`'s `Connected` impl).
 #[cfg_attr(not(feature = "admin"), allow(dead_code))] // called by the axum `Connected` impl
 pub(crate) fn note_connect_info() {
-    let target = *CONNECT_INFO_TARGET.read().unwrap_or_else(|e| e.into_inner());
+    let target = *CONNECT_INFO_TARGET
+        .read()
+        .unwrap_or_else(|e| e.into_inner());
     if let Some(core) = target {
         // Observation starts when the coordinator was built: axum::serve runs from then on.
         core.arrivals.observe_from(1);
@@ -176,17 +178,25 @@ pub(crate) struct Estimate {
 
 impl Estimate {
     /// The estimate at `at` from what `core` counted. `None`: no connection data at all.
-    pub(crate) fn at(core: &Core, at: Instant, serving_since: Option<Instant>, epsilon: f64) -> Option<Self> {
+    pub(crate) fn at(
+        core: &Core,
+        at: Instant,
+        serving_since: Option<Instant>,
+        epsilon: f64,
+    ) -> Option<Self> {
         let since = core.unstamp(core.arrivals.observing_since())?;
         let since = serving_since.map_or(since, |s| s.max(since));
-        let slot_of = |t: Instant| t.saturating_duration_since(core.base).as_nanos() / SLOT.as_nanos();
+        let slot_of =
+            |t: Instant| t.saturating_duration_since(core.base).as_nanos() / SLOT.as_nanos();
         let trigger_slot = slot_of(at) as u64;
         // The first slot observed from its start.
         let since_ns = since.saturating_duration_since(core.base).as_nanos();
         let first = since_ns.div_ceil(SLOT.as_nanos()) as u64;
         let lo = first.max(trigger_slot.saturating_sub(WINDOW_SLOTS));
         let slots = trigger_slot.saturating_sub(lo);
-        let empty = (lo..trigger_slot).filter(|&k| !core.arrivals.has(k)).count() as u64;
+        let empty = (lo..trigger_slot)
+            .filter(|&k| !core.arrivals.has(k))
+            .count() as u64;
         Some(Self {
             slots,
             empty,
@@ -362,9 +372,7 @@ impl Evidence {
             slot_ms: ms(SLOT),
             slots_observed: self.estimate.map_or(0, |e| e.slots),
             empty_slots: self.estimate.map_or(0, |e| e.empty),
-            p_empty_ppm: self
-                .estimate
-                .map(|e| (e.p_empty() * 1e6).round() as u64),
+            p_empty_ppm: self.estimate.map(|e| (e.p_empty() * 1e6).round() as u64),
             rate_per_1000s: self.estimate.map(|e| (e.rate() * 1000.0).round() as u64),
             epsilon_ppm: (self.epsilon * 1e6).round() as u64,
             t_conf_ms: self.t_conf().map(ms),
@@ -389,7 +397,10 @@ mod tests {
     #[test]
     fn dense_traffic_needs_a_fraction_of_a_second() {
         let t = est(120, 0).t_conf().unwrap();
-        assert!(t > Duration::from_millis(250) && t < Duration::from_millis(400), "{t:?}");
+        assert!(
+            t > Duration::from_millis(250) && t < Duration::from_millis(400),
+            "{t:?}"
+        );
     }
 
     #[test]
@@ -494,7 +505,7 @@ mod tests {
         assert_eq!(ev.p_empty_ppm, Some((p * 1e6).round() as u64));
         let t = ev.t_conf_ms.unwrap();
         assert_eq!(t, (250.0 * 1e-3f64.ln() / p.ln()) as u64); // 2551 ms
-        // The timer wakes on the next whole millisecond.
+                                                               // The timer wakes on the next whole millisecond.
         assert!((2000 + t..=2001 + t).contains(&at), "{at} vs 2000 + {t}");
     }
 
@@ -510,8 +521,16 @@ mod tests {
         assert_eq!(ev.weak, Some(WeakEvidence::TooSparse));
         assert!(ev.t_conf_ms.unwrap() > 15_000, "{ev:?}");
         let report = d.report().unwrap();
-        let weak = report.advice.iter().find(|a| a.rule == "weak_evidence").unwrap();
-        assert!(weak.message.contains("new connections/s before the drain"), "{}", weak.message);
+        let weak = report
+            .advice
+            .iter()
+            .find(|a| a.rule == "weak_evidence")
+            .unwrap();
+        assert!(
+            weak.message.contains("new connections/s before the drain"),
+            "{}",
+            weak.message
+        );
         assert!(weak.message.contains("waited 15.0 s"), "{}", weak.message);
     }
 
@@ -545,7 +564,10 @@ mod tests {
         arrivals(&d, Duration::from_millis(50), 160).await;
         d.start(Trigger::Api);
         let (at, ev) = committed(&d).await;
-        assert_eq!((ev.kind, ev.slots_observed, ev.empty_slots), (EvidenceKind::Confidence, 32, 0));
+        assert_eq!(
+            (ev.kind, ev.slots_observed, ev.empty_slots),
+            (EvidenceKind::Confidence, 32, 0)
+        );
         assert_eq!(at, 1000);
     }
 
@@ -565,8 +587,16 @@ mod tests {
         assert_eq!(at, 15_000);
         assert_eq!(ev.weak, Some(WeakEvidence::NoConnectionData));
         let report = d.report().unwrap();
-        let a = report.advice.iter().find(|a| a.rule == "no_connection_data").unwrap();
-        assert!(a.message.contains("use lameduck::serve or ConnMeta"), "{}", a.message);
+        let a = report
+            .advice
+            .iter()
+            .find(|a| a.rule == "no_connection_data")
+            .unwrap();
+        assert!(
+            a.message.contains("use lameduck::serve or ConnMeta"),
+            "{}",
+            a.message
+        );
     }
 
     #[tokio::test(start_paused = true)]

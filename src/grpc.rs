@@ -200,8 +200,12 @@ impl Health for DrainHealth {
         // The statuses held are kubelet's view: a caller that sees "not serving" from the
         // trigger gets its own NOT_SERVING then (see `WatchUntilStop`).
         let differs = self.drain.readiness_policy().ready_while_draining(caller)
-            != self.drain.readiness_policy().ready_while_draining(Caller::Kubelet);
-        let not_serving_from = differs.then(|| Box::pin(self.drain.drain_token().cancelled_owned()));
+            != self
+                .drain
+                .readiness_policy()
+                .ready_while_draining(Caller::Kubelet);
+        let not_serving_from =
+            differs.then(|| Box::pin(self.drain.drain_token().cancelled_owned()));
         let response = self.inner.watch(request).await?;
         Ok(response.map(|inner| WatchUntilStop {
             inner,

@@ -101,7 +101,9 @@ impl Core {
     /// operation, once per connection, never per request.
     #[inline]
     pub(crate) fn note_arrival(&self) {
-        let slot = Instant::now().saturating_duration_since(self.base).as_nanos()
+        let slot = Instant::now()
+            .saturating_duration_since(self.base)
+            .as_nanos()
             / crate::evidence::SLOT.as_nanos();
         self.arrivals.record(slot as u64);
     }

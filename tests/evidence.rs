@@ -6,7 +6,6 @@ mod common;
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::routing::get;
@@ -18,12 +17,13 @@ use lameduck::{
     CommitReason, ConnMeta, Drain, EventKind, EvidenceKind, MaxReason, Phase, Propagation,
     ReadinessWhileDraining, Trigger, WeakEvidence,
 };
+use tokio::sync::{Mutex, MutexGuard};
 
 /// `ConnMeta` under `axum::serve` counts toward the coordinator built last (axum's hook cannot
 /// name one), so the tests of this file build and run their coordinators one at a time.
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+async fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::const_new(());
+    SERIAL.lock().await
 }
 
 /// `n` fresh connections, one request each, one every `every`. Bounded by `n`.
@@ -46,7 +46,7 @@ fn app(drain: &Drain) -> Router {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
-    let _serial = serial();
+    let _serial = serial().await;
     let drain = common::drain(
         Duration::from_secs(60),
         Propagation::default().max(Duration::from_secs(40)),
@@ -65,18 +65,25 @@ async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
     assert!(ev.empty_slots < ev.slots_observed / 2, "{ev:?}");
     let stop = report.event(EventKind::StoppedAccepting).unwrap();
     assert_eq!(stop.reason, Some(CommitReason::Quiet));
-    let last = report.after_flip.last_new_connection_ms.expect("new connections after the trigger");
+    let last = report
+        .after_flip
+        .last_new_connection_ms
+        .expect("new connections after the trigger");
     assert!(report.after_flip.new_connections >= 20);
     // Not before the quiet window (1 s) and T_conf after the last new connection.
     let t_conf = ev.t_conf_ms.unwrap();
-    assert!(stop.at_ms >= last + t_conf.max(1000), "{}", report.to_json());
+    assert!(
+        stop.at_ms >= last + t_conf.max(1000),
+        "{}",
+        report.to_json()
+    );
     assert!(report.advice.iter().any(|a| a.rule == "confidence"));
     within("serve to return", server).await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_serve_sparse_arrivals_wait_to_max() {
-    let _serial = serial();
+    let _serial = serial().await;
     let drain = common::drain(
         Duration::from_secs(30),
         Propagation::default().max(Duration::from_secs(4)),
@@ -101,14 +108,22 @@ async fn through_serve_sparse_arrivals_wait_to_max() {
         .iter()
         .find(|a| a.rule == "weak_evidence")
         .expect("weak evidence is explained");
-    assert!(advice.message.contains("is not evidence"), "{}", advice.message);
-    assert!(advice.message.contains("assume_converged_after"), "{}", advice.message);
+    assert!(
+        advice.message.contains("is not evidence"),
+        "{}",
+        advice.message
+    );
+    assert!(
+        advice.message.contains("assume_converged_after"),
+        "{}",
+        advice.message
+    );
     within("serve to return", server).await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_axum_serve_conn_meta_counts_the_rate() {
-    let _serial = serial();
+    let _serial = serial().await;
     let drain = common::drain(
         Duration::from_secs(60),
         Propagation::default().max(Duration::from_secs(40)),
@@ -132,7 +147,10 @@ async fn through_axum_serve_conn_meta_counts_the_rate() {
     assert_eq!(ev.kind, EvidenceKind::Confidence, "{}", report.to_json());
     assert_eq!(ev.weak, None);
     assert!(report.after_flip.new_connections >= 10);
-    within("axum::serve to return", server).await.unwrap().unwrap();
+    within("axum::serve to return", server)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 async fn readyz(addr: SocketAddr, user_agent: Option<&str>) -> (StatusCode, String) {
@@ -154,7 +172,7 @@ async fn readyz(addr: SocketAddr, user_agent: Option<&str>) -> (StatusCode, Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_at_once() {
-    let _serial = serial();
+    let _serial = serial().await;
     let drain = common::drain(
         Duration::from_secs(30),
         Propagation::fixed(Duration::from_secs(2)),
@@ -180,7 +198,11 @@ async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_a
         assert!(body.contains("not kubelet's probe"), "{body}");
         assert!(body.contains("readyz check failed: draining"), "{body}");
     }
-    assert_eq!(drain.phase(), Phase::Draining, "the checks ran before the commit");
+    assert_eq!(
+        drain.phase(),
+        Phase::Draining,
+        "the checks ran before the commit"
+    );
 
     within("stopped_accepting", drain.reached(Phase::StoppedAccepting)).await;
     let (status, body) = readyz(addr, kubelet).await;
@@ -191,7 +213,9 @@ async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_a
 #[test]
 fn readiness_policies_parse_from_flags() {
     assert_eq!(
-        "serving-until-stop".parse::<ReadinessWhileDraining>().unwrap(),
+        "serving-until-stop"
+            .parse::<ReadinessWhileDraining>()
+            .unwrap(),
         ReadinessWhileDraining::ServingUntilStop
     );
     assert_eq!(
@@ -199,5 +223,9 @@ fn readiness_policies_parse_from_flags() {
         ReadinessWhileDraining::NotReady
     );
     let e = "sometimes".parse::<ReadinessWhileDraining>().unwrap_err();
-    assert!(e.to_string().contains("auto, not-ready or serving-until-stop"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("auto, not-ready or serving-until-stop"),
+        "{e}"
+    );
 }

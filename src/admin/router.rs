@@ -504,7 +504,10 @@ async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
     let params = Params::parse(parts.uri.query(), "/readyz", &["verbose"]).map_err(bad_request)?;
     let verbose = params.flag("verbose").map_err(bad_request)?;
     let caller = crate::drain::Caller::from_user_agent(
-        parts.headers.get(header::USER_AGENT).map(HeaderValue::as_bytes),
+        parts
+            .headers
+            .get(header::USER_AGENT)
+            .map(HeaderValue::as_bytes),
     );
     let r = s.drain.readiness_for(caller);
     let code = if r.ready {
