@@ -121,7 +121,7 @@ pub(crate) enum Caller {
 }
 
 impl Caller {
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the admin router and gRPC health
+    #[cfg_attr(not(any(feature = "admin", feature = "grpc")), allow(dead_code))] // used by the admin router and gRPC health
     pub(crate) fn from_user_agent(ua: Option<&[u8]>) -> Self {
         match ua {
             Some(ua) if ua.starts_with(b"kube-probe/") => Caller::Kubelet,
@@ -129,7 +129,6 @@ impl Caller {
         }
     }
 
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the admin router
     pub(crate) fn describe(self) -> &'static str {
         match self {
             Caller::Kubelet => "kubelet's probe (User-Agent kube-probe/)",
