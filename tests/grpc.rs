@@ -68,12 +68,21 @@ fn start(drain: &Drain, listener: tokio::net::TcpListener) -> JoinHandle<io::Res
 }
 
 fn connect(addr: SocketAddr) -> (Channel, Arc<AtomicUsize>) {
+    connect_as(addr, None)
+}
+
+/// A channel sending `user_agent` (tonic appends its own token, as grpc-go does for kubelet).
+fn connect_as(addr: SocketAddr, user_agent: Option<&'static str>) -> (Channel, Arc<AtomicUsize>) {
     let connects = Arc::new(AtomicUsize::new(0));
     let connector = CountingConnector {
         addr,
         connects: Arc::clone(&connects),
     };
-    let channel = Endpoint::from_static("http://127.0.0.1").connect_with_connector_lazy(connector);
+    let mut endpoint = Endpoint::from_static("http://127.0.0.1");
+    if let Some(ua) = user_agent {
+        endpoint = endpoint.user_agent(ua).expect("a valid user agent");
+    }
+    let channel = endpoint.connect_with_connector_lazy(connector);
     (channel, connects)
 }
 
@@ -347,5 +356,64 @@ async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
     let report = within("the drain", drain.drained()).await;
     assert_eq!(report.outcome, Outcome::Clean, "{}", report.to_json());
     drop((health, fresh));
+    within("serve to return", server).await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_under_auto_keeps_kubelet_serving_and_tells_everyone_else_at_once() {
+    let drain = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(200))
+            .min(Duration::from_millis(200))
+            .max(Duration::from_secs(3))
+            .assume_converged_after(Duration::ZERO),
+    );
+    assert_eq!(drain.readiness_policy(), ReadinessWhileDraining::Auto);
+    let (listener, addr) = bind().await;
+    let server = start(&drain, listener);
+    let mut other = HealthClient::new(connect(addr).0);
+    wait_status(&mut other, slow::SERVICE, ServingStatus::Serving).await;
+    let mut watch = other
+        .watch(HealthCheckRequest {
+            service: slow::SERVICE.to_owned(),
+        })
+        .await
+        .expect("watch opened")
+        .into_inner();
+    let first = within("the first watch message", watch.message())
+        .await
+        .expect("no error")
+        .expect("a message");
+    assert_eq!(first.status(), ServingStatus::Serving);
+
+    let hold = drain.enter();
+    assert!(drain.start(Trigger::Api));
+    // A load balancer's watch hears NOT_SERVING at the trigger.
+    let flip = within("NOT_SERVING on the watch", watch.message())
+        .await
+        .expect("no error")
+        .expect("a message");
+    assert_eq!(flip.status(), ServingStatus::NotServing);
+    assert_eq!(drain.phase(), Phase::Draining);
+
+    // Checks on new connections: kubelet's probe still sees SERVING, anyone else does not.
+    let mut kubelet = HealthClient::new(connect_as(addr, Some("kube-probe/1.31")).0);
+    assert_eq!(status(&mut kubelet, "").await, ServingStatus::Serving);
+    assert_eq!(
+        status(&mut kubelet, slow::SERVICE).await,
+        ServingStatus::Serving
+    );
+    let mut lb = HealthClient::new(connect_as(addr, Some("envoy/1.30")).0);
+    assert_eq!(status(&mut lb, "").await, ServingStatus::NotServing);
+    assert_eq!(drain.phase(), Phase::Draining);
+
+    // At stopped_accepting the watch ends, without repeating itself.
+    drop(hold);
+    let end = within("the watch to end", watch.message()).await;
+    assert!(matches!(end, Ok(None)), "ends with OK: {end:?}");
+    assert!(has_event(&drain, EventKind::StoppedAccepting));
+    let report = within("the drain", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::Clean, "{}", report.to_json());
+    drop((other, kubelet, lb));
     within("serve to return", server).await.unwrap().unwrap();
 }
