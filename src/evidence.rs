@@ -126,14 +126,15 @@ pub(crate) fn set_connect_info_target(core: &'static Core) {
         .unwrap_or_else(|e| e.into_inner()) = Some(core);
 }
 
-/// A connection accepted by `axum::serve` (through `ConnMeta`'s `Connected` impl).
-#[cfg_attr(not(feature = "admin"), allow(dead_code))] // called by the axum `Connected` impl
+/// A connection accepted by `axum::serve` or a custom accept loop (`ConnMeta::accepted`).
+#[cfg_attr(not(feature = "http"), allow(dead_code))] // called by `ConnMeta` of the `http` feature
 pub(crate) fn note_connect_info() {
     let target = *CONNECT_INFO_TARGET
         .read()
         .unwrap_or_else(|e| e.into_inner());
     if let Some(core) = target {
-        // Observation starts when the coordinator was built: axum::serve runs from then on.
+        // Observation starts when the coordinator was built: the server runs from then on (and
+        // slots before Serving are left out anyway).
         core.arrivals.observe_from(1);
         core.note_arrival();
     }

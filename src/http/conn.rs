@@ -87,6 +87,12 @@ impl ConnMeta {
     ///
     /// The [hyper guide](crate::guide::hyper) shows a complete loop.
     ///
+    /// Call it once per accepted connection: it counts the connection in the arrival rate of
+    /// new connections (one atomic operation), the evidence the default
+    /// [`Propagation`](crate::Propagation) policy weighs silence by. The count goes to the
+    /// coordinator built last in the process — `axum::serve`'s and a custom loop's hooks cannot
+    /// name one, and a process builds one.
+    ///
     /// # Examples
     ///
     /// ```
@@ -99,6 +105,7 @@ impl ConnMeta {
     /// assert_eq!(first.id(), second.id());
     /// ```
     pub fn accepted(peer: Option<SocketAddr>) -> Self {
+        crate::evidence::note_connect_info();
         Self::new(peer, None)
     }
 
@@ -225,11 +232,9 @@ impl
 {
     /// Called by axum once per accepted connection: the per-connection part is allocated here,
     /// and axum clones the value into each of the connection's requests.
-    ///
-    /// It also counts the connection in the arrival rate of the coordinator built last (axum's
-    /// hook cannot name one; a process builds one): the propagation policy's evidence.
+    /// Through [`ConnMeta::accepted`] it also counts the connection in the arrival rate, the
+    /// propagation policy's evidence.
     fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        crate::evidence::note_connect_info();
         ConnMeta::accepted(Some(*stream.remote_addr()))
     }
 }
@@ -238,7 +243,6 @@ impl
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::extract::connect_info::Connected<SocketAddr> for ConnMeta {
     fn connect_info(peer: SocketAddr) -> Self {
-        crate::evidence::note_connect_info();
         ConnMeta::accepted(Some(peer))
     }
 }
