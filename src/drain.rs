@@ -499,7 +499,8 @@ impl Drop for StartupGate {
 /// Readiness and why, as `/readyz` reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Readiness {
-    /// `true` when `/readyz` answers 200.
+    /// `true` when `/readyz` answers 200 to the caller this describes ([`Drain::readiness`]:
+    /// any caller but kubelet's probe, see [`ReadinessWhileDraining::Auto`]).
     pub ready: bool,
     /// `ok`, `starting: waiting for <gate>`, `draining`, `check <name> failed: <why>`.
     pub reason: String,
@@ -512,7 +513,7 @@ pub struct Readiness {
 pub struct Status {
     /// The current phase.
     pub phase: Phase,
-    /// Whether `/readyz` answers 200.
+    /// Whether `/readyz` answers 200 to callers other than kubelet's probe.
     pub ready: bool,
     /// The first trigger, once draining.
     pub trigger: Option<Trigger>,
@@ -787,7 +788,8 @@ impl Drain {
         }
     }
 
-    /// `true` when `/readyz` answers 200.
+    /// `true` when `/readyz` answers 200 to callers other than kubelet's probe (see
+    /// [`ReadinessWhileDraining::Auto`]).
     pub fn is_ready(&self) -> bool {
         self.readiness().ready
     }
