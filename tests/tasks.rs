@@ -330,12 +330,15 @@ async fn the_report_round_trips_and_holds_every_event() {
             "signal_received",
             "propagation_done",
             "stopped_accepting",
+            // The default readiness policy (auto) flips kubelet's view at stopped_accepting.
+            "readiness_flipped",
             "in_flight_zero",
             "tasks_done",
             "resource_closed",
             "done"
         ]
     );
+    assert_eq!(v["propagation"]["evidence"]["kind"], "fixed");
 }
 
 #[tokio::test(start_paused = true)]
