@@ -74,7 +74,11 @@ enum Kind {
         /// ε as `f64` bits, so the type stays `Eq`.
         epsilon_bits: Option<u64>,
     },
-    Fixed(Duration),
+    Fixed {
+        delay: Duration,
+        /// An evidence setting given to a fixed delay, refused by `resolve`.
+        misplaced: Option<&'static str>,
+    },
 }
 
 impl Default for Propagation {
@@ -124,7 +128,8 @@ impl Propagation {
 
     /// What you know of your proxies: after `d` from the trigger, they have all caught up, so
     /// silence for `quiet` is enough even when the arrival rate cannot show it. Without it, a
-    /// drain with too little evidence waits to `max`. Ignored by [`Propagation::fixed`].
+    /// drain with too little evidence waits to `max`. With [`Propagation::fixed`], `build`
+    /// refuses it (a fixed delay takes no evidence).
     ///
     /// Set it to the slowest proxy's convergence time you have measured (kube-proxy's sync
     /// period plus the EndpointSlice delay, an ingress's refresh interval), not to a hope.
@@ -142,16 +147,17 @@ impl Propagation {
     /// # Ok::<(), lameduck::ConfigError>(())
     /// ```
     pub fn assume_converged_after(mut self, d: Duration) -> Self {
-        if let Kind::Quiet { floor, .. } = &mut self.kind {
-            *floor = Some(d);
+        match &mut self.kind {
+            Kind::Quiet { floor, .. } => *floor = Some(d),
+            Kind::Fixed { misplaced, .. } => *misplaced = Some("assume_converged_after"),
         }
         self
     }
 
     /// ε: the accepted chance that, had the proxies still routed here, no new connection would
     /// have arrived during the silence the policy takes for proof (default 10⁻³). Smaller is
-    /// safer and slower: the silence needed grows with `ln(1/ε)`. Must be in (0, 1). Ignored by
-    /// [`Propagation::fixed`].
+    /// safer and slower: the silence needed grows with `ln(1/ε)`. Must be in (0, 1); with
+    /// [`Propagation::fixed`], `build` refuses it.
     ///
     /// # Examples
     ///
@@ -164,8 +170,9 @@ impl Propagation {
     /// # Ok::<(), lameduck::ConfigError>(())
     /// ```
     pub fn miss_probability(mut self, epsilon: f64) -> Self {
-        if let Kind::Quiet { epsilon_bits, .. } = &mut self.kind {
-            *epsilon_bits = Some(epsilon.to_bits());
+        match &mut self.kind {
+            Kind::Quiet { epsilon_bits, .. } => *epsilon_bits = Some(epsilon.to_bits()),
+            Kind::Fixed { misplaced, .. } => *misplaced = Some("miss_probability"),
         }
         self
     }
@@ -173,14 +180,24 @@ impl Propagation {
     /// Commit exactly `d` after the trigger, whatever the traffic.
     pub fn fixed(d: Duration) -> Self {
         Self {
-            kind: Kind::Fixed(d),
+            kind: Kind::Fixed {
+                delay: d,
+                misplaced: None,
+            },
         }
     }
 
     pub(crate) fn resolve(&self, budget: &Budget) -> Result<Policy, ConfigError> {
         let window = budget.quiesce_deadline();
         match self.kind {
-            Kind::Fixed(d) => {
+            Kind::Fixed {
+                misplaced: Some(setting),
+                ..
+            } => Err(ConfigError::propagation(format!(
+                "{setting} does not apply to Propagation::fixed, which takes no evidence: \
+                 remove it, or use the default policy"
+            ))),
+            Kind::Fixed { delay: d, .. } => {
                 if d > window {
                     return Err(ConfigError::propagation(format!(
                         "fixed propagation delay ({}) is past the quiesce deadline ({} after the trigger): \

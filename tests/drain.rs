@@ -293,6 +293,31 @@ fn every_config_error_names_the_setting() {
     let e = err(Drain::builder().propagation(Propagation::quiet(Duration::ZERO)));
     assert!(e.to_string().contains("quiet window is zero"), "{e}");
 
+    // The evidence settings: checked, and refused where they cannot apply.
+    let e = err(Drain::builder().propagation(
+        Propagation::default()
+            .max(Duration::from_secs(5))
+            .assume_converged_after(Duration::from_secs(6)),
+    ));
+    assert!(e.is_propagation());
+    assert!(
+        e.to_string()
+            .contains("assume_converged_after (6s) is above max (5s)"),
+        "{e}"
+    );
+    for bad in [0.0, 1.0, -0.5, f64::NAN] {
+        let e = err(Drain::builder().propagation(Propagation::default().miss_probability(bad)));
+        assert!(e.to_string().contains("miss_probability"), "{bad}: {e}");
+    }
+    let e = err(Drain::builder().propagation(
+        Propagation::fixed(Duration::from_secs(1)).assume_converged_after(Duration::ZERO),
+    ));
+    assert!(
+        e.to_string()
+            .contains("assume_converged_after does not apply to Propagation::fixed"),
+        "{e}"
+    );
+
     let e = err(Drain::builder().hurry_lead(Duration::from_secs(100)));
     assert!(e.to_string().contains("hurry_lead (100s)"), "{e}");
 }
