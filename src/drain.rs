@@ -1617,22 +1617,12 @@ impl Drain {
             r = self.propagate(origin, evidence) => r,
             () = inner.force_token.cancelled() => (CommitReason::Forced, EvidenceKind::Cut),
         };
-        {
-            let silence = self.silence(origin);
-            let report = evidence.report(kind, silence);
-            tracing::info!(
-                evidence = kind.as_str(),
-                max_reason = report.max_reason.map(|r| r.as_str()),
-                weak = report.weak.map(|w| w.as_str()),
-                rate_per_s = report.rate_per_s(),
-                t_conf_ms = report.t_conf_ms,
-                silence_ms = report.silence_ms,
-                "lameduck: propagation evidence"
-            );
-            inner.lock().committed = Some(report);
-        }
+        let committed = evidence.report(kind, self.silence(origin));
         let mut e = self.event(EventKind::PropagationDone, origin);
         e.reason = Some(reason);
+        // The evidence rides on its event's log line and in the timeline.
+        e.detail = Some(describe_evidence(&committed));
+        inner.lock().committed = Some(committed);
         self.push(e);
         let mut e = self.event(EventKind::StoppedAccepting, origin);
         e.reason = Some(reason);

@@ -90,7 +90,8 @@ async fn a_drain_is_a_handful_of_info_events_with_fields() {
             "readiness_flipped",
             "propagation_done",
             "stopped_accepting",
-            "tasks_done", // no task: done at once; the request ends 200 ms later
+            "readiness_flipped", // kubelet's view, under the default policy (auto)
+            "tasks_done",        // no task: done at once; the request ends 200 ms later
             "in_flight_zero",
             "resource_closed",
             "done"
@@ -112,6 +113,15 @@ async fn a_drain_is_a_handful_of_info_events_with_fields() {
     assert_eq!(stopped.fields["at_ms"], "300");
     assert_eq!(stopped.fields["in_flight"], "1");
     assert_eq!(stopped.spans, ["lameduck_drain"]);
+    let propagated = info
+        .iter()
+        .find(|e| e.fields["event"] == "propagation_done")
+        .unwrap();
+    assert!(
+        propagated.fields["detail"].starts_with("fixed:"),
+        "the evidence rides on the event: {:?}",
+        propagated.fields
+    );
     let zero = info
         .iter()
         .find(|e| e.fields["event"] == "in_flight_zero")
