@@ -1764,8 +1764,17 @@ impl Drain {
                     if now >= max_at {
                         return (CommitReason::Max, EvidenceKind::Max);
                     }
-                    let last = core.last_activity().unwrap_or(origin).max(origin);
                     let last_conn = core.last_new_connection().unwrap_or(origin).max(origin);
+                    // With connection data, only new connections are routing decisions:
+                    // requests on open connections (a pool, an HTTP/2 connection accepted
+                    // during the drain, which gets its GOAWAY at the commit) say nothing about
+                    // the proxies and must not hold the window open. Without it, requests are
+                    // the only signal there is.
+                    let last = if evidence.estimate.is_some() {
+                        last_conn
+                    } else {
+                        core.last_activity().unwrap_or(origin).max(origin)
+                    };
                     let conf_at = t_conf.map_or(max_at, |t| last_conn + t);
                     let (conf_at, kind) = match floor {
                         Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Floor),

@@ -511,6 +511,31 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn requests_on_open_connections_do_not_hold_the_window() {
+        let d = drain(Propagation::default());
+        arrivals(&d, Duration::from_millis(50), 600).await;
+        d.start(Trigger::Api);
+        let d2 = d.clone();
+        let pinned = tokio::spawn(async move {
+            // A client pinned to an open connection: a request every 200 ms (bounded: 5 s).
+            for _ in 0..25 {
+                if d2.phase() >= Phase::StoppedAccepting {
+                    break;
+                }
+                drop(d2.enter());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let (at, ev) = committed(&d).await;
+        pinned.await.unwrap();
+        assert_eq!(ev.kind, EvidenceKind::Confidence);
+        assert_eq!(
+            at, 1000,
+            "no new connection after the trigger: min and quiet, not max"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn sparse_traffic_waits_to_max_and_says_so() {
         let d = drain(Propagation::default());
         arrivals(&d, Duration::from_secs(3), 10).await; // 0.33/s

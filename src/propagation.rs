@@ -17,7 +17,8 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 ///
 /// * [`Propagation::quiet`] (the default, with `quiet = 1s`, `min = 1s`, `max = grace/2`,
 ///   ε = 10⁻³): commit once at least `min` has passed since the trigger **and** no new
-///   connection and no new request has arrived for `quiet` **and** nothing is in flight
+///   connection has arrived for `quiet` (no new request either, when there is no connection
+///   data: requests on open connections are not routing decisions) **and** nothing is in flight
 ///   **and** no new *connection* has arrived for `T_conf` — commit anyway at `max`.
 ///   This *measures* propagation instead of guessing it.
 /// * [`Propagation::fixed`]: commit a fixed time after the trigger (a `sleep` in `preStop`,
