@@ -105,8 +105,8 @@ mod closers;
 mod counter;
 mod drain;
 mod error;
-mod exit;
 mod evidence;
+mod exit;
 mod guard;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
