@@ -146,7 +146,7 @@ pub(crate) fn note_connect_info() {
 #[non_exhaustive]
 pub enum WeakEvidence {
     /// No connection was ever counted: the service is not served by `lameduck::serve`, nor
-    /// by `axum::serve` with [`ConnMeta`](crate::ConnMeta) — or no client ever connected.
+    /// by `axum::serve` with `ConnMeta` — or no client ever connected.
     NoConnectionData,
     /// The process had been serving for less than 5 s before the trigger.
     TooFewSlots,

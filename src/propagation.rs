@@ -31,8 +31,8 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 /// routed here (`ln(1/ε) / λ` for a Poisson rate λ: 0.7 s at 10 connections/s, 6.9 s at one
 /// per second). It is counted from the later of the trigger and the last new connection. The
 /// rate comes from the fraction of 250 ms slots without a new connection, so one burst does
-/// not pass for a rate. New connections are counted by [`serve`](crate::serve), or by
-/// [`ConnMeta`](crate::ConnMeta) through `axum::serve`'s connect info.
+/// not pass for a rate. New connections are counted by `lameduck::serve`, or by
+/// `ConnMeta` through `axum::serve`'s connect info.
 ///
 /// With too little evidence — no connection data (the layer alone sees requests, not
 /// connections), less than 5 s of serving before the trigger, or a rate so low that `T_conf`
