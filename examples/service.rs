@@ -7,7 +7,8 @@
 //!
 //! ```text
 //! service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR]
-//!         [--quiet DUR] [--min DUR] [--max DUR] [--report-file PATH]
+//!         [--quiet DUR] [--min DUR] [--max DUR] [--assume-converged-after DUR]
+//!         [--report-file PATH]
 //!         [--stuck-task] [--startup-delay DUR] [--naive] [--fixed-sleep DUR]
 //!         [--readiness-policy auto|not-ready|serving-until-stop]
 //! service prestop [--admin ADDR]      # the preStop exec hook, for images without curl
@@ -45,6 +46,7 @@ struct Args {
     quiet: Option<Duration>,
     min: Option<Duration>,
     max: Option<Duration>,
+    converged_after: Option<Duration>,
     report_file: Option<String>,
     stuck_task: bool,
     startup_delay: Duration,
@@ -57,7 +59,8 @@ fn usage(msg: &str) -> ! {
     eprintln!("service: {msg}");
     eprintln!(
         "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR] \
-         [--quiet DUR] [--min DUR] [--max DUR] [--report-file PATH] [--stuck-task] \
+         [--quiet DUR] [--min DUR] [--max DUR] [--assume-converged-after DUR] \
+         [--report-file PATH] [--stuck-task] \
          [--startup-delay DUR] [--naive] [--fixed-sleep DUR] \
          [--readiness-policy auto|not-ready|serving-until-stop]\n       service prestop [--admin ADDR]"
     );
@@ -73,6 +76,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
         quiet: None,
         min: None,
         max: None,
+        converged_after: None,
         report_file: None,
         stuck_task: false,
         startup_delay: Duration::ZERO,
@@ -102,6 +106,12 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
             "--quiet" => a.quiet = Some(dur("--quiet", value("--quiet"))),
             "--min" => a.min = Some(dur("--min", value("--min"))),
             "--max" => a.max = Some(dur("--max", value("--max"))),
+            "--assume-converged-after" => {
+                a.converged_after = Some(dur(
+                    "--assume-converged-after",
+                    value("--assume-converged-after"),
+                ))
+            }
             "--report-file" => a.report_file = Some(value("--report-file")),
             "--stuck-task" => a.stuck_task = true,
             "--startup-delay" => a.startup_delay = dur("--startup-delay", value("--startup-delay")),
@@ -161,16 +171,20 @@ async fn run(args: Args) -> i32 {
     if let Some(g) = args.grace_period {
         builder = builder.grace_period(g);
     }
-    if args.quiet.is_some() || args.min.is_some() || args.max.is_some() {
-        let mut p = Propagation::quiet(args.quiet.unwrap_or(Duration::from_secs(2)));
-        if let Some(m) = args.min {
-            p = p.min(m);
-        }
-        if let Some(m) = args.max {
-            p = p.max(m);
-        }
-        builder = builder.propagation(p);
+    // The defaults, with whatever the flags change.
+    let mut p = args
+        .quiet
+        .map_or_else(Propagation::default, Propagation::quiet);
+    if let Some(m) = args.min {
+        p = p.min(m);
     }
+    if let Some(m) = args.max {
+        p = p.max(m);
+    }
+    if let Some(f) = args.converged_after {
+        p = p.assume_converged_after(f);
+    }
+    builder = builder.propagation(p);
     if let Some(f) = &args.report_file {
         builder = builder.report_file(f);
     }

@@ -18,8 +18,10 @@ use lameduck_probe::correlate::{correlate, ReportView};
 use lameduck_probe::{ConnectionMode, Probe, ProbeConfig, ProbeResult};
 use procs::{free_port, haproxy, nginx, nginx_reload, require, scratch, wait_haproxy, Instance};
 
-/// Service flags for the proxied runs: HAProxy notices `/readyz` within ~0.6 s
-/// (`inter 300ms fall 2`); the quiet window waits for it and then for quiet.
+/// Service flags for the proxied runs. Each instance serves only a few seconds before it is
+/// drained — too short to measure an arrival rate — so the drain is told what these proxies
+/// are known to need: HAProxy notices `/readyz` within ~0.6 s (`inter 300ms fall 2`), nginx
+/// reloads 1 s after the drain starts. Without that floor it would wait to `max`.
 const SERVICE_FLAGS: &[&str] = &[
     "--grace-period",
     "12s",
@@ -29,6 +31,8 @@ const SERVICE_FLAGS: &[&str] = &[
     "1500ms",
     "--max",
     "6s",
+    "--assume-converged-after",
+    "2s",
 ];
 
 fn probe_config(frontend: u16, label: &str, duration: Duration) -> ProbeConfig {
