@@ -295,7 +295,10 @@ async fn the_header_read_timeout_closes_a_slowloris_connection_while_serving() {
     let (listener, addr) = bind().await;
     let app = app(&drain, Probe::default()).layer(drain.layer());
     let _server = tokio::spawn(
-        lameduck::serve(listener, app, &drain).header_read_timeout(Duration::from_millis(500)),
+        lameduck::serve(listener, app, &drain)
+            .header_read_timeout(Duration::from_millis(500))
+            // The app reads `ConnMeta` on every request.
+            .conn_meta_on_every_request(),
     );
     let mut loris = slowloris(addr, 3).await;
     for s in &mut loris {

@@ -169,11 +169,11 @@ fn baselines_lose_requests_on_this_datapath() {
     }
 }
 
-/// The sparse cell of the propagation-by-evidence work: a fresh connection every two seconds
-/// and a slow proxy. The quiet window takes silence for proof and the drain ends before the
-/// rules change; this is expected to lose requests until that work lands.
+/// The sparse cell: a fresh connection every two seconds and a proxy that syncs 4 s late. A
+/// quiet window that took silence for proof ended the drain before the rules changed; with
+/// propagation by evidence, 0.5 connections/s is too little to tell, so the drain waits past
+/// the sync (to `max`) and loses nothing.
 #[test]
-#[ignore = "fails until propagation by evidence lands: silence at 0.5 new connections/s is taken for proof"]
 fn lameduck_loses_nothing_sparse_slow_proxy() {
     let results = run(&[cell(
         Server::Lameduck,
@@ -184,17 +184,46 @@ fn lameduck_loses_nothing_sparse_slow_proxy() {
     )]);
     for r in &results {
         assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        assert!(
+            r.pods
+                .iter()
+                .all(|p| p.drain_ms.is_some_and(|ms| ms >= 4000)),
+            "a drain ended before the proxy's 4 s sync: {}",
+            describe(r)
+        );
     }
 }
 
 /// The single-replica eviction: no endpoint ready for a while, the serving terminating one is
 /// the fallback — as long as it keeps `serving`.
 #[test]
-#[ignore = "fails until the readiness policy keeps the KEP-1669 fallback by default"]
 fn lameduck_loses_nothing_single_replica_eviction() {
     let mut c = CellConfig::new(Server::Lameduck);
     c.rollout = Rollout::Evict;
     for r in &run(&[c]) {
+        assert!(
+            r.counts.requests > 100,
+            "too little traffic: {}",
+            describe(r)
+        );
         assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+    }
+}
+
+/// The same eviction with readiness flipped for kubelet too (`not-ready`): the EndpointSlice
+/// marks the only endpoint `serving=false`, kube-proxy's fallback has nothing to fall back to,
+/// and new connections are refused while the old Pod could still serve them — proof that the
+/// cell above can fail, and why `Auto` is the default.
+#[test]
+fn eviction_without_the_fallback_loses_requests() {
+    let mut c = CellConfig::new(Server::Lameduck);
+    c.rollout = Rollout::Evict;
+    c.lameduck_flags = vec!["--readiness-policy".into(), "not-ready".into()];
+    for r in &run(&[c]) {
+        assert!(
+            r.counts.lost() > 0,
+            "the eviction lost nothing without the fallback, so the cell cannot tell: {}",
+            describe(r)
+        );
     }
 }
