@@ -163,11 +163,16 @@ pub fn parse_duration(raw: &str) -> Result<Duration, ConfigError> {
             "`{raw}` is not a duration: the number is too large"
         ))
     })?;
+    let too_large = || {
+        ConfigError::parse(format!(
+            "`{raw}` is not a duration: the number is too large"
+        ))
+    };
     let d = match unit.trim() {
         "ms" => Duration::from_millis(n),
         "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(too_large)?),
+        "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(too_large)?),
         other => {
             return Err(ConfigError::parse(format!(
                 "`{raw}` is not a duration: unknown unit `{other}` (use ms, s, m or h)"
