@@ -104,7 +104,7 @@ fn parse_duration_agrees_with_its_grammar_on_random_input() {
     let seed = std::env::var("LAMEDUCK_FUZZ_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_d0_u64);
+        .unwrap_or(0x5eed_00d0_u64);
     let iters = std::env::var("LAMEDUCK_FUZZ_ITERS")
         .ok()
         .and_then(|s| s.parse().ok())
