@@ -164,6 +164,7 @@ pub struct DrainBuilder {
     readiness: ReadinessWhileDraining,
     sinks: Sinks,
     hurry_lead: Option<Duration>,
+    drain_on_task_panic: bool,
 }
 
 impl DrainBuilder {
@@ -238,6 +239,34 @@ impl DrainBuilder {
         self
     }
 
+    /// Start the drain (trigger `task_panic`) when a background task started with
+    /// [`Drain::spawn`] and friends panics: a process whose must-finish work died is better
+    /// replaced than left serving half-broken. Default `false`: the panic is recorded in the
+    /// report (`tasks`) and the process goes on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use lameduck::{Drain, Signals, Trigger};
+    ///
+    /// let drain = Drain::builder()
+    ///     .drain_on_task_panic(true)
+    ///     # .signals(Signals::none()).report_to_stderr(false).termination_log(None)
+    ///     .build()
+    ///     .unwrap();
+    /// drain.spawn("exporter", async { panic!("lost the connection") });
+    /// let report = drain.drained().await;
+    /// assert_eq!(report.trigger, Some(Trigger::TaskPanic));
+    /// assert_eq!(report.tasks[0].result, "panicked");
+    /// # }
+    /// ```
+    pub fn drain_on_task_panic(mut self, yes: bool) -> Self {
+        self.drain_on_task_panic = yes;
+        self
+    }
+
     /// Validates the settings and builds the coordinator.
     ///
     /// # Errors
@@ -306,6 +335,16 @@ impl DrainBuilder {
                 exit: crate::exit::ExitHolds::default(),
             }),
         };
+        if self.drain_on_task_panic {
+            // Weak: the hook lives in the coordinator it would otherwise keep alive.
+            let weak = Arc::downgrade(&drain.inner);
+            drain.inner.tasks.set_on_panic(Arc::new(move |name: &str| {
+                if let Some(inner) = weak.upgrade() {
+                    tracing::warn!(task = %name, "lameduck: a task panicked; starting the drain");
+                    Drain { inner }.start(Trigger::TaskPanic);
+                }
+            }));
+        }
         #[cfg(feature = "metrics")]
         crate::metrics::init(&drain);
         Ok(drain)

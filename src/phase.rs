@@ -71,6 +71,9 @@ pub enum Trigger {
     Sigint,
     /// SIGQUIT.
     Sigquit,
+    /// A background task panicked, with
+    /// [`DrainBuilder::drain_on_task_panic`](crate::DrainBuilder::drain_on_task_panic) set.
+    TaskPanic,
 }
 
 impl Trigger {
@@ -82,6 +85,7 @@ impl Trigger {
             Trigger::Sigterm => "sigterm",
             Trigger::Sigint => "sigint",
             Trigger::Sigquit => "sigquit",
+            Trigger::TaskPanic => "task_panic",
         }
     }
 

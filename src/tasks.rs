@@ -67,10 +67,25 @@ pub(crate) struct Unfinished {
     pub(crate) recovery: Option<(Duration, Recovery)>,
 }
 
-#[derive(Debug, Default)]
+/// Called with a task's name when it panics (set by the coordinator when it should start the
+/// drain then).
+pub(crate) type OnPanic = Arc<dyn Fn(&str) + Send + Sync>;
+
+#[derive(Default)]
 pub(crate) struct Tasks {
     pub(crate) tracker: TaskTracker,
     registry: Arc<Mutex<Registry>>,
+    on_panic: std::sync::OnceLock<OnPanic>,
+}
+
+impl std::fmt::Debug for Tasks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tasks")
+            .field("tracker", &self.tracker)
+            .field("registry", &self.registry)
+            .field("on_panic", &self.on_panic.get().is_some())
+            .finish()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +97,11 @@ struct Registry {
 }
 
 impl Tasks {
+    /// Sets what happens when a task panics (once; later calls are ignored).
+    pub(crate) fn set_on_panic(&self, f: OnPanic) {
+        let _ = self.on_panic.set(f);
+    }
+
     pub(crate) fn spawn<F>(
         &self,
         name: String,
@@ -111,25 +131,34 @@ impl Tasks {
             id
         };
         let registry = Arc::clone(&self.registry);
+        let on_panic = self.on_panic.get().cloned();
         self.tracker.spawn(async move {
             let result = inner.await;
-            let mut reg = registry.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(task) = reg.running.remove(&id) else {
-                return;
+            let panicked = {
+                let mut reg = registry.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(task) = reg.running.remove(&id) else {
+                    return;
+                };
+                let ended = match result {
+                    Ok(()) => return,
+                    Err(e) if e.is_panic() => {
+                        tracing::error!(task = %task.name, "lameduck: background task panicked");
+                        "panicked"
+                    }
+                    Err(_) => "aborted",
+                };
+                let name = task.name.clone();
+                reg.ended.push(TaskEnd {
+                    name: task.name,
+                    result: ended.to_owned(),
+                    ran_ms: task.started.elapsed().as_millis() as u64,
+                });
+                (ended == "panicked").then_some(name)
             };
-            let ended = match result {
-                Ok(()) => return,
-                Err(e) if e.is_panic() => {
-                    tracing::error!(task = %task.name, "lameduck: background task panicked");
-                    "panicked"
-                }
-                Err(_) => "aborted",
-            };
-            reg.ended.push(TaskEnd {
-                name: task.name,
-                result: ended.to_owned(),
-                ran_ms: task.started.elapsed().as_millis() as u64,
-            });
+            // Outside the registry's lock: starting the drain takes the coordinator's.
+            if let (Some(name), Some(f)) = (panicked, on_panic) {
+                f(&name);
+            }
         });
     }
 

@@ -386,3 +386,30 @@ async fn a_missing_termination_log_is_not_an_error() {
     drain.start(Trigger::Api);
     assert_eq!(drain.drained().await.outcome, Outcome::Clean);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
+    let drain = builder().drain_on_task_panic(true).build().unwrap();
+    drain.mark_started();
+    drain.spawn("exporter", async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        panic!("lost the connection");
+    });
+    let report = drain.drained().await;
+    assert_eq!(report.trigger, Some(Trigger::TaskPanic));
+    assert_eq!(report.tasks.len(), 1);
+    assert_eq!(report.tasks[0].name, "exporter");
+    assert_eq!(report.tasks[0].result, "panicked");
+    assert!(report.summary().contains("task exporter panicked"));
+
+    // Without the setting the panic is recorded and nothing starts.
+    let calm = builder().build().unwrap();
+    calm.mark_started();
+    calm.spawn("exporter", async { panic!("lost the connection") });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(calm.phase(), Phase::Serving);
+    calm.start(Trigger::Api);
+    let report = calm.drained().await;
+    assert_eq!(report.trigger, Some(Trigger::Api));
+    assert_eq!(report.tasks[0].result, "panicked");
+}
