@@ -40,6 +40,10 @@ use crate::signal::{Receipt, Signals, STOP_SIGNAL_ENV};
 use crate::tasks::{Recovery, TaskKind, Tasks};
 use crate::ConfigError;
 
+/// The environment variable naming the path in front of the process, for the report's
+/// `proxy_label` (see [`DrainBuilder::proxy_label`]).
+pub const PROXY_LABEL_ENV: &str = "LAMEDUCK_PROXY_LABEL";
+
 /// What `/readyz` says while draining: a policy, because neither answer is right everywhere.
 ///
 /// When a Pod is deleted, the EndpointSlice controller marks its endpoint `ready=false`,
@@ -165,6 +169,7 @@ pub struct DrainBuilder {
     sinks: Sinks,
     hurry_lead: Option<Duration>,
     drain_on_task_panic: bool,
+    proxy_label: Option<String>,
 }
 
 impl DrainBuilder {
@@ -267,6 +272,15 @@ impl DrainBuilder {
         self
     }
 
+    /// Names what stands between the clients and this process — `kube-proxy iptables 1.31`,
+    /// `ingress-nginx 1.11`, `AWS ALB (ip targets)` — for the report (`proxy_label`): its
+    /// numbers are evidence about that path only. Default: env `LAMEDUCK_PROXY_LABEL`, else
+    /// none.
+    pub fn proxy_label(mut self, label: impl Into<String>) -> Self {
+        self.proxy_label = Some(label.into());
+        self
+    }
+
     /// Validates the settings and builds the coordinator.
     ///
     /// # Errors
@@ -333,6 +347,12 @@ impl DrainBuilder {
                 terminate_seen: Notify::new(),
                 tasks: Tasks::default(),
                 exit: crate::exit::ExitHolds::default(),
+                proxy_label: self.proxy_label.or_else(|| {
+                    std::env::var(PROXY_LABEL_ENV)
+                        .ok()
+                        .map(|v| v.trim().to_owned())
+                        .filter(|v| !v.is_empty())
+                }),
             }),
         };
         if self.drain_on_task_panic {
@@ -441,6 +461,8 @@ pub(crate) struct Inner {
     terminate_seen: Notify,
     tasks: Tasks,
     pub(crate) exit: crate::exit::ExitHolds,
+    /// The operator's name for the path in front (the report's `proxy_label`).
+    proxy_label: Option<String>,
 }
 
 /// The drain coordinator: a cheap-to-clone handle shared by the server, the admin endpoint,
@@ -2037,6 +2059,7 @@ impl Drain {
             signal_receipt,
             stop_signal_wait: None,
             sink_errors: Vec::new(),
+            proxy_label: self.inner.proxy_label.clone(),
         };
         report.advice = crate::advice::advise(&report);
         report

@@ -138,7 +138,7 @@ pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN
 pub use closers::{BoxError, CloseOptions, CloserResult};
 pub use drain::{
     Drain, DrainBuilder, Readiness, ReadinessWhileDraining, StartupGate, Status, TaskContext,
-    STATUS_TIMELINE_LIMIT,
+    PROXY_LABEL_ENV, STATUS_TIMELINE_LIMIT,
 };
 pub use error::ConfigError;
 pub use evidence::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};

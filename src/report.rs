@@ -267,6 +267,12 @@ pub struct DrainReport {
     /// result of its own write).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sink_errors: Vec<String>,
+    /// What stands between the clients and this process, as the operator named it
+    /// ([`DrainBuilder::proxy_label`](crate::DrainBuilder::proxy_label), env
+    /// `LAMEDUCK_PROXY_LABEL`): evidence about one proxy does not transfer to another, so the
+    /// report says what it measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_label: Option<String>,
 }
 
 impl DrainReport {
@@ -300,6 +306,9 @@ impl DrainReport {
             self.budget.used_ms,
             self.budget.grace_ms
         );
+        if let Some(p) = &self.proxy_label {
+            let _ = writeln!(s, "measured through: {p}");
+        }
         let af = &self.after_flip;
         let _ = writeln!(
             s,

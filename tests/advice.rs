@@ -69,6 +69,7 @@ fn base() -> DrainReport {
         signal_receipt: None,
         stop_signal_wait: None,
         sink_errors: vec![],
+        proxy_label: None,
     }
 }
 

@@ -413,3 +413,24 @@ async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
     assert_eq!(report.trigger, Some(Trigger::Api));
     assert_eq!(report.tasks[0].result, "panicked");
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_report_says_what_path_it_measured() {
+    let drain = builder()
+        .proxy_label("kube-proxy iptables")
+        .build()
+        .unwrap();
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    assert_eq!(report.proxy_label.as_deref(), Some("kube-proxy iptables"));
+    assert!(report
+        .to_json()
+        .contains("\"proxy_label\":\"kube-proxy iptables\""));
+    assert!(report
+        .summary()
+        .contains("measured through: kube-proxy iptables"));
+    // Not set: not in the JSON at all.
+    let plain = builder().build().unwrap();
+    plain.start(Trigger::Api);
+    assert!(!plain.drained().await.to_json().contains("proxy_label"));
+}
