@@ -279,8 +279,67 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
             "tasks_cut",
             tasks_cut as u64,
             format!(
-                "{tasks_cut} background tasks were still running at the quiesce deadline: give them a \
-                 cancellation path (spawn_cancellable) or a recovery action"
+                "{tasks_cut} background tasks were still running at the quiesce deadline: a task \
+                 from spawn needs a way to finish sooner (or a longer grace_period); one from \
+                 spawn_cancellable must return once its stop signal fires — these did not — or \
+                 hand its work back in a recovery action (spawn_with_recovery)"
+            ),
+        ));
+    }
+    let panicked: Vec<&str> = r
+        .tasks
+        .iter()
+        .filter(|t| t.result == "panicked")
+        .map(|t| t.name.as_str())
+        .collect();
+    if !panicked.is_empty() {
+        out.push(advice(
+            Warn,
+            "tasks_panicked",
+            panicked.len() as u64,
+            format!(
+                "{} background tasks panicked: {}; their work is not done \
+                 (DrainBuilder::drain_on_task_panic replaces such a process instead of leaving it serving)",
+                panicked.len(),
+                panicked.join(", ")
+            ),
+        ));
+    }
+    let skipped: Vec<&str> = r
+        .closers
+        .iter()
+        .filter(|c| c.result == "skipped")
+        .map(|c| c.name.as_str())
+        .collect();
+    if !skipped.is_empty() {
+        out.push(advice(
+            Warn,
+            "closers_skipped",
+            skipped.len() as u64,
+            format!(
+                "{} closers were skipped, with no time left before the hard deadline: {}; \
+                 raise close_budget, bound the closers before them, or mark them critical \
+                 (CloseOptions::critical)",
+                skipped.len(),
+                skipped.join(", ")
+            ),
+        ));
+    }
+    let failed: Vec<String> = r
+        .closers
+        .iter()
+        .filter(|c| !c.is_ok() && c.result != "skipped")
+        .map(|c| format!("{} ({})", c.name, c.result))
+        .collect();
+    if !failed.is_empty() {
+        out.push(advice(
+            Warn,
+            "closers_failed",
+            failed.len() as u64,
+            format!(
+                "{} closers did not close cleanly: {}",
+                failed.len(),
+                failed.join(", ")
             ),
         ));
     }

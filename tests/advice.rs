@@ -1,9 +1,9 @@
 //! The advice rules, fed with recorded (synthetic) drains.
 
 use lameduck::{
-    advise, AdviceLevel, AfterFlipReport, BudgetReport, CommitReason, DrainReport, Event,
-    EventKind, Outcome, PeerCount, PodInfo, PolicyReport, ReadinessWhileDraining, Straggler,
-    Trigger,
+    advise, AdviceLevel, AfterFlipReport, BudgetReport, CloserResult, CommitReason, DrainReport,
+    Event, EventKind, Outcome, PeerCount, PodInfo, PolicyReport, ReadinessWhileDraining, Straggler,
+    TaskEnd, Trigger,
 };
 
 fn ev(kind: EventKind, at_ms: u64) -> Event {
@@ -216,4 +216,35 @@ fn little_grace_left_is_a_warning() {
     let g = a.iter().find(|a| a.rule == "grace_headroom").unwrap();
     assert_eq!(g.level, AdviceLevel::Warn);
     assert_eq!(g.observed, 1_500);
+}
+
+#[test]
+fn panicked_tasks_and_skipped_or_failed_closers_are_named() {
+    let mut r = base();
+    r.tasks = vec![TaskEnd {
+        name: "exporter".into(),
+        result: "panicked".into(),
+        ran_ms: 40,
+    }];
+    r.closers = vec![
+        CloserResult {
+            name: "cache".into(),
+            took_ms: 900,
+            result: "timed_out".into(),
+        },
+        CloserResult {
+            name: "db-pool".into(),
+            took_ms: 0,
+            result: "skipped".into(),
+        },
+    ];
+    let a = advise(&r);
+    let by_rule = |rule: &str| a.iter().find(|x| x.rule == rule).unwrap();
+    assert!(by_rule("tasks_panicked").message.contains("exporter"));
+    let skipped = by_rule("closers_skipped");
+    assert_eq!(skipped.level, AdviceLevel::Warn);
+    assert!(skipped.message.contains("db-pool") && skipped.message.contains("critical"));
+    assert!(by_rule("closers_failed")
+        .message
+        .contains("cache (timed_out)"));
 }
