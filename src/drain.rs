@@ -2049,6 +2049,17 @@ impl Drain {
                 requests_on_reused_connections: af.requests_on_reused.load(Ordering::Relaxed),
                 last_new_connection_ms: last_new,
                 peers,
+                paths: af
+                    .paths
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .map(|(path, on_new, on_reused)| crate::report::PathCount {
+                        path: path.clone(),
+                        requests_on_new_connections: *on_new,
+                        requests_on_reused_connections: *on_reused,
+                    })
+                    .collect(),
             },
             stragglers,
             tasks: self.inner.tasks.ended(),

@@ -151,8 +151,8 @@ pub use http::{
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
 pub use report::{
-    AfterFlipReport, BudgetReport, DrainReport, Outcome, PeerCount, PodInfo, PolicyReport,
-    SignalReceipt, StopSignalWait, Straggler, TERMINATION_LOG_LIMIT,
+    AfterFlipReport, BudgetReport, DrainReport, Outcome, PathCount, PeerCount, PodInfo,
+    PolicyReport, SignalReceipt, StopSignalWait, Straggler, TERMINATION_LOG_LIMIT,
 };
 pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
 pub use tasks::TaskEnd;

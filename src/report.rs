@@ -127,6 +127,23 @@ pub struct AfterFlipReport {
     pub last_new_connection_ms: Option<u64>,
     /// Peers by number of new connections, most first (at most 10).
     pub peers: Vec<PeerCount>,
+    /// The same requests by the route they took, from the `x-traffic-path` request header
+    /// (the rollout probe sets it; a proxy can too): which path still sent work after the
+    /// drain started. At most 16 labels in order of first arrival, then `other`; empty when no
+    /// request carried the header.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathCount>,
+}
+
+/// Requests after the drain started that came by one route (`x-traffic-path`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathCount {
+    /// The label, or `other` past the first 16.
+    pub path: String,
+    /// Requests on connections opened after the drain started: this route still routed here.
+    pub requests_on_new_connections: u64,
+    /// Requests on connections opened before it.
+    pub requests_on_reused_connections: u64,
 }
 
 /// When the signal that started the drain was received, and when the runtime noticed it.

@@ -59,6 +59,7 @@ fn base() -> DrainReport {
                     new_connections: 2,
                 },
             ],
+            paths: vec![],
         },
         stragglers: vec![],
         tasks: vec![],
@@ -95,6 +96,7 @@ fn too_little_traffic_is_said_not_guessed() {
         requests_on_reused_connections: 2,
         last_new_connection_ms: Some(5_000),
         peers: vec![],
+        paths: vec![],
     };
     let a = advise(&r);
     assert_eq!(a[0].rule, "not_enough_traffic");

@@ -150,6 +150,9 @@ impl<S, N: Naming> DrainService<S, N> {
             }
         }
         self.core.note_request(on_new);
+        if let Some(label) = req.headers().get(TRAFFIC_PATH_HEADER) {
+            self.core.note_path(label.as_bytes(), on_new);
+        }
         if let Some(o) = options(self.opts) {
             if o.refuse_retry_after.is_some()
                 && o.drain()
@@ -162,6 +165,11 @@ impl<S, N: Naming> DrainService<S, N> {
         false
     }
 }
+
+/// The request header whose value names the route a request took (`ingress`, `service`,
+/// `pod-ip`): set by the rollout probe, or by each proxy in front. While draining the report
+/// splits its after-drain counts by it (`after_flip.paths`).
+const TRAFFIC_PATH_HEADER: &str = "x-traffic-path";
 
 /// The connection metadata attached by `lameduck::serve` (or a custom accept loop), else the
 /// one axum attaches through `ConnectInfo`.
