@@ -111,18 +111,22 @@ impl Propagation {
         }
     }
 
-    /// The earliest commit, counted from the trigger. Ignored by [`Propagation::fixed`].
+    /// The earliest commit, counted from the trigger. [`Propagation::fixed`] takes none: `build`
+    /// refuses it there.
     pub fn min(mut self, d: Duration) -> Self {
-        if let Kind::Quiet { min, .. } = &mut self.kind {
-            *min = Some(d);
+        match &mut self.kind {
+            Kind::Quiet { min, .. } => *min = Some(d),
+            Kind::Fixed { misplaced, .. } => *misplaced = Some("min"),
         }
         self
     }
 
-    /// The latest commit, counted from the trigger. Ignored by [`Propagation::fixed`].
+    /// The latest commit, counted from the trigger. [`Propagation::fixed`] takes none: `build`
+    /// refuses it there.
     pub fn max(mut self, d: Duration) -> Self {
-        if let Kind::Quiet { max, .. } = &mut self.kind {
-            *max = Some(d);
+        match &mut self.kind {
+            Kind::Quiet { max, .. } => *max = Some(d),
+            Kind::Fixed { misplaced, .. } => *misplaced = Some("max"),
         }
         self
     }
@@ -195,8 +199,8 @@ impl Propagation {
                 misplaced: Some(setting),
                 ..
             } => Err(ConfigError::propagation(format!(
-                "{setting} does not apply to Propagation::fixed, which takes no evidence: \
-                 remove it, or use the default policy"
+                "{setting} does not apply to Propagation::fixed, which commits at its one delay \
+                 whatever the evidence: remove it, or use the default policy"
             ))),
             Kind::Fixed { delay: d, .. } => {
                 if d > window {

@@ -317,6 +317,23 @@ fn every_config_error_names_the_setting() {
             .contains("assume_converged_after does not apply to Propagation::fixed"),
         "{e}"
     );
+    for (setting, p) in [
+        (
+            "min",
+            Propagation::fixed(Duration::from_secs(1)).min(Duration::from_secs(5)),
+        ),
+        (
+            "max",
+            Propagation::fixed(Duration::from_secs(1)).max(Duration::from_secs(5)),
+        ),
+    ] {
+        let e = err(Drain::builder().propagation(p));
+        assert!(
+            e.to_string()
+                .contains(&format!("{setting} does not apply to Propagation::fixed")),
+            "{e}"
+        );
+    }
 
     let e = err(Drain::builder().hurry_lead(Duration::from_secs(100)));
     assert!(e.to_string().contains("hurry_lead (100s)"), "{e}");
