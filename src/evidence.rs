@@ -383,7 +383,7 @@ impl Evidence {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(lameduck_loom)))]
 mod tests {
     use super::*;
 
