@@ -2,6 +2,9 @@
 //! input, and the `preStop` client helper.
 #![cfg(feature = "admin")]
 
+#[path = "support/rng.rs"]
+mod rng;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -20,6 +23,7 @@ use lameduck::{
     Drain, DrainBuilder, EventKind, Phase, Propagation, ReadinessWhileDraining, Signals, Status,
     Trigger,
 };
+use rng::Rng;
 use tokio::net::{TcpListener, TcpStream};
 
 /// Upper bound for any single exchange; generous, never a timing assertion.
@@ -810,38 +814,6 @@ fn prestop_blocking_works_before_a_runtime_exists() {
         .block_on(async { prestop_blocking(addr, PrestopOptions::default()) })
         .unwrap_err();
     assert!(err.to_string().contains("inside a Tokio runtime"), "{err}");
-}
-
-/// xorshift64*: small, deterministic, good enough to pick test inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-
-    fn word(&mut self) -> String {
-        const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789-._~%";
-        let len = self.below(12);
-        (0..len)
-            .map(|_| CHARS[self.below(CHARS.len())] as char)
-            .collect()
-    }
 }
 
 #[tokio::test]

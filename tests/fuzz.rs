@@ -9,22 +9,10 @@
 use std::time::Duration;
 
 use lameduck::parse_duration;
+use rng::Rng;
 
-/// xorshift64*: small, seedable, good enough to spread inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+#[path = "support/rng.rs"]
+mod rng;
 
 /// Pieces inputs are made of: digits most often, the units, whitespace, and what a careless
 /// or hostile writer might put there.
