@@ -12,6 +12,11 @@ use crate::report::{DrainReport, PolicyReport};
 /// Below this many requests after the drain started, propagation is not measured.
 const MIN_TRAFFIC: u64 = 5;
 
+/// The idle timeout proxies commonly keep pooled upstream connections for (nginx's upstream
+/// `keepalive_timeout`, common cloud load-balancer defaults): a server idle timeout below it
+/// invites resets on reused connections.
+const PROXY_IDLE_TIMEOUT_MS: u64 = 60_000;
+
 /// How much a piece of advice matters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -354,6 +359,26 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
                     "in-flight requests reached zero at {} ms, {}% of the quiesce window ({q} ms): little headroom",
                     zero.at_ms,
                     zero.at_ms * 100 / q
+                ),
+            ));
+        }
+    }
+
+    // The one layer of the timeout chain this process can see: its own idle timeout.
+    if let Some(t) = r.server.as_ref().and_then(|s| s.header_read_timeout_ms) {
+        if t < PROXY_IDLE_TIMEOUT_MS {
+            out.push(advice(
+                Warn,
+                "server_idle_timeout_short",
+                t,
+                format!(
+                    "serve closes a keep-alive connection after {} without a request (header_read_timeout), \
+                     shorter than the {} idle timeout many proxies keep upstream connections for: \
+                     a proxy that keeps one longer than this server gets a reset or a 502 on its next request over it. \
+                     Set it above every proxy's idle timeout (SUGGESTED_HEADER_READ_TIMEOUT is 75 s) \
+                     or lower the proxies' below it",
+                    secs(t),
+                    secs(PROXY_IDLE_TIMEOUT_MS)
                 ),
             ));
         }

@@ -396,6 +396,8 @@ struct State {
     evidence: Option<Evidence>,
     /// What the propagation commit went on, once it committed.
     committed: Option<EvidenceReport>,
+    /// The accept loop's timeouts, when `serve` runs the accept loop.
+    server: Option<crate::report::ServerReport>,
 }
 
 /// The most events `/status` (and `/drain`) carry; the rest are counted in
@@ -1593,6 +1595,12 @@ impl Drain {
     // ---- hooks for the HTTP parts ----
 
     /// A new connection was accepted; counts it as activity while draining.
+    /// Records the accept loop's timeouts for the report (`server`).
+    #[cfg(feature = "http")]
+    pub(crate) fn note_server(&self, server: crate::report::ServerReport) {
+        self.inner.lock().server = Some(server);
+    }
+
     #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the accept loop of the `http` feature
     pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) -> bool {
         self.inner.core.note_arrival();
@@ -2024,9 +2032,15 @@ impl Drain {
             .unstamp(af.last_new_connection.load(Ordering::Relaxed))
             .map(|t| t.saturating_duration_since(origin).as_millis() as u64);
         let used = origin.elapsed();
-        let (trigger, timeline, receipt, noticed) = {
+        let (trigger, timeline, receipt, noticed, server) = {
             let st = self.inner.lock();
-            (st.trigger, st.timeline.clone(), st.receipt, st.noticed)
+            (
+                st.trigger,
+                st.timeline.clone(),
+                st.receipt,
+                st.noticed,
+                st.server.clone(),
+            )
         };
         let signal_receipt = receipt.map(|received| SignalReceipt {
             received_unix_ms: received,
@@ -2071,6 +2085,7 @@ impl Drain {
             stop_signal_wait: None,
             sink_errors: Vec::new(),
             proxy_label: self.inner.proxy_label.clone(),
+            server,
         };
         report.advice = crate::advice::advise(&report);
         report

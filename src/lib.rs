@@ -152,7 +152,7 @@ pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
 pub use report::{
     AfterFlipReport, BudgetReport, DrainReport, Outcome, PathCount, PeerCount, PodInfo,
-    PolicyReport, SignalReceipt, StopSignalWait, Straggler, TERMINATION_LOG_LIMIT,
+    PolicyReport, ServerReport, SignalReceipt, StopSignalWait, Straggler, TERMINATION_LOG_LIMIT,
 };
 pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
 pub use tasks::TaskEnd;

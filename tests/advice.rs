@@ -71,6 +71,7 @@ fn base() -> DrainReport {
         stop_signal_wait: None,
         sink_errors: vec![],
         proxy_label: None,
+        server: None,
     }
 }
 
@@ -249,4 +250,32 @@ fn panicked_tasks_and_skipped_or_failed_closers_are_named() {
     assert!(by_rule("closers_failed")
         .message
         .contains("cache (timed_out)"));
+}
+
+#[test]
+fn a_server_idle_timeout_below_common_proxy_idle_timeouts_is_a_warning() {
+    use lameduck::ServerReport;
+    let mut r = base();
+    r.server = Some(ServerReport {
+        header_read_timeout_ms: Some(30_000),
+    });
+    let a = advise(&r);
+    let short = a
+        .iter()
+        .find(|a| a.rule == "server_idle_timeout_short")
+        .expect("advice for a 30 s idle timeout");
+    assert_eq!(short.level, AdviceLevel::Warn);
+    assert_eq!(short.observed, 30_000);
+    assert!(short.message.contains("30.0 s"), "{}", short.message);
+    // Above the usual proxy idle timeouts, or unbounded, or not `serve`: nothing to say.
+    for server in [
+        Some(ServerReport {
+            header_read_timeout_ms: Some(75_000),
+        }),
+        Some(ServerReport::default()),
+        None,
+    ] {
+        r.server = server;
+        assert!(!rules(&r).contains(&"server_idle_timeout_short".to_owned()));
+    }
 }

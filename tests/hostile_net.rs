@@ -309,6 +309,19 @@ async fn the_header_read_timeout_closes_a_slowloris_connection_while_serving() {
     let (mut c, _conn) = h1(addr).await;
     let (status, _, _) = text(send1(&mut c, "/conn").await).await;
     assert_eq!(status, http::StatusCode::OK);
+
+    // The report carries the accept loop's idle timeout, and the advice says that 0.5 s is
+    // shorter than proxies keep idle upstream connections.
+    assert!(drain.start(Trigger::Api));
+    let report = within("drain done", drain.drained()).await;
+    let server = report.server.as_ref().expect("serve records its timeouts");
+    assert_eq!(server.header_read_timeout_ms, Some(500));
+    let advice = report
+        .advice
+        .iter()
+        .find(|a| a.rule == "server_idle_timeout_short")
+        .expect("advice on the short idle timeout");
+    assert_eq!(advice.observed, 500);
 }
 
 // ---- the admin port ----

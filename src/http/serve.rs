@@ -338,6 +338,9 @@ where
         conn_meta_always,
     } = setup;
     drain.mark_started();
+    drain.note_server(crate::report::ServerReport {
+        header_read_timeout_ms: header_read_timeout.map(|t| t.as_millis() as u64),
+    });
     // From now on every accepted connection counts in the arrival rate (the evidence).
     drain.inner.core.observe_arrivals();
     let mut builder = auto::Builder::new(TokioExecutor::new());
