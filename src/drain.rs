@@ -648,6 +648,15 @@ impl Inner {
 }
 
 impl Drain {
+    /// The hot-path block, for the add-ons (HTTP layer, `serve`, metrics) that count on it.
+    /// The one seam through which they reach the coordinator's counters.
+    #[inline]
+    pub(crate) fn core(&self) -> &'static Core {
+        self.inner.core
+    }
+}
+
+impl Drain {
     /// A builder with every default.
     pub fn builder() -> DrainBuilder {
         DrainBuilder::default()

@@ -457,7 +457,7 @@ mod tests {
             .termination_log(None)
             .build()
             .unwrap();
-        d.inner.core.observe_arrivals();
+        d.core().observe_arrivals();
         d.mark_started();
         d
     }

@@ -221,7 +221,7 @@ impl Drain {
         gauge!(OPEN_CONNECTIONS).set(self.connections() as f64);
         gauge!(BACKGROUND_TASKS).set(self.tasks() as f64);
         gauge!(PHASE).set(phase_value(self.phase()));
-        let af = &self.inner.core.after_flip;
+        let af = &self.core().after_flip;
         // Relaxed: plain statistics; `absolute` only ever raises the counter, so a stale read
         // at worst shows a smaller total until the next sample.
         counter!(REQUESTS_AFTER_FLIP_TOTAL, "connection" => "new")
@@ -398,7 +398,7 @@ mod tests {
                 .build()
                 .unwrap();
             drain.mark_started();
-            let core = drain.inner.core;
+            let core = drain.core();
             drain.start(Trigger::Sigterm);
 
             tokio::time::sleep(Duration::from_millis(700)).await;
@@ -461,7 +461,7 @@ mod tests {
                 .build()
                 .unwrap();
             drain.start(Trigger::Api);
-            drain.inner.core.note_request(false);
+            drain.core().note_request(false);
             drain.drained().await;
         });
         let r = Reading::take(&snap);

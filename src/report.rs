@@ -290,15 +290,21 @@ pub struct DrainReport {
     /// report says what it measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_label: Option<String>,
-    /// The timeouts of this process's own accept loop, when it is [`serve`](crate::serve):
+    /// The timeouts of this process's own accept loop, when it is [`serve`][serve-fn]:
     /// the one layer of the timeout chain the drain can see (advice
     /// `server_idle_timeout_short`).
+    ///
+    #[cfg_attr(feature = "http", doc = "[serve-fn]: crate::serve")]
+    #[cfg_attr(not(feature = "http"), doc = "[serve-fn]: crate#feature-flags")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerReport>,
 }
 
 /// The accept loop's own timeouts (the report's `server`), recorded by
-/// [`serve`](crate::serve) when it starts.
+/// [`serve`][serve-fn] when it starts.
+///
+#[cfg_attr(feature = "http", doc = "[serve-fn]: crate::serve")]
+#[cfg_attr(not(feature = "http"), doc = "[serve-fn]: crate#feature-flags")]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerReport {
     /// How long an HTTP/1 connection may wait for a request head, idle keep-alive included

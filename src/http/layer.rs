@@ -44,7 +44,7 @@ impl Drain {
     /// ```
     pub fn layer(&self) -> DrainLayer {
         DrainLayer {
-            core: self.inner.core,
+            core: self.core(),
             opts: register(Options::new(Arc::downgrade(&self.inner))),
             naming: PhantomData,
         }

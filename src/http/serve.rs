@@ -342,7 +342,7 @@ where
         header_read_timeout_ms: header_read_timeout.map(|t| t.as_millis() as u64),
     });
     // From now on every accepted connection counts in the arrival rate (the evidence).
-    drain.inner.core.observe_arrivals();
+    drain.core().observe_arrivals();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     if let Some(t) = header_read_timeout {
         builder
@@ -374,7 +374,7 @@ where
                     backoff = MIN_BACKOFF;
                     let after_drain = drain.note_connection(Some(peer));
                     let meta = ConnMeta::new(Some(peer), Some(after_drain));
-                    let conn = ConnTask::new(drain.inner.core, meta, tokens.clone());
+                    let conn = ConnTask::new(drain.core(), meta, tokens.clone());
                     let svc = TowerToHyperService::new(service.clone());
                     tracker.spawn(conn.run(builder.clone(), stream, svc));
                 }
