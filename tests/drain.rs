@@ -1,25 +1,17 @@
 //! Behaviour of the coordinator core, with paused Tokio time.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use lameduck::{CommitReason, ConfigError, Drain, EventKind, Phase, Propagation, Signals, Trigger};
+use common::{ms, quiet_builder};
+use lameduck::{CommitReason, ConfigError, Drain, EventKind, Phase, Propagation, Trigger};
 use tokio::time::Instant;
-
-fn builder() -> lameduck::DrainBuilder {
-    Drain::builder()
-        .signals(Signals::none())
-        .report_to_stderr(false)
-        .termination_log(None)
-}
-
-fn ms(d: u64) -> Duration {
-    Duration::from_millis(d)
-}
 
 #[tokio::test(start_paused = true)]
 async fn phases_move_forward_in_order() {
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(10))
         .propagation(Propagation::fixed(ms(500)))
         .build()
@@ -89,7 +81,7 @@ async fn phases_move_forward_in_order() {
 
 #[tokio::test(start_paused = true)]
 async fn readiness_is_false_until_every_gate_opens() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     let warm = drain.startup_gate("cache-warmup");
     let migrations = drain.startup_gate("migrations");
     drain.mark_started();
@@ -108,7 +100,7 @@ async fn readiness_is_false_until_every_gate_opens() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_gate_keeps_readiness_false() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     let gate = drain.startup_gate("warmup");
     drop(gate);
     drain.mark_started();
@@ -123,7 +115,7 @@ async fn a_dropped_gate_keeps_readiness_false() {
 
 #[tokio::test(start_paused = true)]
 async fn readiness_checks_are_listed_and_can_fail() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     drain.mark_started();
     let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let h = healthy.clone();
@@ -144,7 +136,7 @@ async fn readiness_checks_are_listed_and_can_fail() {
 
 #[tokio::test(start_paused = true)]
 async fn exactly_one_of_many_concurrent_starts_wins() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     drain.mark_started();
     let mut handles = Vec::new();
     for i in 0..100 {
@@ -183,7 +175,7 @@ async fn exactly_one_of_many_concurrent_starts_wins() {
 
 #[tokio::test(start_paused = true)]
 async fn later_triggers_do_not_move_the_origin() {
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(10))
         .propagation(Propagation::fixed(Duration::from_secs(2)))
         .build()
@@ -414,7 +406,7 @@ fn grace_periods_kubernetes_cannot_mean_are_refused_by_the_builder() {
         assert!(e.to_string().contains("is below 1s"), "{e}");
     }
     // What is reserved after the propagation window is named with its numbers.
-    let e = err(builder()
+    let e = err(quiet_builder()
         .grace_period(Duration::from_secs(3))
         .safety_margin(Duration::from_secs(1))
         .close_budget(Duration::from_secs(1))
@@ -424,7 +416,7 @@ fn grace_periods_kubernetes_cannot_mean_are_refused_by_the_builder() {
             .contains("fixed propagation delay (2s) is past the quiesce deadline (1s"),
         "{e}"
     );
-    assert!(builder()
+    assert!(quiet_builder()
         .grace_period(Duration::from_secs(24 * 3600))
         .build()
         .is_ok());
@@ -475,7 +467,7 @@ fn stop_signal_from_the_environment() {
 
 #[tokio::test(start_paused = true)]
 async fn quiet_window_waits_while_activity_continues() {
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(30))
         .propagation(
             Propagation::quiet(Duration::from_secs(2))
@@ -507,7 +499,7 @@ async fn quiet_window_waits_while_activity_continues() {
 
 #[tokio::test(start_paused = true)]
 async fn quiet_window_respects_min() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(
             Propagation::quiet(ms(500))
                 .min(Duration::from_secs(3))
@@ -525,7 +517,7 @@ async fn quiet_window_respects_min() {
 
 #[tokio::test(start_paused = true)]
 async fn quiet_window_commits_at_max_under_endless_activity() {
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(30))
         .propagation(
             Propagation::quiet(Duration::from_secs(2))
@@ -559,7 +551,7 @@ async fn quiet_window_commits_at_max_under_endless_activity() {
 
 #[tokio::test(start_paused = true)]
 async fn quiet_window_waits_for_in_flight_work() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(
             Propagation::quiet(Duration::from_secs(1))
                 .min(Duration::from_secs(1))
@@ -590,7 +582,7 @@ async fn quiet_window_waits_for_in_flight_work() {
 #[tokio::test(start_paused = true)]
 async fn default_policy_fits_short_grace_periods() {
     // 4 s grace: margin 133 ms, close 666 ms, max = 2 s, min and quiet shrink to fit.
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(4))
         .build()
         .unwrap();
@@ -604,7 +596,7 @@ async fn default_policy_fits_short_grace_periods() {
 
 #[tokio::test(start_paused = true)]
 async fn in_flight_zero_waits_for_the_last_guard() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(Propagation::fixed(ms(100)))
         .build()
         .unwrap();
@@ -621,7 +613,7 @@ async fn in_flight_zero_waits_for_the_last_guard() {
 
 #[tokio::test(start_paused = true)]
 async fn a_panic_releases_the_guard() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     let d = drain.clone();
     let r = tokio::spawn(async move {
         let _guard = d.enter();
@@ -634,7 +626,7 @@ async fn a_panic_releases_the_guard() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_an_unfinished_future_releases_the_guard() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(Propagation::fixed(ms(10)))
         .build()
         .unwrap();
@@ -652,7 +644,7 @@ async fn dropping_an_unfinished_future_releases_the_guard() {
 
 #[tokio::test(start_paused = true)]
 async fn force_skips_the_waits_and_reports_forced() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     let _stuck = drain.enter();
     drain.start(Trigger::Sigint);
     tokio::time::sleep(ms(100)).await;
@@ -671,7 +663,7 @@ async fn force_skips_the_waits_and_reports_forced() {
 async fn readiness_through_a_drain(
     policy: lameduck::ReadinessWhileDraining,
 ) -> (Vec<(Phase, bool)>, lameduck::DrainReport) {
-    let drain = builder()
+    let drain = quiet_builder()
         .readiness_while_draining(policy)
         .propagation(Propagation::fixed(Duration::from_secs(1)))
         .build()
@@ -744,7 +736,7 @@ async fn serving_until_stop_policy_keeps_readiness_until_stopped_accepting() {
 
 #[tokio::test(start_paused = true)]
 async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(Propagation::fixed(ms(100)))
         .build()
         .unwrap();
@@ -786,7 +778,7 @@ async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
 
 #[tokio::test(start_paused = true)]
 async fn the_status_timeline_is_capped_with_a_count_of_what_was_left_out() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(Propagation::fixed(ms(100)))
         .build()
         .unwrap();
@@ -815,16 +807,14 @@ async fn the_status_timeline_is_capped_with_a_count_of_what_was_left_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
     use http_body_util::{BodyExt, Empty};
-    use hyper_util::rt::TokioIo;
 
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(60))
         .propagation(Propagation::fixed(Duration::from_secs(40)))
         .build()
         .unwrap();
     drain.mark_started();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = common::bind().await;
     let router = drain.admin().without_token().router();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
 
@@ -835,9 +825,7 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
     let mut clients = Vec::new();
     for c in 0..CONNS {
         clients.push(tokio::spawn(async move {
-            let io = TokioIo::new(tokio::net::TcpStream::connect(addr).await.unwrap());
-            let (mut tx, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
-            tokio::spawn(conn);
+            let (mut tx, _conn) = common::h1(addr).await;
             let mut largest = 0;
             for i in 0..CALLS / CONNS {
                 let path = if (i + c) % 2 == 0 {
@@ -849,7 +837,7 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
                     .method(if path == "/status" { "GET" } else { "POST" })
                     .uri(path)
                     .header("host", "admin")
-                    .body(Empty::<bytes::Bytes>::new())
+                    .body(Empty::new())
                     .unwrap();
                 let resp = tx.send_request(req).await.unwrap();
                 assert!(resp.status().is_success(), "{path}: {}", resp.status());

@@ -14,11 +14,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use common::{bind, drain, eventually, has_event, within};
+use common::{bind, drain, eventually, has_event, quiet_builder, within};
 use hyper_util::rt::TokioIo;
-use lameduck::{
-    Drain, EventKind, Outcome, Phase, Propagation, ReadinessWhileDraining, Signals, Trigger,
-};
+use lameduck::{Drain, EventKind, Outcome, Phase, Propagation, ReadinessWhileDraining, Trigger};
 use slow::{SlowClient, SlowServer};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
@@ -289,7 +287,7 @@ async fn health_watch_sees_not_serving_at_drain_start_and_ends_at_stopped_accept
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
-    let drain = Drain::builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(30))
         .propagation(
             Propagation::quiet(Duration::from_millis(200))
@@ -297,9 +295,6 @@ async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
                 .max(Duration::from_secs(3)),
         )
         .readiness_while_draining(ReadinessWhileDraining::ServingUntilStop)
-        .signals(Signals::none())
-        .report_to_stderr(false)
-        .termination_log(None)
         .build()
         .unwrap();
     let warmup = drain.startup_gate("warmup");

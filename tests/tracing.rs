@@ -1,11 +1,14 @@
 //! The drain tells its story through `tracing`: one span, one INFO event per lifecycle event,
 //! with structured fields.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lameduck::{Drain, Propagation, Signals, Trigger};
+use common::quiet_builder;
+use lameduck::{Propagation, Trigger};
 use tracing::field::{Field, Visit};
 use tracing::{Level, Subscriber};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -60,10 +63,7 @@ async fn a_drain_is_a_handful_of_info_events_with_fields() {
     let subscriber = tracing_subscriber::registry().with(capture.clone());
     let _default = tracing::subscriber::set_default(subscriber);
 
-    let drain = Drain::builder()
-        .signals(Signals::none())
-        .report_to_stderr(false)
-        .termination_log(None)
+    let drain = quiet_builder()
         .propagation(Propagation::fixed(Duration::from_millis(300)))
         .build()
         .unwrap();
