@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{ms, quiet_builder};
-use lameduck::{CommitReason, ConfigError, Drain, EventKind, Phase, Propagation, Trigger};
+use lameduck::{
+    CommitReason, ConfigError, Drain, EventKind, Phase, Propagation, ReadinessWhileDraining,
+    Trigger,
+};
 use tokio::time::Instant;
 
 #[tokio::test(start_paused = true)]
@@ -659,9 +662,9 @@ async fn force_skips_the_waits_and_reports_forced() {
 // ---------- readiness while draining is a policy ----------
 
 /// Samples readiness in every phase of a drain with a 1 s fixed propagation and one request
-/// that ends 2 s after the trigger.
+/// that ends 2 s after the trigger; the report names the policy.
 async fn readiness_through_a_drain(
-    policy: lameduck::ReadinessWhileDraining,
+    policy: ReadinessWhileDraining,
 ) -> (Vec<(Phase, bool)>, lameduck::DrainReport) {
     let drain = quiet_builder()
         .readiness_while_draining(policy)
@@ -683,13 +686,13 @@ async fn readiness_through_a_drain(
     drop(guard);
     let report = drain.drained().await;
     seen.push((drain.phase(), drain.is_ready()));
+    assert_eq!(report.readiness_policy, policy);
     (seen, report)
 }
 
 #[tokio::test(start_paused = true)]
 async fn not_ready_policy_flips_readiness_at_the_trigger() {
-    let (seen, report) =
-        readiness_through_a_drain(lameduck::ReadinessWhileDraining::NotReady).await;
+    let (seen, report) = readiness_through_a_drain(ReadinessWhileDraining::NotReady).await;
     assert_eq!(
         seen,
         [
@@ -699,17 +702,12 @@ async fn not_ready_policy_flips_readiness_at_the_trigger() {
             (Phase::Done, false)
         ]
     );
-    assert_eq!(
-        report.readiness_policy,
-        lameduck::ReadinessWhileDraining::NotReady
-    );
     assert_eq!(report.event(EventKind::ReadinessFlipped).unwrap().at_ms, 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn serving_until_stop_policy_keeps_readiness_until_stopped_accepting() {
-    let (seen, report) =
-        readiness_through_a_drain(lameduck::ReadinessWhileDraining::ServingUntilStop).await;
+    let (seen, report) = readiness_through_a_drain(ReadinessWhileDraining::ServingUntilStop).await;
     assert_eq!(
         seen,
         [
@@ -718,10 +716,6 @@ async fn serving_until_stop_policy_keeps_readiness_until_stopped_accepting() {
             (Phase::StoppedAccepting, false),
             (Phase::Done, false)
         ]
-    );
-    assert_eq!(
-        report.readiness_policy,
-        lameduck::ReadinessWhileDraining::ServingUntilStop
     );
     assert_eq!(
         report.event(EventKind::ReadinessFlipped).unwrap().at_ms,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use common::{bind, h1, send1, text, within};
+use common::{bind, h1, secs, send1, text, within};
 use http::{Request, StatusCode};
 use http_body_util::Empty;
 use lameduck::{
@@ -173,10 +173,7 @@ async fn readyz(addr: SocketAddr, user_agent: Option<&str>) -> (StatusCode, Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_at_once() {
     let _serial = serial().await;
-    let drain = common::drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_secs(2)),
-    );
+    let drain = common::drain(secs(30), Propagation::fixed(secs(2)));
     assert_eq!(drain.readiness_policy(), ReadinessWhileDraining::Auto);
     drain.mark_started();
     let (listener, addr) = bind().await;

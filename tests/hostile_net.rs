@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::routing::get;
 use common::*;
-use lameduck::{EventKind, Outcome, Phase, Propagation, Trigger};
+use lameduck::{DrainReport, EventKind, Outcome, Phase, Propagation, Straggler, Trigger};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -58,13 +58,29 @@ async fn read_body(stream: &mut TcpStream, head_done: &mut bool, until: usize) -
     body
 }
 
+/// What the deadline says of a response stuck on its way out: the drain was cut, no
+/// `in_flight_zero` was recorded, and the response is named as a straggler.
+fn cut_response(report: &DrainReport) -> &Straggler {
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert!(
+        !report
+            .timeline
+            .iter()
+            .any(|e| e.event == EventKind::InFlightZero),
+        "in_flight_zero recorded while the response had not left: {:?}",
+        report.timeline
+    );
+    report
+        .stragglers
+        .iter()
+        .find(|s| s.kind == "response")
+        .unwrap_or_else(|| panic!("the response is named: {:?}", report.stragglers))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
     // grace 4 s: quiesce deadline ≈ 3.2 s after the trigger.
-    let drain = drain(
-        Duration::from_secs(4),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(4), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
 
@@ -80,20 +96,7 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
 
     assert!(drain.start(Trigger::Api));
     let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
-    assert!(
-        !report
-            .timeline
-            .iter()
-            .any(|e| e.event == EventKind::InFlightZero),
-        "in_flight_zero recorded while the response had not left: {:?}",
-        report.timeline
-    );
-    let straggler = report
-        .stragglers
-        .iter()
-        .find(|s| s.kind == "response")
-        .unwrap_or_else(|| panic!("the response is named: {:?}", report.stragglers));
+    let straggler = cut_response(&report);
     assert_eq!(straggler.peer.as_deref(), Some(client_addr.as_str()));
     assert!(
         straggler.name.contains(&client_addr) && straggler.name.contains("bytes written"),
@@ -122,10 +125,7 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
 
@@ -169,10 +169,7 @@ async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_response_stuck_behind_flow_control_is_in_flight_and_named() {
-    let drain = drain(
-        Duration::from_secs(4),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(4), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
 
@@ -185,20 +182,7 @@ async fn an_http2_response_stuck_behind_flow_control_is_in_flight_and_named() {
 
     assert!(drain.start(Trigger::Api));
     let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
-    assert!(
-        !report
-            .timeline
-            .iter()
-            .any(|e| e.event == EventKind::InFlightZero),
-        "in_flight_zero recorded while the response had not left: {:?}",
-        report.timeline
-    );
-    let straggler = report
-        .stragglers
-        .iter()
-        .find(|s| s.kind == "response")
-        .unwrap_or_else(|| panic!("the connection is named: {:?}", report.stragglers));
+    let straggler = cut_response(&report);
     assert!(straggler.name.contains("HTTP/2"), "{}", straggler.name);
     within("serve returns", server).await.unwrap().unwrap();
 }
@@ -230,10 +214,7 @@ async fn closed_by_server(s: &mut TcpStream) -> bool {
 #[tokio::test]
 async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() {
     // grace 30 s: the quiesce deadline (≈ 24 s) is past PATIENCE, so only a clean end passes.
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
     let mut loris = slowloris(addr, 20).await;
     let mut silent = Vec::new();
@@ -255,10 +236,7 @@ async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() 
 #[tokio::test]
 async fn silent_connections_close_at_stopped_accepting_and_partial_heads_once_nothing_is_in_flight()
 {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
     let mut silent = TcpStream::connect(addr).await.unwrap();
     let mut loris = slowloris(addr, 1).await.pop().unwrap();
@@ -288,10 +266,7 @@ async fn silent_connections_close_at_stopped_accepting_and_partial_heads_once_no
 
 #[tokio::test]
 async fn the_header_read_timeout_closes_a_slowloris_connection_while_serving() {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     let app = app(&drain, Probe::default()).layer(drain.layer());
     let _server = tokio::spawn(
@@ -364,10 +339,7 @@ async fn admin_server(drain: &lameduck::Drain, cap: usize) -> std::net::SocketAd
 
 #[tokio::test]
 async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(1500)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(1500)));
     drain.mark_started();
     let addr = admin_server(&drain, 8).await;
 
@@ -411,10 +383,7 @@ async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
 
 #[tokio::test]
 async fn the_admin_header_read_timeout_closes_slow_heads() {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     tokio::spawn(
         drain

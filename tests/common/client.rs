@@ -69,6 +69,27 @@ pub fn connection_close(headers: &http::HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
 }
 
+/// A request on a keep-alive connection opened before the drain: answered on that connection
+/// (`id`, from the `conn` header) with `Connection: close`, and then the server closes it.
+pub async fn reused_then_closed(
+    sender: &mut H1,
+    conn: JoinHandle<hyper::Result<()>>,
+    id: u64,
+    path: &str,
+) {
+    let (status, headers, _) = text(send1(sender, path).await).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        connection_close(&headers),
+        "Connection: close while draining"
+    );
+    assert_eq!(conn_header(&headers), id, "served on the reused connection");
+    super::within("the server to close the reused connection", conn)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 /// Parses the `conn` header the test apps set.
 pub fn conn_header(headers: &http::HeaderMap) -> u64 {
     headers
