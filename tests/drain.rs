@@ -468,6 +468,16 @@ fn stop_signal_from_the_environment() {
 // data: without a floor the policy would wait to max (tested in `tests/evidence.rs`). A zero
 // floor says "the proxies have converged", leaving only `min`, `quiet` and in-flight work.
 
+/// The `stopped_accepting` event, once the drain has committed.
+async fn stopped_accepting(drain: &Drain) -> lameduck::Event {
+    drain.reached(Phase::StoppedAccepting).await;
+    drain
+        .timeline()
+        .into_iter()
+        .find(|e| e.event == EventKind::StoppedAccepting)
+        .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn quiet_window_waits_while_activity_continues() {
     let drain = quiet_builder()
@@ -490,12 +500,7 @@ async fn quiet_window_waits_while_activity_continues() {
     // Last activity at 6 s: commit at 8 s, not before.
     tokio::time::sleep(ms(1900)).await;
     assert_eq!(drain.phase(), Phase::Draining);
-    drain.reached(Phase::StoppedAccepting).await;
-    let tl = drain.timeline();
-    let e = tl
-        .iter()
-        .find(|e| e.event == EventKind::StoppedAccepting)
-        .unwrap();
+    let e = stopped_accepting(&drain).await;
     assert_eq!(e.reason, Some(CommitReason::Quiet));
     assert_eq!(e.at_ms, 8000);
 }
@@ -541,13 +546,8 @@ async fn quiet_window_commits_at_max_under_endless_activity() {
             tokio::time::sleep(ms(500)).await;
         }
     });
-    drain.reached(Phase::StoppedAccepting).await;
+    let e = stopped_accepting(&drain).await;
     load.await.unwrap();
-    let tl = drain.timeline();
-    let e = tl
-        .iter()
-        .find(|e| e.event == EventKind::StoppedAccepting)
-        .unwrap();
     assert_eq!(e.reason, Some(CommitReason::Max));
     assert_eq!(e.at_ms, 5000);
 }
@@ -572,12 +572,7 @@ async fn quiet_window_waits_for_in_flight_work() {
         "quiet, but a request is in flight"
     );
     drop(guard);
-    drain.reached(Phase::StoppedAccepting).await;
-    let tl = drain.timeline();
-    let e = tl
-        .iter()
-        .find(|e| e.event == EventKind::StoppedAccepting)
-        .unwrap();
+    let e = stopped_accepting(&drain).await;
     assert_eq!(e.reason, Some(CommitReason::Quiet));
     assert_eq!(e.at_ms, 4000);
 }
