@@ -47,10 +47,7 @@ fn app(drain: &Drain) -> Router {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
     let _serial = serial().await;
-    let drain = common::drain(
-        Duration::from_secs(60),
-        Propagation::default().max(Duration::from_secs(40)),
-    );
+    let drain = common::drain(secs(60), Propagation::default().max(secs(40)));
     let (listener, addr) = bind().await;
     let server = tokio::spawn(lameduck::serve(listener, app(&drain), &drain));
     // 6 s and more of a fresh connection every 50 ms, then the trigger, then 1 s more (the
@@ -84,10 +81,7 @@ async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_serve_sparse_arrivals_wait_to_max() {
     let _serial = serial().await;
-    let drain = common::drain(
-        Duration::from_secs(30),
-        Propagation::default().max(Duration::from_secs(4)),
-    );
+    let drain = common::drain(secs(30), Propagation::default().max(secs(4)));
     let (listener, addr) = bind().await;
     let server = tokio::spawn(lameduck::serve(listener, app(&drain), &drain));
     // One fresh connection every 2 s for 7 s: a rate, but far too low for 4 s to prove
@@ -124,10 +118,7 @@ async fn through_serve_sparse_arrivals_wait_to_max() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_axum_serve_conn_meta_counts_the_rate() {
     let _serial = serial().await;
-    let drain = common::drain(
-        Duration::from_secs(60),
-        Propagation::default().max(Duration::from_secs(40)),
-    );
+    let drain = common::drain(secs(60), Propagation::default().max(secs(40)));
     drain.mark_started();
     let (listener, addr) = bind().await;
     let stop = drain.stop_token();

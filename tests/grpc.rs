@@ -54,8 +54,14 @@ impl tower_service::Service<http::Uri> for CountingConnector {
     }
 }
 
+/// A 200 ms quiet window with a 200 ms floor, committing at `max` at the latest.
+fn quiet_window(max: Duration) -> Propagation {
+    Propagation::quiet(ms(200)).min(ms(200)).max(max)
+}
+
 /// Serves the slow service and the health service, behind the layer, on 127.0.0.1.
-fn start(drain: &Drain, listener: tokio::net::TcpListener) -> JoinHandle<io::Result<()>> {
+async fn start(drain: &Drain) -> (SocketAddr, JoinHandle<io::Result<()>>) {
+    let (listener, addr) = bind().await;
     let (_reporter, health) = drain.grpc_health([slow::SERVICE]);
     let app = Routes::new(health)
         .add_service(SlowServer)
@@ -63,7 +69,8 @@ fn start(drain: &Drain, listener: tokio::net::TcpListener) -> JoinHandle<io::Res
         .into_axum_router()
         .layer(drain.layer());
     // The service reports the connection id of each call: it reads `ConnMeta` while Serving.
-    tokio::spawn(lameduck::serve(listener, app, drain).conn_meta_on_every_request())
+    let server = tokio::spawn(lameduck::serve(listener, app, drain).conn_meta_on_every_request());
+    (addr, server)
 }
 
 fn connect(addr: SocketAddr) -> (Channel, Arc<AtomicUsize>) {
@@ -173,16 +180,12 @@ async fn next_status(watch: &mut Streaming<HealthCheckResponse>, what: &str) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_rpc_finishes_then_channel_reconnects_and_is_served_while_draining() {
     let drain = drain(
-        Duration::from_secs(30),
+        secs(30),
         // The process is seconds old: too young for an arrival rate, so without a floor the
         // policy would rightly wait to max.
-        Propagation::quiet(Duration::from_millis(200))
-            .min(Duration::from_millis(200))
-            .max(Duration::from_secs(20))
-            .assume_converged_after(Duration::from_millis(200)),
+        quiet_window(secs(20)).assume_converged_after(ms(200)),
     );
-    let (listener, addr) = bind().await;
-    let server = start(&drain, listener);
+    let (addr, server) = start(&drain).await;
     let (channel, connects) = connect(addr);
     let mut client = SlowClient::new(channel.clone());
     let mut health = HealthClient::new(channel);
@@ -254,8 +257,7 @@ async fn in_flight_rpc_finishes_then_channel_reconnects_and_is_served_while_drai
 async fn health_watch_sees_not_serving_at_drain_start_and_ends_at_stopped_accepting() {
     // A fixed delay: an open Watch counts as in flight, and would hold a quiet window to `max`.
     let drain = drain(secs(30), Propagation::fixed(ms(300)));
-    let (listener, addr) = bind().await;
-    let server = start(&drain, listener);
+    let (addr, server) = start(&drain).await;
     let (channel, _) = connect(addr);
     let mut health = HealthClient::new(channel);
     wait_status(&mut health, slow::SERVICE, ServingStatus::Serving).await;
@@ -298,18 +300,13 @@ async fn health_watch_sees_not_serving_at_drain_start_and_ends_at_stopped_accept
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
     let drain = quiet_builder()
-        .grace_period(Duration::from_secs(30))
-        .propagation(
-            Propagation::quiet(Duration::from_millis(200))
-                .min(Duration::from_millis(200))
-                .max(Duration::from_secs(3)),
-        )
+        .grace_period(secs(30))
+        .propagation(quiet_window(secs(3)))
         .readiness_while_draining(ReadinessWhileDraining::ServingUntilStop)
         .build()
         .unwrap();
     let warmup = drain.startup_gate("warmup");
-    let (listener, addr) = bind().await;
-    let server = start(&drain, listener);
+    let (addr, server) = start(&drain).await;
     let (channel, _) = connect(addr);
     let mut health = HealthClient::new(channel);
 
@@ -353,15 +350,11 @@ async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_under_auto_keeps_kubelet_serving_and_tells_everyone_else_at_once() {
     let drain = drain(
-        Duration::from_secs(30),
-        Propagation::quiet(Duration::from_millis(200))
-            .min(Duration::from_millis(200))
-            .max(Duration::from_secs(3))
-            .assume_converged_after(Duration::ZERO),
+        secs(30),
+        quiet_window(secs(3)).assume_converged_after(Duration::ZERO),
     );
     assert_eq!(drain.readiness_policy(), ReadinessWhileDraining::Auto);
-    let (listener, addr) = bind().await;
-    let server = start(&drain, listener);
+    let (addr, server) = start(&drain).await;
     let mut other = HealthClient::new(connect(addr).0);
     wait_status(&mut other, slow::SERVICE, ServingStatus::Serving).await;
     let mut watch = watch_serving(&mut other).await;
