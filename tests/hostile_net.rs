@@ -241,9 +241,7 @@ async fn silent_connections_close_at_stopped_accepting_and_partial_heads_once_no
     let mut silent = TcpStream::connect(addr).await.unwrap();
     let mut loris = slowloris(addr, 1).await.pop().unwrap();
     // A request in flight keeps the drain in StoppedAccepting for a while.
-    let (mut busy, _busy_conn) = h1(addr).await;
-    let slow = tokio::spawn(async move { text(send1(&mut busy, "/slow/2500").await).await });
-    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    let slow = slow_request(&drain, addr, 2500).await;
 
     assert!(drain.start(Trigger::Api));
     assert!(within("silent connection closed", closed_by_server(&mut silent)).await);

@@ -112,9 +112,7 @@ async fn slow_request_started_before_the_trigger_completes() {
     let drain = drain(secs(8), Propagation::fixed(ms(300)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
 
-    let (mut c, _c_conn) = h1(addr).await;
-    let slow = tokio::spawn(async move { text(send1(&mut c, "/slow/2500").await).await });
-    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    let slow = slow_request(&drain, addr, 2500).await;
     assert!(drain.start(Trigger::Api));
 
     let (status, headers, body) = within("slow request", slow).await.unwrap();

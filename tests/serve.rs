@@ -283,9 +283,7 @@ async fn refusal_mode_answers_503_with_retry_after_after_stop() {
     );
 
     // Something in flight keeps the drain in StoppedAccepting for a while.
-    let (mut busy, _busy_conn) = h1(addr).await;
-    let slow = tokio::spawn(async move { text(send1(&mut busy, "/slow/2500").await).await });
-    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    let slow = slow_request(&drain, addr, 2500).await;
 
     assert!(drain.start(Trigger::Api));
     // Before stopped_accepting: served.

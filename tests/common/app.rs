@@ -8,13 +8,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Request;
+use http::{Request, StatusCode};
 use http_body::{Body, Frame};
 use lameduck::{Drain, EventKind};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{bind, has_event};
+use super::{bind, eventually, h1, has_event, send1, text};
 
 /// A response body fed by a channel: it ends when the sender is dropped.
 pub struct ChannelBody(pub mpsc::Receiver<Bytes>);
@@ -178,4 +178,18 @@ pub async fn start_serve_describing(
     // The test app reports each request's connection id, from `ConnMeta`.
     let server = tokio::spawn(lameduck::serve(listener, app, drain).conn_meta_on_every_request());
     (addr, server)
+}
+
+/// `GET /slow/{ms}` on a new HTTP/1.1 connection, returned once it is in flight (the only
+/// request in flight); the task resolves to its answer.
+pub async fn slow_request(
+    drain: &Drain,
+    addr: SocketAddr,
+    ms: u64,
+) -> JoinHandle<(StatusCode, http::HeaderMap, String)> {
+    let (mut sender, _conn) = h1(addr).await;
+    let path = format!("/slow/{ms}");
+    let slow = tokio::spawn(async move { text(send1(&mut sender, &path).await).await });
+    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    slow
 }
