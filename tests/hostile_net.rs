@@ -161,10 +161,8 @@ async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
     .await;
     assert_eq!(first + rest, BIG, "the client got the whole body");
 
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
+    let report = drained_clean(&drain, server).await;
     assert!(report.stragglers.is_empty());
-    within("serve returns", server).await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,9 +222,7 @@ async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() 
     eventually("all connections accepted", || drain.connections() == 25).await;
 
     assert!(drain.start(Trigger::Api));
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    drained_clean(&drain, server).await;
     assert_eq!(drain.connections(), 0);
     for s in loris.iter_mut().chain(silent.iter_mut()) {
         assert!(within("connection closed", closed_by_server(s)).await);
@@ -257,9 +253,7 @@ async fn silent_connections_close_at_stopped_accepting_and_partial_heads_once_no
     );
     let (status, _, body) = within("slow request", slow).await.unwrap();
     assert_eq!((status, body.as_str()), (http::StatusCode::OK, "slow done"));
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    drained_clean(&drain, server).await;
 }
 
 #[tokio::test]

@@ -119,10 +119,8 @@ async fn slow_request_started_before_the_trigger_completes() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, "slow done");
     assert!(connection_close(&headers), "answered while draining");
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
+    let report = drained_clean(&drain, server).await;
     assert!(report.stragglers.is_empty());
-    within("serve returns", server).await.unwrap().unwrap();
 }
 
 #[tokio::test]
@@ -218,10 +216,8 @@ async fn stream_stop_ends_streams_cleanly_at_stopped_accepting() {
             "a stream ended before stopped_accepting"
         );
     }
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
+    let report = drained_clean(&drain, server).await;
     assert!(report.stragglers.is_empty());
-    within("serve returns", server).await.unwrap().unwrap();
 }
 
 #[tokio::test]

@@ -47,9 +47,7 @@ async fn idle_keep_alive_connection_is_closed_only_at_stopped_accepting() {
     );
     drop(idle);
 
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    drained_clean(&drain, server).await;
     assert_eq!(drain.connections(), 0);
 }
 
@@ -306,9 +304,7 @@ async fn refusal_mode_answers_503_with_retry_after_after_stop() {
 
     let (status, _, body) = within("slow request", slow).await.unwrap();
     assert_eq!((status, body.as_str()), (StatusCode::OK, "slow done"));
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    drained_clean(&drain, server).await;
 }
 
 #[tokio::test]

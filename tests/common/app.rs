@@ -14,7 +14,7 @@ use lameduck::{Drain, EventKind};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{bind, eventually, h1, has_event, send1, text};
+use super::{bind, eventually, h1, has_event, send1, text, within};
 
 /// A response body fed by a channel: it ends when the sender is dropped.
 pub struct ChannelBody(pub mpsc::Receiver<Bytes>);
@@ -165,6 +165,18 @@ pub async fn start_serve(
     // The test app reports each request's connection id, from `ConnMeta`.
     let server = tokio::spawn(lameduck::serve(listener, app, drain).conn_meta_on_every_request());
     (addr, server)
+}
+
+/// Waits for the drain, which must end clean, then for `serve` to return; the report is for
+/// the caller's own checks.
+pub async fn drained_clean(
+    drain: &Drain,
+    server: JoinHandle<std::io::Result<()>>,
+) -> lameduck::DrainReport {
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, lameduck::Outcome::Clean);
+    within("serve returns", server).await.unwrap().unwrap();
+    report
 }
 
 /// [`start_serve`] with `describe_requests` on: requests that started before the trigger can be
