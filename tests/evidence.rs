@@ -18,6 +18,7 @@ use lameduck::{
     ReadinessWhileDraining, Trigger, WeakEvidence,
 };
 use tokio::sync::{Mutex, MutexGuard};
+use tokio::task::JoinHandle;
 
 /// `ConnMeta` under `axum::serve` counts toward the coordinator built last (axum's hook cannot
 /// name one), so the tests of this file build and run their coordinators one at a time.
@@ -44,12 +45,20 @@ fn app(drain: &Drain) -> Router {
         .layer(drain.layer())
 }
 
+/// [`app`] under `lameduck::serve` on 127.0.0.1.
+async fn serve_app(drain: &Drain) -> (SocketAddr, JoinHandle<std::io::Result<()>>) {
+    let (listener, addr) = bind().await;
+    (
+        addr,
+        tokio::spawn(lameduck::serve(listener, app(drain), drain)),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
     let _serial = serial().await;
     let drain = common::drain(secs(60), Propagation::default().max(secs(40)));
-    let (listener, addr) = bind().await;
-    let server = tokio::spawn(lameduck::serve(listener, app(&drain), &drain));
+    let (addr, server) = serve_app(&drain).await;
     // 6 s and more of a fresh connection every 50 ms, then the trigger, then 1 s more (the
     // proxies catching up), then none.
     fresh(addr, 120, Duration::from_millis(50)).await;
@@ -82,8 +91,7 @@ async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
 async fn through_serve_sparse_arrivals_wait_to_max() {
     let _serial = serial().await;
     let drain = common::drain(secs(30), Propagation::default().max(secs(4)));
-    let (listener, addr) = bind().await;
-    let server = tokio::spawn(lameduck::serve(listener, app(&drain), &drain));
+    let (addr, server) = serve_app(&drain).await;
     // One fresh connection every 2 s for 7 s: a rate, but far too low for 4 s to prove
     // anything.
     fresh(addr, 4, Duration::from_secs(2)).await;
