@@ -127,12 +127,7 @@ async fn deadline_bounds_axum_serve_and_names_the_never_ending_stream() {
     let app = app(&drain, Probe::default()).layer(drain.layer().describe_requests());
     let (addr, server) = serve_axum(&drain, app).await;
 
-    let (mut c, _c_conn) = h1(addr).await;
-    let res = send1(&mut c, "/forever").await;
-    let mut body = res.into_body();
-    assert!(next_chunk(&mut body).await.is_some());
-    assert!(drain.start(Trigger::Api));
-    let reader = tokio::spawn(async move { while next_chunk(&mut body).await.is_some() {} });
+    let reader = endless_stream_then_trigger(&drain, addr).await;
 
     // axum alone would wait for the stream forever; the deadline bounds it.
     assert!(!within("axum::serve bounded by the deadline", server)
@@ -141,6 +136,19 @@ async fn deadline_bounds_axum_serve_and_names_the_never_ending_stream() {
     names_the_endless_stream(&within("drain done", drain.drained()).await);
     // axum's connection tasks outlive its serve future; in an app they end with the process.
     reader.abort();
+}
+
+/// Opens `/forever` on a new connection and, once its first chunk arrived, starts the drain;
+/// the task reads the rest (and holds the connection) until aborted.
+async fn endless_stream_then_trigger(drain: &Drain, addr: SocketAddr) -> JoinHandle<()> {
+    let (mut c, _c_conn) = h1(addr).await;
+    let mut body = send1(&mut c, "/forever").await.into_body();
+    assert!(next_chunk(&mut body).await.is_some());
+    assert!(drain.start(Trigger::Api));
+    tokio::spawn(async move {
+        let _connection = c;
+        while next_chunk(&mut body).await.is_some() {}
+    })
 }
 
 /// The drain was cut at the deadline and names the `/forever` request as a straggler.
@@ -250,12 +258,7 @@ async fn one_call_serve_is_bounded_by_the_deadline() {
     let app = app(&drain, Probe::default()).layer(drain.layer().describe_requests());
     let server = tokio::spawn(lameduck::axum::serve(listener, app, &drain));
 
-    let (mut c, _c_conn) = h1(addr).await;
-    let res = send1(&mut c, "/forever").await;
-    let mut body = res.into_body();
-    assert!(next_chunk(&mut body).await.is_some());
-    assert!(drain.start(Trigger::Api));
-    let reader = tokio::spawn(async move { while next_chunk(&mut body).await.is_some() {} });
+    let reader = endless_stream_then_trigger(&drain, addr).await;
 
     within("lameduck::axum::serve bounded by the deadline", server)
         .await
