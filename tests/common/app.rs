@@ -167,18 +167,6 @@ pub async fn start_serve(
     (addr, server)
 }
 
-/// Waits for the drain, which must end clean, then for `serve` to return; the report is for
-/// the caller's own checks.
-pub async fn drained_clean(
-    drain: &Drain,
-    server: JoinHandle<std::io::Result<()>>,
-) -> lameduck::DrainReport {
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, lameduck::Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
-    report
-}
-
 /// [`start_serve`] with `describe_requests` on: requests that started before the trigger can be
 /// named as stragglers.
 pub async fn start_serve_describing(
@@ -190,6 +178,18 @@ pub async fn start_serve_describing(
     // The test app reports each request's connection id, from `ConnMeta`.
     let server = tokio::spawn(lameduck::serve(listener, app, drain).conn_meta_on_every_request());
     (addr, server)
+}
+
+/// Waits for the drain, which must end clean, then for `serve` to return; the report is for
+/// the caller's own checks.
+pub async fn drained_clean(
+    drain: &Drain,
+    server: JoinHandle<std::io::Result<()>>,
+) -> lameduck::DrainReport {
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, lameduck::Outcome::Clean);
+    within("serve returns", server).await.unwrap().unwrap();
+    report
 }
 
 /// `GET /slow/{ms}` on a new HTTP/1.1 connection, returned once it is in flight (the only
