@@ -6,12 +6,13 @@ mod common;
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
 use http_body_util::BodyExt;
-use lameduck::{ConnMeta, Drain, EventKind, Outcome, Phase, Propagation, Trigger};
+use lameduck::{
+    AfterFlipReport, ConnMeta, Drain, DrainReport, EventKind, Outcome, Phase, Propagation, Trigger,
+};
 use tokio::task::JoinHandle;
 
 /// Runs the app under `axum::serve`, as the guide says: graceful shutdown at
@@ -41,12 +42,20 @@ async fn serve_axum(drain: &Drain, app: axum::Router) -> (SocketAddr, JoinHandle
     (addr, handle)
 }
 
+/// The counts after one request on the reused connection and one on each of two new ones
+/// (HTTP/1.1 and HTTP/2), from one peer.
+fn one_reused_two_new(af: &AfterFlipReport) {
+    assert_eq!(af.requests_on_reused_connections, 1);
+    assert_eq!(af.requests_on_new_connections, 2);
+    // Under axum::serve the layer counts a new connection on its first request.
+    assert_eq!(af.new_connections, 2);
+    assert_eq!(af.peers.len(), 1);
+    assert_eq!(af.peers[0].new_connections, 2);
+}
+
 #[tokio::test]
 async fn keep_alive_reuse_new_connections_and_counters_under_axum_serve() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(1500)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(1500)));
     let (addr, server) = start_axum(&drain, Probe::default()).await;
 
     let (mut a, a_conn) = h1(addr).await;
@@ -58,14 +67,7 @@ async fn keep_alive_reuse_new_connections_and_counters_under_axum_serve() {
     assert!(drain.start(Trigger::Api));
 
     // Reused connection: served, told to close, closed.
-    let (status, headers, _) = text(send1(&mut a, "/conn").await).await;
-    assert_eq!(status, StatusCode::OK);
-    assert!(connection_close(&headers));
-    assert_eq!(conn_header(&headers), a_id);
-    within("reused connection closed", a_conn)
-        .await
-        .unwrap()
-        .unwrap();
+    reused_then_closed(&mut a, a_conn, a_id, "/conn").await;
 
     // New connections while draining: axum keeps accepting until stopped_accepting.
     let (mut b, _b_conn) = h1(addr).await;
@@ -84,13 +86,7 @@ async fn keep_alive_reuse_new_connections_and_counters_under_axum_serve() {
 
     let report = within("drain done", drain.drained()).await;
     assert_eq!(report.outcome, Outcome::Clean);
-    let af = &report.after_flip;
-    assert_eq!(af.requests_on_reused_connections, 1);
-    assert_eq!(af.requests_on_new_connections, 2);
-    // Under axum::serve the layer counts a new connection on its first request.
-    assert_eq!(af.new_connections, 2);
-    assert_eq!(af.peers.len(), 1);
-    assert_eq!(af.peers[0].new_connections, 2);
+    one_reused_two_new(&report.after_flip);
     drop((b, c));
     assert!(within("axum::serve returns", server).await.unwrap());
 }
@@ -98,10 +94,7 @@ async fn keep_alive_reuse_new_connections_and_counters_under_axum_serve() {
 #[tokio::test]
 async fn streaming_request_completes_and_is_counted_under_axum_serve() {
     let probe = Probe::default();
-    let drain = drain(
-        Duration::from_secs(8),
-        Propagation::fixed(Duration::from_millis(500)),
-    );
+    let drain = drain(secs(8), Propagation::fixed(ms(500)));
     let (addr, server) = start_axum(&drain, probe.clone()).await;
 
     let (mut c, _c_conn) = h1(addr).await;
@@ -129,33 +122,42 @@ async fn streaming_request_completes_and_is_counted_under_axum_serve() {
 #[tokio::test]
 async fn deadline_bounds_axum_serve_and_names_the_never_ending_stream() {
     // grace 4s → quiesce deadline ≈ 3.2s after the trigger.
-    let drain = drain(
-        Duration::from_secs(4),
-        Propagation::fixed(Duration::from_millis(500)),
-    );
+    let drain = drain(secs(4), Propagation::fixed(ms(500)));
     // Naming a request that started before the trigger is opt-in.
     let app = app(&drain, Probe::default()).layer(drain.layer().describe_requests());
     let (addr, server) = serve_axum(&drain, app).await;
 
-    let (mut c, _c_conn) = h1(addr).await;
-    let res = send1(&mut c, "/forever").await;
-    let mut body = res.into_body();
-    assert!(next_chunk(&mut body).await.is_some());
-    assert!(drain.start(Trigger::Api));
-    let reader = tokio::spawn(async move { while next_chunk(&mut body).await.is_some() {} });
+    let reader = endless_stream_then_trigger(&drain, addr).await;
 
     // axum alone would wait for the stream forever; the deadline bounds it.
     assert!(!within("axum::serve bounded by the deadline", server)
         .await
         .unwrap());
-    let report = within("drain done", drain.drained()).await;
+    names_the_endless_stream(&within("drain done", drain.drained()).await);
+    // axum's connection tasks outlive its serve future; in an app they end with the process.
+    reader.abort();
+}
+
+/// Opens `/forever` on a new connection and, once its first chunk arrived, starts the drain;
+/// the task reads the rest (and holds the connection) until aborted.
+async fn endless_stream_then_trigger(drain: &Drain, addr: SocketAddr) -> JoinHandle<()> {
+    let (mut c, _c_conn) = h1(addr).await;
+    let mut body = send1(&mut c, "/forever").await.into_body();
+    assert!(next_chunk(&mut body).await.is_some());
+    assert!(drain.start(Trigger::Api));
+    tokio::spawn(async move {
+        let _connection = c;
+        while next_chunk(&mut body).await.is_some() {}
+    })
+}
+
+/// The drain was cut at the deadline and names the `/forever` request as a straggler.
+fn names_the_endless_stream(report: &DrainReport) {
     assert_eq!(report.outcome, Outcome::DeadlineExceeded);
     assert!(report
         .stragglers
         .iter()
         .any(|s| s.kind == "request" && s.name == "GET /forever"));
-    // axum's connection tasks outlive its serve future; in an app they end with the process.
-    reader.abort();
 }
 
 /// The test app plus two routes that extract `ConnectInfo` the two ways handlers do.
@@ -182,10 +184,7 @@ fn connect_info_app(drain: &Drain) -> axum::Router {
 
 #[tokio::test]
 async fn one_call_serve_gives_both_connect_infos_counts_new_and_reused_and_ends_after_stop() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(1500)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(1500)));
     let (listener, addr) = bind().await;
     let server = tokio::spawn(lameduck::axum::serve(
         listener,
@@ -215,15 +214,8 @@ async fn one_call_serve_gives_both_connect_infos_counts_new_and_reused_and_ends_
 
     assert!(drain.start(Trigger::Api));
 
-    // Reused connection: served, told to close.
-    let (status, headers, _) = text(send1(&mut a, "/conn").await).await;
-    assert_eq!(status, StatusCode::OK);
-    assert!(connection_close(&headers));
-    assert_eq!(conn_header(&headers), a_id);
-    within("reused connection closed", a_conn)
-        .await
-        .unwrap()
-        .unwrap();
+    // Reused connection: served, told to close, closed.
+    reused_then_closed(&mut a, a_conn, a_id, "/conn").await;
 
     // New connections while draining: still accepted, both extractors still work.
     let (mut b, _b_conn) = h1(addr).await;
@@ -252,12 +244,7 @@ async fn one_call_serve_gives_both_connect_infos_counts_new_and_reused_and_ends_
 
     let report = within("drain done", drain.drained()).await;
     assert_eq!(report.outcome, Outcome::Clean);
-    let af = &report.after_flip;
-    assert_eq!(af.requests_on_reused_connections, 1);
-    assert_eq!(af.requests_on_new_connections, 2);
-    assert_eq!(af.new_connections, 2);
-    assert_eq!(af.peers.len(), 1);
-    assert_eq!(af.peers[0].new_connections, 2);
+    one_reused_two_new(&report.after_flip);
     // The listener is closed: a new connection is refused.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
@@ -265,32 +252,19 @@ async fn one_call_serve_gives_both_connect_infos_counts_new_and_reused_and_ends_
 #[tokio::test]
 async fn one_call_serve_is_bounded_by_the_deadline() {
     // grace 4s → quiesce deadline ≈ 3.2s after the trigger.
-    let drain = drain(
-        Duration::from_secs(4),
-        Propagation::fixed(Duration::from_millis(500)),
-    );
+    let drain = drain(secs(4), Propagation::fixed(ms(500)));
     let (listener, addr) = bind().await;
     // Naming a request that started before the trigger is opt-in.
     let app = app(&drain, Probe::default()).layer(drain.layer().describe_requests());
     let server = tokio::spawn(lameduck::axum::serve(listener, app, &drain));
 
-    let (mut c, _c_conn) = h1(addr).await;
-    let res = send1(&mut c, "/forever").await;
-    let mut body = res.into_body();
-    assert!(next_chunk(&mut body).await.is_some());
-    assert!(drain.start(Trigger::Api));
-    let reader = tokio::spawn(async move { while next_chunk(&mut body).await.is_some() {} });
+    let reader = endless_stream_then_trigger(&drain, addr).await;
 
     within("lameduck::axum::serve bounded by the deadline", server)
         .await
         .unwrap()
         .unwrap();
     assert!(has_event(&drain, EventKind::DeadlineExceeded));
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
-    assert!(report
-        .stragglers
-        .iter()
-        .any(|s| s.kind == "request" && s.name == "GET /forever"));
+    names_the_endless_stream(&within("drain done", drain.drained()).await);
     reader.abort();
 }

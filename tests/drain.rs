@@ -1,25 +1,20 @@
 //! Behaviour of the coordinator core, with paused Tokio time.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use lameduck::{CommitReason, ConfigError, Drain, EventKind, Phase, Propagation, Signals, Trigger};
+use common::{ms, quiet_builder};
+use lameduck::{
+    CommitReason, ConfigError, Drain, EventKind, Phase, Propagation, ReadinessWhileDraining,
+    Trigger,
+};
 use tokio::time::Instant;
-
-fn builder() -> lameduck::DrainBuilder {
-    Drain::builder()
-        .signals(Signals::none())
-        .report_to_stderr(false)
-        .termination_log(None)
-}
-
-fn ms(d: u64) -> Duration {
-    Duration::from_millis(d)
-}
 
 #[tokio::test(start_paused = true)]
 async fn phases_move_forward_in_order() {
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(10))
         .propagation(Propagation::fixed(ms(500)))
         .build()
@@ -89,7 +84,7 @@ async fn phases_move_forward_in_order() {
 
 #[tokio::test(start_paused = true)]
 async fn readiness_is_false_until_every_gate_opens() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     let warm = drain.startup_gate("cache-warmup");
     let migrations = drain.startup_gate("migrations");
     drain.mark_started();
@@ -108,7 +103,7 @@ async fn readiness_is_false_until_every_gate_opens() {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_gate_keeps_readiness_false() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     let gate = drain.startup_gate("warmup");
     drop(gate);
     drain.mark_started();
@@ -123,7 +118,7 @@ async fn a_dropped_gate_keeps_readiness_false() {
 
 #[tokio::test(start_paused = true)]
 async fn readiness_checks_are_listed_and_can_fail() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     drain.mark_started();
     let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let h = healthy.clone();
@@ -144,7 +139,7 @@ async fn readiness_checks_are_listed_and_can_fail() {
 
 #[tokio::test(start_paused = true)]
 async fn exactly_one_of_many_concurrent_starts_wins() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     drain.mark_started();
     let mut handles = Vec::new();
     for i in 0..100 {
@@ -183,7 +178,7 @@ async fn exactly_one_of_many_concurrent_starts_wins() {
 
 #[tokio::test(start_paused = true)]
 async fn later_triggers_do_not_move_the_origin() {
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(10))
         .propagation(Propagation::fixed(Duration::from_secs(2)))
         .build()
@@ -414,7 +409,7 @@ fn grace_periods_kubernetes_cannot_mean_are_refused_by_the_builder() {
         assert!(e.to_string().contains("is below 1s"), "{e}");
     }
     // What is reserved after the propagation window is named with its numbers.
-    let e = err(builder()
+    let e = err(quiet_builder()
         .grace_period(Duration::from_secs(3))
         .safety_margin(Duration::from_secs(1))
         .close_budget(Duration::from_secs(1))
@@ -424,7 +419,7 @@ fn grace_periods_kubernetes_cannot_mean_are_refused_by_the_builder() {
             .contains("fixed propagation delay (2s) is past the quiesce deadline (1s"),
         "{e}"
     );
-    assert!(builder()
+    assert!(quiet_builder()
         .grace_period(Duration::from_secs(24 * 3600))
         .build()
         .is_ok());
@@ -473,9 +468,19 @@ fn stop_signal_from_the_environment() {
 // data: without a floor the policy would wait to max (tested in `tests/evidence.rs`). A zero
 // floor says "the proxies have converged", leaving only `min`, `quiet` and in-flight work.
 
+/// The `stopped_accepting` event, once the drain has committed.
+async fn stopped_accepting(drain: &Drain) -> lameduck::Event {
+    drain.reached(Phase::StoppedAccepting).await;
+    drain
+        .timeline()
+        .into_iter()
+        .find(|e| e.event == EventKind::StoppedAccepting)
+        .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn quiet_window_waits_while_activity_continues() {
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(30))
         .propagation(
             Propagation::quiet(Duration::from_secs(2))
@@ -495,19 +500,14 @@ async fn quiet_window_waits_while_activity_continues() {
     // Last activity at 6 s: commit at 8 s, not before.
     tokio::time::sleep(ms(1900)).await;
     assert_eq!(drain.phase(), Phase::Draining);
-    drain.reached(Phase::StoppedAccepting).await;
-    let tl = drain.timeline();
-    let e = tl
-        .iter()
-        .find(|e| e.event == EventKind::StoppedAccepting)
-        .unwrap();
+    let e = stopped_accepting(&drain).await;
     assert_eq!(e.reason, Some(CommitReason::Quiet));
     assert_eq!(e.at_ms, 8000);
 }
 
 #[tokio::test(start_paused = true)]
 async fn quiet_window_respects_min() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(
             Propagation::quiet(ms(500))
                 .min(Duration::from_secs(3))
@@ -525,7 +525,7 @@ async fn quiet_window_respects_min() {
 
 #[tokio::test(start_paused = true)]
 async fn quiet_window_commits_at_max_under_endless_activity() {
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(30))
         .propagation(
             Propagation::quiet(Duration::from_secs(2))
@@ -546,20 +546,15 @@ async fn quiet_window_commits_at_max_under_endless_activity() {
             tokio::time::sleep(ms(500)).await;
         }
     });
-    drain.reached(Phase::StoppedAccepting).await;
+    let e = stopped_accepting(&drain).await;
     load.await.unwrap();
-    let tl = drain.timeline();
-    let e = tl
-        .iter()
-        .find(|e| e.event == EventKind::StoppedAccepting)
-        .unwrap();
     assert_eq!(e.reason, Some(CommitReason::Max));
     assert_eq!(e.at_ms, 5000);
 }
 
 #[tokio::test(start_paused = true)]
 async fn quiet_window_waits_for_in_flight_work() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(
             Propagation::quiet(Duration::from_secs(1))
                 .min(Duration::from_secs(1))
@@ -577,12 +572,7 @@ async fn quiet_window_waits_for_in_flight_work() {
         "quiet, but a request is in flight"
     );
     drop(guard);
-    drain.reached(Phase::StoppedAccepting).await;
-    let tl = drain.timeline();
-    let e = tl
-        .iter()
-        .find(|e| e.event == EventKind::StoppedAccepting)
-        .unwrap();
+    let e = stopped_accepting(&drain).await;
     assert_eq!(e.reason, Some(CommitReason::Quiet));
     assert_eq!(e.at_ms, 4000);
 }
@@ -590,7 +580,7 @@ async fn quiet_window_waits_for_in_flight_work() {
 #[tokio::test(start_paused = true)]
 async fn default_policy_fits_short_grace_periods() {
     // 4 s grace: margin 133 ms, close 666 ms, max = 2 s, min and quiet shrink to fit.
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(4))
         .build()
         .unwrap();
@@ -604,7 +594,7 @@ async fn default_policy_fits_short_grace_periods() {
 
 #[tokio::test(start_paused = true)]
 async fn in_flight_zero_waits_for_the_last_guard() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(Propagation::fixed(ms(100)))
         .build()
         .unwrap();
@@ -621,7 +611,7 @@ async fn in_flight_zero_waits_for_the_last_guard() {
 
 #[tokio::test(start_paused = true)]
 async fn a_panic_releases_the_guard() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     let d = drain.clone();
     let r = tokio::spawn(async move {
         let _guard = d.enter();
@@ -634,7 +624,7 @@ async fn a_panic_releases_the_guard() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_an_unfinished_future_releases_the_guard() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(Propagation::fixed(ms(10)))
         .build()
         .unwrap();
@@ -652,7 +642,7 @@ async fn dropping_an_unfinished_future_releases_the_guard() {
 
 #[tokio::test(start_paused = true)]
 async fn force_skips_the_waits_and_reports_forced() {
-    let drain = builder().build().unwrap();
+    let drain = quiet_builder().build().unwrap();
     let _stuck = drain.enter();
     drain.start(Trigger::Sigint);
     tokio::time::sleep(ms(100)).await;
@@ -667,11 +657,11 @@ async fn force_skips_the_waits_and_reports_forced() {
 // ---------- readiness while draining is a policy ----------
 
 /// Samples readiness in every phase of a drain with a 1 s fixed propagation and one request
-/// that ends 2 s after the trigger.
+/// that ends 2 s after the trigger; the report names the policy.
 async fn readiness_through_a_drain(
-    policy: lameduck::ReadinessWhileDraining,
+    policy: ReadinessWhileDraining,
 ) -> (Vec<(Phase, bool)>, lameduck::DrainReport) {
-    let drain = builder()
+    let drain = quiet_builder()
         .readiness_while_draining(policy)
         .propagation(Propagation::fixed(Duration::from_secs(1)))
         .build()
@@ -691,13 +681,13 @@ async fn readiness_through_a_drain(
     drop(guard);
     let report = drain.drained().await;
     seen.push((drain.phase(), drain.is_ready()));
+    assert_eq!(report.readiness_policy, policy);
     (seen, report)
 }
 
 #[tokio::test(start_paused = true)]
 async fn not_ready_policy_flips_readiness_at_the_trigger() {
-    let (seen, report) =
-        readiness_through_a_drain(lameduck::ReadinessWhileDraining::NotReady).await;
+    let (seen, report) = readiness_through_a_drain(ReadinessWhileDraining::NotReady).await;
     assert_eq!(
         seen,
         [
@@ -707,17 +697,12 @@ async fn not_ready_policy_flips_readiness_at_the_trigger() {
             (Phase::Done, false)
         ]
     );
-    assert_eq!(
-        report.readiness_policy,
-        lameduck::ReadinessWhileDraining::NotReady
-    );
     assert_eq!(report.event(EventKind::ReadinessFlipped).unwrap().at_ms, 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn serving_until_stop_policy_keeps_readiness_until_stopped_accepting() {
-    let (seen, report) =
-        readiness_through_a_drain(lameduck::ReadinessWhileDraining::ServingUntilStop).await;
+    let (seen, report) = readiness_through_a_drain(ReadinessWhileDraining::ServingUntilStop).await;
     assert_eq!(
         seen,
         [
@@ -726,10 +711,6 @@ async fn serving_until_stop_policy_keeps_readiness_until_stopped_accepting() {
             (Phase::StoppedAccepting, false),
             (Phase::Done, false)
         ]
-    );
-    assert_eq!(
-        report.readiness_policy,
-        lameduck::ReadinessWhileDraining::ServingUntilStop
     );
     assert_eq!(
         report.event(EventKind::ReadinessFlipped).unwrap().at_ms,
@@ -744,7 +725,7 @@ async fn serving_until_stop_policy_keeps_readiness_until_stopped_accepting() {
 
 #[tokio::test(start_paused = true)]
 async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(Propagation::fixed(ms(100)))
         .build()
         .unwrap();
@@ -786,7 +767,7 @@ async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
 
 #[tokio::test(start_paused = true)]
 async fn the_status_timeline_is_capped_with_a_count_of_what_was_left_out() {
-    let drain = builder()
+    let drain = quiet_builder()
         .propagation(Propagation::fixed(ms(100)))
         .build()
         .unwrap();
@@ -815,16 +796,14 @@ async fn the_status_timeline_is_capped_with_a_count_of_what_was_left_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
     use http_body_util::{BodyExt, Empty};
-    use hyper_util::rt::TokioIo;
 
-    let drain = builder()
+    let drain = quiet_builder()
         .grace_period(Duration::from_secs(60))
         .propagation(Propagation::fixed(Duration::from_secs(40)))
         .build()
         .unwrap();
     drain.mark_started();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = common::bind().await;
     let router = drain.admin().without_token().router();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
 
@@ -835,9 +814,7 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
     let mut clients = Vec::new();
     for c in 0..CONNS {
         clients.push(tokio::spawn(async move {
-            let io = TokioIo::new(tokio::net::TcpStream::connect(addr).await.unwrap());
-            let (mut tx, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
-            tokio::spawn(conn);
+            let (mut tx, _conn) = common::h1(addr).await;
             let mut largest = 0;
             for i in 0..CALLS / CONNS {
                 let path = if (i + c) % 2 == 0 {
@@ -849,7 +826,7 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
                     .method(if path == "/status" { "GET" } else { "POST" })
                     .uri(path)
                     .header("host", "admin")
-                    .body(Empty::<bytes::Bytes>::new())
+                    .body(Empty::new())
                     .unwrap();
                 let resp = tx.send_request(req).await.unwrap();
                 assert!(resp.status().is_success(), "{path}: {}", resp.status());

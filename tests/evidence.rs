@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use common::{bind, h1, send1, text, within};
+use common::{bind, h1, secs, send1, text, within};
 use http::{Request, StatusCode};
 use http_body_util::Empty;
 use lameduck::{
@@ -18,6 +18,7 @@ use lameduck::{
     ReadinessWhileDraining, Trigger, WeakEvidence,
 };
 use tokio::sync::{Mutex, MutexGuard};
+use tokio::task::JoinHandle;
 
 /// `ConnMeta` under `axum::serve` counts toward the coordinator built last (axum's hook cannot
 /// name one), so the tests of this file build and run their coordinators one at a time.
@@ -44,15 +45,20 @@ fn app(drain: &Drain) -> Router {
         .layer(drain.layer())
 }
 
+/// [`app`] under `lameduck::serve` on 127.0.0.1.
+async fn serve_app(drain: &Drain) -> (SocketAddr, JoinHandle<std::io::Result<()>>) {
+    let (listener, addr) = bind().await;
+    (
+        addr,
+        tokio::spawn(lameduck::serve(listener, app(drain), drain)),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
     let _serial = serial().await;
-    let drain = common::drain(
-        Duration::from_secs(60),
-        Propagation::default().max(Duration::from_secs(40)),
-    );
-    let (listener, addr) = bind().await;
-    let server = tokio::spawn(lameduck::serve(listener, app(&drain), &drain));
+    let drain = common::drain(secs(60), Propagation::default().max(secs(40)));
+    let (addr, server) = serve_app(&drain).await;
     // 6 s and more of a fresh connection every 50 ms, then the trigger, then 1 s more (the
     // proxies catching up), then none.
     fresh(addr, 120, Duration::from_millis(50)).await;
@@ -84,12 +90,8 @@ async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_serve_sparse_arrivals_wait_to_max() {
     let _serial = serial().await;
-    let drain = common::drain(
-        Duration::from_secs(30),
-        Propagation::default().max(Duration::from_secs(4)),
-    );
-    let (listener, addr) = bind().await;
-    let server = tokio::spawn(lameduck::serve(listener, app(&drain), &drain));
+    let drain = common::drain(secs(30), Propagation::default().max(secs(4)));
+    let (addr, server) = serve_app(&drain).await;
     // One fresh connection every 2 s for 7 s: a rate, but far too low for 4 s to prove
     // anything.
     fresh(addr, 4, Duration::from_secs(2)).await;
@@ -124,10 +126,7 @@ async fn through_serve_sparse_arrivals_wait_to_max() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_axum_serve_conn_meta_counts_the_rate() {
     let _serial = serial().await;
-    let drain = common::drain(
-        Duration::from_secs(60),
-        Propagation::default().max(Duration::from_secs(40)),
-    );
+    let drain = common::drain(secs(60), Propagation::default().max(secs(40)));
     drain.mark_started();
     let (listener, addr) = bind().await;
     let stop = drain.stop_token();
@@ -173,10 +172,7 @@ async fn readyz(addr: SocketAddr, user_agent: Option<&str>) -> (StatusCode, Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_at_once() {
     let _serial = serial().await;
-    let drain = common::drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_secs(2)),
-    );
+    let drain = common::drain(secs(30), Propagation::fixed(secs(2)));
     assert_eq!(drain.readiness_policy(), ReadinessWhileDraining::Auto);
     drain.mark_started();
     let (listener, addr) = bind().await;

@@ -1,18 +1,17 @@
 //! Bounded, seeded fuzzing of the duration parser, which takes outside input (env
 //! `LAMEDUCK_GRACE_PERIOD`, the admin `timeout=` parameter, the example's flags), against a
 //! reference written from its documented grammar. The admin router's own fuzz loop lives in
-//! `tests/admin.rs` (`random_requests_never_fail_the_server_nor_change_state`).
+//! `tests/admin/fuzz.rs` (`random_requests_never_fail_the_server_nor_change_state`).
 //!
 //! `LAMEDUCK_FUZZ_SEED` and `LAMEDUCK_FUZZ_ITERS` change the seed and the count (default
 //! 200,000 inputs, well under a second).
 
+mod common;
+
 use std::time::Duration;
 
+use common::Rng;
 use lameduck::parse_duration;
-use rng::Rng;
-
-#[path = "support/rng.rs"]
-mod rng;
 
 /// Pieces inputs are made of: digits most often, the units, whitespace, and what a careless
 /// or hostile writer might put there.

@@ -14,19 +14,18 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use common::{bind, drain, eventually, has_event, within};
+use common::{bind, drain, eventually, has_event, ms, quiet_builder, secs, within};
 use hyper_util::rt::TokioIo;
-use lameduck::{
-    Drain, EventKind, Outcome, Phase, Propagation, ReadinessWhileDraining, Signals, Trigger,
-};
+use lameduck::{Drain, EventKind, Outcome, Phase, Propagation, ReadinessWhileDraining, Trigger};
 use slow::{SlowClient, SlowServer};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tonic::service::Routes;
 use tonic::transport::{Channel, Endpoint};
+use tonic::Streaming;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 /// Connects to one address and counts the TCP connections it opens: the client-side evidence
 /// that the channel reconnected.
@@ -55,8 +54,14 @@ impl tower_service::Service<http::Uri> for CountingConnector {
     }
 }
 
+/// A 200 ms quiet window with a 200 ms floor, committing at `max` at the latest.
+fn quiet_window(max: Duration) -> Propagation {
+    Propagation::quiet(ms(200)).min(ms(200)).max(max)
+}
+
 /// Serves the slow service and the health service, behind the layer, on 127.0.0.1.
-fn start(drain: &Drain, listener: tokio::net::TcpListener) -> JoinHandle<io::Result<()>> {
+async fn start(drain: &Drain) -> (SocketAddr, JoinHandle<io::Result<()>>) {
+    let (listener, addr) = bind().await;
     let (_reporter, health) = drain.grpc_health([slow::SERVICE]);
     let app = Routes::new(health)
         .add_service(SlowServer)
@@ -64,7 +69,8 @@ fn start(drain: &Drain, listener: tokio::net::TcpListener) -> JoinHandle<io::Res
         .into_axum_router()
         .layer(drain.layer());
     // The service reports the connection id of each call: it reads `ConnMeta` while Serving.
-    tokio::spawn(lameduck::serve(listener, app, drain).conn_meta_on_every_request())
+    let server = tokio::spawn(lameduck::serve(listener, app, drain).conn_meta_on_every_request());
+    (addr, server)
 }
 
 fn connect(addr: SocketAddr) -> (Channel, Arc<AtomicUsize>) {
@@ -148,19 +154,38 @@ async fn wait_status(health: &mut HealthClient<Channel>, service: &str, want: Se
     .await;
 }
 
+/// Opens a `Watch` on the slow service; its first message says SERVING.
+async fn watch_serving(health: &mut HealthClient<Channel>) -> Streaming<HealthCheckResponse> {
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: slow::SERVICE.to_owned(),
+        })
+        .await
+        .expect("watch opened")
+        .into_inner();
+    let first = next_status(&mut watch, "the first watch message").await;
+    assert_eq!(first, ServingStatus::Serving);
+    watch
+}
+
+/// The next message of a watch: it comes, and it is not an error.
+async fn next_status(watch: &mut Streaming<HealthCheckResponse>, what: &str) -> ServingStatus {
+    within(what, watch.message())
+        .await
+        .expect("no error")
+        .expect("a message")
+        .status()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_rpc_finishes_then_channel_reconnects_and_is_served_while_draining() {
     let drain = drain(
-        Duration::from_secs(30),
+        secs(30),
         // The process is seconds old: too young for an arrival rate, so without a floor the
         // policy would rightly wait to max.
-        Propagation::quiet(Duration::from_millis(200))
-            .min(Duration::from_millis(200))
-            .max(Duration::from_secs(20))
-            .assume_converged_after(Duration::from_millis(200)),
+        quiet_window(secs(20)).assume_converged_after(ms(200)),
     );
-    let (listener, addr) = bind().await;
-    let server = start(&drain, listener);
+    let (addr, server) = start(&drain).await;
     let (channel, connects) = connect(addr);
     let mut client = SlowClient::new(channel.clone());
     let mut health = HealthClient::new(channel);
@@ -231,28 +256,13 @@ async fn in_flight_rpc_finishes_then_channel_reconnects_and_is_served_while_drai
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_watch_sees_not_serving_at_drain_start_and_ends_at_stopped_accepting() {
     // A fixed delay: an open Watch counts as in flight, and would hold a quiet window to `max`.
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
-    let (listener, addr) = bind().await;
-    let server = start(&drain, listener);
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
+    let (addr, server) = start(&drain).await;
     let (channel, _) = connect(addr);
     let mut health = HealthClient::new(channel);
     wait_status(&mut health, slow::SERVICE, ServingStatus::Serving).await;
 
-    let mut watch = health
-        .watch(HealthCheckRequest {
-            service: slow::SERVICE.to_owned(),
-        })
-        .await
-        .expect("watch opened")
-        .into_inner();
-    let first = within("the first watch message", watch.message())
-        .await
-        .expect("no error")
-        .expect("a message");
-    assert_eq!(first.status(), ServingStatus::Serving);
+    let mut watch = watch_serving(&mut health).await;
 
     assert!(drain.start(Trigger::Api));
     let mut after_trigger = Vec::new();
@@ -289,22 +299,14 @@ async fn health_watch_sees_not_serving_at_drain_start_and_ends_at_stopped_accept
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
-    let drain = Drain::builder()
-        .grace_period(Duration::from_secs(30))
-        .propagation(
-            Propagation::quiet(Duration::from_millis(200))
-                .min(Duration::from_millis(200))
-                .max(Duration::from_secs(3)),
-        )
+    let drain = quiet_builder()
+        .grace_period(secs(30))
+        .propagation(quiet_window(secs(3)))
         .readiness_while_draining(ReadinessWhileDraining::ServingUntilStop)
-        .signals(Signals::none())
-        .report_to_stderr(false)
-        .termination_log(None)
         .build()
         .unwrap();
     let warmup = drain.startup_gate("warmup");
-    let (listener, addr) = bind().await;
-    let server = start(&drain, listener);
+    let (addr, server) = start(&drain).await;
     let (channel, _) = connect(addr);
     let mut health = HealthClient::new(channel);
 
@@ -327,28 +329,14 @@ async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
     );
     // Its own connection: a connection accepted while draining gets its GOAWAY with its first
     // request, and a watch is not retried like the checks above.
-    let mut watch = HealthClient::new(connect(addr).0)
-        .watch(HealthCheckRequest {
-            service: slow::SERVICE.to_owned(),
-        })
-        .await
-        .expect("watch opened while draining")
-        .into_inner();
-    let first = within("the first watch message", watch.message())
-        .await
-        .expect("no error")
-        .expect("a message");
-    assert_eq!(first.status(), ServingStatus::Serving);
+    let mut watch = watch_serving(&mut HealthClient::new(connect(addr).0)).await;
     assert_eq!(drain.phase(), Phase::Draining);
 
     // The open watch counts as in flight, so the quiet window commits at `max`; then the watch
     // gets its last NOT_SERVING and ends.
     drop(hold);
-    let last = within("the watch's last message", watch.message())
-        .await
-        .expect("no error")
-        .expect("a last message");
-    assert_eq!(last.status(), ServingStatus::NotServing);
+    let last = next_status(&mut watch, "the watch's last message").await;
+    assert_eq!(last, ServingStatus::NotServing);
     assert!(has_event(&drain, EventKind::StoppedAccepting));
     let end = within("the watch to end", watch.message()).await;
     assert!(matches!(end, Ok(None)), "ends with OK: {end:?}");
@@ -362,38 +350,20 @@ async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_under_auto_keeps_kubelet_serving_and_tells_everyone_else_at_once() {
     let drain = drain(
-        Duration::from_secs(30),
-        Propagation::quiet(Duration::from_millis(200))
-            .min(Duration::from_millis(200))
-            .max(Duration::from_secs(3))
-            .assume_converged_after(Duration::ZERO),
+        secs(30),
+        quiet_window(secs(3)).assume_converged_after(Duration::ZERO),
     );
     assert_eq!(drain.readiness_policy(), ReadinessWhileDraining::Auto);
-    let (listener, addr) = bind().await;
-    let server = start(&drain, listener);
+    let (addr, server) = start(&drain).await;
     let mut other = HealthClient::new(connect(addr).0);
     wait_status(&mut other, slow::SERVICE, ServingStatus::Serving).await;
-    let mut watch = other
-        .watch(HealthCheckRequest {
-            service: slow::SERVICE.to_owned(),
-        })
-        .await
-        .expect("watch opened")
-        .into_inner();
-    let first = within("the first watch message", watch.message())
-        .await
-        .expect("no error")
-        .expect("a message");
-    assert_eq!(first.status(), ServingStatus::Serving);
+    let mut watch = watch_serving(&mut other).await;
 
     let hold = drain.enter();
     assert!(drain.start(Trigger::Api));
     // A load balancer's watch hears NOT_SERVING at the trigger.
-    let flip = within("NOT_SERVING on the watch", watch.message())
-        .await
-        .expect("no error")
-        .expect("a message");
-    assert_eq!(flip.status(), ServingStatus::NotServing);
+    let flip = next_status(&mut watch, "NOT_SERVING on the watch").await;
+    assert_eq!(flip, ServingStatus::NotServing);
     assert_eq!(drain.phase(), Phase::Draining);
 
     // Checks on new connections: kubelet's probe still sees SERVING, anyone else does not.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::routing::get;
 use common::*;
-use lameduck::{EventKind, Outcome, Phase, Propagation, Trigger};
+use lameduck::{DrainReport, EventKind, Outcome, Phase, Propagation, Straggler, Trigger};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -58,13 +58,29 @@ async fn read_body(stream: &mut TcpStream, head_done: &mut bool, until: usize) -
     body
 }
 
+/// What the deadline says of a response stuck on its way out: the drain was cut, no
+/// `in_flight_zero` was recorded, and the response is named as a straggler.
+fn cut_response(report: &DrainReport) -> &Straggler {
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert!(
+        !report
+            .timeline
+            .iter()
+            .any(|e| e.event == EventKind::InFlightZero),
+        "in_flight_zero recorded while the response had not left: {:?}",
+        report.timeline
+    );
+    report
+        .stragglers
+        .iter()
+        .find(|s| s.kind == "response")
+        .unwrap_or_else(|| panic!("the response is named: {:?}", report.stragglers))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
     // grace 4 s: quiesce deadline ≈ 3.2 s after the trigger.
-    let drain = drain(
-        Duration::from_secs(4),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(4), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
 
@@ -80,20 +96,7 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
 
     assert!(drain.start(Trigger::Api));
     let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
-    assert!(
-        !report
-            .timeline
-            .iter()
-            .any(|e| e.event == EventKind::InFlightZero),
-        "in_flight_zero recorded while the response had not left: {:?}",
-        report.timeline
-    );
-    let straggler = report
-        .stragglers
-        .iter()
-        .find(|s| s.kind == "response")
-        .unwrap_or_else(|| panic!("the response is named: {:?}", report.stragglers));
+    let straggler = cut_response(&report);
     assert_eq!(straggler.peer.as_deref(), Some(client_addr.as_str()));
     assert!(
         straggler.name.contains(&client_addr) && straggler.name.contains("bytes written"),
@@ -122,10 +125,7 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
 
@@ -161,18 +161,13 @@ async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
     .await;
     assert_eq!(first + rest, BIG, "the client got the whole body");
 
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
+    let report = drained_clean(&drain, server).await;
     assert!(report.stragglers.is_empty());
-    within("serve returns", server).await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_response_stuck_behind_flow_control_is_in_flight_and_named() {
-    let drain = drain(
-        Duration::from_secs(4),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(4), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     let server = tokio::spawn(lameduck::serve(listener, big_app(&drain), &drain));
 
@@ -185,20 +180,7 @@ async fn an_http2_response_stuck_behind_flow_control_is_in_flight_and_named() {
 
     assert!(drain.start(Trigger::Api));
     let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
-    assert!(
-        !report
-            .timeline
-            .iter()
-            .any(|e| e.event == EventKind::InFlightZero),
-        "in_flight_zero recorded while the response had not left: {:?}",
-        report.timeline
-    );
-    let straggler = report
-        .stragglers
-        .iter()
-        .find(|s| s.kind == "response")
-        .unwrap_or_else(|| panic!("the connection is named: {:?}", report.stragglers));
+    let straggler = cut_response(&report);
     assert!(straggler.name.contains("HTTP/2"), "{}", straggler.name);
     within("serve returns", server).await.unwrap().unwrap();
 }
@@ -230,10 +212,7 @@ async fn closed_by_server(s: &mut TcpStream) -> bool {
 #[tokio::test]
 async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() {
     // grace 30 s: the quiesce deadline (≈ 24 s) is past PATIENCE, so only a clean end passes.
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
     let mut loris = slowloris(addr, 20).await;
     let mut silent = Vec::new();
@@ -243,9 +222,7 @@ async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() 
     eventually("all connections accepted", || drain.connections() == 25).await;
 
     assert!(drain.start(Trigger::Api));
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    drained_clean(&drain, server).await;
     assert_eq!(drain.connections(), 0);
     for s in loris.iter_mut().chain(silent.iter_mut()) {
         assert!(within("connection closed", closed_by_server(s)).await);
@@ -255,17 +232,12 @@ async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() 
 #[tokio::test]
 async fn silent_connections_close_at_stopped_accepting_and_partial_heads_once_nothing_is_in_flight()
 {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
     let mut silent = TcpStream::connect(addr).await.unwrap();
     let mut loris = slowloris(addr, 1).await.pop().unwrap();
     // A request in flight keeps the drain in StoppedAccepting for a while.
-    let (mut busy, _busy_conn) = h1(addr).await;
-    let slow = tokio::spawn(async move { text(send1(&mut busy, "/slow/2500").await).await });
-    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    let slow = slow_request(&drain, addr, 2500).await;
 
     assert!(drain.start(Trigger::Api));
     assert!(within("silent connection closed", closed_by_server(&mut silent)).await);
@@ -281,17 +253,12 @@ async fn silent_connections_close_at_stopped_accepting_and_partial_heads_once_no
     );
     let (status, _, body) = within("slow request", slow).await.unwrap();
     assert_eq!((status, body.as_str()), (http::StatusCode::OK, "slow done"));
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    drained_clean(&drain, server).await;
 }
 
 #[tokio::test]
 async fn the_header_read_timeout_closes_a_slowloris_connection_while_serving() {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     let app = app(&drain, Probe::default()).layer(drain.layer());
     let _server = tokio::spawn(
@@ -364,10 +331,7 @@ async fn admin_server(drain: &lameduck::Drain, cap: usize) -> std::net::SocketAd
 
 #[tokio::test]
 async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(1500)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(1500)));
     drain.mark_started();
     let addr = admin_server(&drain, 8).await;
 
@@ -411,10 +375,7 @@ async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
 
 #[tokio::test]
 async fn the_admin_header_read_timeout_closes_slow_heads() {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     tokio::spawn(
         drain

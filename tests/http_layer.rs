@@ -17,10 +17,7 @@ use lameduck::{EventKind, Outcome, Phase, Propagation, Trigger};
 
 #[tokio::test]
 async fn reused_connection_gets_connection_close_while_draining_and_next_request_uses_a_new_one() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(1500)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(1500)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
 
     // A raw connection: the server closes it after the response that carried the header.
@@ -38,21 +35,7 @@ async fn reused_connection_gets_connection_close_while_draining_and_next_request
 
     assert!(drain.start(Trigger::Api));
 
-    let (status, headers, _) = text(send1(&mut raw, "/conn").await).await;
-    assert_eq!(status, StatusCode::OK);
-    assert!(
-        connection_close(&headers),
-        "Connection: close while draining"
-    );
-    assert_eq!(
-        conn_header(&headers),
-        raw_id,
-        "served on the reused connection"
-    );
-    within("server closes the reused connection", raw_conn)
-        .await
-        .unwrap()
-        .unwrap();
+    reused_then_closed(&mut raw, raw_conn, raw_id, "/conn").await;
     assert!(raw.is_closed());
 
     let first = client.get(url.parse().unwrap()).await.unwrap();
@@ -85,10 +68,7 @@ async fn reused_connection_gets_connection_close_while_draining_and_next_request
 #[tokio::test]
 async fn slow_streaming_request_completes_and_in_flight_zero_follows_its_last_byte() {
     let probe = Probe::default();
-    let drain = drain(
-        Duration::from_secs(8),
-        Propagation::fixed(Duration::from_millis(500)),
-    );
+    let drain = drain(secs(8), Propagation::fixed(ms(500)));
     let (addr, server) = start_serve(&drain, probe.clone()).await;
 
     let (mut c, _c_conn) = h1(addr).await;
@@ -129,33 +109,23 @@ async fn slow_streaming_request_completes_and_in_flight_zero_follows_its_last_by
 
 #[tokio::test]
 async fn slow_request_started_before_the_trigger_completes() {
-    let drain = drain(
-        Duration::from_secs(8),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(8), Propagation::fixed(ms(300)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
 
-    let (mut c, _c_conn) = h1(addr).await;
-    let slow = tokio::spawn(async move { text(send1(&mut c, "/slow/2500").await).await });
-    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    let slow = slow_request(&drain, addr, 2500).await;
     assert!(drain.start(Trigger::Api));
 
     let (status, headers, body) = within("slow request", slow).await.unwrap();
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, "slow done");
     assert!(connection_close(&headers), "answered while draining");
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
+    let report = drained_clean(&drain, server).await;
     assert!(report.stragglers.is_empty());
-    within("serve returns", server).await.unwrap().unwrap();
 }
 
 #[tokio::test]
 async fn client_disconnect_mid_body_releases_the_guard() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(300)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(300)));
     let (addr, _server) = start_serve(&drain, Probe::default()).await;
 
     let (mut c, c_conn) = h1(addr).await;
@@ -178,10 +148,7 @@ async fn client_disconnect_mid_body_releases_the_guard() {
 
 #[tokio::test]
 async fn phase_and_instance_headers_mark_responses_while_draining() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(1500)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(1500)));
     let (listener, addr) = bind().await;
     let layer = drain
         .layer()
@@ -217,10 +184,7 @@ async fn phase_and_instance_headers_mark_responses_while_draining() {
 
 #[tokio::test]
 async fn stream_stop_ends_streams_cleanly_at_stopped_accepting() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(800)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(800)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
 
     let mut readers = Vec::new();
@@ -252,18 +216,13 @@ async fn stream_stop_ends_streams_cleanly_at_stopped_accepting() {
             "a stream ended before stopped_accepting"
         );
     }
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
+    let report = drained_clean(&drain, server).await;
     assert!(report.stragglers.is_empty());
-    within("serve returns", server).await.unwrap().unwrap();
 }
 
 #[tokio::test]
 async fn spread_stream_stops_fire_within_the_window() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(200)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(200)));
     drain.mark_started();
     let window = Duration::from_millis(600);
     let stops: Vec<_> = (0..5).map(|_| drain.stream_stop_spread(window)).collect();

@@ -1,6 +1,8 @@
 //! The example manifests in `examples/k8s/` agree with each other and with the admin router:
 //! grace period, env, ports, probes, the preStop hook. (Schema validity is `.ci/k8s-validate.sh`.)
 
+mod common;
+
 use std::time::Duration;
 
 use lameduck::parse_duration;
@@ -413,23 +415,17 @@ fn probes_and_prestop_use_the_admin_port() {
 #[cfg(feature = "admin")]
 #[tokio::test]
 async fn the_manifest_requests_work_against_the_admin_router() {
-    use http_body_util::{BodyExt, Empty};
-    use hyper_util::rt::TokioIo;
+    use http_body_util::Empty;
 
     let m = Manifests::load();
     let c = m.container();
-    let drain = lameduck::Drain::builder()
-        .grace_period(Duration::from_secs(20))
-        .propagation(lameduck::Propagation::fixed(Duration::from_millis(50)))
-        .signals(lameduck::Signals::none())
-        .report_to_stderr(false)
-        .termination_log(None)
-        .build()
-        .unwrap();
+    let drain = common::drain(
+        Duration::from_secs(20),
+        lameduck::Propagation::fixed(Duration::from_millis(50)),
+    );
     drain.mark_started();
     let router = drain.admin().token(m.admin_token()).router();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = common::bind().await;
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
 
     let call = |action: &str| {
@@ -446,25 +442,17 @@ async fn the_manifest_requests_work_against_the_admin_router() {
             })
             .unwrap_or_default();
         async move {
-            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .unwrap();
-            tokio::spawn(conn);
+            let (mut tx, _conn) = common::h1(addr).await;
             let mut req = http::Request::get(format!("http://{addr}{path}"))
                 .header("host", addr.to_string())
                 .header("user-agent", "kube-probe/1.37");
             for (k, v) in headers {
                 req = req.header(k, v);
             }
-            let fut = tx.send_request(req.body(Empty::<bytes::Bytes>::new()).unwrap());
-            let res = tokio::time::timeout(Duration::from_secs(20), fut)
-                .await
-                .unwrap()
-                .unwrap();
-            let status = res.status().as_u16();
-            let body = res.into_body().collect().await.unwrap().to_bytes();
-            (status, String::from_utf8(body.to_vec()).unwrap())
+            let fut = tx.send_request(req.body(Empty::new()).unwrap());
+            let res = common::within("the admin's answer", fut).await.unwrap();
+            let (status, _, body) = common::text(res).await;
+            (status.as_u16(), body)
         }
     };
 

@@ -5,15 +5,18 @@
 //! that thread, so the drain's driver records into it and tests cannot see each other.
 #![cfg(feature = "metrics")]
 
+mod common;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::quiet_builder;
 use lameduck::metrics::{
     BACKGROUND_TASKS, DRAIN_DURATION_SECONDS, IN_FLIGHT_REQUESTS, OBSERVED_PROPAGATION_SECONDS,
     OPEN_CONNECTIONS, PHASE, REQUESTS_AFTER_FLIP_TOTAL,
 };
-use lameduck::{Drain, DrainBuilder, Phase, Propagation, Signals, Trigger};
+use lameduck::{DrainBuilder, Phase, Propagation, Trigger};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
@@ -140,13 +143,11 @@ fn paused<F: Future>(recorder: &dyn Recorder, test: F) -> F::Output {
         .block_on(test)
 }
 
+/// Grace 30 s, a fixed 1 s propagation delay.
 fn builder() -> DrainBuilder {
-    Drain::builder()
+    quiet_builder()
         .grace_period(Duration::from_secs(30))
         .propagation(Propagation::fixed(Duration::from_secs(1)))
-        .signals(Signals::none())
-        .report_to_stderr(false)
-        .termination_log(None)
 }
 
 async fn bounded<F: Future>(what: &str, f: F) -> F::Output {

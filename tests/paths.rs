@@ -5,11 +5,10 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use common::{bind, drain, within};
+use common::{bind, drain, secs, within};
 use lameduck::{Phase, Propagation, Trigger};
 
 /// One HTTP/1.1 request on `s` (kept open), its status line back; the body is read by length.
@@ -37,10 +36,7 @@ fn get_on(s: &mut TcpStream, path: Option<&str>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_drain_counts_are_split_by_traffic_path() {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_secs(3)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(secs(3)));
     let (listener, addr) = bind().await;
     let app = Router::new()
         .route("/", get(|| async { "ok" }))

@@ -1,11 +1,14 @@
 //! Long-running work with a deadline and a recovery path: a queue consumer on an in-process
 //! queue loses no item across a drain, whether it finishes, hurries, or is cut at the deadline.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lameduck::{Drain, Outcome, Propagation, Signals, Trigger};
+use common::{ms, secs};
+use lameduck::{Drain, Outcome, Propagation, Trigger};
 
 #[derive(Default)]
 struct Queue {
@@ -51,14 +54,7 @@ impl Queue {
 }
 
 fn drain() -> Drain {
-    Drain::builder()
-        .signals(Signals::none())
-        .report_to_stderr(false)
-        .termination_log(None)
-        .grace_period(Duration::from_secs(10))
-        .propagation(Propagation::fixed(Duration::from_millis(100)))
-        .build()
-        .unwrap()
+    common::drain(secs(10), Propagation::fixed(ms(100)))
 }
 
 /// Spawns a consumer whose item `stuck` never finishes and which ignores `hurry` when

@@ -13,10 +13,7 @@ use lameduck::{EventKind, Outcome, Phase, Propagation, Trigger};
 
 #[tokio::test]
 async fn idle_keep_alive_connection_is_closed_only_at_stopped_accepting() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(1500)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(1500)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
 
     let (mut idle, idle_conn) = h1(addr).await;
@@ -50,18 +47,13 @@ async fn idle_keep_alive_connection_is_closed_only_at_stopped_accepting() {
     );
     drop(idle);
 
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    drained_clean(&drain, server).await;
     assert_eq!(drain.connections(), 0);
 }
 
 #[tokio::test]
 async fn http2_gets_goaway_in_flight_streams_finish_and_new_connections_work() {
-    let drain = drain(
-        Duration::from_secs(8),
-        Propagation::fixed(Duration::from_secs(4)),
-    );
+    let drain = drain(secs(8), Propagation::fixed(secs(4)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
 
     let (mut old, old_conn) = h2(addr).await;
@@ -116,10 +108,7 @@ async fn http2_gets_goaway_in_flight_streams_finish_and_new_connections_work() {
 
 #[tokio::test]
 async fn accept_continues_while_draining() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(2500)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(2500)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
 
     assert!(drain.start(Trigger::Api));
@@ -146,10 +135,7 @@ async fn accept_continues_while_draining() {
 
 #[tokio::test]
 async fn after_flip_counters_match_new_and_reused_connections() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(1500)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(1500)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
 
     // Two pooled connections opened before the drain.
@@ -197,10 +183,7 @@ async fn after_flip_counters_match_new_and_reused_connections() {
 #[tokio::test]
 async fn quiesce_deadline_cuts_a_never_ending_stream_names_it_and_serve_returns() {
     // grace 4s → quiesce deadline ≈ 3.2s after the trigger.
-    let drain = drain(
-        Duration::from_secs(4),
-        Propagation::fixed(Duration::from_millis(500)),
-    );
+    let drain = drain(secs(4), Propagation::fixed(ms(500)));
     // Naming a request that started before the trigger is opt-in.
     let (addr, server) = start_serve_describing(&drain, Probe::default()).await;
 
@@ -252,10 +235,7 @@ async fn quiesce_deadline_cuts_a_never_ending_stream_names_it_and_serve_returns(
 #[tokio::test]
 async fn by_default_a_stream_from_before_the_trigger_is_an_undescribed_straggler() {
     // grace 4s → quiesce deadline ≈ 3.2s after the trigger.
-    let drain = drain(
-        Duration::from_secs(4),
-        Propagation::fixed(Duration::from_millis(500)),
-    );
+    let drain = drain(secs(4), Propagation::fixed(ms(500)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
 
     let (mut c, _c_conn) = h1(addr).await;
@@ -290,10 +270,7 @@ async fn by_default_a_stream_from_before_the_trigger_is_an_undescribed_straggler
 
 #[tokio::test]
 async fn refusal_mode_answers_503_with_retry_after_after_stop() {
-    let drain = drain(
-        Duration::from_secs(6),
-        Propagation::fixed(Duration::from_millis(500)),
-    );
+    let drain = drain(secs(6), Propagation::fixed(ms(500)));
     let (listener, addr) = bind().await;
     let app = app(&drain, Probe::default())
         .layer(drain.layer().refuse_after_stop(Duration::from_millis(1500)));
@@ -304,9 +281,7 @@ async fn refusal_mode_answers_503_with_retry_after_after_stop() {
     );
 
     // Something in flight keeps the drain in StoppedAccepting for a while.
-    let (mut busy, _busy_conn) = h1(addr).await;
-    let slow = tokio::spawn(async move { text(send1(&mut busy, "/slow/2500").await).await });
-    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    let slow = slow_request(&drain, addr, 2500).await;
 
     assert!(drain.start(Trigger::Api));
     // Before stopped_accepting: served.
@@ -329,17 +304,12 @@ async fn refusal_mode_answers_503_with_retry_after_after_stop() {
 
     let (status, _, body) = within("slow request", slow).await.unwrap();
     assert_eq!((status, body.as_str()), (StatusCode::OK, "slow done"));
-    let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    drained_clean(&drain, server).await;
 }
 
 #[tokio::test]
 async fn http2_connection_opened_during_the_drain_keeps_serving_until_stopped_accepting() {
-    let drain = drain(
-        Duration::from_secs(8),
-        Propagation::fixed(Duration::from_millis(2500)),
-    );
+    let drain = drain(secs(8), Propagation::fixed(ms(2500)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
     assert!(drain.start(Trigger::Api));
 

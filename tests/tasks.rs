@@ -1,32 +1,29 @@
 //! Background tasks, ordered closers, the quiesce deadline and the report, with paused time.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{ms, quiet_builder, secs};
 use lameduck::{
-    CloseOptions, Drain, DrainReport, EventKind, Outcome, Phase, Propagation, Signals, Trigger,
+    CloseOptions, DrainReport, EventKind, Outcome, Phase, Propagation, Trigger,
     TERMINATION_LOG_LIMIT,
 };
 use tokio::time::Instant;
 
+/// Grace 10 s, a fixed 100 ms propagation delay.
 fn builder() -> lameduck::DrainBuilder {
-    Drain::builder()
-        .signals(Signals::none())
-        .report_to_stderr(false)
-        .termination_log(None)
-        .grace_period(Duration::from_secs(10))
-        .propagation(Propagation::fixed(Duration::from_millis(100)))
-}
-
-fn s(n: u64) -> Duration {
-    Duration::from_secs(n)
+    quiet_builder()
+        .grace_period(secs(10))
+        .propagation(Propagation::fixed(ms(100)))
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_must_finish_task_delays_closing() {
     let drain = builder().build().unwrap();
     drain.spawn("upload-flush", async {
-        tokio::time::sleep(s(3)).await;
+        tokio::time::sleep(secs(3)).await;
     });
     assert_eq!(drain.tasks(), 1);
     let closed_at = Arc::new(Mutex::new(None));
@@ -37,13 +34,13 @@ async fn a_must_finish_task_delays_closing() {
     });
     let t0 = Instant::now();
     drain.start(Trigger::Api);
-    tokio::time::sleep(s(1)).await;
+    tokio::time::sleep(secs(1)).await;
     assert_eq!(drain.phase(), Phase::StoppedAccepting);
     let report = drain.drained().await;
     assert_eq!(report.outcome, Outcome::Clean);
     assert_eq!(report.event(EventKind::TasksDone).unwrap().at_ms, 3000);
     let closed = closed_at.lock().unwrap().unwrap();
-    assert!(closed >= t0 + s(3));
+    assert!(closed >= t0 + secs(3));
     // tasks_done comes before the closer.
     let order: Vec<_> = report.timeline.iter().map(|e| e.event).collect();
     let td = order
@@ -68,7 +65,7 @@ async fn a_cancellable_task_sees_its_token_at_drain_start() {
         // Finish the current item.
         tokio::time::sleep(Duration::from_millis(500)).await;
     });
-    tokio::time::sleep(s(2)).await;
+    tokio::time::sleep(secs(2)).await;
     assert!(stopped_at.lock().unwrap().is_none());
     let t0 = Instant::now();
     drain.start(Trigger::Api);
@@ -241,7 +238,7 @@ async fn a_panicking_task_is_recorded_and_does_not_take_the_coordinator_down() {
         tokio::time::sleep(Duration::from_millis(10)).await;
         panic!("boom");
     });
-    tokio::time::sleep(s(1)).await;
+    tokio::time::sleep(secs(1)).await;
     assert_eq!(drain.tasks(), 0);
     drain.start(Trigger::Api);
     let report = drain.drained().await;
@@ -265,7 +262,7 @@ async fn recovery_runs_for_an_unfinished_task_before_it_is_aborted() {
             *h.lock().unwrap() = Some(Instant::now());
             std::future::pending::<()>().await;
         },
-        s(1),
+        secs(1),
         move || async move {
             q.lock().unwrap().push(7);
             Ok(())

@@ -1,11 +1,14 @@
 //! The drain tells its story through `tracing`: one span, one INFO event per lifecycle event,
 //! with structured fields.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lameduck::{Drain, Propagation, Signals, Trigger};
+use common::quiet_builder;
+use lameduck::{Propagation, Trigger};
 use tracing::field::{Field, Visit};
 use tracing::{Level, Subscriber};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -60,10 +63,7 @@ async fn a_drain_is_a_handful_of_info_events_with_fields() {
     let subscriber = tracing_subscriber::registry().with(capture.clone());
     let _default = tracing::subscriber::set_default(subscriber);
 
-    let drain = Drain::builder()
-        .signals(Signals::none())
-        .report_to_stderr(false)
-        .termination_log(None)
+    let drain = quiet_builder()
         .propagation(Propagation::fixed(Duration::from_millis(300)))
         .build()
         .unwrap();
@@ -99,38 +99,29 @@ async fn a_drain_is_a_handful_of_info_events_with_fields() {
     );
     // A production log at INFO: the events above plus the report line, nothing per request.
     assert!(info.len() <= 10, "{} INFO events", info.len());
-    let started = info
-        .iter()
-        .find(|e| e.fields["event"] == "drain_started")
-        .unwrap();
+    let event = |name: &str| {
+        *info
+            .iter()
+            .find(|e| e.fields["event"] == name)
+            .unwrap_or_else(|| panic!("no {name} event"))
+    };
+    let started = event("drain_started");
     assert_eq!(started.fields["trigger"], "sigterm");
     assert_eq!(started.fields["in_flight"], "1");
-    let stopped = info
-        .iter()
-        .find(|e| e.fields["event"] == "stopped_accepting")
-        .unwrap();
+    let stopped = event("stopped_accepting");
     assert_eq!(stopped.fields["reason"], "fixed");
     assert_eq!(stopped.fields["at_ms"], "300");
     assert_eq!(stopped.fields["in_flight"], "1");
     assert_eq!(stopped.spans, ["lameduck_drain"]);
-    let propagated = info
-        .iter()
-        .find(|e| e.fields["event"] == "propagation_done")
-        .unwrap();
+    let propagated = event("propagation_done");
     assert!(
         propagated.fields["detail"].starts_with("fixed:"),
         "the evidence rides on the event: {:?}",
         propagated.fields
     );
-    let zero = info
-        .iter()
-        .find(|e| e.fields["event"] == "in_flight_zero")
-        .unwrap();
+    let zero = event("in_flight_zero");
     assert_eq!(zero.fields["at_ms"], "500");
-    let closed = info
-        .iter()
-        .find(|e| e.fields["event"] == "resource_closed")
-        .unwrap();
+    let closed = event("resource_closed");
     assert_eq!(closed.fields["name"], "db");
     let report = events
         .iter()

@@ -8,15 +8,12 @@ mod ws;
 
 use std::time::{Duration, Instant};
 
-use common::{bind, drain, eventually, within};
+use common::{bind, drain, eventually, ms, secs, within};
 use lameduck::{Drain, EventKind, Outcome, Phase, Propagation, Trigger};
 use ws::{follow, End, GOING_AWAY};
 
 async fn replica(spread: Duration) -> (Drain, std::net::SocketAddr) {
-    let drain = drain(
-        Duration::from_secs(30),
-        Propagation::fixed(Duration::from_millis(500)),
-    );
+    let drain = drain(secs(30), Propagation::fixed(ms(500)));
     let (listener, addr) = bind().await;
     let app = ws::router(&drain, Duration::from_millis(20), spread);
     tokio::spawn(lameduck::serve(listener, app, &drain));

@@ -1,7 +1,5 @@
-//! A seeded xorshift64* generator shared by the tests that fuzz with it (`tests/admin.rs`,
+//! A seeded xorshift64* generator shared by the tests that fuzz with it (`tests/admin/fuzz.rs`,
 //! `tests/fuzz.rs`): small, deterministic, good enough to pick test inputs.
-// Each user takes a different subset.
-#![allow(dead_code)]
 
 pub(crate) struct Rng(pub(crate) u64);
 
