@@ -158,11 +158,7 @@ pub enum WeakEvidence {
 impl WeakEvidence {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        match self {
-            WeakEvidence::NoConnectionData => "no_connection_data",
-            WeakEvidence::TooFewSlots => "too_few_slots",
-            WeakEvidence::TooSparse => "too_sparse",
-        }
+        crate::names::of(&self)
     }
 }
 
@@ -249,13 +245,7 @@ pub enum EvidenceKind {
 impl EvidenceKind {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        match self {
-            EvidenceKind::Confidence => "confidence",
-            EvidenceKind::Floor => "floor",
-            EvidenceKind::Max => "max",
-            EvidenceKind::Fixed => "fixed",
-            EvidenceKind::Cut => "cut",
-        }
+        crate::names::of(&self)
     }
 }
 
@@ -275,10 +265,7 @@ pub enum MaxReason {
 impl MaxReason {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        match self {
-            MaxReason::NotEnoughEvidence => "not_enough_evidence",
-            MaxReason::TrafficNeverWentQuiet => "traffic_never_went_quiet",
-        }
+        crate::names::of(&self)
     }
 }
 
@@ -289,6 +276,7 @@ impl MaxReason {
 /// Fractions and rates are integers so the report stays exactly comparable: `p_empty_ppm` is
 /// p̂ in millionths, `rate_per_1000s` is λ̂ in new connections per 1000 s.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct EvidenceReport {
     /// What the commit went on (or, before it, what the policy waits for).
     pub kind: EvidenceKind,
@@ -327,6 +315,33 @@ impl EvidenceReport {
     /// λ̂ in new connections per second, for display.
     pub fn rate_per_s(&self) -> Option<f64> {
         self.rate_per_1000s.map(|r| r as f64 / 1000.0)
+    }
+
+    /// One line for `/readyz?verbose` and the `propagation_done` event: the evidence and its
+    /// numbers.
+    pub(crate) fn describe(&self) -> String {
+        let rate = match (self.rate_per_s(), self.weak) {
+            (_, Some(WeakEvidence::NoConnectionData)) => {
+                "no connection data (use lameduck::serve or ConnMeta)".to_owned()
+            }
+            (Some(r), _) => format!(
+                "{r:.2} new connections/s before the trigger ({} of {} slots empty)",
+                self.empty_slots, self.slots_observed
+            ),
+            (None, _) => "no rate".to_owned(),
+        };
+        let need = match self.t_conf_ms {
+            Some(t) if self.weak.is_none() => format!("needs {t} ms of silence"),
+            _ => match self.weak {
+                Some(w) => format!("not enough evidence ({})", w.as_str()),
+                None => String::new(),
+            },
+        };
+        format!(
+            "{}: {rate}; {need}; silent for {} ms",
+            self.kind.as_str(),
+            self.silence_ms
+        )
     }
 }
 
@@ -550,7 +565,7 @@ mod tests {
         let weak = report
             .advice
             .iter()
-            .find(|a| a.rule == "weak_evidence")
+            .find(|a| a.rule == crate::AdviceRule::WeakEvidence)
             .unwrap();
         assert!(
             weak.message.contains("new connections/s before the drain"),
@@ -616,7 +631,7 @@ mod tests {
         let a = report
             .advice
             .iter()
-            .find(|a| a.rule == "no_connection_data")
+            .find(|a| a.rule == crate::AdviceRule::NoConnectionData)
             .unwrap();
         assert!(
             a.message.contains("use lameduck::serve or ConnMeta"),

@@ -39,7 +39,7 @@ use tonic_health::ServingStatus;
 
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use crate::drain::Caller;
+use crate::readiness::Caller;
 use crate::{Drain, Phase, ReadinessWhileDraining, StreamStop};
 
 impl Drain {

@@ -153,7 +153,7 @@ async fn deadline_bounds_axum_serve_and_names_the_never_ending_stream() {
     assert!(report
         .stragglers
         .iter()
-        .any(|s| s.kind == "request" && s.name == "GET /forever"));
+        .any(|s| s.kind == lameduck::StragglerKind::Request && s.name == "GET /forever"));
     // axum's connection tasks outlive its serve future; in an app they end with the process.
     reader.abort();
 }
@@ -291,6 +291,6 @@ async fn one_call_serve_is_bounded_by_the_deadline() {
     assert!(report
         .stragglers
         .iter()
-        .any(|s| s.kind == "request" && s.name == "GET /forever"));
+        .any(|s| s.kind == lameduck::StragglerKind::Request && s.name == "GET /forever"));
     reader.abort();
 }

@@ -77,7 +77,7 @@ async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
         "{}",
         report.to_json()
     );
-    assert!(report.advice.iter().any(|a| a.rule == "confidence"));
+    assert!(report.advice.iter().any(|a| a.rule.as_str() == "confidence"));
     within("serve to return", server).await.unwrap().unwrap();
 }
 
@@ -106,7 +106,7 @@ async fn through_serve_sparse_arrivals_wait_to_max() {
     let advice = report
         .advice
         .iter()
-        .find(|a| a.rule == "weak_evidence")
+        .find(|a| a.rule.as_str() == "weak_evidence")
         .expect("weak evidence is explained");
     assert!(
         advice.message.contains("is not evidence"),

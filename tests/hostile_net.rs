@@ -92,7 +92,7 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
     let straggler = report
         .stragglers
         .iter()
-        .find(|s| s.kind == "response")
+        .find(|s| s.kind == lameduck::StragglerKind::Response)
         .unwrap_or_else(|| panic!("the response is named: {:?}", report.stragglers));
     assert_eq!(straggler.peer.as_deref(), Some(client_addr.as_str()));
     assert!(
@@ -197,7 +197,7 @@ async fn an_http2_response_stuck_behind_flow_control_is_in_flight_and_named() {
     let straggler = report
         .stragglers
         .iter()
-        .find(|s| s.kind == "response")
+        .find(|s| s.kind == lameduck::StragglerKind::Response)
         .unwrap_or_else(|| panic!("the connection is named: {:?}", report.stragglers));
     assert!(straggler.name.contains("HTTP/2"), "{}", straggler.name);
     within("serve returns", server).await.unwrap().unwrap();
@@ -319,7 +319,7 @@ async fn the_header_read_timeout_closes_a_slowloris_connection_while_serving() {
     let advice = report
         .advice
         .iter()
-        .find(|a| a.rule == "server_idle_timeout_short")
+        .find(|a| a.rule.as_str() == "server_idle_timeout_short")
         .expect("advice on the short idle timeout");
     assert_eq!(advice.observed, 500);
 }

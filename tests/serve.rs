@@ -233,7 +233,7 @@ async fn quiesce_deadline_cuts_a_never_ending_stream_names_it_and_serve_returns(
     let straggler = report
         .stragglers
         .iter()
-        .find(|s| s.kind == "request")
+        .find(|s| s.kind == lameduck::StragglerKind::Request)
         .expect("the stream is named as a straggler");
     assert_eq!(straggler.name, "GET /forever");
 
@@ -276,7 +276,7 @@ async fn by_default_a_stream_from_before_the_trigger_is_an_undescribed_straggler
     let mut requests: Vec<_> = report
         .stragglers
         .iter()
-        .filter(|s| s.kind == "request")
+        .filter(|s| s.kind == lameduck::StragglerKind::Request)
         .map(|s| (s.name.as_str(), s.peer.is_some()))
         .collect();
     requests.sort_unstable();

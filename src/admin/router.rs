@@ -503,7 +503,7 @@ async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
     let parts = s.admit(req, "/readyz", PROBE_METHODS, "GET, HEAD").await?;
     let params = Params::parse(parts.uri.query(), "/readyz", &["verbose"]).map_err(bad_request)?;
     let verbose = params.flag("verbose").map_err(bad_request)?;
-    let caller = crate::drain::Caller::from_user_agent(
+    let caller = crate::readiness::Caller::from_user_agent(
         parts
             .headers
             .get(header::USER_AGENT)
