@@ -240,7 +240,11 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
             ),
         ));
     }
-    let tasks_cut = r.stragglers.iter().filter(|s| s.kind == StragglerKind::Task).count();
+    let tasks_cut = r
+        .stragglers
+        .iter()
+        .filter(|s| s.kind == StragglerKind::Task)
+        .count();
     if tasks_cut > 0 {
         out.push(advice(
             Warn,

@@ -48,7 +48,8 @@ impl Closers {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
-        let f: CloseFn = Box::new(move || Box::pin(async move { close().await.map_err(Into::into) }));
+        let f: CloseFn =
+            Box::new(move || Box::pin(async move { close().await.map_err(Into::into) }));
         self.lock().push(Closer { name, options, f });
     }
 

@@ -330,7 +330,13 @@ impl Policy {
             Policy::Fixed(d) => (DEFAULT_EPSILON, d, None),
         };
         Evidence {
-            estimate: Estimate::at(core, now, core.serving_since(), epsilon),
+            estimate: Estimate::at(
+                &core.arrivals,
+                core.base,
+                now,
+                core.serving_since(),
+                epsilon,
+            ),
             epsilon,
             max,
             floor,

@@ -1,6 +1,8 @@
 //! The advice rules, fed with recorded (synthetic) drains.
 
-use lameduck::{advise, AdviceLevel, CommitReason, DrainReport, Event, EventKind, Outcome, PeerCount};
+use lameduck::{
+    advise, AdviceLevel, CommitReason, DrainReport, Event, EventKind, Outcome, PeerCount,
+};
 
 fn ev(kind: EventKind, at_ms: u64) -> Event {
     let mut e: Event = serde_json::from_value(serde_json::json!({
@@ -173,7 +175,10 @@ fn in_flight_reaching_zero_late_in_the_window_is_flagged() {
     r.budget.used_ms = 20_100;
     r.budget.remaining_ms = 9_900;
     let a = advise(&r);
-    let late = a.iter().find(|a| a.rule.as_str() == "in_flight_late").unwrap();
+    let late = a
+        .iter()
+        .find(|a| a.rule.as_str() == "in_flight_late")
+        .unwrap();
     assert_eq!(late.observed, 20_000);
     assert!(late.message.contains("83%"));
 }
@@ -184,7 +189,10 @@ fn little_grace_left_is_a_warning() {
     r.budget.used_ms = 28_500;
     r.budget.remaining_ms = 1_500;
     let a = advise(&r);
-    let g = a.iter().find(|a| a.rule.as_str() == "grace_headroom").unwrap();
+    let g = a
+        .iter()
+        .find(|a| a.rule.as_str() == "grace_headroom")
+        .unwrap();
     assert_eq!(g.level, AdviceLevel::Warn);
     assert_eq!(g.observed, 1_500);
 }

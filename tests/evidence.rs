@@ -77,7 +77,10 @@ async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
         "{}",
         report.to_json()
     );
-    assert!(report.advice.iter().any(|a| a.rule.as_str() == "confidence"));
+    assert!(report
+        .advice
+        .iter()
+        .any(|a| a.rule.as_str() == "confidence"));
     within("serve to return", server).await.unwrap().unwrap();
 }
 

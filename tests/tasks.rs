@@ -4,8 +4,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lameduck::{
-    ActionResult, CloseOptions, Drain, DrainReport, EventKind, Outcome, Phase, Propagation, Signals, Trigger,
-    TERMINATION_LOG_LIMIT,
+    ActionResult, CloseOptions, Drain, DrainReport, EventKind, Outcome, Phase, Propagation,
+    Signals, Trigger, TERMINATION_LOG_LIMIT,
 };
 use tokio::time::Instant;
 
@@ -167,7 +167,10 @@ async fn a_slow_closer_cannot_take_the_time_of_the_one_registered_before_it() {
         .collect();
     assert_eq!(
         results,
-        vec![("exporter", ActionResult::TimedOut), ("db-pool", ActionResult::Ok)]
+        vec![
+            ("exporter", ActionResult::TimedOut),
+            ("db-pool", ActionResult::Ok)
+        ]
     );
     // The exporter got half of what was left before the hard deadline, not all of it.
     let closed = report.event(EventKind::ResourceClosed).unwrap().at_ms;

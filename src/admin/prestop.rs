@@ -16,7 +16,8 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::router::{Wait, ADMIN_TOKEN_ENV};
+use super::handlers::ADMIN_TOKEN_ENV;
+use super::query::Wait;
 use crate::Status;
 
 /// Bound on the connect step when no timeout is given: the admin port is local, so a connect

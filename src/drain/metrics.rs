@@ -87,7 +87,6 @@ impl Drain {
     }
 }
 
-
 #[cfg(all(test, not(lameduck_loom)))]
 mod tests {
     //! The after-flip hooks are crate-internal (the HTTP layer calls them), so what depends on
@@ -97,7 +96,9 @@ mod tests {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
     use metrics_util::MetricKind;
 
-    use crate::metrics::{DRAIN_DURATION_SECONDS, OBSERVED_PROPAGATION_SECONDS, REQUESTS_AFTER_FLIP_TOTAL};
+    use crate::metrics::{
+        DRAIN_DURATION_SECONDS, OBSERVED_PROPAGATION_SECONDS, REQUESTS_AFTER_FLIP_TOTAL,
+    };
     use crate::{Drain, Propagation, Signals, Trigger};
 
     /// One reading of the recorder. The debugging recorder resets what it reports, so a test

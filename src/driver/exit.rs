@@ -109,7 +109,12 @@ impl Driver {
         // AcqRel: whoever wins writes; the driver checks the same flag before writing.
         if self
             .emission
-            .compare_exchange(EMIT_NONE, EMIT_WATCHDOG, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                EMIT_NONE,
+                EMIT_WATCHDOG,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_err()
         {
             // The driver is writing the report and has not finished by now: exit anyway.

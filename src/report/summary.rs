@@ -94,4 +94,3 @@ pub(crate) fn truncate_utf8(mut s: String, limit: usize) -> String {
     s.push_str(MARK);
     s
 }
-
