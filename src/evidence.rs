@@ -113,6 +113,8 @@ impl Arrivals {
 }
 
 /// Why the arrival data cannot say how long to wait.
+///
+/// In JSON: `no_connection_data`, `too_few_slots`, `too_sparse`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -198,6 +200,8 @@ impl Estimate {
 
 /// What the propagation policy went on when it committed (or, while draining, what it waits
 /// for).
+///
+/// In JSON: `confidence`, `floor`, `max`, `fixed`, `cut`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -224,6 +228,8 @@ impl EvidenceKind {
 }
 
 /// Why the policy waited until `max`.
+///
+/// In JSON: `not_enough_evidence`, `traffic_never_went_quiet`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]

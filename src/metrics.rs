@@ -29,23 +29,23 @@
 //! request ever calls the recorder. The gauges and the counter are *sampled* from the
 //! coordinator's own counters
 //!
-//! * when the [`Drain`] is built, at every lifecycle event and at every phase change;
-//! * whenever you call [`Drain::record_metrics`] — from your scrape handler, right before the
+//! * when the [`Drain`](crate::Drain) is built, at every lifecycle event and at every phase change;
+//! * whenever you call [`Drain::record_metrics`](crate::Drain::record_metrics) — from your scrape handler, right before the
 //!   exporter renders, so a scrape sees that instant;
-//! * every period, from [`Drain::spawn_metrics_updater`], for exporters that push.
+//! * every period, from [`Drain::spawn_metrics_updater`](crate::Drain::spawn_metrics_updater), for exporters that push.
 //!
 //! Between two samples a gauge keeps its last value. The counter is set to the coordinator's
 //! running total each time (a monotonic [`absolute`](metrics::Counter::absolute)), so a scrape
 //! during the drain sees the requests so far, and two samples never count a request twice.
 //!
-//! The metrics are described (help text and unit) when the [`Drain`] is built, so install your
+//! The metrics are described (help text and unit) when the [`Drain`](crate::Drain) is built, so install your
 //! recorder first.
 //!
 //! # The last numbers
 //!
 //! The histograms are recorded at Done, and the process usually exits right after: a scraper
 //! that pulls every 15 s will rarely see them. A push exporter flushed before exit, or a
-//! `preStop` drain (after which [`Drain::run`] keeps the process up until SIGTERM) gives it a
+//! `preStop` drain (after which [`Drain::run`](crate::Drain::run) keeps the process up until SIGTERM) gives it a
 //! chance; the [`DrainReport`] always has the same numbers.
 //!
 //! # Examples

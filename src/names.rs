@@ -160,3 +160,6 @@ impl Serializer for VariantName {
         Err(NotAUnitVariant)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 /// Starting ──(all startup gates open)──▶ Serving
 /// Serving ──(trigger)──▶ Draining ──(commit)──▶ StoppedAccepting ──(zero or deadline)──▶ Closing ──▶ Done
 /// ```
+///
+/// In JSON: `starting`, `serving`, `draining`, `stopped_accepting`, `closing`, `done`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -50,6 +52,8 @@ impl fmt::Display for Phase {
 }
 
 /// What started (or asked to start) the drain.
+///
+/// In JSON: `api`, `prestop`, `sigterm`, `sigint`, `sigquit`, `task_panic`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -89,6 +93,8 @@ impl fmt::Display for Trigger {
 }
 
 /// Why the drain stopped accepting.
+///
+/// In JSON: `quiet`, `max`, `fixed`, `forced`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -112,6 +118,8 @@ impl CommitReason {
 }
 
 /// The kind of a lifecycle event in the timeline.
+///
+/// In JSON: `drain_started`, `readiness_flipped`, `signal_received`, `propagation_done`, `stopped_accepting`, `in_flight_zero`, `tasks_done`, `deadline_exceeded`, `resource_closed`, `done`, `exit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]

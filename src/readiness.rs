@@ -29,6 +29,8 @@ use crate::ConfigError;
 /// EndpointSlice to tell it: it must see "not ready" from the trigger, or it keeps sending new
 /// work for its whole probe interval. [`Auto`](Self::Auto), the default, answers each by who
 /// asks.
+///
+/// In JSON: `auto`, `not_ready`, `serving_until_stop`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]

@@ -27,6 +27,8 @@ pub(crate) use sinks::{log_report, stderr_bounded, Emitted, Sinks, STDERR_WAIT};
 pub const TERMINATION_LOG_LIMIT: usize = 4096;
 
 /// How the drain ended.
+///
+/// In JSON: `clean`, `deadline_exceeded`, `closer_failed`, `forced`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -90,6 +92,8 @@ impl BudgetReport {
 }
 
 /// Which propagation policy was in force: [`PolicyReport::kind`].
+///
+/// In JSON: `quiet`, `fixed`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -243,6 +247,8 @@ pub struct StopSignalWait {
 }
 
 /// What a straggler was: [`Straggler::kind`].
+///
+/// In JSON: `request`, `task`, `response`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]

@@ -29,6 +29,8 @@ pub(crate) enum TaskKind {
 }
 
 /// How a background task ended abnormally: [`TaskEnd::result`].
+///
+/// In JSON: `panicked`, `aborted`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]

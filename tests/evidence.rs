@@ -81,7 +81,7 @@ async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
         .advice
         .iter()
         .any(|a| a.rule.as_str() == "confidence"));
-    within("serve to return", server).await.unwrap().unwrap();
+    within("serve to return", server).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,7 +121,7 @@ async fn through_serve_sparse_arrivals_wait_to_max() {
         "{}",
         advice.message
     );
-    within("serve to return", server).await.unwrap().unwrap();
+    within("serve to return", server).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

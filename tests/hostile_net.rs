@@ -108,7 +108,7 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
         "{:?}",
         report.stragglers
     );
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 
     // The connection was cut: the client gets less than the whole body.
     let mut head_done = false;
@@ -164,7 +164,7 @@ async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
     let report = within("drain done", drain.drained()).await;
     assert_eq!(report.outcome, Outcome::Clean);
     assert!(report.stragglers.is_empty());
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,7 +200,7 @@ async fn an_http2_response_stuck_behind_flow_control_is_in_flight_and_named() {
         .find(|s| s.kind == lameduck::StragglerKind::Response)
         .unwrap_or_else(|| panic!("the connection is named: {:?}", report.stragglers));
     assert!(straggler.name.contains("HTTP/2"), "{}", straggler.name);
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }
 
 /// Partial request heads that are never finished.
@@ -245,7 +245,7 @@ async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() 
     assert!(drain.start(Trigger::Api));
     let report = within("drain done", drain.drained()).await;
     assert_eq!(report.outcome, Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
     assert_eq!(drain.connections(), 0);
     for s in loris.iter_mut().chain(silent.iter_mut()) {
         assert!(within("connection closed", closed_by_server(s)).await);
@@ -283,7 +283,7 @@ async fn silent_connections_close_at_stopped_accepting_and_partial_heads_once_no
     assert_eq!((status, body.as_str()), (http::StatusCode::OK, "slow done"));
     let report = within("drain done", drain.drained()).await;
     assert_eq!(report.outcome, Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }
 
 #[tokio::test]

@@ -9,10 +9,10 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{ACCEPT, AUTHORIZATION, CONNECTION, HOST, USER_AGENT};
 use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 

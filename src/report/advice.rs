@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 /// How much a piece of advice matters.
+///
+/// In JSON: `warn`, `info`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]

@@ -275,10 +275,7 @@ pub fn app(drain: &Drain, probe: Probe) -> axum::Router {
 }
 
 /// Binds 127.0.0.1:0 and runs `lameduck::serve` with the app behind the default layer.
-pub async fn start_serve(
-    drain: &Drain,
-    probe: Probe,
-) -> (SocketAddr, JoinHandle<std::io::Result<()>>) {
+pub async fn start_serve(drain: &Drain, probe: Probe) -> (SocketAddr, JoinHandle<()>) {
     let (listener, addr) = bind().await;
     let app = app(drain, probe).layer(drain.layer());
     // The test app reports each request's connection id, from `ConnMeta`.
@@ -288,10 +285,7 @@ pub async fn start_serve(
 
 /// [`start_serve`] with `describe_requests` on: requests that started before the trigger can be
 /// named as stragglers.
-pub async fn start_serve_describing(
-    drain: &Drain,
-    probe: Probe,
-) -> (SocketAddr, JoinHandle<std::io::Result<()>>) {
+pub async fn start_serve_describing(drain: &Drain, probe: Probe) -> (SocketAddr, JoinHandle<()>) {
     let (listener, addr) = bind().await;
     let app = app(drain, probe).layer(drain.layer().describe_requests());
     // The test app reports each request's connection id, from `ConnMeta`.
