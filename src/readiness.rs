@@ -79,15 +79,17 @@ impl ReadinessWhileDraining {
 impl std::str::FromStr for ReadinessWhileDraining {
     type Err = ConfigError;
 
+    /// The JSON name, with `-` accepted for `_` (`not-ready`).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.replace('-', "_").as_str() {
-            "auto" => Ok(Self::Auto),
-            "not_ready" => Ok(Self::NotReady),
-            "serving_until_stop" => Ok(Self::ServingUntilStop),
-            _ => Err(ConfigError::parse(format!(
-                "`{s}` is not a readiness policy: expected auto, not-ready or serving-until-stop"
-            ))),
-        }
+        let name = s.replace('-', "_");
+        [Self::Auto, Self::NotReady, Self::ServingUntilStop]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+            .ok_or_else(|| {
+                ConfigError::parse(format!(
+                    "`{s}` is not a readiness policy: expected auto, not-ready or serving-until-stop"
+                ))
+            })
     }
 }
 

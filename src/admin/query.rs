@@ -150,6 +150,7 @@ pub(crate) fn shorten(s: &str) -> String {
 /// assert!("soon".parse::<Wait>().is_err());
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Wait {
     /// Answer at once, with `202 Accepted`.
     None,
@@ -193,15 +194,16 @@ impl FromStr for Wait {
     type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "none" => Ok(Wait::None),
-            "propagated" => Ok(Wait::Propagated),
-            "drained" => Ok(Wait::Drained),
-            other => Err(ConfigError::parse(format!(
-                "`{}` is not a wait condition: expected none, propagated or drained",
-                shorten(other)
-            ))),
-        }
+        // The names come from `as_str`, the one table.
+        [Wait::None, Wait::Propagated, Wait::Drained]
+            .into_iter()
+            .find(|w| w.as_str() == s)
+            .ok_or_else(|| {
+                ConfigError::parse(format!(
+                    "`{}` is not a wait condition: expected none, propagated or drained",
+                    shorten(s)
+                ))
+            })
     }
 }
 
