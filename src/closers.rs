@@ -137,7 +137,7 @@ pub struct CloserResult {
     pub name: String,
     /// How long it took, in milliseconds.
     pub took_ms: u64,
-    /// `ok`, `error: <message>`, `panicked`, `timed_out` or `skipped` (no budget left).
+    /// `ok`, `error: <message>`, `panicked`, `aborted`, `timed_out` or `skipped` (no budget left).
     pub result: ActionResult,
 }
 

@@ -35,7 +35,7 @@ pub use builder::{DrainBuilder, PROXY_LABEL_ENV};
 
 pub(crate) struct Inner {
     readiness: ReadinessState,
-    pub(crate) driver: Arc<Driver>,
+    driver: Arc<Driver>,
     signals: Signals,
     exit: ExitHolds,
 }

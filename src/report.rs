@@ -285,7 +285,8 @@ pub struct Straggler {
     /// The peer address, for requests whose connection is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<String>,
-    /// For tasks with a recovery action: `ok`, `error: …`, `panicked`, `timed_out`.
+    /// For tasks with a recovery action: `ok`, `error: <message>`, `panicked`, `aborted` or
+    /// `timed_out`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<ActionResult>,
 }
