@@ -61,7 +61,7 @@ impl ReadinessWhileDraining {
 
     /// Whether the caller sees "ready" while Draining (before `stopped_accepting`; after it,
     /// no caller does).
-    pub(crate) fn ready_while_draining(self, caller: Caller) -> bool {
+    fn ready_while_draining(self, caller: Caller) -> bool {
         match self {
             ReadinessWhileDraining::NotReady => false,
             ReadinessWhileDraining::ServingUntilStop => true,
