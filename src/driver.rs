@@ -108,7 +108,7 @@ struct Lifecycle {
     server: Option<ServerReport>,
 }
 
-/// The tokens the drain fires, in this order.
+/// The tokens the drain fires as it goes.
 #[derive(Debug, Default)]
 pub(crate) struct Tokens {
     /// The drain started: stop taking new work.

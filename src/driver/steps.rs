@@ -13,6 +13,8 @@ use crate::readiness::ReadinessWhileDraining;
 use crate::report::{Outcome, Straggler, StragglerKind};
 
 impl Driver {
+    /// The one driver task, spawned by the first trigger with its origin: each step below in
+    /// turn, then the report.
     pub(super) async fn drive(self: Arc<Self>, origin: Instant) {
         let budget = self.budget;
         // `build` proved `now + grace` representable; should the clock still refuse, the
