@@ -69,7 +69,7 @@ async fn serve(grpc_addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> 
     let server = tokio::spawn(lameduck::serve(listener, app, &drain).conn_meta_on_every_request());
 
     let report = drain.run().await;
-    server.await??;
+    server.await?;
     println!("{}", report.summary());
     std::process::exit(report.exit_code);
 }

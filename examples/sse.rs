@@ -77,7 +77,7 @@ async fn serve(
     // Each event names its server connection, from `ConnMeta`.
     let server = tokio::spawn(lameduck::serve(listener, app, &drain).conn_meta_on_every_request());
     let report = drain.run().await;
-    server.await??;
+    server.await?;
     println!("{}", report.summary());
     std::process::exit(report.exit_code);
 }

@@ -3,11 +3,17 @@
 //! Every rule reads only the [`DrainReport`]: what this process saw. None of them claims more
 //! than that — a quiet drain here says nothing about a proxy that sends to other Pods.
 
-use serde::{Deserialize, Serialize};
-
+use crate::action::ActionResult;
 use crate::evidence::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
 use crate::phase::{CommitReason, EventKind};
-use crate::report::{DrainReport, PolicyReport};
+use crate::report::{
+    Advice, AdviceLevel, AdviceRule as Rule, DrainReport, PolicyKind, PolicyReport, StragglerKind,
+};
+use crate::tasks::TaskResult;
+
+fn advice(level: AdviceLevel, rule: Rule, observed: u64, message: String) -> Advice {
+    Advice::new(level, rule, observed, message)
+}
 
 /// Below this many requests after the drain started, propagation is not measured.
 const MIN_TRAFFIC: u64 = 5;
@@ -16,49 +22,6 @@ const MIN_TRAFFIC: u64 = 5;
 /// `keepalive_timeout`, common cloud load-balancer defaults): a server idle timeout below it
 /// invites resets on reused connections.
 const PROXY_IDLE_TIMEOUT_MS: u64 = 60_000;
-
-/// How much a piece of advice matters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AdviceLevel {
-    /// Something to change: the drain lost time or work, or nearly did.
-    Warn,
-    /// A measurement worth knowing; nothing to change on its evidence alone.
-    Info,
-}
-
-impl AdviceLevel {
-    /// `warn` or `info`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AdviceLevel::Warn => "warn",
-            AdviceLevel::Info => "info",
-        }
-    }
-}
-
-/// One line of advice and the measurement behind it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Advice {
-    /// How much it matters.
-    pub level: AdviceLevel,
-    /// A stable identifier of the rule (`propagation_after_min`, `one_peer`, …).
-    pub rule: String,
-    /// The advice, in one sentence, with its numbers.
-    pub message: String,
-    /// The measured value the advice rests on (milliseconds, a count or a percentage, as the
-    /// message says).
-    pub observed: u64,
-}
-
-fn advice(level: AdviceLevel, rule: &str, observed: u64, message: String) -> Advice {
-    Advice {
-        level,
-        rule: rule.to_owned(),
-        message,
-        observed,
-    }
-}
 
 /// Seconds with one decimal, for messages.
 fn secs(ms: u64) -> String {
@@ -77,7 +40,7 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
         {
             out.push(advice(
                 Warn,
-                "no_connection_data",
+                Rule::NoConnectionData,
                 stopped_ms,
                 format!(
                     "connection data unavailable: use lameduck::serve or ConnMeta (axum's connect info),                      or no client connected; without a rate, silence is not evidence, so the drain waited                      {} (max). If your proxies converge faster, {set}",
@@ -90,7 +53,7 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
         {
             out.push(advice(
                 Warn,
-                "weak_evidence",
+                Rule::WeakEvidence,
                 stopped_ms,
                 format!(
                     "the process had served for only {} before the drain, too short to measure a rate:                      waited {} (max). If your proxies converge faster, {set}",
@@ -102,7 +65,7 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
         (EvidenceKind::Max, Some(_)) if e.max_reason == Some(MaxReason::NotEnoughEvidence) => {
             out.push(advice(
                 Warn,
-                "weak_evidence",
+                Rule::WeakEvidence,
                 stopped_ms,
                 format!(
                     "{rate:.2} new connections/s before the drain ({} of {} slots of {} ms empty):                      {} of silence is not evidence, confidence needed {}; waited {} (max).                      If your proxies converge faster, {set}",
@@ -117,7 +80,7 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
         }
         (EvidenceKind::Confidence, _) => out.push(advice(
             Info,
-            "confidence",
+            Rule::Confidence,
             e.t_conf_ms.unwrap_or(0),
             format!(
                 "committed on evidence: {rate:.2} new connections/s before the drain, so {} of silence                  meant the proxies had moved on (ε = {}); silent for {} at the commit",
@@ -128,7 +91,7 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
         )),
         (EvidenceKind::Floor, _) => out.push(advice(
             Info,
-            "floor",
+            Rule::Floor,
             stopped_ms,
             format!(
                 "committed on the floor you set (assume_converged_after {}): the arrival rate alone                  ({rate:.2} new connections/s) {}",
@@ -163,7 +126,7 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
     if traffic + af.new_connections < MIN_TRAFFIC {
         out.push(advice(
             Info,
-            "not_enough_traffic",
+            Rule::NotEnoughTraffic,
             traffic,
             format!(
                 "not enough traffic after the flip to measure propagation ({traffic} requests, {} new connections)",
@@ -171,10 +134,10 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
             ),
         ));
     } else if let Some(last) = af.last_new_connection_ms {
-        if p.kind == "quiet" && last > p.min_ms {
+        if p.kind == PolicyKind::Quiet && last > p.min_ms {
             out.push(advice(
                 Warn,
-                "propagation_after_min",
+                Rule::PropagationAfterMin,
                 last,
                 format!(
                     "new connections kept arriving until {last} ms after the drain started, past min ({} ms): \
@@ -182,10 +145,10 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
                     p.min_ms
                 ),
             ));
-        } else if p.kind == "fixed" && last + p.quiet_ms.unwrap_or(0) > p.min_ms {
+        } else if p.kind == PolicyKind::Fixed && last + p.quiet_ms.unwrap_or(0) > p.min_ms {
             out.push(advice(
                 Warn,
-                "propagation_after_fixed",
+                Rule::PropagationAfterFixed,
                 last,
                 format!(
                     "the last new connection came {last} ms after the drain started, close to or past the fixed delay ({} ms)",
@@ -195,7 +158,7 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
         } else {
             out.push(advice(
                 Info,
-                "propagation_observed",
+                Rule::PropagationObserved,
                 last,
                 format!(
                     "the last new connection came {last} ms after the drain started (min {} ms)",
@@ -206,7 +169,7 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
     } else {
         out.push(advice(
             Info,
-            "no_new_connections",
+            Rule::NoNewConnections,
             traffic,
             format!(
                 "no new connection after the drain started; {traffic} requests came on connections opened before it"
@@ -224,7 +187,7 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
         if e.reason == Some(CommitReason::Max) {
             out.push(advice(
                 Warn,
-                "quiet_window_never_held",
+                Rule::QuietWindowNeverHeld,
                 e.at_ms,
                 format!(
                     "the quiet window never held: activity continued until max ({} ms); \
@@ -245,7 +208,7 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
                 });
                 out.push(advice(
                     Info,
-                    "one_peer",
+                    Rule::OnePeer,
                     pct,
                     format!(
                         "{pct}% of new connections after the drain started ({} of {}) came from one peer, {}{last}: \
@@ -262,12 +225,12 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
     let requests_cut: Vec<_> = r
         .stragglers
         .iter()
-        .filter(|s| s.kind == "request")
+        .filter(|s| s.kind == StragglerKind::Request)
         .collect();
     if let Some(oldest) = requests_cut.iter().map(|s| s.age_ms).max() {
         out.push(advice(
             Warn,
-            "requests_cut",
+            Rule::RequestsCut,
             oldest,
             format!(
                 "{} requests were still running at the quiesce deadline ({} ms), the oldest {oldest} ms old: \
@@ -277,11 +240,15 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
             ),
         ));
     }
-    let tasks_cut = r.stragglers.iter().filter(|s| s.kind == "task").count();
+    let tasks_cut = r
+        .stragglers
+        .iter()
+        .filter(|s| s.kind == StragglerKind::Task)
+        .count();
     if tasks_cut > 0 {
         out.push(advice(
             Warn,
-            "tasks_cut",
+            Rule::TasksCut,
             tasks_cut as u64,
             format!(
                 "{tasks_cut} background tasks were still running at the quiesce deadline: a task \
@@ -294,13 +261,13 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
     let panicked: Vec<&str> = r
         .tasks
         .iter()
-        .filter(|t| t.result == "panicked")
+        .filter(|t| t.result == TaskResult::Panicked)
         .map(|t| t.name.as_str())
         .collect();
     if !panicked.is_empty() {
         out.push(advice(
             Warn,
-            "tasks_panicked",
+            Rule::TasksPanicked,
             panicked.len() as u64,
             format!(
                 "{} background tasks panicked: {}; their work is not done \
@@ -313,13 +280,13 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
     let skipped: Vec<&str> = r
         .closers
         .iter()
-        .filter(|c| c.result == "skipped")
+        .filter(|c| c.result == ActionResult::Skipped)
         .map(|c| c.name.as_str())
         .collect();
     if !skipped.is_empty() {
         out.push(advice(
             Warn,
-            "closers_skipped",
+            Rule::ClosersSkipped,
             skipped.len() as u64,
             format!(
                 "{} closers were skipped, with no time left before the hard deadline: {}; \
@@ -333,13 +300,13 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
     let failed: Vec<String> = r
         .closers
         .iter()
-        .filter(|c| !c.is_ok() && c.result != "skipped")
+        .filter(|c| !c.is_ok() && c.result != ActionResult::Skipped)
         .map(|c| format!("{} ({})", c.name, c.result))
         .collect();
     if !failed.is_empty() {
         out.push(advice(
             Warn,
-            "closers_failed",
+            Rule::ClosersFailed,
             failed.len() as u64,
             format!(
                 "{} closers did not close cleanly: {}",
@@ -353,7 +320,7 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
         if q > 0 && zero.at_ms * 10 >= q * 8 {
             out.push(advice(
                 Warn,
-                "in_flight_late",
+                Rule::InFlightLate,
                 zero.at_ms,
                 format!(
                     "in-flight requests reached zero at {} ms, {}% of the quiesce window ({q} ms): little headroom",
@@ -369,7 +336,7 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
         if t < PROXY_IDLE_TIMEOUT_MS {
             out.push(advice(
                 Warn,
-                "server_idle_timeout_short",
+                Rule::ServerIdleTimeoutShort,
                 t,
                 format!(
                     "serve closes a keep-alive connection after {} without a request (header_read_timeout), \
@@ -389,7 +356,7 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
         if r.budget.remaining_ms < r.budget.close_budget_ms / 2 {
             out.push(advice(
                 Warn,
-                "grace_headroom",
+                Rule::GraceHeadroom,
                 r.budget.remaining_ms,
                 format!(
                     "only {} ms of the {} ms grace period were left at the end",
@@ -399,7 +366,7 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
         } else {
             out.push(advice(
                 Info,
-                "grace_used",
+                Rule::GraceUsed,
                 pct,
                 format!(
                     "this drain used {} ms, {pct}% of the {} ms grace period",

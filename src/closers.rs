@@ -14,10 +14,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+
+use crate::action::ActionResult;
 
 /// The error type a closer may return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -25,10 +28,49 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub(crate) type CloseFn =
     Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> + Send>;
 
-pub(crate) struct Closer {
-    pub(crate) name: String,
-    pub(crate) options: CloseOptions,
-    pub(crate) f: CloseFn,
+struct Closer {
+    name: String,
+    options: CloseOptions,
+    f: CloseFn,
+}
+
+/// The closers registered so far, in registration order, behind their own lock (taken when a
+/// closer is registered and once when the drain takes them to run).
+#[derive(Debug, Default)]
+pub(crate) struct Closers {
+    registered: Mutex<Vec<Closer>>,
+}
+
+impl Closers {
+    pub(crate) fn register<F, Fut, E>(&self, name: String, options: CloseOptions, close: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
+    {
+        let f: CloseFn =
+            Box::new(move || Box::pin(async move { close().await.map_err(Into::into) }));
+        self.lock().push(Closer { name, options, f });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Closer>> {
+        // A push is the only write: a panic elsewhere leaves the list whole.
+        self.registered.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs every registered closer (see [`run_all`]); with `skip`, runs none (a forced drain).
+    pub(crate) async fn run(
+        &self,
+        hard: Instant,
+        skip: bool,
+        on_each: impl FnMut(&CloserResult),
+    ) -> Vec<CloserResult> {
+        let closers = std::mem::take(&mut *self.lock());
+        if skip {
+            return Vec::new();
+        }
+        run_all(closers, hard, on_each).await
+    }
 }
 
 /// How a resource closer is bounded: [`Drain::on_close_with`](crate::Drain::on_close_with).
@@ -89,25 +131,26 @@ impl std::fmt::Debug for Closer {
 
 /// How one closer went, as recorded in the report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CloserResult {
     /// The name given to [`Drain::on_close`](crate::Drain::on_close).
     pub name: String,
     /// How long it took, in milliseconds.
     pub took_ms: u64,
-    /// `ok`, `error: <message>`, `panicked`, `timed_out` or `skipped` (no budget left).
-    pub result: String,
+    /// `ok`, `error: <message>`, `panicked`, `aborted`, `timed_out` or `skipped` (no budget left).
+    pub result: ActionResult,
 }
 
 impl CloserResult {
     /// `true` if the closer returned `Ok`.
     pub fn is_ok(&self) -> bool {
-        self.result == "ok"
+        self.result.is_ok()
     }
 }
 
 /// Runs the closers in reverse order, each bounded as the module docs say. One failing,
 /// panicking or timing out does not stop the next.
-pub(crate) async fn run_all(
+async fn run_all(
     mut closers: Vec<Closer>,
     hard: Instant,
     mut on_each: impl FnMut(&CloserResult),
@@ -118,20 +161,16 @@ pub(crate) async fn run_all(
         let left = hard.saturating_duration_since(start);
         let limit = limit_for(&c.options, &closers, left);
         let result = if limit.is_zero() {
-            "skipped".to_owned()
+            ActionResult::Skipped
         } else {
             let handle = tokio::spawn((c.f)());
             let abort = handle.abort_handle();
-            match tokio::time::timeout(limit, handle).await {
-                Ok(Ok(Ok(()))) => "ok".to_owned(),
-                Ok(Ok(Err(e))) => format!("error: {e}"),
-                Ok(Err(e)) if e.is_panic() => "panicked".to_owned(),
-                Ok(Err(_)) => "aborted".to_owned(),
-                Err(_) => {
-                    abort.abort();
-                    "timed_out".to_owned()
-                }
+            let result = crate::action::bounded(handle, limit).await;
+            if result == ActionResult::TimedOut {
+                // A closer past its time must not keep the resource busy while the next closes.
+                abort.abort();
             }
+            result
         };
         let r = CloserResult {
             name: c.name,

@@ -46,13 +46,10 @@
 //!   a slot of the window.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-
-use crate::guard::Core;
 
 /// The length of one slot of the arrival ring.
 pub(crate) const SLOT: Duration = Duration::from_millis(250);
@@ -115,32 +112,9 @@ impl Arrivals {
     }
 }
 
-/// The coordinator whose rate `ConnMeta` counts when `axum::serve` builds it through
-/// `ConnectInfo` (axum's hook has no way to name a coordinator): the one built last. A process
-/// builds one.
-static CONNECT_INFO_TARGET: RwLock<Option<&'static Core>> = RwLock::new(None);
-
-pub(crate) fn set_connect_info_target(core: &'static Core) {
-    *CONNECT_INFO_TARGET
-        .write()
-        .unwrap_or_else(|e| e.into_inner()) = Some(core);
-}
-
-/// A connection accepted by `axum::serve` or a custom accept loop (`ConnMeta::accepted`).
-#[cfg_attr(not(feature = "http"), allow(dead_code))] // called by `ConnMeta` of the `http` feature
-pub(crate) fn note_connect_info() {
-    let target = *CONNECT_INFO_TARGET
-        .read()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(core) = target {
-        // Observation starts when the coordinator was built: the server runs from then on (and
-        // slots before Serving are left out anyway).
-        core.arrivals.observe_from(1);
-        core.note_arrival();
-    }
-}
-
 /// Why the arrival data cannot say how long to wait.
+///
+/// In JSON: `no_connection_data`, `too_few_slots`, `too_sparse`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -158,11 +132,7 @@ pub enum WeakEvidence {
 impl WeakEvidence {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        match self {
-            WeakEvidence::NoConnectionData => "no_connection_data",
-            WeakEvidence::TooFewSlots => "too_few_slots",
-            WeakEvidence::TooSparse => "too_sparse",
-        }
+        crate::names::of(&self)
     }
 }
 
@@ -178,26 +148,28 @@ pub(crate) struct Estimate {
 }
 
 impl Estimate {
-    /// The estimate at `at` from what `core` counted. `None`: no connection data at all.
+    /// The estimate at `at` from what `arrivals` counted, slots numbered from `base`.
+    /// `None`: no connection data at all.
     pub(crate) fn at(
-        core: &Core,
+        arrivals: &Arrivals,
+        base: Instant,
         at: Instant,
         serving_since: Option<Instant>,
         epsilon: f64,
     ) -> Option<Self> {
-        let since = core.unstamp(core.arrivals.observing_since())?;
+        let since = match arrivals.observing_since() {
+            0 => return None,
+            stamp => base + Duration::from_nanos(stamp - 1),
+        };
         let since = serving_since.map_or(since, |s| s.max(since));
-        let slot_of =
-            |t: Instant| t.saturating_duration_since(core.base).as_nanos() / SLOT.as_nanos();
+        let slot_of = |t: Instant| t.saturating_duration_since(base).as_nanos() / SLOT.as_nanos();
         let trigger_slot = slot_of(at) as u64;
         // The first slot observed from its start.
-        let since_ns = since.saturating_duration_since(core.base).as_nanos();
+        let since_ns = since.saturating_duration_since(base).as_nanos();
         let first = since_ns.div_ceil(SLOT.as_nanos()) as u64;
         let lo = first.max(trigger_slot.saturating_sub(WINDOW_SLOTS));
         let slots = trigger_slot.saturating_sub(lo);
-        let empty = (lo..trigger_slot)
-            .filter(|&k| !core.arrivals.has(k))
-            .count() as u64;
+        let empty = (lo..trigger_slot).filter(|&k| !arrivals.has(k)).count() as u64;
         Some(Self {
             slots,
             empty,
@@ -228,6 +200,8 @@ impl Estimate {
 
 /// What the propagation policy went on when it committed (or, while draining, what it waits
 /// for).
+///
+/// In JSON: `confidence`, `floor`, `max`, `fixed`, `cut`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -249,17 +223,13 @@ pub enum EvidenceKind {
 impl EvidenceKind {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        match self {
-            EvidenceKind::Confidence => "confidence",
-            EvidenceKind::Floor => "floor",
-            EvidenceKind::Max => "max",
-            EvidenceKind::Fixed => "fixed",
-            EvidenceKind::Cut => "cut",
-        }
+        crate::names::of(&self)
     }
 }
 
 /// Why the policy waited until `max`.
+///
+/// In JSON: `not_enough_evidence`, `traffic_never_went_quiet`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -275,10 +245,7 @@ pub enum MaxReason {
 impl MaxReason {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        match self {
-            MaxReason::NotEnoughEvidence => "not_enough_evidence",
-            MaxReason::TrafficNeverWentQuiet => "traffic_never_went_quiet",
-        }
+        crate::names::of(&self)
     }
 }
 
@@ -289,6 +256,7 @@ impl MaxReason {
 /// Fractions and rates are integers so the report stays exactly comparable: `p_empty_ppm` is
 /// p̂ in millionths, `rate_per_1000s` is λ̂ in new connections per 1000 s.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct EvidenceReport {
     /// What the commit went on (or, before it, what the policy waits for).
     pub kind: EvidenceKind,
@@ -327,6 +295,33 @@ impl EvidenceReport {
     /// λ̂ in new connections per second, for display.
     pub fn rate_per_s(&self) -> Option<f64> {
         self.rate_per_1000s.map(|r| r as f64 / 1000.0)
+    }
+
+    /// One line for `/readyz?verbose` and the `propagation_done` event: the evidence and its
+    /// numbers.
+    pub(crate) fn describe(&self) -> String {
+        let rate = match (self.rate_per_s(), self.weak) {
+            (_, Some(WeakEvidence::NoConnectionData)) => {
+                "no connection data (use lameduck::serve or ConnMeta)".to_owned()
+            }
+            (Some(r), _) => format!(
+                "{r:.2} new connections/s before the trigger ({} of {} slots empty)",
+                self.empty_slots, self.slots_observed
+            ),
+            (None, _) => "no rate".to_owned(),
+        };
+        let need = match self.t_conf_ms {
+            Some(t) if self.weak.is_none() => format!("needs {t} ms of silence"),
+            _ => match self.weak {
+                Some(w) => format!("not enough evidence ({})", w.as_str()),
+                None => String::new(),
+            },
+        };
+        format!(
+            "{}: {rate}; {need}; silent for {} ms",
+            self.kind.as_str(),
+            self.silence_ms
+        )
     }
 }
 
@@ -384,282 +379,4 @@ impl Evidence {
 }
 
 #[cfg(all(test, not(lameduck_loom)))]
-mod tests {
-    use super::*;
-
-    fn est(slots: u64, empty: u64) -> Estimate {
-        Estimate {
-            slots,
-            empty,
-            epsilon: DEFAULT_EPSILON,
-        }
-    }
-
-    #[test]
-    fn dense_traffic_needs_a_fraction_of_a_second() {
-        let t = est(120, 0).t_conf().unwrap();
-        assert!(
-            t > Duration::from_millis(250) && t < Duration::from_millis(400),
-            "{t:?}"
-        );
-    }
-
-    #[test]
-    fn poisson_rate_matches_ln_one_over_epsilon_over_lambda() {
-        // λ = 1/s: a 250 ms slot is empty with chance e^(−0.25) ≈ 0.7788 → 93.5 of 120.
-        let e = est(120, 93);
-        let t = e.t_conf().unwrap().as_secs_f64();
-        let ideal = (1.0f64 / DEFAULT_EPSILON).ln() / 1.0;
-        assert!((t - ideal).abs() / ideal < 0.1, "t_conf {t} vs {ideal}");
-        assert!((e.rate() - 1.0).abs() < 0.1, "rate {}", e.rate());
-    }
-
-    #[test]
-    fn one_burst_is_not_a_rate() {
-        let t = est(120, 119).t_conf().unwrap();
-        assert!(t > Duration::from_secs(60), "{t:?}");
-    }
-
-    #[test]
-    fn too_few_slots_say_nothing() {
-        assert_eq!(est(MIN_SLOTS - 1, 0).t_conf(), None);
-        assert!(est(MIN_SLOTS, 0).t_conf().is_some());
-    }
-
-    #[test]
-    fn ring_entries_from_an_older_turn_read_as_empty() {
-        let a = Arrivals::new();
-        a.record(5);
-        assert!(a.has(5));
-        assert!(!a.has(5 + RING as u64));
-        a.record(5 + RING as u64);
-        assert!(!a.has(5));
-        // A late write of the older slot does not hide the newer one.
-        a.record(5);
-        assert!(a.has(5 + RING as u64));
-    }
-
-    // ---- the rule, driven with synthetic arrivals on the paused clock ----
-    //
-    // Arrivals go through `Drain::note_connection`, the accept loop's own hook: counted in
-    // the ring while Serving, and as new connections once draining.
-
-    use crate::{Drain, EventKind, Phase, Propagation, Signals, Trigger};
-
-    const PEER: Option<std::net::SocketAddr> = None;
-
-    fn drain(p: Propagation) -> Drain {
-        let d = Drain::builder()
-            .grace_period(Duration::from_secs(30)) // max = 15 s
-            .propagation(p)
-            .signals(Signals::none())
-            .report_to_stderr(false)
-            .termination_log(None)
-            .build()
-            .unwrap();
-        d.core().observe_arrivals();
-        d.mark_started();
-        d
-    }
-
-    /// One connection every `every`, `n` times.
-    async fn arrivals(d: &Drain, every: Duration, n: u32) {
-        for _ in 0..n {
-            tokio::time::sleep(every).await;
-            d.note_connection(PEER);
-        }
-    }
-
-    async fn committed(d: &Drain) -> (u64, EvidenceReport) {
-        let report = d.drained().await;
-        let at = report.event(EventKind::StoppedAccepting).unwrap().at_ms;
-        (at, report.propagation.evidence.clone().unwrap())
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn dense_traffic_commits_quiet_after_the_last_connection() {
-        let d = drain(Propagation::default());
-        arrivals(&d, Duration::from_millis(50), 600).await; // 20/s for 30 s
-        assert!(d.start(Trigger::Api));
-        // The proxies keep sending for 2 s more, then move on.
-        arrivals(&d, Duration::from_millis(50), 40).await;
-        let (at, ev) = committed(&d).await;
-        assert_eq!(ev.kind, EvidenceKind::Confidence, "{ev:?}");
-        assert_eq!((ev.slots_observed, ev.empty_slots), (120, 0));
-        assert!(ev.t_conf_ms.unwrap() < 1000, "{ev:?}");
-        // Last connection at 2 s; quiet (1 s) is the longer of the two windows.
-        assert_eq!(at, 3000);
-        assert_eq!(ev.silence_ms, 1000);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_moderate_rate_asks_for_its_own_silence() {
-        let d = drain(Propagation::default());
-        // Every 500 ms: every other 250 ms slot is empty (61 of 120, slot 0 included).
-        arrivals(&d, Duration::from_millis(500), 60).await;
-        d.start(Trigger::Api);
-        arrivals(&d, Duration::from_millis(500), 4).await; // the last at 2 s
-        let (at, ev) = committed(&d).await;
-        assert_eq!(ev.kind, EvidenceKind::Confidence);
-        assert_eq!((ev.slots_observed, ev.empty_slots), (120, 61));
-        let p = 61.5f64 / 121.0;
-        assert_eq!(ev.p_empty_ppm, Some((p * 1e6).round() as u64));
-        let t = ev.t_conf_ms.unwrap();
-        assert_eq!(t, (250.0 * 1e-3f64.ln() / p.ln()) as u64); // 2551 ms
-                                                               // The timer wakes on the next whole millisecond.
-        assert!((2000 + t..=2001 + t).contains(&at), "{at} vs 2000 + {t}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn requests_on_open_connections_do_not_hold_the_window() {
-        let d = drain(Propagation::default());
-        arrivals(&d, Duration::from_millis(50), 600).await;
-        d.start(Trigger::Api);
-        let d2 = d.clone();
-        let pinned = tokio::spawn(async move {
-            // A client pinned to an open connection: a request every 200 ms (bounded: 5 s).
-            for _ in 0..25 {
-                if d2.phase() >= Phase::StoppedAccepting {
-                    break;
-                }
-                drop(d2.enter());
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        });
-        let (at, ev) = committed(&d).await;
-        pinned.await.unwrap();
-        assert_eq!(ev.kind, EvidenceKind::Confidence);
-        assert_eq!(
-            at, 1000,
-            "no new connection after the trigger: min and quiet, not max"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn sparse_traffic_waits_to_max_and_says_so() {
-        let d = drain(Propagation::default());
-        arrivals(&d, Duration::from_secs(3), 10).await; // 0.33/s
-        d.start(Trigger::Api);
-        let (at, ev) = committed(&d).await;
-        assert_eq!(at, 15_000);
-        assert_eq!(ev.kind, EvidenceKind::Max);
-        assert_eq!(ev.max_reason, Some(MaxReason::NotEnoughEvidence));
-        assert_eq!(ev.weak, Some(WeakEvidence::TooSparse));
-        assert!(ev.t_conf_ms.unwrap() > 15_000, "{ev:?}");
-        let report = d.report().unwrap();
-        let weak = report
-            .advice
-            .iter()
-            .find(|a| a.rule == "weak_evidence")
-            .unwrap();
-        assert!(
-            weak.message.contains("new connections/s before the drain"),
-            "{}",
-            weak.message
-        );
-        assert!(weak.message.contains("waited 15.0 s"), "{}", weak.message);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn one_burst_then_silence_does_not_pass_for_a_rate() {
-        let d = drain(Propagation::default());
-        tokio::time::sleep(Duration::from_secs(10)).await;
-        arrivals(&d, Duration::from_millis(1), 200).await; // 200 connections in 200 ms
-        tokio::time::sleep(Duration::from_secs(20)).await;
-        d.start(Trigger::Api);
-        let (at, ev) = committed(&d).await;
-        assert_eq!(at, 15_000);
-        assert_eq!(ev.kind, EvidenceKind::Max);
-        assert_eq!(ev.weak, Some(WeakEvidence::TooSparse));
-        assert!(ev.slots_observed - ev.empty_slots <= 2, "{ev:?}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_process_younger_than_the_window_uses_only_what_it_saw() {
-        let d = drain(Propagation::default());
-        arrivals(&d, Duration::from_millis(50), 60).await; // 3 s of dense traffic
-        d.start(Trigger::Api);
-        let (at, ev) = committed(&d).await;
-        assert_eq!(at, 15_000);
-        assert_eq!(ev.weak, Some(WeakEvidence::TooFewSlots));
-        assert_eq!(ev.slots_observed, 12);
-        assert_eq!(ev.max_reason, Some(MaxReason::NotEnoughEvidence));
-
-        // 8 s of the same traffic is enough, and only those 32 slots count.
-        let d = drain(Propagation::default());
-        arrivals(&d, Duration::from_millis(50), 160).await;
-        d.start(Trigger::Api);
-        let (at, ev) = committed(&d).await;
-        assert_eq!(
-            (ev.kind, ev.slots_observed, ev.empty_slots),
-            (EvidenceKind::Confidence, 32, 0)
-        );
-        assert_eq!(at, 1000);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn no_connection_data_waits_to_max_and_names_the_fix() {
-        let d = Drain::builder()
-            .grace_period(Duration::from_secs(30))
-            .signals(Signals::none())
-            .report_to_stderr(false)
-            .termination_log(None)
-            .build()
-            .unwrap();
-        d.mark_started();
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        d.start(Trigger::Api);
-        let (at, ev) = committed(&d).await;
-        assert_eq!(at, 15_000);
-        assert_eq!(ev.weak, Some(WeakEvidence::NoConnectionData));
-        let report = d.report().unwrap();
-        let a = report
-            .advice
-            .iter()
-            .find(|a| a.rule == "no_connection_data")
-            .unwrap();
-        assert!(
-            a.message.contains("use lameduck::serve or ConnMeta"),
-            "{}",
-            a.message
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_floor_replaces_max_when_evidence_is_weak() {
-        let d = drain(Propagation::default().assume_converged_after(Duration::from_secs(4)));
-        arrivals(&d, Duration::from_secs(3), 10).await;
-        d.start(Trigger::Api);
-        // While draining, /status names what the policy waits on.
-        tokio::task::yield_now().await;
-        assert_eq!(d.status().evidence.unwrap().kind, EvidenceKind::Floor);
-        let (at, ev) = committed(&d).await;
-        assert_eq!(at, 4000);
-        assert_eq!(ev.kind, EvidenceKind::Floor);
-        assert_eq!(ev.floor_ms, Some(4000));
-        assert_eq!(ev.max_reason, None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn connections_that_never_stop_commit_at_max_as_never_quiet() {
-        let d = drain(Propagation::default());
-        arrivals(&d, Duration::from_millis(50), 600).await;
-        d.start(Trigger::Api);
-        let d2 = d.clone();
-        let load = tokio::spawn(async move {
-            // Bounded: 20 s of one connection every 100 ms, or until stopped.
-            for _ in 0..200 {
-                if d2.phase() >= Phase::StoppedAccepting {
-                    break;
-                }
-                d2.note_connection(PEER);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
-        let (at, ev) = committed(&d).await;
-        load.await.unwrap();
-        assert_eq!(at, 15_000);
-        assert_eq!(ev.max_reason, Some(MaxReason::TrafficNeverWentQuiet));
-        assert_eq!(ev.weak, None);
-    }
-}
+mod tests;

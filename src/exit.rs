@@ -17,8 +17,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
-use crate::Drain;
-
 /// How long `run` waits for admin answers when the hard deadline has already passed (a drain
 /// that finished after a `preStop` call and then waited for SIGTERM).
 const LATE_EXIT_WAIT: Duration = Duration::from_secs(1);
@@ -50,33 +48,27 @@ impl ExitHolds {
     }
 }
 
-impl Drain {
-    /// The last step of `run`: lets admin servers finish what they owe, bounded.
-    pub(crate) async fn settle_before_exit(&self) {
-        let holds = &self.inner.exit;
-        holds.exiting.cancel();
-        holds.tracker.close();
-        if holds.tracker.is_empty() {
+impl ExitHolds {
+    /// The last step of `run`: lets admin servers finish what they owe, bounded by `hard`
+    /// (the hard deadline) or, when that has passed, a second.
+    pub(crate) async fn settle(&self, hard: Option<Instant>) {
+        self.exiting.cancel();
+        self.tracker.close();
+        if self.tracker.is_empty() {
             return;
         }
         let now = Instant::now();
-        let until = self
-            .hard_deadline()
+        let until = hard
             .filter(|hard| *hard > now)
             .unwrap_or(now + LATE_EXIT_WAIT);
-        if tokio::time::timeout_at(until, holds.tracker.wait())
+        if tokio::time::timeout_at(until, self.tracker.wait())
             .await
             .is_err()
         {
             tracing::warn!(
-                owed = holds.tracker.len(),
+                owed = self.tracker.len(),
                 "lameduck: admin answers still owed at the hard deadline; exiting anyway"
             );
         }
-    }
-
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // used by the admin router and its server
-    pub(crate) fn exit_holds(&self) -> &ExitHolds {
-        &self.inner.exit
     }
 }

@@ -39,7 +39,7 @@ use tonic_health::ServingStatus;
 
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use crate::drain::Caller;
+use crate::readiness::{ready_in, Caller};
 use crate::{Drain, Phase, ReadinessWhileDraining, StreamStop};
 
 impl Drain {
@@ -105,16 +105,6 @@ impl Drain {
     }
 }
 
-/// Whether the phase alone makes the service ready for `caller`: `/readyz` without the
-/// readiness checks.
-fn serving_in(phase: Phase, policy: ReadinessWhileDraining, caller: Caller) -> bool {
-    match phase {
-        Phase::Serving => true,
-        Phase::Draining => policy.ready_while_draining(caller),
-        _ => false,
-    }
-}
-
 fn caller_of<T>(request: &Request<T>) -> Caller {
     Caller::from_user_agent(
         request
@@ -138,7 +128,7 @@ async fn follow_phase(
         let phase = *phases.borrow_and_update();
         // The statuses held are kubelet's view; `DrainHealth` answers other callers by the
         // same rule (they differ only under `Auto`).
-        let status = if serving_in(phase, policy, Caller::Kubelet) {
+        let status = if ready_in(phase, policy, Caller::Kubelet) {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing
@@ -199,11 +189,9 @@ impl Health for DrainHealth {
         let caller = caller_of(&request);
         // The statuses held are kubelet's view: a caller that sees "not serving" from the
         // trigger gets its own NOT_SERVING then (see `WatchUntilStop`).
-        let differs = self.drain.readiness_policy().ready_while_draining(caller)
-            != self
-                .drain
-                .readiness_policy()
-                .ready_while_draining(Caller::Kubelet);
+        let policy = self.drain.readiness_policy();
+        let differs = ready_in(Phase::Draining, policy, caller)
+            != ready_in(Phase::Draining, policy, Caller::Kubelet);
         let not_serving_from =
             differs.then(|| Box::pin(self.drain.drain_token().cancelled_owned()));
         let response = self.inner.watch(request).await?;
@@ -221,7 +209,7 @@ impl DrainHealth {
     /// when it does).
     fn serving_for(&self, caller: Caller) -> bool {
         let phase = self.drain.phase();
-        phase != Phase::Draining || serving_in(phase, self.drain.readiness_policy(), caller)
+        phase != Phase::Draining || ready_in(phase, self.drain.readiness_policy(), caller)
     }
 }
 

@@ -99,11 +99,13 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod action;
 mod advice;
 mod budget;
 mod closers;
 mod counter;
 mod drain;
+mod driver;
 mod error;
 mod evidence;
 mod exit;
@@ -112,8 +114,10 @@ mod guard;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod loom;
+mod names;
 mod phase;
 mod propagation;
+mod readiness;
 mod report;
 mod signal;
 mod stall;
@@ -133,13 +137,12 @@ pub mod guide;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 
-pub use advice::{advise, Advice, AdviceLevel};
+pub use action::ActionResult;
+pub use advice::advise;
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions, CloserResult};
-pub use drain::{
-    Drain, DrainBuilder, Readiness, ReadinessWhileDraining, StartupGate, Status, TaskContext,
-    PROXY_LABEL_ENV, STATUS_TIMELINE_LIMIT,
-};
+pub use drain::{Drain, DrainBuilder, StartupGate, PROXY_LABEL_ENV};
+pub use driver::{Status, STATUS_TIMELINE_LIMIT};
 pub use error::ConfigError;
 pub use evidence::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
 pub use guard::InFlightGuard;
@@ -150,12 +153,14 @@ pub use http::{
 };
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
+pub use readiness::{Readiness, ReadinessWhileDraining};
 pub use report::{
-    AfterFlipReport, BudgetReport, DrainReport, Outcome, PathCount, PeerCount, PodInfo,
-    PolicyReport, ServerReport, SignalReceipt, StopSignalWait, Straggler, TERMINATION_LOG_LIMIT,
+    Advice, AdviceLevel, AdviceRule, AfterFlipReport, BudgetReport, DrainReport, Outcome,
+    PathCount, PeerCount, PodInfo, PolicyKind, PolicyReport, ServerReport, SignalReceipt,
+    StopSignalWait, Straggler, StragglerKind, TERMINATION_LOG_LIMIT,
 };
 pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
-pub use tasks::TaskEnd;
+pub use tasks::{TaskContext, TaskEnd, TaskResult};
 
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]

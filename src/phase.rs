@@ -1,7 +1,7 @@
 //! Phases, triggers and the timeline of lifecycle events.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -11,8 +11,11 @@ use serde::{Deserialize, Serialize};
 /// Starting ──(all startup gates open)──▶ Serving
 /// Serving ──(trigger)──▶ Draining ──(commit)──▶ StoppedAccepting ──(zero or deadline)──▶ Closing ──▶ Done
 /// ```
+///
+/// In JSON: `starting`, `serving`, `draining`, `stopped_accepting`, `closing`, `done`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Phase {
     /// Not ready yet: at least one startup gate is closed. `/readyz` is 503, `/livez` 200.
     Starting,
@@ -33,14 +36,7 @@ pub enum Phase {
 impl Phase {
     /// The phase's name as it appears in JSON (`"stopped_accepting"`).
     pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Starting => "starting",
-            Phase::Serving => "serving",
-            Phase::Draining => "draining",
-            Phase::StoppedAccepting => "stopped_accepting",
-            Phase::Closing => "closing",
-            Phase::Done => "done",
-        }
+        crate::names::of(&self)
     }
 
     /// `true` from the trigger on.
@@ -56,6 +52,8 @@ impl fmt::Display for Phase {
 }
 
 /// What started (or asked to start) the drain.
+///
+/// In JSON: `api`, `prestop`, `sigterm`, `sigint`, `sigquit`, `task_panic`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -79,14 +77,7 @@ pub enum Trigger {
 impl Trigger {
     /// The trigger's name as it appears in JSON (`"prestop"`).
     pub fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Api => "api",
-            Trigger::PreStop => "prestop",
-            Trigger::Sigterm => "sigterm",
-            Trigger::Sigint => "sigint",
-            Trigger::Sigquit => "sigquit",
-            Trigger::TaskPanic => "task_panic",
-        }
+        crate::names::of(&self)
     }
 
     /// `true` for the OS signals.
@@ -102,8 +93,11 @@ impl fmt::Display for Trigger {
 }
 
 /// Why the drain stopped accepting.
+///
+/// In JSON: `quiet`, `max`, `fixed`, `forced`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum CommitReason {
     /// The quiet window held: `min` passed, no activity for `quiet`, nothing in flight.
     Quiet,
@@ -111,8 +105,6 @@ pub enum CommitReason {
     Max,
     /// The fixed propagation delay passed.
     Fixed,
-    /// The quiesce deadline arrived first.
-    Deadline,
     /// The drain was forced (a second signal, a SIGQUIT that is not the stop signal,
     /// [`Drain::force`](crate::Drain::force)).
     Forced,
@@ -121,17 +113,13 @@ pub enum CommitReason {
 impl CommitReason {
     /// The reason's name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        match self {
-            CommitReason::Quiet => "quiet",
-            CommitReason::Max => "max",
-            CommitReason::Fixed => "fixed",
-            CommitReason::Deadline => "deadline",
-            CommitReason::Forced => "forced",
-        }
+        crate::names::of(&self)
     }
 }
 
 /// The kind of a lifecycle event in the timeline.
+///
+/// In JSON: `drain_started`, `readiness_flipped`, `signal_received`, `propagation_done`, `stopped_accepting`, `in_flight_zero`, `tasks_done`, `deadline_exceeded`, `resource_closed`, `done`, `exit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -165,19 +153,7 @@ pub enum EventKind {
 impl EventKind {
     /// The event's name as it appears in JSON (`"in_flight_zero"`).
     pub fn as_str(self) -> &'static str {
-        match self {
-            EventKind::DrainStarted => "drain_started",
-            EventKind::ReadinessFlipped => "readiness_flipped",
-            EventKind::SignalReceived => "signal_received",
-            EventKind::PropagationDone => "propagation_done",
-            EventKind::StoppedAccepting => "stopped_accepting",
-            EventKind::InFlightZero => "in_flight_zero",
-            EventKind::TasksDone => "tasks_done",
-            EventKind::DeadlineExceeded => "deadline_exceeded",
-            EventKind::ResourceClosed => "resource_closed",
-            EventKind::Done => "done",
-            EventKind::Exit => "exit",
-        }
+        crate::names::of(&self)
     }
 }
 
@@ -202,7 +178,7 @@ pub struct Event {
     /// The trigger, for `drain_started` and `signal_received`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Trigger>,
-    /// Why, for `stopped_accepting` (`quiet`, `max`, `fixed`, `deadline`, `forced`).
+    /// Why, for `stopped_accepting` (`quiet`, `max`, `fixed`, `forced`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<CommitReason>,
     /// The closer's name, for `resource_closed`.
@@ -217,6 +193,13 @@ pub struct Event {
     /// For `exit`: the process's exit code.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<i32>,
+}
+
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Event {

@@ -2,8 +2,13 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::budget::{Budget, DurationDisplay};
-use crate::evidence::DEFAULT_EPSILON;
+use crate::evidence::{Estimate, Evidence, EvidenceKind, DEFAULT_EPSILON};
+use crate::guard::Core;
+use crate::phase::CommitReason;
+use crate::report::{PolicyKind, PolicyReport};
 use crate::ConfigError;
 
 // 1 s each: the confidence rule now guards sparse traffic, so these only need to cover what it
@@ -291,20 +296,20 @@ pub(crate) enum Policy {
 }
 
 impl Policy {
-    pub(crate) fn report(&self) -> crate::report::PolicyReport {
+    pub(crate) fn report(&self) -> PolicyReport {
         let ms = |d: Duration| d.as_millis() as u64;
         match *self {
             Policy::Quiet {
                 quiet, min, max, ..
-            } => crate::report::PolicyReport {
-                kind: "quiet".to_owned(),
+            } => PolicyReport {
+                kind: PolicyKind::Quiet,
                 quiet_ms: Some(ms(quiet)),
                 min_ms: ms(min),
                 max_ms: ms(max),
                 evidence: None,
             },
-            Policy::Fixed(d) => crate::report::PolicyReport {
-                kind: "fixed".to_owned(),
+            Policy::Fixed(d) => PolicyReport {
+                kind: PolicyKind::Fixed,
                 quiet_ms: None,
                 min_ms: ms(d),
                 max_ms: ms(d),
@@ -312,4 +317,111 @@ impl Policy {
             },
         }
     }
+
+    /// The evidence at the trigger `now`: the arrival rate over the slots observed before it.
+    pub(crate) fn evidence_at(&self, core: &Core, now: Instant) -> Evidence {
+        let (epsilon, max, floor) = match *self {
+            Policy::Quiet {
+                epsilon,
+                max,
+                floor,
+                ..
+            } => (epsilon, max, floor),
+            Policy::Fixed(d) => (DEFAULT_EPSILON, d, None),
+        };
+        Evidence {
+            estimate: Estimate::at(
+                &core.arrivals,
+                core.base,
+                now,
+                core.serving_since(),
+                epsilon,
+            ),
+            epsilon,
+            max,
+            floor,
+        }
+    }
+
+    /// What the policy expects to commit on, while it waits.
+    pub(crate) fn waiting_on(&self, evidence: &Evidence) -> EvidenceKind {
+        match *self {
+            Policy::Fixed(_) => EvidenceKind::Fixed,
+            Policy::Quiet { .. } if evidence.weak().is_none() => EvidenceKind::Confidence,
+            Policy::Quiet { floor: Some(_), .. } => EvidenceKind::Floor,
+            Policy::Quiet { .. } => EvidenceKind::Max,
+        }
+    }
+
+    /// Waits until the policy commits, and says on what evidence. Event-driven: it sleeps
+    /// until the earliest instant the policy could hold, or until in-flight work reaches zero,
+    /// then re-checks.
+    pub(crate) async fn commit(
+        &self,
+        core: &Core,
+        origin: Instant,
+        evidence: Evidence,
+    ) -> (CommitReason, EvidenceKind) {
+        let (quiet, min, max, floor) = match *self {
+            Policy::Fixed(d) => {
+                tokio::time::sleep_until(origin + d).await;
+                return (CommitReason::Fixed, EvidenceKind::Fixed);
+            }
+            Policy::Quiet {
+                quiet,
+                min,
+                max,
+                floor,
+                ..
+            } => (quiet, min, max, floor),
+        };
+        let max_at = origin + max;
+        // `None`: the arrival data cannot say how long to wait; only the floor or max can.
+        let t_conf = if evidence.weak().is_some() {
+            None
+        } else {
+            evidence.t_conf()
+        };
+        loop {
+            let now = Instant::now();
+            if now >= max_at {
+                return (CommitReason::Max, EvidenceKind::Max);
+            }
+            let last_conn = core.last_new_connection().unwrap_or(origin).max(origin);
+            // With connection data, only new connections are routing decisions: requests on
+            // open connections (a pool, an HTTP/2 connection accepted during the drain, which
+            // gets its GOAWAY at the commit) say nothing about the proxies and must not hold
+            // the window open. Without it, requests are the only signal there is.
+            let last = if evidence.estimate.is_some() {
+                last_conn
+            } else {
+                core.last_activity().unwrap_or(origin).max(origin)
+            };
+            let conf_at = t_conf.map_or(max_at, |t| last_conn + t);
+            let (conf_at, kind) = match floor {
+                Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Floor),
+                _ => (conf_at, EvidenceKind::Confidence),
+            };
+            let ready_at = (last + quiet).max(origin + min).max(conf_at);
+            if now >= ready_at {
+                if core.counter.is_drained() {
+                    return (CommitReason::Quiet, kind);
+                }
+                // Quiet, but something is in flight: wait for zero (or max), then re-check
+                // the window.
+                tokio::select! {
+                    () = core.wait_zero() => {}
+                    () = tokio::time::sleep_until(max_at) => return (CommitReason::Max, EvidenceKind::Max),
+                }
+                continue;
+            }
+            tokio::time::sleep_until(ready_at.min(max_at)).await;
+        }
+    }
+}
+
+/// Silence so far: since the later of the trigger and the last new connection.
+pub(crate) fn silence(core: &Core, origin: Instant) -> Duration {
+    let last = core.last_new_connection().unwrap_or(origin).max(origin);
+    Instant::now().saturating_duration_since(last)
 }

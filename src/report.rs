@@ -3,25 +3,35 @@
 //! Field names are an interface: tools parse them. They only grow (new optional fields); they
 //! are not renamed.
 
-use std::fmt::Write as _;
-use std::io::Write as _;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 
+use crate::action::ActionResult;
 use crate::closers::CloserResult;
+use crate::evidence::EvidenceReport;
+use crate::guard::Core;
 use crate::phase::{Event, EventKind, Trigger};
+use crate::readiness::ReadinessWhileDraining;
 use crate::tasks::TaskEnd;
-use crate::ReadinessWhileDraining;
+
+mod advice;
+mod sinks;
+mod summary;
+
+pub use advice::{Advice, AdviceLevel, AdviceRule};
+pub(crate) use sinks::{log_report, stderr_bounded, Emitted, Sinks, STDERR_WAIT};
 
 /// Kubernetes keeps at most this many bytes of a container's termination message.
 pub const TERMINATION_LOG_LIMIT: usize = 4096;
 
 /// How the drain ended.
+///
+/// In JSON: `clean`, `deadline_exceeded`, `closer_failed`, `forced`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Outcome {
     /// Everything finished inside the budget and every closer succeeded. Exit code 0.
     Clean,
@@ -38,12 +48,7 @@ pub enum Outcome {
 impl Outcome {
     /// The outcome's name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Clean => "clean",
-            Outcome::DeadlineExceeded => "deadline_exceeded",
-            Outcome::CloserFailed => "closer_failed",
-            Outcome::Forced => "forced",
-        }
+        crate::names::of(&self)
     }
 
     /// `0` for [`Outcome::Clean`], `1` otherwise.
@@ -57,6 +62,7 @@ impl Outcome {
 
 /// The budget as spent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct BudgetReport {
     /// The grace period (`terminationGracePeriodSeconds`), in milliseconds.
     pub grace_ms: u64,
@@ -85,11 +91,33 @@ impl BudgetReport {
     }
 }
 
+/// Which propagation policy was in force: [`PolicyReport::kind`].
+///
+/// In JSON: `quiet`, `fixed`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PolicyKind {
+    /// The quiet window weighed by evidence ([`Propagation::quiet`](crate::Propagation::quiet)).
+    #[default]
+    Quiet,
+    /// A fixed delay ([`Propagation::fixed`](crate::Propagation::fixed)).
+    Fixed,
+}
+
+impl PolicyKind {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        crate::names::of(&self)
+    }
+}
+
 /// The propagation policy that was in force, in milliseconds after the trigger.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PolicyReport {
     /// `quiet` or `fixed`.
-    pub kind: String,
+    pub kind: PolicyKind,
     /// The quiet window (quiet policy only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quiet_ms: Option<u64>,
@@ -99,7 +127,7 @@ pub struct PolicyReport {
     pub max_ms: u64,
     /// The evidence the commit went on, with its numbers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evidence: Option<crate::EvidenceReport>,
+    pub evidence: Option<EvidenceReport>,
 }
 
 /// New connections from one peer address after the drain started.
@@ -115,6 +143,7 @@ pub struct PeerCount {
 /// the observed propagation: it says what reached *this* process, through whatever paths
 /// reached it, and nothing about other proxies.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct AfterFlipReport {
     /// Connections accepted after the drain started.
     pub new_connections: u64,
@@ -133,6 +162,51 @@ pub struct AfterFlipReport {
     /// request carried the header.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathCount>,
+}
+
+impl AfterFlipReport {
+    /// What `core` counted after the drain started at `origin`.
+    pub(crate) fn from_core(core: &Core, origin: Instant) -> Self {
+        let af = &core.after_flip;
+        let mut peers: Vec<PeerCount> = af
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(ip, n)| PeerCount {
+                peer: ip.to_string(),
+                new_connections: *n,
+            })
+            .collect();
+        peers.sort_by(|a, b| {
+            b.new_connections
+                .cmp(&a.new_connections)
+                .then(a.peer.cmp(&b.peer))
+        });
+        peers.truncate(10);
+        // Relaxed: plain statistics, read once the drain's work is over.
+        let last_new = core
+            .unstamp(af.last_new_connection.load(Ordering::Relaxed))
+            .map(|t| t.saturating_duration_since(origin).as_millis() as u64);
+        AfterFlipReport {
+            new_connections: af.new_connections.load(Ordering::Relaxed),
+            requests_on_new_connections: af.requests_on_new.load(Ordering::Relaxed),
+            requests_on_reused_connections: af.requests_on_reused.load(Ordering::Relaxed),
+            last_new_connection_ms: last_new,
+            peers,
+            paths: af
+                .paths
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(path, on_new, on_reused)| PathCount {
+                    path: path.clone(),
+                    requests_on_new_connections: *on_new,
+                    requests_on_reused_connections: *on_reused,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Requests after the drain started that came by one route (`x-traffic-path`).
@@ -172,12 +246,36 @@ pub struct StopSignalWait {
     pub arrived: bool,
 }
 
+/// What a straggler was: [`Straggler::kind`].
+///
+/// In JSON: `request`, `task`, `response`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StragglerKind {
+    /// A request whose guard was still held.
+    Request,
+    /// A background task.
+    Task,
+    /// Response bytes handed to a connection of `lameduck::serve`, still waiting for the peer
+    /// to read them.
+    Response,
+}
+
+impl StragglerKind {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        crate::names::of(&self)
+    }
+}
+
 /// Work still running at the quiesce deadline.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Straggler {
     /// `request`, `task`, or `response` (a connection of `lameduck::serve` whose response
     /// bytes were still waiting for the peer to read them).
-    pub kind: String,
+    pub kind: StragglerKind,
     /// For a request `METHOD /path`; for a task its name; for a response the peer and the
     /// bytes written on its connection so far.
     pub name: String,
@@ -187,9 +285,22 @@ pub struct Straggler {
     /// The peer address, for requests whose connection is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<String>,
-    /// For tasks with a recovery action: `ok`, `error: …`, `panicked`, `timed_out`.
+    /// For tasks with a recovery action: `ok`, `error: <message>`, `panicked`, `aborted` or
+    /// `timed_out`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recovery: Option<String>,
+    pub recovery: Option<ActionResult>,
+}
+
+impl Straggler {
+    pub(crate) fn new(kind: StragglerKind, name: String, age: std::time::Duration) -> Self {
+        Self {
+            kind,
+            name,
+            age_ms: age.as_millis() as u64,
+            peer: None,
+            recovery: None,
+        }
+    }
 }
 
 /// Pod identity from the downward API (`POD_NAME`, `POD_NAMESPACE`, `POD_UID`, `POD_IP`), each
@@ -239,6 +350,7 @@ impl PodInfo {
 ///  "pod":{"name":"web-7d9f","namespace":"shop"}}
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DrainReport {
     /// How the drain ended.
     pub outcome: Outcome,
@@ -269,7 +381,7 @@ pub struct DrainReport {
     pub pod: PodInfo,
     /// Advice computed only from what this drain measured, most important first.
     #[serde(default)]
-    pub advice: Vec<crate::Advice>,
+    pub advice: Vec<Advice>,
     /// Why the drain was forced when the drain itself could not say: `runtime starved …` for
     /// a report written by the watchdog.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -306,6 +418,7 @@ pub struct DrainReport {
 #[cfg_attr(feature = "http", doc = "[serve-fn]: crate::serve")]
 #[cfg_attr(not(feature = "http"), doc = "[serve-fn]: crate#feature-flags")]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ServerReport {
     /// How long an HTTP/1 connection may wait for a request head, idle keep-alive included
     /// (`Serve::header_read_timeout`); absent when unbounded (the default).
@@ -322,73 +435,6 @@ impl DrainReport {
     /// The report as one JSON line.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-    }
-
-    /// A short human summary, at most [`TERMINATION_LOG_LIMIT`] bytes, for
-    /// `/dev/termination-log` (`kubectl describe pod` shows it).
-    pub fn summary(&self) -> String {
-        let mut s = String::new();
-        let trigger = self.trigger.map_or("none", Trigger::as_str);
-        if let Some(c) = &self.cause {
-            let _ = writeln!(s, "forced: {c}");
-        }
-        if let Some(a) = self.advice.first() {
-            let _ = writeln!(s, "{}: {}", a.level.as_str(), a.message);
-        }
-        let _ = writeln!(
-            s,
-            "lameduck drain {} (exit {}), trigger {}, {} ms of {} ms grace used",
-            self.outcome.as_str(),
-            self.exit_code,
-            trigger,
-            self.budget.used_ms,
-            self.budget.grace_ms
-        );
-        if let Some(p) = &self.proxy_label {
-            let _ = writeln!(s, "measured through: {p}");
-        }
-        let af = &self.after_flip;
-        let _ = writeln!(
-            s,
-            "after drain start: {} new connections (last at {}), {} requests on new, {} on reused connections",
-            af.new_connections,
-            af.last_new_connection_ms
-                .map_or_else(|| "-".to_owned(), |ms| format!("{ms} ms")),
-            af.requests_on_new_connections,
-            af.requests_on_reused_connections
-        );
-        for e in &self.timeline {
-            let mut line = format!("{:>7} ms {}", e.at_ms, e.event);
-            if let Some(t) = e.trigger {
-                let _ = write!(line, " trigger={t}");
-            }
-            if let Some(r) = e.reason {
-                let _ = write!(line, " reason={}", r.as_str());
-            }
-            if let Some(n) = &e.name {
-                let _ = write!(line, " name={n}");
-            }
-            if let Some(d) = &e.detail {
-                let _ = write!(line, " {d}");
-            }
-            if let Some(n) = e.count {
-                let _ = write!(line, " count={n}");
-            }
-            if let Some(c) = e.code {
-                let _ = write!(line, " code={c}");
-            }
-            let _ = writeln!(s, "{line}");
-        }
-        for st in &self.stragglers {
-            let _ = writeln!(s, "straggler {} {} age {} ms", st.kind, st.name, st.age_ms);
-        }
-        for c in &self.closers {
-            let _ = writeln!(s, "closer {} {} in {} ms", c.name, c.result, c.took_ms);
-        }
-        for t in &self.tasks {
-            let _ = writeln!(s, "task {} {} after {} ms", t.name, t.result, t.ran_ms);
-        }
-        truncate_utf8(s, TERMINATION_LOG_LIMIT)
     }
 }
 
@@ -419,237 +465,5 @@ impl From<&DrainReport> for std::process::ExitCode {
     fn from(report: &DrainReport) -> Self {
         // Codes are 0 or 1; anything outside a byte is a failure all the same.
         std::process::ExitCode::from(u8::try_from(report.exit_code).unwrap_or(1))
-    }
-}
-
-/// Cuts `s` to at most `limit` bytes on a character boundary, marking the cut.
-pub(crate) fn truncate_utf8(mut s: String, limit: usize) -> String {
-    if s.len() <= limit {
-        return s;
-    }
-    const MARK: &str = "\n…(truncated)\n";
-    let mut cut = limit - MARK.len();
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    s.truncate(cut);
-    s.push_str(MARK);
-    s
-}
-
-/// How long a stderr write may take before it is given up: a log pipe nobody reads must not
-/// keep the process from exiting.
-pub(crate) const STDERR_WAIT: Duration = Duration::from_secs(1);
-
-/// Set once a stderr write was given up: later writes are skipped instead of piling up threads
-/// behind the same stalled pipe.
-static STDERR_STALLED: AtomicBool = AtomicBool::new(false);
-
-/// Writes `text` to stderr from a plain thread and waits at most `wait` for it. A reader that
-/// stalls the pipe leaves that thread blocked (the process exits past it), not the caller.
-pub(crate) fn stderr_bounded(text: String, wait: Duration) -> Result<(), String> {
-    // Relaxed: a stale `false` only costs one more bounded attempt.
-    if STDERR_STALLED.load(Ordering::Relaxed) {
-        return Err("stderr: skipped, an earlier write stalled".to_owned());
-    }
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    let spawned = std::thread::Builder::new()
-        .name("lameduck-stderr".to_owned())
-        .spawn(move || {
-            let mut err = std::io::stderr().lock();
-            let r = err.write_all(text.as_bytes()).and_then(|()| err.flush());
-            let _ = tx.send(r);
-        });
-    if let Err(e) = spawned {
-        return Err(format!("stderr: cannot start the writer thread: {e}"));
-    }
-    match rx.recv_timeout(wait) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("stderr: {e}")),
-        Err(_) => {
-            STDERR_STALLED.store(true, Ordering::Relaxed);
-            Err(format!(
-                "stderr: the write did not finish within {} ms (is the log reader stalled?)",
-                wait.as_millis()
-            ))
-        }
-    }
-}
-
-/// What one emission of the report achieved.
-#[derive(Debug, Default)]
-pub(crate) struct Emitted {
-    /// The report file could not be written (its error message).
-    pub(crate) file_failed: bool,
-    /// Every failed sink, as `sink: why`.
-    pub(crate) errors: Vec<String>,
-}
-
-/// Where the report goes when the drain ends.
-///
-/// Order: the file first (atomically), then the termination log, then stderr from a plain
-/// thread with a bounded wait. Nothing here can block for longer than the file system takes
-/// plus [`STDERR_WAIT`].
-#[derive(Clone, Debug)]
-pub(crate) struct Sinks {
-    pub(crate) stderr: bool,
-    pub(crate) file: Option<std::path::PathBuf>,
-    pub(crate) termination_log: Option<std::path::PathBuf>,
-}
-
-impl Default for Sinks {
-    fn default() -> Self {
-        Self {
-            stderr: true,
-            file: None,
-            termination_log: Some("/dev/termination-log".into()),
-        }
-    }
-}
-
-impl Sinks {
-    /// Writes the report to every sink; `stderr` says whether this emission includes the
-    /// stderr line (the last emission does). Failures are said on stderr (best effort,
-    /// bounded) and returned.
-    ///
-    /// Nothing here goes through tracing: a subscriber may write synchronously to the very
-    /// stderr that stalls (the driver logs the report itself, before calling this).
-    pub(crate) fn emit(&self, report: &DrainReport, stderr: bool) -> Emitted {
-        let json = report.to_json();
-        let mut out = Emitted::default();
-        if let Some(path) = &self.file {
-            if let Err(e) = write_report_file(path, &format!("{json}\n")) {
-                out.file_failed = true;
-                out.errors.push(format!(
-                    "report file {}: {e}; fix the path or the volume given to report_file",
-                    path.display()
-                ));
-            }
-        }
-        if let Some(path) = &self.termination_log {
-            if let Err(e) = write_termination_log(path, &report.summary()) {
-                out.errors
-                    .push(format!("termination log {}: {e}", path.display()));
-            }
-        }
-        let mut text = String::new();
-        if stderr && self.stderr {
-            text.push_str(&json);
-            text.push('\n');
-        }
-        for e in &out.errors {
-            let _ = writeln!(text, "lameduck: cannot write the drain report: {e}");
-        }
-        if !text.is_empty() {
-            if let Err(e) = stderr_bounded(text, STDERR_WAIT) {
-                // The file is the durable sink: rewrite it so it names the stalled stderr.
-                if let (Some(path), false) = (&self.file, out.file_failed) {
-                    let mut r = report.clone();
-                    r.sink_errors.push(e.clone());
-                    let _ = write_report_file(path, &format!("{}\n", r.to_json()));
-                }
-                out.errors.push(e);
-            }
-        }
-        out
-    }
-}
-
-/// The report as one INFO tracing event (target `lameduck::report`).
-pub(crate) fn log_report(report: &DrainReport, json: &str) {
-    tracing::info!(
-        target: "lameduck::report",
-        outcome = report.outcome.as_str(),
-        exit_code = report.exit_code,
-        used_ms = report.budget.used_ms,
-        report = %json,
-        "lameduck: drain report"
-    );
-}
-
-/// Replaces the report file atomically: a temporary file in the same directory is written,
-/// synced and renamed over the target, then the directory is synced. A crash at any moment
-/// leaves the previous report or the new one, never a truncated file.
-///
-/// A target that exists and is not a regular file (`/dev/stdout`, a FIFO, `/dev/full`) is
-/// written in place: renaming over a device would replace it.
-fn write_report_file(path: &Path, contents: &str) -> std::io::Result<()> {
-    use std::fs;
-    if let Ok(meta) = fs::metadata(path) {
-        if !meta.is_file() {
-            let mut f = fs::OpenOptions::new().write(true).open(path)?;
-            f.write_all(contents.as_bytes())?;
-            return f.flush();
-        }
-    }
-    let name = path.file_name().ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")
-    })?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let written = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        f.write_all(contents.as_bytes())?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    // The rename is durable once the directory is synced; some file systems cannot sync a
-    // directory, and the report is in place either way.
-    if let Ok(d) = fs::File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
-
-/// Writes the summary to the termination log if the path exists. Kubernetes creates
-/// `/dev/termination-log` (a bind mount: written in place, it cannot be renamed over);
-/// elsewhere it is missing and this is quiet.
-fn write_termination_log(path: &Path, summary: &str) -> std::io::Result<()> {
-    let open = std::fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(path);
-    match open {
-        Ok(mut f) => f.write_all(summary.as_bytes()),
-        // Outside Kubernetes the file is missing: nothing to write, nothing failed.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_report_file_is_replaced_whole_and_leaves_no_temporary_file() {
-        let dir = std::env::temp_dir().join(format!("lameduck-report-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("report.json");
-        std::fs::write(&path, "previous\n").unwrap();
-        write_report_file(&path, "new\n").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
-        let names: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, [std::ffi::OsString::from("report.json")]);
-        let err = write_report_file(&dir.join("missing").join("r.json"), "x").unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,4 +1,5 @@
-//! OS signal triggers, received on a plain thread, and the watchdog.
+//! OS signal triggers, received on a plain thread: a trigger source the coordinator listens
+//! to (this module knows nothing of it).
 //!
 //! | signal                                   | first signal               | any second signal |
 //! |------------------------------------------|----------------------------|-------------------|
@@ -13,14 +14,11 @@
 //!
 //! * Signals are received on the `lameduck-signals` thread, not on the runtime: the receipt
 //!   time is right even when every worker is blocked, and the budget counts from it.
-//! * The first trigger of a process that installed the handlers arms the `lameduck-watchdog`
-//!   thread: if the drain is not Done shortly after the hard deadline (half the safety margin
-//!   past it), the watchdog writes a `forced` report (cause `runtime starved`) and exits the
-//!   process with code 1, before SIGKILL.
+//! * The first trigger of a process that installed the handlers arms the driver's watchdog
+//!   (see `driver/exit.rs`).
 
-use std::time::Duration;
-
-use crate::{ConfigError, Drain, Trigger};
+use crate::error::ConfigError;
+use crate::phase::Trigger;
 
 /// The environment variable read for the stop signal when the builder is not given one
 /// (`SIGTERM`, `SIGINT` or `SIGQUIT`; the `SIG` prefix and case are optional).
@@ -223,16 +221,20 @@ impl Receipt {
     pub(crate) fn now() -> Self {
         Self {
             at: std::time::Instant::now(),
-            unix_ms: crate::drain::unix_ms_now(),
+            unix_ms: crate::phase::unix_ms_now(),
         }
     }
 }
 
 /// Installs the handlers now (so the default action no longer applies from this point on)
-/// and starts the thread that turns signals into triggers. Needs a runtime context: the drain's
-/// driver is spawned on that runtime.
+/// and starts the thread that hands each signal to `deliver`: the trigger, its receipt, and
+/// whether the signal table says it forces the exit. Needs a runtime context: `deliver` runs
+/// inside it (it may spawn on that runtime).
 #[cfg(unix)]
-pub(crate) fn install(drain: &Drain, which: Signals) -> std::io::Result<()> {
+pub(crate) fn install<F>(which: Signals, deliver: F) -> std::io::Result<()>
+where
+    F: Fn(Trigger, Receipt, bool) + Send + 'static,
+{
     use signal_hook::consts::{SIGINT, SIGQUIT, SIGTERM};
 
     let handle = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
@@ -246,7 +248,6 @@ pub(crate) fn install(drain: &Drain, which: Signals) -> std::io::Result<()> {
     .map(|(_, s)| s)
     .collect();
     let mut signals = signal_hook::iterator::Signals::new(&list)?;
-    let drain = drain.clone();
     std::thread::Builder::new()
         .name("lameduck-signals".to_owned())
         .spawn(move || {
@@ -261,47 +262,25 @@ pub(crate) fn install(drain: &Drain, which: Signals) -> std::io::Result<()> {
                 };
                 // Spawning the driver from this thread needs the runtime's context.
                 let _rt = handle.enter();
-                drain.on_signal(trigger, receipt, which.forces(trigger, n));
+                deliver(trigger, receipt, which.forces(trigger, n));
             }
         })?;
     Ok(())
 }
 
 #[cfg(not(unix))]
-pub(crate) fn install(drain: &Drain, which: Signals) -> std::io::Result<()> {
+pub(crate) fn install<F>(which: Signals, deliver: F) -> std::io::Result<()>
+where
+    F: Fn(Trigger, Receipt, bool) + Send + 'static,
+{
     if which.sigint {
-        let drain = drain.clone();
         tokio::spawn(async move {
             let mut n = 0;
             while tokio::signal::ctrl_c().await.is_ok() {
                 n += 1;
-                drain.on_signal(Trigger::Sigint, Receipt::now(), n >= 2);
+                deliver(Trigger::Sigint, Receipt::now(), n >= 2);
             }
         });
     }
     Ok(())
-}
-
-/// Arms the watchdog: at `origin + at`, unless the drain is Done, it writes a `forced` report
-/// and exits the process with code 1.
-pub(crate) fn arm_watchdog(drain: Drain, origin: std::time::Instant, at: Duration) {
-    let Some(fire_at) = origin.checked_add(at) else {
-        // Unreachable with a validated budget (at most 24 h); never arm a wrong deadline.
-        return;
-    };
-    let spawned = std::thread::Builder::new()
-        .name("lameduck-watchdog".to_owned())
-        .spawn(move || {
-            loop {
-                let now = std::time::Instant::now();
-                if now >= fire_at {
-                    break;
-                }
-                std::thread::sleep(fire_at - now);
-            }
-            drain.watchdog_fire();
-        });
-    if let Err(e) = spawned {
-        tracing::error!(error = %e, "lameduck: cannot start the watchdog thread");
-    }
 }

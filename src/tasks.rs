@@ -8,13 +8,16 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use crate::action::ActionResult;
 
 /// How a background task is treated by the drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,15 +28,74 @@ pub(crate) enum TaskKind {
     CancelOnDrain,
 }
 
+/// How a background task ended abnormally: [`TaskEnd::result`].
+///
+/// In JSON: `panicked`, `aborted`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TaskResult {
+    /// The task panicked.
+    Panicked,
+    /// The task was aborted at the quiesce deadline (or when the drain was forced).
+    Aborted,
+}
+
+impl TaskResult {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        crate::names::of(&self)
+    }
+}
+
+impl std::fmt::Display for TaskResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A background task that did not end normally, as recorded in the report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskEnd {
     /// The task's name.
     pub name: String,
     /// `panicked` or `aborted`.
-    pub result: String,
+    pub result: TaskResult,
     /// How long it ran, in milliseconds.
     pub ran_ms: u64,
+}
+
+/// Given to cancellable tasks: when to stop taking new work, and when to hurry.
+#[derive(Clone, Debug)]
+pub struct TaskContext {
+    pub(crate) stop: CancellationToken,
+    pub(crate) hurry: CancellationToken,
+    pub(crate) deadline: CancellationToken,
+    /// The quiesce deadline, set once when the drain starts.
+    pub(crate) quiesce_at: Arc<OnceLock<Instant>>,
+}
+
+impl TaskContext {
+    /// Fires when the drain starts: stop taking new work.
+    pub fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    /// Fires `hurry_lead` before the quiesce deadline: checkpoint, nack, re-enqueue now.
+    pub fn hurry(&self) -> &CancellationToken {
+        &self.hurry
+    }
+
+    /// Fires at the quiesce deadline, just before unfinished tasks are aborted.
+    pub fn deadline_reached(&self) -> &CancellationToken {
+        &self.deadline
+    }
+
+    /// The quiesce deadline, once the drain has started.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.quiesce_at.get().copied()
+    }
 }
 
 /// A recovery action: runs if the task is still unfinished at the quiesce deadline, before it is
@@ -61,10 +123,10 @@ impl std::fmt::Debug for Running {
 }
 
 /// A task still running at the quiesce deadline.
-pub(crate) struct Unfinished {
-    pub(crate) name: String,
-    pub(crate) abort: AbortHandle,
-    pub(crate) recovery: Option<(Duration, Recovery)>,
+struct Unfinished {
+    name: String,
+    abort: AbortHandle,
+    recovery: Option<(Duration, Recovery)>,
 }
 
 /// Called with a task's name when it panics (set by the coordinator when it should start the
@@ -143,17 +205,17 @@ impl Tasks {
                     Ok(()) => return,
                     Err(e) if e.is_panic() => {
                         tracing::error!(task = %task.name, "lameduck: background task panicked");
-                        "panicked"
+                        TaskResult::Panicked
                     }
-                    Err(_) => "aborted",
+                    Err(_) => TaskResult::Aborted,
                 };
                 let name = task.name.clone();
                 reg.ended.push(TaskEnd {
                     name: task.name,
-                    result: ended.to_owned(),
+                    result: ended,
                     ran_ms: task.started.elapsed().as_millis() as u64,
                 });
-                (ended == "panicked").then_some(name)
+                (ended == TaskResult::Panicked).then_some(name)
             };
             // Outside the registry's lock: starting the drain takes the coordinator's.
             if let (Some(name), Some(f)) = (panicked, on_panic) {
@@ -176,7 +238,7 @@ impl Tasks {
     }
 
     /// Takes the recovery actions of the tasks still running, with their abort handles.
-    pub(crate) fn take_stragglers(&self) -> Vec<Unfinished> {
+    fn take_unfinished(&self) -> Vec<Unfinished> {
         let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         reg.running
             .values_mut()
@@ -186,6 +248,38 @@ impl Tasks {
                 recovery: t.recovery.take(),
             })
             .collect()
+    }
+
+    /// Aborts every task still running, without recovery (the drain was forced).
+    pub(crate) fn abort_all(&self) {
+        for task in self.take_unfinished() {
+            task.abort.abort();
+        }
+    }
+
+    /// Runs the recovery actions of unfinished tasks (each bounded by its timeout and the hard
+    /// deadline), aborts the tasks, and returns what each recovery action did, by task name.
+    pub(crate) async fn recover_and_abort(&self, hard: Instant) -> Vec<(String, ActionResult)> {
+        let mut recovered = Vec::new();
+        for Unfinished {
+            name,
+            abort,
+            recovery,
+        } in self.take_unfinished()
+        {
+            if let Some((timeout, rec)) = recovery {
+                let left = hard.saturating_duration_since(Instant::now());
+                let result = crate::action::bounded(tokio::spawn(rec()), timeout.min(left)).await;
+                tracing::warn!(task = %name, result = %result, "lameduck: recovery action ran");
+                recovered.push((name, result));
+            }
+            abort.abort();
+        }
+        // Wait for the aborted tasks' wrappers to record their end (the tracker is closed, so
+        // `wait` resolves once they have); bounded, in case a task blocks its thread.
+        let settle = (Instant::now() + Duration::from_millis(100)).min(hard);
+        let _ = tokio::time::timeout_at(settle, self.tracker.wait()).await;
+        recovered
     }
 
     pub(crate) fn ended(&self) -> Vec<TaskEnd> {

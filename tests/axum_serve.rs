@@ -157,7 +157,7 @@ fn names_the_endless_stream(report: &DrainReport) {
     assert!(report
         .stragglers
         .iter()
-        .any(|s| s.kind == "request" && s.name == "GET /forever"));
+        .any(|s| s.kind == lameduck::StragglerKind::Request && s.name == "GET /forever"));
 }
 
 /// The test app plus two routes that extract `ConnectInfo` the two ways handlers do.

@@ -46,7 +46,7 @@ fn app(drain: &Drain) -> Router {
 }
 
 /// [`app`] under `lameduck::serve` on 127.0.0.1.
-async fn serve_app(drain: &Drain) -> (SocketAddr, JoinHandle<std::io::Result<()>>) {
+async fn serve_app(drain: &Drain) -> (SocketAddr, JoinHandle<()>) {
     let (listener, addr) = bind().await;
     (
         addr,
@@ -83,8 +83,11 @@ async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
         "{}",
         report.to_json()
     );
-    assert!(report.advice.iter().any(|a| a.rule == "confidence"));
-    within("serve to return", server).await.unwrap().unwrap();
+    assert!(report
+        .advice
+        .iter()
+        .any(|a| a.rule.as_str() == "confidence"));
+    within("serve to return", server).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,7 +111,7 @@ async fn through_serve_sparse_arrivals_wait_to_max() {
     let advice = report
         .advice
         .iter()
-        .find(|a| a.rule == "weak_evidence")
+        .find(|a| a.rule.as_str() == "weak_evidence")
         .expect("weak evidence is explained");
     assert!(
         advice.message.contains("is not evidence"),
@@ -120,7 +123,7 @@ async fn through_serve_sparse_arrivals_wait_to_max() {
         "{}",
         advice.message
     );
-    within("serve to return", server).await.unwrap().unwrap();
+    within("serve to return", server).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

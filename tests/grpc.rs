@@ -60,7 +60,7 @@ fn quiet_window(max: Duration) -> Propagation {
 }
 
 /// Serves the slow service and the health service, behind the layer, on 127.0.0.1.
-async fn start(drain: &Drain) -> (SocketAddr, JoinHandle<io::Result<()>>) {
+async fn start(drain: &Drain) -> (SocketAddr, JoinHandle<()>) {
     let (listener, addr) = bind().await;
     let (_reporter, health) = drain.grpc_health([slow::SERVICE]);
     let app = Routes::new(health)
@@ -250,7 +250,7 @@ async fn in_flight_rpc_finishes_then_channel_reconnects_and_is_served_while_drai
     assert!(report.after_flip.new_connections >= 2);
     assert!(report.after_flip.requests_on_new_connections >= 2);
     assert!(has_event(&drain, EventKind::InFlightZero));
-    within("serve to return", server).await.unwrap().unwrap();
+    within("serve to return", server).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,7 +294,7 @@ async fn health_watch_sees_not_serving_at_drain_start_and_ends_at_stopped_accept
     assert_eq!(report.outcome, Outcome::Clean, "{}", report.to_json());
     assert!(report.stragglers.is_empty());
     drop(health);
-    within("serve to return", server).await.unwrap().unwrap();
+    within("serve to return", server).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,7 +344,7 @@ async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
     let report = within("the drain", drain.drained()).await;
     assert_eq!(report.outcome, Outcome::Clean, "{}", report.to_json());
     drop((health, fresh));
-    within("serve to return", server).await.unwrap().unwrap();
+    within("serve to return", server).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,5 +385,5 @@ async fn health_under_auto_keeps_kubelet_serving_and_tells_everyone_else_at_once
     let report = within("the drain", drain.drained()).await;
     assert_eq!(report.outcome, Outcome::Clean, "{}", report.to_json());
     drop((other, kubelet, lb));
-    within("serve to return", server).await.unwrap().unwrap();
+    within("serve to return", server).await.unwrap();
 }

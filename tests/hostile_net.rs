@@ -73,7 +73,7 @@ fn cut_response(report: &DrainReport) -> &Straggler {
     report
         .stragglers
         .iter()
-        .find(|s| s.kind == "response")
+        .find(|s| s.kind == lameduck::StragglerKind::Response)
         .unwrap_or_else(|| panic!("the response is named: {:?}", report.stragglers))
 }
 
@@ -111,7 +111,7 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
         "{:?}",
         report.stragglers
     );
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 
     // The connection was cut: the client gets less than the whole body.
     let mut head_done = false;
@@ -182,7 +182,7 @@ async fn an_http2_response_stuck_behind_flow_control_is_in_flight_and_named() {
     let report = within("drain done", drain.drained()).await;
     let straggler = cut_response(&report);
     assert!(straggler.name.contains("HTTP/2"), "{}", straggler.name);
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }
 
 /// Partial request heads that are never finished.
@@ -286,7 +286,7 @@ async fn the_header_read_timeout_closes_a_slowloris_connection_while_serving() {
     let advice = report
         .advice
         .iter()
-        .find(|a| a.rule == "server_idle_timeout_short")
+        .find(|a| a.rule.as_str() == "server_idle_timeout_short")
         .expect("advice on the short idle timeout");
     assert_eq!(advice.observed, 500);
 }

@@ -62,7 +62,7 @@ async fn reused_connection_gets_connection_close_while_draining_and_next_request
     assert_eq!(report.outcome, Outcome::Clean);
     assert!(report.after_flip.requests_on_reused_connections >= 1);
     assert!(report.after_flip.requests_on_new_connections >= 1);
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }
 
 #[tokio::test]
@@ -104,7 +104,7 @@ async fn slow_streaming_request_completes_and_in_flight_zero_follows_its_last_by
     assert_eq!(report.outcome, Outcome::Clean);
     let pos = |k: EventKind| report.timeline.iter().position(|e| e.event == k).unwrap();
     assert!(pos(EventKind::StoppedAccepting) < pos(EventKind::InFlightZero));
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }
 
 #[tokio::test]
@@ -179,7 +179,7 @@ async fn phase_and_instance_headers_mark_responses_while_draining() {
     );
 
     within("drain done", drain.drained()).await;
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }
 
 #[tokio::test]

@@ -69,7 +69,7 @@ async fn after_drain_counts_are_split_by_traffic_path() {
     .await;
     counts.unwrap();
     let report = within("the drain", drain.drained()).await;
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
     let paths = &report.after_flip.paths;
     let find = |p: &str| {
         paths

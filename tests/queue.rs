@@ -122,8 +122,8 @@ async fn a_stuck_item_is_requeued_by_the_recovery_action_at_the_deadline() {
     assert_eq!(report.outcome, Outcome::DeadlineExceeded);
     let st = &report.stragglers[0];
     assert_eq!(
-        (st.name.as_str(), st.recovery.as_deref()),
-        ("queue-consumer", Some("ok"))
+        (st.name.as_str(), st.recovery.clone()),
+        ("queue-consumer", Some(lameduck::ActionResult::Ok))
     );
     assert_eq!(
         q.items.lock().unwrap().front(),

@@ -103,7 +103,7 @@ async fn http2_gets_goaway_in_flight_streams_finish_and_new_connections_work() {
     assert_eq!(report.outcome, Outcome::Clean);
     assert_eq!(report.after_flip.new_connections, 1);
     assert_eq!(report.after_flip.requests_on_new_connections, 1);
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }
 
 #[tokio::test]
@@ -130,7 +130,7 @@ async fn accept_continues_while_draining() {
     let report = within("drain done", drain.drained()).await;
     assert_eq!(report.outcome, Outcome::Clean);
     assert_eq!(report.after_flip.new_connections, 2);
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }
 
 #[tokio::test]
@@ -177,7 +177,7 @@ async fn after_flip_counters_match_new_and_reused_connections() {
     assert_eq!(af.peers.len(), 1);
     assert_eq!(af.peers[0].peer, "127.0.0.1");
     assert_eq!(af.peers[0].new_connections, 4);
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }
 
 #[tokio::test]
@@ -216,11 +216,11 @@ async fn quiesce_deadline_cuts_a_never_ending_stream_names_it_and_serve_returns(
     let straggler = report
         .stragglers
         .iter()
-        .find(|s| s.kind == "request")
+        .find(|s| s.kind == lameduck::StragglerKind::Request)
         .expect("the stream is named as a straggler");
     assert_eq!(straggler.name, "GET /forever");
 
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
     assert_eq!(drain.connections(), 0);
     let (chunks_after_trigger, clean_end) = within("client sees the cut", reader).await.unwrap();
     assert!(
@@ -256,7 +256,7 @@ async fn by_default_a_stream_from_before_the_trigger_is_an_undescribed_straggler
     let mut requests: Vec<_> = report
         .stragglers
         .iter()
-        .filter(|s| s.kind == "request")
+        .filter(|s| s.kind == lameduck::StragglerKind::Request)
         .map(|s| (s.name.as_str(), s.peer.is_some()))
         .collect();
     requests.sort_unstable();
@@ -264,7 +264,7 @@ async fn by_default_a_stream_from_before_the_trigger_is_an_undescribed_straggler
         requests,
         [("(undescribed guard)", false), ("GET /forever", true)]
     );
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
     readers.abort();
 }
 
@@ -338,5 +338,5 @@ async fn http2_connection_opened_during_the_drain_keeps_serving_until_stopped_ac
     let report = within("drain done", drain.drained()).await;
     assert_eq!(report.after_flip.new_connections, 1);
     assert_eq!(report.after_flip.requests_on_new_connections, 5);
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
 }

@@ -311,7 +311,7 @@ fn after_a_prestop_drain_a_missing_stop_signal_is_named_and_the_process_exits_by
     let wait = report.stop_signal_wait.as_ref().expect("stop_signal_wait");
     assert!(!wait.arrived);
     let advice = &report.advice[0];
-    assert_eq!(advice.rule, "stop_signal_missing");
+    assert_eq!(advice.rule.as_str(), "stop_signal_missing");
     assert!(
         advice.message.contains("did not arrive")
             && advice

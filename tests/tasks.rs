@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{ms, quiet_builder, secs};
 use lameduck::{
-    CloseOptions, DrainReport, EventKind, Outcome, Phase, Propagation, Trigger,
+    ActionResult, CloseOptions, DrainReport, EventKind, Outcome, Phase, Propagation, Trigger,
     TERMINATION_LOG_LIMIT,
 };
 use tokio::time::Instant;
@@ -113,16 +113,21 @@ async fn closers_run_in_reverse_order_and_failures_do_not_stop_the_next() {
     let results: Vec<_> = report
         .closers
         .iter()
-        .map(|c| (c.name.as_str(), c.result.as_str()))
+        .map(|c| (c.name.as_str(), c.result.clone()))
         .collect();
     assert_eq!(
         results,
         vec![
-            ("queue", "timed_out"),
-            ("metrics", "panicked"),
-            ("cache", "error: connection reset"),
-            ("postgres", "ok"),
+            ("queue", ActionResult::TimedOut),
+            ("metrics", ActionResult::Panicked),
+            ("cache", ActionResult::Error("connection reset".to_owned())),
+            ("postgres", ActionResult::Ok),
         ]
+    );
+    // The JSON keeps the strings.
+    assert_eq!(
+        serde_json::to_value(&report.closers[2]).unwrap()["result"],
+        "error: connection reset"
     );
     assert_eq!(report.closers[0].took_ms, 300);
     assert_eq!(report.outcome, Outcome::CloserFailed);
@@ -155,9 +160,15 @@ async fn a_slow_closer_cannot_take_the_time_of_the_one_registered_before_it() {
     let results: Vec<_> = report
         .closers
         .iter()
-        .map(|c| (c.name.as_str(), c.result.as_str()))
+        .map(|c| (c.name.as_str(), c.result.clone()))
         .collect();
-    assert_eq!(results, vec![("exporter", "timed_out"), ("db-pool", "ok")]);
+    assert_eq!(
+        results,
+        vec![
+            ("exporter", ActionResult::TimedOut),
+            ("db-pool", ActionResult::Ok)
+        ]
+    );
     // The exporter got half of what was left before the hard deadline, not all of it.
     let closed = report.event(EventKind::ResourceClosed).unwrap().at_ms;
     let took = report.closers[0].took_ms;
@@ -182,9 +193,9 @@ async fn a_critical_closer_keeps_its_time_after_a_long_explicit_timeout() {
     );
     drain.start(Trigger::Api);
     let report = drain.drained().await;
-    assert_eq!(report.closers[0].result, "timed_out");
+    assert_eq!(report.closers[0].result, ActionResult::TimedOut);
     assert_eq!(report.closers[1].name, "db-pool");
-    assert_eq!(report.closers[1].result, "ok");
+    assert_eq!(report.closers[1].result, ActionResult::Ok);
 }
 
 #[tokio::test(start_paused = true)]
@@ -211,11 +222,11 @@ async fn a_task_that_never_ends_is_a_straggler_and_the_drain_still_finishes() {
         drain.budget().quiesce_deadline().as_millis() as u64
     );
     assert_eq!(report.stragglers.len(), 1);
-    assert_eq!(report.stragglers[0].kind, "task");
+    assert_eq!(report.stragglers[0].kind, lameduck::StragglerKind::Task);
     assert_eq!(report.stragglers[0].name, "stuck-export");
     assert!(*closer_ran.lock().unwrap(), "closing still got its time");
     assert_eq!(report.tasks.len(), 1);
-    assert_eq!(report.tasks[0].result, "aborted");
+    assert_eq!(report.tasks[0].result, lameduck::TaskResult::Aborted);
     assert_eq!(drain.tasks(), 0);
 }
 
@@ -227,7 +238,7 @@ async fn a_request_still_in_flight_at_the_deadline_is_a_straggler() {
     let report = drain.drained().await;
     assert_eq!(report.outcome, Outcome::DeadlineExceeded);
     assert_eq!(report.stragglers.len(), 1);
-    assert_eq!(report.stragglers[0].kind, "request");
+    assert_eq!(report.stragglers[0].kind, lameduck::StragglerKind::Request);
     assert!(report.event(EventKind::InFlightZero).is_none());
 }
 
@@ -244,7 +255,7 @@ async fn a_panicking_task_is_recorded_and_does_not_take_the_coordinator_down() {
     let report = drain.drained().await;
     assert_eq!(report.tasks.len(), 1);
     assert_eq!(report.tasks[0].name, "bad-job");
-    assert_eq!(report.tasks[0].result, "panicked");
+    assert_eq!(report.tasks[0].result, lameduck::TaskResult::Panicked);
     // A panicked task is recorded; the drain itself is clean.
     assert_eq!(report.outcome, Outcome::Clean);
 }
@@ -280,7 +291,7 @@ async fn recovery_runs_for_an_unfinished_task_before_it_is_aborted() {
     assert!(hurry_at < drain.budget().quiesce_deadline());
     let st = &report.stragglers[0];
     assert_eq!(st.name, "consumer");
-    assert_eq!(st.recovery.as_deref(), Some("ok"));
+    assert_eq!(st.recovery, Some(ActionResult::Ok));
 }
 
 #[tokio::test(start_paused = true)]
@@ -396,7 +407,7 @@ async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
     assert_eq!(report.trigger, Some(Trigger::TaskPanic));
     assert_eq!(report.tasks.len(), 1);
     assert_eq!(report.tasks[0].name, "exporter");
-    assert_eq!(report.tasks[0].result, "panicked");
+    assert_eq!(report.tasks[0].result, lameduck::TaskResult::Panicked);
     assert!(report.summary().contains("task exporter panicked"));
 
     // Without the setting the panic is recorded and nothing starts.
@@ -408,7 +419,7 @@ async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
     calm.start(Trigger::Api);
     let report = calm.drained().await;
     assert_eq!(report.trigger, Some(Trigger::Api));
-    assert_eq!(report.tasks[0].result, "panicked");
+    assert_eq!(report.tasks[0].result, lameduck::TaskResult::Panicked);
 }
 
 #[tokio::test(start_paused = true)]

@@ -330,12 +330,16 @@ pub(crate) async fn serve(
     };
     match app(variant, drain) {
         App::Router(router) if SERVE_ONLY.contains(&name.as_str()) => {
-            lameduck::serve(listener, router, drain).await
+            lameduck::serve(listener, router, drain).await;
+            Ok(())
         }
         App::Router(router) => axum::serve(listener, router).await,
-        app => with_app!(app, |s| lameduck::serve(listener, s, drain).await),
+        app => {
+            with_app!(app, |s| lameduck::serve(listener, s, drain).await);
+            Ok(())
+        }
     }
-    .map_err(|e| e.to_string())
+    .map_err(|e: std::io::Error| e.to_string())
 }
 
 // ---- the reference layer: a guard taken in `call`, moved into the body ----

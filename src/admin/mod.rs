@@ -85,13 +85,16 @@
 //!
 //! The guide [`guide::kubernetes`](crate::guide::kubernetes) puts all of this in a Pod spec.
 
+mod handlers;
 mod prestop;
 mod query;
 mod router;
 mod serve;
 
+pub use handlers::ADMIN_TOKEN_ENV;
 pub use prestop::{prestop, prestop_blocking, PrestopError, PrestopOptions};
-pub use router::{AdminBuilder, Wait, ADMIN_TOKEN_ENV};
+pub use query::Wait;
+pub use router::AdminBuilder;
 pub use serve::{AdminServe, DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_MAX_CONNECTIONS};
 
 use crate::Drain;

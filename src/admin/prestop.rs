@@ -9,14 +9,15 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::{ACCEPT, AUTHORIZATION, CONNECTION, HOST, USER_AGENT};
 use http::{HeaderValue, Request};
 use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::router::{Wait, ADMIN_TOKEN_ENV};
+use super::handlers::ADMIN_TOKEN_ENV;
+use super::query::Wait;
 use crate::Status;
 
 /// Bound on the connect step when no timeout is given: the admin port is local, so a connect

@@ -4,6 +4,11 @@
 //! says what is accepted, and so that duplicates and empty names are refused instead of one of
 //! them silently winning.
 
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{ConfigError, Phase};
+
 /// The parameters of one request, each known name at most once.
 #[derive(Debug, Default)]
 pub(crate) struct Params {
@@ -133,6 +138,75 @@ pub(crate) fn shorten(s: &str) -> String {
     }
 }
 
+/// What `/drain` waits for before answering (its `wait` parameter).
+///
+/// # Examples
+///
+/// ```
+/// use lameduck::admin::Wait;
+///
+/// assert_eq!("propagated".parse::<Wait>().unwrap(), Wait::Propagated);
+/// assert_eq!(Wait::default(), Wait::Drained);
+/// assert!("soon".parse::<Wait>().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Wait {
+    /// Answer at once, with `202 Accepted`.
+    None,
+    /// Answer once the drain stopped accepting (phase
+    /// [`StoppedAccepting`](crate::Phase::StoppedAccepting)): load balancers had their window.
+    Propagated,
+    /// Answer once the drain is over (phase [`Done`](crate::Phase::Done)): in-flight work
+    /// finished or was cut, closers ran. The default, and what a `preStop` hook wants: kubelet
+    /// sends SIGTERM only after the hook returns.
+    #[default]
+    Drained,
+}
+
+impl Wait {
+    /// The value as it appears in the query string (`none`, `propagated`, `drained`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Wait::None => "none",
+            Wait::Propagated => "propagated",
+            Wait::Drained => "drained",
+        }
+    }
+
+    /// The phase that satisfies the wait, if any.
+    pub(crate) fn phase(self) -> Option<Phase> {
+        match self {
+            Wait::None => None,
+            Wait::Propagated => Some(Phase::StoppedAccepting),
+            Wait::Drained => Some(Phase::Done),
+        }
+    }
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Wait {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        // The names come from `as_str`, the one table.
+        [Wait::None, Wait::Propagated, Wait::Drained]
+            .into_iter()
+            .find(|w| w.as_str() == s)
+            .ok_or_else(|| {
+                ConfigError::parse(format!(
+                    "`{}` is not a wait condition: expected none, propagated or drained",
+                    shorten(s)
+                ))
+            })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +260,14 @@ mod tests {
         let long = "x".repeat(500);
         assert_eq!(shorten(&long).chars().count(), 65);
         assert_eq!(shorten("a\r\nb"), "a??b");
+    }
+
+    #[test]
+    fn wait_round_trips() {
+        for w in [Wait::None, Wait::Propagated, Wait::Drained] {
+            assert_eq!(w.as_str().parse::<Wait>().unwrap(), w);
+        }
+        let err = "Drained".parse::<Wait>().unwrap_err();
+        assert!(err.is_parse());
     }
 }

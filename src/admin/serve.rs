@@ -26,9 +26,9 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::Router;
-use bytes::Bytes;
 use http::Request;
 use http_body::{Frame, SizeHint};
+use hyper::body::Bytes;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;

@@ -105,7 +105,7 @@ impl ConnMeta {
     /// assert_eq!(first.id(), second.id());
     /// ```
     pub fn accepted(peer: Option<SocketAddr>) -> Self {
-        crate::evidence::note_connect_info();
+        crate::drain::note_connect_info();
         Self::new(peer, None)
     }
 

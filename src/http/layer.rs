@@ -306,8 +306,8 @@ impl<N> DrainLayer<N> {
     /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
     /// lameduck::serve(listener, app, &drain)
     ///     .keep_listening_after_stop()
-    ///     .await
-    /// # }
+    ///     .await;
+    /// # Ok(()) }
     /// # }
     /// ```
     pub fn refuse_after_stop(self, retry_after: Duration) -> Self {

@@ -142,7 +142,7 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///     let server = tokio::spawn(lameduck::serve(listener, app, &drain));
 ///
 ///     let report = drain.run().await; // SIGTERM → drain → report
-///     server.await??;
+///     server.await?; // serve itself cannot fail: accept errors are retried, logged
 ///     std::process::exit(report.exit_code);
 /// }
 /// # }
@@ -171,11 +171,14 @@ where
 
 /// The future returned by [`serve`]; resolves when every connection is gone.
 ///
+/// It has no error to return: accept errors are logged and retried with a backoff, and the
+/// listener is given up only at `stopped_accepting`.
+///
 /// Options can be set before it is first polled.
 #[must_use = "futures do nothing unless polled"]
 pub struct Serve<S> {
     setup: Option<Setup<S>>,
-    running: Option<Pin<Box<dyn Future<Output = io::Result<()>> + Send>>>,
+    running: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 struct Setup<S> {
@@ -230,8 +233,8 @@ impl<S> Serve<S> {
     /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
     /// lameduck::serve(listener, app, &drain)
     ///     .header_read_timeout(Duration::from_secs(620)) // behind a proxy that pools for 600 s
-    ///     .await
-    /// # }
+    ///     .await;
+    /// # Ok(()) }
     /// ```
     pub fn header_read_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         if let Some(setup) = &mut self.setup {
@@ -264,8 +267,8 @@ impl<S> Serve<S> {
     /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
     /// lameduck::serve(listener, app, &drain)
     ///     .conn_meta_on_every_request()
-    ///     .await
-    /// # }
+    ///     .await;
+    /// # Ok(()) }
     /// # }
     /// ```
     pub fn conn_meta_on_every_request(mut self) -> Self {
@@ -285,7 +288,7 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    type Output = io::Result<()>;
+    type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
@@ -294,7 +297,7 @@ where
         }
         match &mut this.running {
             Some(fut) => fut.as_mut().poll(cx),
-            None => Poll::Ready(Ok(())),
+            None => Poll::Ready(()),
         }
     }
 }
@@ -320,7 +323,7 @@ async fn listener_closes(drain: &Drain, keep_listening: bool) {
     }
 }
 
-async fn run<S, B>(setup: Setup<S>) -> io::Result<()>
+async fn run<S, B>(setup: Setup<S>)
 where
     S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -409,7 +412,6 @@ where
             tracker.wait().await;
         }
     }
-    Ok(())
 }
 
 /// Errors that concern one connection attempt, not the listener: retry at once.

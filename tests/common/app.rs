@@ -156,10 +156,7 @@ pub fn app(drain: &Drain, probe: Probe) -> axum::Router {
 }
 
 /// Binds 127.0.0.1:0 and runs `lameduck::serve` with the app behind the default layer.
-pub async fn start_serve(
-    drain: &Drain,
-    probe: Probe,
-) -> (SocketAddr, JoinHandle<std::io::Result<()>>) {
+pub async fn start_serve(drain: &Drain, probe: Probe) -> (SocketAddr, JoinHandle<()>) {
     let (listener, addr) = bind().await;
     let app = app(drain, probe).layer(drain.layer());
     // The test app reports each request's connection id, from `ConnMeta`.
@@ -169,10 +166,7 @@ pub async fn start_serve(
 
 /// [`start_serve`] with `describe_requests` on: requests that started before the trigger can be
 /// named as stragglers.
-pub async fn start_serve_describing(
-    drain: &Drain,
-    probe: Probe,
-) -> (SocketAddr, JoinHandle<std::io::Result<()>>) {
+pub async fn start_serve_describing(drain: &Drain, probe: Probe) -> (SocketAddr, JoinHandle<()>) {
     let (listener, addr) = bind().await;
     let app = app(drain, probe).layer(drain.layer().describe_requests());
     // The test app reports each request's connection id, from `ConnMeta`.
@@ -182,13 +176,10 @@ pub async fn start_serve_describing(
 
 /// Waits for the drain, which must end clean, then for `serve` to return; the report is for
 /// the caller's own checks.
-pub async fn drained_clean(
-    drain: &Drain,
-    server: JoinHandle<std::io::Result<()>>,
-) -> lameduck::DrainReport {
+pub async fn drained_clean(drain: &Drain, server: JoinHandle<()>) -> lameduck::DrainReport {
     let report = within("drain done", drain.drained()).await;
     assert_eq!(report.outcome, lameduck::Outcome::Clean);
-    within("serve returns", server).await.unwrap().unwrap();
+    within("serve returns", server).await.unwrap();
     report
 }
 

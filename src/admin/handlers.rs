@@ -1,0 +1,409 @@
+//! The admin routes' handlers: admission (route, method, body, token, query), then the answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::request::Parts;
+use http::{Method, StatusCode};
+use http_body::Body as _;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use super::query::{shorten, Params, Wait};
+use crate::{parse_duration, Drain, Trigger};
+
+/// The environment variable the admin router reads its bearer token from by default.
+///
+/// Unset, empty or blank means no token. Surrounding whitespace is trimmed (a Secret created
+/// from a file often ends with a newline).
+pub const ADMIN_TOKEN_ENV: &str = "LAMEDUCK_ADMIN_TOKEN";
+
+/// Longest `timeout=` value looked at; anything longer is refused before parsing.
+const MAX_TIMEOUT_LEN: usize = 32;
+
+const PROBE_METHODS: &[Method] = &[Method::GET, Method::HEAD];
+const DRAIN_METHODS: &[Method] = &[Method::GET, Method::POST];
+
+pub(super) enum Token {
+    Open,
+    Required(Box<[u8]>),
+    /// Set but unusable: `/drain` is refused (fail closed) with this reason.
+    Invalid(String),
+}
+
+impl Token {
+    pub(super) fn from_setting(raw: &str, source: &str) -> Token {
+        let t = raw.trim();
+        if t.is_empty() {
+            Token::Invalid(format!("{source} is empty"))
+        } else if t.chars().any(char::is_control) {
+            Token::Invalid(format!("{source} holds a control character"))
+        } else {
+            Token::Required(t.as_bytes().into())
+        }
+    }
+}
+
+pub(super) struct AdminState {
+    pub(super) drain: Drain,
+    pub(super) token: Token,
+    pub(super) body_limit: usize,
+    #[cfg(feature = "prometheus")]
+    pub(super) prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+pub(super) type Outcome = Result<Response, Refusal>;
+
+/// A request refused before anything changed: a 4xx with a one-line message.
+#[derive(Debug)]
+pub(super) enum Refusal {
+    NotAllowed {
+        message: String,
+        allow: &'static str,
+    },
+    TooLarge(String),
+    Unauthorized(String),
+    BadRequest(String),
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::NotAllowed { message, allow } => {
+                let mut res = text(StatusCode::METHOD_NOT_ALLOWED, message);
+                res.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static(allow));
+                res
+            }
+            Refusal::TooLarge(message) => text(StatusCode::PAYLOAD_TOO_LARGE, message),
+            Refusal::Unauthorized(message) => {
+                let mut res = text(StatusCode::UNAUTHORIZED, message);
+                res.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"lameduck-admin\""),
+                );
+                res
+            }
+            Refusal::BadRequest(message) => text(StatusCode::BAD_REQUEST, message),
+        }
+    }
+}
+
+impl AdminState {
+    /// Method and body checks shared by every route; returns the request head.
+    async fn admit(
+        &self,
+        req: Request,
+        route: &str,
+        allowed: &[Method],
+        allow: &'static str,
+    ) -> Result<Parts, Refusal> {
+        let (parts, body) = req.into_parts();
+        if !allowed.contains(&parts.method) {
+            return Err(Refusal::NotAllowed {
+                message: format!(
+                    "method {} is not allowed on {route}: use {allow}",
+                    shorten(parts.method.as_str())
+                ),
+                allow,
+            });
+        }
+        self.read_body(body).await?;
+        Ok(parts)
+    }
+
+    /// Reads and drops the body, refusing it past the limit; a declared length over the limit
+    /// is refused without reading.
+    async fn read_body(&self, body: Body) -> Result<(), Refusal> {
+        let too_large = || {
+            Refusal::TooLarge(format!(
+                "request body over the admin limit of {} bytes: \
+                 admin routes take no body, parameters go in the query string",
+                self.body_limit
+            ))
+        };
+        if body.size_hint().lower() > self.body_limit as u64 {
+            return Err(too_large());
+        }
+        match Limited::new(body, self.body_limit).collect().await {
+            Ok(_) => Ok(()),
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+            Err(_) => Err(bad_request("could not read the request body")),
+        }
+    }
+
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+        let expected = match &self.token {
+            Token::Open => return Ok(()),
+            Token::Invalid(why) => {
+                return Err(unauthorized(format!(
+                    "the admin token is unusable ({why}): fix {ADMIN_TOKEN_ENV} or the builder's \
+                     token; /drain is refused until then"
+                )))
+            }
+            Token::Required(t) => t,
+        };
+        let mut values = headers.get_all(header::AUTHORIZATION).iter();
+        let value = match (values.next(), values.next()) {
+            (Some(v), None) => v,
+            (None, _) => {
+                return Err(unauthorized(
+                    "missing bearer token: send `Authorization: Bearer <token>` \
+                     (the value of LAMEDUCK_ADMIN_TOKEN)",
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(unauthorized(
+                    "more than one Authorization header: send exactly one",
+                ))
+            }
+        };
+        match bearer(value.as_bytes()) {
+            Some(given) if constant_time_eq(given, expected) => Ok(()),
+            Some(_) => Err(unauthorized("wrong bearer token")),
+            None => Err(unauthorized(
+                "the Authorization header is not `Bearer <token>`",
+            )),
+        }
+    }
+}
+
+/// The token of a `Bearer <token>` credential (scheme case-insensitive, per RFC 9110).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|b| *b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// Compares without an early exit, so the time taken does not tell how much of a guess was
+/// right. (The length is not secret enough to hide.)
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+pub(super) async fn livez(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+    let parts = s.admit(req, "/livez", PROBE_METHODS, "GET, HEAD").await?;
+    let params = Params::parse(parts.uri.query(), "/livez", &["verbose"]).map_err(bad_request)?;
+    // Always alive while the process runs: a failing liveness probe during a drain would make
+    // kubelet restart the container and lose the work being drained.
+    if params.flag("verbose").map_err(bad_request)? {
+        Ok(text(StatusCode::OK, "[+]ping ok\nlivez check passed\n"))
+    } else {
+        Ok(text(StatusCode::OK, "ok"))
+    }
+}
+
+pub(super) async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+    let parts = s.admit(req, "/readyz", PROBE_METHODS, "GET, HEAD").await?;
+    let params = Params::parse(parts.uri.query(), "/readyz", &["verbose"]).map_err(bad_request)?;
+    let verbose = params.flag("verbose").map_err(bad_request)?;
+    let caller = crate::readiness::Caller::from_user_agent(
+        parts
+            .headers
+            .get(header::USER_AGENT)
+            .map(HeaderValue::as_bytes),
+    );
+    let r = s.drain.readiness_for(caller);
+    let code = if r.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    if verbose {
+        let mut body = r.checks.join("\n");
+        body.push('\n');
+        if r.ready {
+            body.push_str("readyz check passed\n");
+        } else {
+            body.push_str("readyz check failed: ");
+            body.push_str(&r.reason);
+            body.push('\n');
+        }
+        Ok(text(code, body))
+    } else {
+        Ok(text(code, r.reason))
+    }
+}
+
+pub(super) async fn status(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+    let parts = s.admit(req, "/status", PROBE_METHODS, "GET, HEAD").await?;
+    Params::parse(parts.uri.query(), "/status", &[]).map_err(bad_request)?;
+    Ok(status_json(StatusCode::OK, &s.drain))
+}
+
+pub(super) async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+    let parts = s.admit(req, "/drain", DRAIN_METHODS, "GET, POST").await?;
+    s.authorize(&parts.headers)?;
+    let params =
+        Params::parse(parts.uri.query(), "/drain", &["wait", "timeout"]).map_err(bad_request)?;
+    let wait = match params.get("wait") {
+        None => Wait::default(),
+        Some(v) => v
+            .parse::<Wait>()
+            .map_err(|e| bad_request(format!("invalid value for query parameter `wait`: {e}")))?,
+    };
+    let timeout = match params.get("timeout") {
+        None => None,
+        Some(v) if v.len() > MAX_TIMEOUT_LEN => {
+            return Err(bad_request(format!(
+                "invalid value for query parameter `timeout`: `{}` is too long for a duration",
+                shorten(v)
+            )))
+        }
+        Some(v) => Some(parse_duration(v).map_err(|e| {
+            bad_request(format!("invalid value for query parameter `timeout`: {e}"))
+        })?),
+    };
+
+    // Every check passed: only now may the state change.
+    let started = s.drain.start(Trigger::PreStop);
+    tracing::info!(
+        wait = wait.as_str(),
+        timeout_ms = timeout.map(|t| t.as_millis() as u64),
+        started,
+        "lameduck: /drain called"
+    );
+    let Some(target) = wait.phase() else {
+        return Ok(status_json(StatusCode::ACCEPTED, &s.drain));
+    };
+    // An answer is owed from now on: `Drain::run` does not return before the response body
+    // holding this token is handed to the server (or the caller went away).
+    let owed = s.drain.exit_holds().token();
+    let reached = s.drain.reached(target);
+    // The drain is driven by its own task: giving up the wait (or the client going away)
+    // never stops it.
+    let on_time = match timeout.and_then(deadline_after) {
+        Some(at) => tokio::time::timeout_at(at, reached).await.is_ok(),
+        None => {
+            reached.await;
+            true
+        }
+    };
+    let code = if on_time {
+        StatusCode::OK
+    } else {
+        StatusCode::GATEWAY_TIMEOUT
+    };
+    Ok(status_json(code, &s.drain).map(|body| {
+        Body::new(super::serve::Held {
+            inner: body,
+            _hold: owed,
+        })
+    }))
+}
+
+#[cfg(feature = "prometheus")]
+pub(super) async fn prometheus_metrics(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+    let parts = s.admit(req, "/metrics", PROBE_METHODS, "GET, HEAD").await?;
+    Params::parse(parts.uri.query(), "/metrics", &[]).map_err(bad_request)?;
+    let Some(handle) = &s.prometheus else {
+        // Unreachable: the route is only added with a handle.
+        return Ok(text(
+            StatusCode::NOT_FOUND,
+            "no admin route /metrics: no Prometheus handle was given to the admin builder",
+        ));
+    };
+    // Sample now: between lifecycle events the gauges hold their last sample, and a scrape
+    // should see this instant.
+    s.drain.record_metrics();
+    // Without the exporter's own listener nobody else runs its upkeep.
+    handle.run_upkeep();
+    let mut res = text(StatusCode::OK, handle.render());
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(res)
+}
+
+/// `None` when the timeout is so long it overflows the clock: that is no timeout at all.
+fn deadline_after(d: Duration) -> Option<tokio::time::Instant> {
+    tokio::time::Instant::now().checked_add(d)
+}
+
+pub(super) async fn not_found(req: Request) -> Response {
+    text(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no admin route {}: the routes are /livez, /readyz, /drain and /status",
+            shorten(req.uri().path())
+        ),
+    )
+}
+
+fn text(code: StatusCode, body: impl Into<String>) -> Response {
+    let mut res = Response::new(Body::from(body.into()));
+    *res.status_mut() = code;
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    // Probe and drain answers describe this instant; nothing in between may replay them.
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
+}
+
+fn status_json(code: StatusCode, drain: &Drain) -> Response {
+    let mut body = serde_json::to_string(&drain.status())
+        .expect("Status has only string keys and plain values, so it always serializes");
+    body.push('\n');
+    let mut res = text(code, body);
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+fn bad_request(msg: impl Into<String>) -> Refusal {
+    // Messages quote decoded client input, which may hold line breaks: keep the answer one line.
+    let msg: String = msg
+        .into()
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    Refusal::BadRequest(msg)
+}
+
+fn unauthorized(msg: impl Into<String>) -> Refusal {
+    Refusal::Unauthorized(msg.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_parsing() {
+        assert_eq!(bearer(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"bearer   abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"Basic abc"), None);
+        assert_eq!(bearer(b"Bearer"), None);
+        assert_eq!(bearer(b"Bearer "), None);
+    }
+
+    #[test]
+    fn constant_time_eq_compares() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+
+    #[test]
+    fn token_settings_fail_closed() {
+        assert!(matches!(Token::from_setting(" t\n", "x"), Token::Required(t) if &*t == b"t"));
+        assert!(matches!(Token::from_setting("  ", "x"), Token::Invalid(_)));
+        assert!(matches!(
+            Token::from_setting("a\u{7}b", "x"),
+            Token::Invalid(_)
+        ));
+    }
+}

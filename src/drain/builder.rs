@@ -1,0 +1,277 @@
+//! [`DrainBuilder`]: the settings, validated, and the parts put together.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Drain, Inner};
+use crate::budget::{Budget, DurationDisplay, GRACE_PERIOD_ENV};
+use crate::driver::{Driver, Observer, Settings};
+use crate::error::ConfigError;
+use crate::exit::ExitHolds;
+use crate::guard::Core;
+use crate::phase::{unix_ms_now, Trigger};
+use crate::propagation::Propagation;
+use crate::readiness::{ReadinessState, ReadinessWhileDraining};
+use crate::report::Sinks;
+use crate::signal::{Signals, STOP_SIGNAL_ENV};
+
+/// The environment variable naming the path in front of the process, for the report's
+/// `proxy_label` (see [`DrainBuilder::proxy_label`]).
+pub const PROXY_LABEL_ENV: &str = "LAMEDUCK_PROXY_LABEL";
+
+/// Builds a [`Drain`]. Every setting has a default; [`build`](Self::build) validates them.
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lameduck::{Drain, Propagation, ReadinessWhileDraining};
+///
+/// let drain = Drain::builder()
+///     .grace_period(Duration::from_secs(60)) // = terminationGracePeriodSeconds
+///     .close_budget(Duration::from_secs(10))
+///     .propagation(Propagation::quiet(Duration::from_secs(3)).max(Duration::from_secs(30)))
+///     .readiness_while_draining(ReadinessWhileDraining::NotReady)
+///     .build()?;
+/// assert_eq!(drain.budget().quiesce_deadline(), Duration::from_secs(49)); // 60 − 1 − 10
+/// # Ok::<(), lameduck::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct DrainBuilder {
+    grace_period: Option<Duration>,
+    safety_margin: Option<Duration>,
+    close_budget: Option<Duration>,
+    propagation: Propagation,
+    signals: Option<Signals>,
+    readiness: ReadinessWhileDraining,
+    sinks: Sinks,
+    hurry_lead: Option<Duration>,
+    drain_on_task_panic: bool,
+    proxy_label: Option<String>,
+}
+
+impl DrainBuilder {
+    /// The Pod's `terminationGracePeriodSeconds`. Default: env `LAMEDUCK_GRACE_PERIOD`
+    /// (`30s`, `1500ms`, `2m`, or a bare number of seconds), else 30 s.
+    pub fn grace_period(mut self, d: Duration) -> Self {
+        self.grace_period = Some(d);
+        self
+    }
+
+    /// Kept free before SIGKILL. Default 1 s (scaled down for grace periods under 30 s).
+    pub fn safety_margin(mut self, d: Duration) -> Self {
+        self.safety_margin = Some(d);
+        self
+    }
+
+    /// Reserved for resource closers. Default 5 s (scaled down for grace periods under 30 s).
+    pub fn close_budget(mut self, d: Duration) -> Self {
+        self.close_budget = Some(d);
+        self
+    }
+
+    /// When to stop accepting. Default: [`Propagation::default`] (quiet window 1 s, min 1 s,
+    /// confidence from the arrival rate with ε = 10⁻³, max half the grace period).
+    pub fn propagation(mut self, p: Propagation) -> Self {
+        self.propagation = p;
+        self
+    }
+
+    /// Which OS signals [`Drain::run`] listens to. Default [`Signals::default`], with the
+    /// stop signal from env `LAMEDUCK_STOP_SIGNAL` (else SIGTERM).
+    pub fn signals(mut self, s: Signals) -> Self {
+        self.signals = Some(s);
+        self
+    }
+
+    /// What `/readyz` says while draining. Default [`ReadinessWhileDraining::Auto`].
+    pub fn readiness_while_draining(mut self, r: ReadinessWhileDraining) -> Self {
+        self.readiness = r;
+        self
+    }
+
+    /// Also write the final report (one JSON line) to this file.
+    ///
+    /// The file is replaced atomically (a temporary file in the same directory, synced, then
+    /// renamed), so a crash leaves the previous report or the new one, never a truncated file;
+    /// a device or FIFO (`/dev/stdout`) is written in place. If it cannot be written, the
+    /// error is said on stderr, recorded in the report's `sink_errors`, and the exit code is 1.
+    pub fn report_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.sinks.file = Some(path.into());
+        self
+    }
+
+    /// Write the report's JSON line to stderr (default `true`).
+    pub fn report_to_stderr(mut self, yes: bool) -> Self {
+        self.sinks.stderr = yes;
+        self
+    }
+
+    /// Where the short summary goes; default `/dev/termination-log`, written only when that
+    /// file exists and is writable. `None` turns it off.
+    pub fn termination_log(mut self, path: Option<PathBuf>) -> Self {
+        self.sinks.termination_log = path;
+        self
+    }
+
+    /// How long before the quiesce deadline cancellable tasks get their *hurry* signal
+    /// ([`TaskContext::hurry`](crate::TaskContext::hurry)). Default: a fifth of the window between the trigger and the
+    /// quiesce deadline, at most 5 s.
+    pub fn hurry_lead(mut self, d: Duration) -> Self {
+        self.hurry_lead = Some(d);
+        self
+    }
+
+    /// Start the drain (trigger `task_panic`) when a background task started with
+    /// [`Drain::spawn`] and friends panics: a process whose must-finish work died is better
+    /// replaced than left serving half-broken. Default `false`: the panic is recorded in the
+    /// report (`tasks`) and the process goes on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// use lameduck::{Drain, Signals, TaskResult, Trigger};
+    ///
+    /// let drain = Drain::builder()
+    ///     .drain_on_task_panic(true)
+    ///     # .signals(Signals::none()).report_to_stderr(false).termination_log(None)
+    ///     .build()
+    ///     .unwrap();
+    /// drain.spawn("exporter", async { panic!("lost the connection") });
+    /// let report = drain.drained().await;
+    /// assert_eq!(report.trigger, Some(Trigger::TaskPanic));
+    /// assert_eq!(report.tasks[0].result, TaskResult::Panicked);
+    /// # }
+    /// ```
+    pub fn drain_on_task_panic(mut self, yes: bool) -> Self {
+        self.drain_on_task_panic = yes;
+        self
+    }
+
+    /// Names what stands between the clients and this process — `kube-proxy iptables 1.31`,
+    /// `ingress-nginx 1.11`, `AWS ALB (ip targets)` — for the report (`proxy_label`): its
+    /// numbers are evidence about that path only. Default: env `LAMEDUCK_PROXY_LABEL`, else
+    /// none.
+    pub fn proxy_label(mut self, label: impl Into<String>) -> Self {
+        self.proxy_label = Some(label.into());
+        self
+    }
+
+    /// Validates the settings and builds the coordinator.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting to change: a zero grace period, a close budget plus
+    /// safety margin that leave nothing of the grace period, a propagation `min` above `max`
+    /// or a `max` past the quiesce deadline, an unparsable `LAMEDUCK_GRACE_PERIOD`, a grace
+    /// period under 1 s or above 24 h, an unknown `LAMEDUCK_STOP_SIGNAL`.
+    pub fn build(self) -> Result<Drain, ConfigError> {
+        let env = std::env::var(GRACE_PERIOD_ENV).ok();
+        let budget = Budget::resolve(
+            self.grace_period,
+            self.safety_margin,
+            self.close_budget,
+            env.as_deref(),
+        )?;
+        // Every deadline is `origin + offset ≤ origin + grace`: refuse a grace period the
+        // clock cannot represent now rather than overflow at the trigger.
+        if Instant::now().checked_add(budget.grace_period).is_none() {
+            return Err(ConfigError::budget(format!(
+                "grace_period ({}) overflows this platform's clock: lower it",
+                DurationDisplay(budget.grace_period)
+            )));
+        }
+        let stop_env = std::env::var(STOP_SIGNAL_ENV).ok();
+        let signals = self
+            .signals
+            .unwrap_or_default()
+            .resolve(stop_env.as_deref())?;
+        let policy = self.propagation.resolve(&budget)?;
+        let window = budget.quiesce_deadline();
+        let hurry_lead = match self.hurry_lead {
+            Some(d) if d > window => {
+                return Err(ConfigError::budget(format!(
+                    "hurry_lead ({}) is longer than the window before the quiesce deadline ({}): lower hurry_lead",
+                    DurationDisplay(d),
+                    DurationDisplay(window)
+                )))
+            }
+            Some(d) => d,
+            None => (window / 5).min(Duration::from_secs(5)),
+        };
+        let core = Core::leak();
+        set_connect_info_target(core);
+        let proxy_label = self.proxy_label.or_else(|| {
+            std::env::var(PROXY_LABEL_ENV)
+                .ok()
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        });
+        let settings = Settings {
+            budget,
+            policy,
+            readiness: self.readiness,
+            sinks: self.sinks,
+            hurry_lead,
+            proxy_label,
+        };
+        #[allow(unused_mut)] // the observers are the optional add-ons
+        let mut observers: Vec<Observer> = Vec::new();
+        #[cfg(feature = "metrics")]
+        {
+            crate::metrics::describe();
+            observers.push(Box::new(crate::metrics::observe));
+        }
+        let driver = Arc::new(Driver::new(core, settings, observers));
+        if self.drain_on_task_panic {
+            // Weak: the hook lives in the driver it would otherwise keep alive.
+            let weak = Arc::downgrade(&driver);
+            driver.tasks.set_on_panic(Arc::new(move |name: &str| {
+                if let Some(driver) = weak.upgrade() {
+                    tracing::warn!(task = %name, "lameduck: a task panicked; starting the drain");
+                    driver.start(Trigger::TaskPanic, Instant::now(), unix_ms_now(), false);
+                }
+            }));
+        }
+        // The first sample, so the gauges exist before the first event.
+        driver.observe();
+        Ok(Drain {
+            inner: Arc::new(Inner {
+                readiness: ReadinessState::new(self.readiness),
+                driver,
+                signals,
+                exit: ExitHolds::default(),
+            }),
+        })
+    }
+}
+
+/// The coordinator whose rate `ConnMeta` counts when `axum::serve` builds it through
+/// `ConnectInfo` (axum's hook has no way to name a coordinator): the one built last. A process
+/// builds one.
+static CONNECT_INFO_TARGET: RwLock<Option<&'static Core>> = RwLock::new(None);
+
+fn set_connect_info_target(core: &'static Core) {
+    *CONNECT_INFO_TARGET
+        .write()
+        .unwrap_or_else(|e| e.into_inner()) = Some(core);
+}
+
+/// A connection accepted by `axum::serve` or a custom accept loop (`ConnMeta::accepted`).
+#[cfg_attr(not(feature = "http"), allow(dead_code))] // called by `ConnMeta` of the `http` feature
+pub(crate) fn note_connect_info() {
+    let target = *CONNECT_INFO_TARGET
+        .read()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(core) = target {
+        // Observation starts when the coordinator was built: the server runs from then on (and
+        // slots before Serving are left out anyway).
+        core.arrivals.observe_from(1);
+        core.note_arrival();
+    }
+}

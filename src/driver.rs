@@ -1,0 +1,377 @@
+//! The lifecycle, from the first trigger to Done: the budget's origin and deadlines, the
+//! propagation wait, stopping, the wait for zero, stragglers, closing, and the report.
+//!
+//! # Invariants
+//!
+//! * The first trigger wins: it fixes the budget's origin under the `state` lock, sets the
+//!   counter's draining flag, and spawns the one driver task. Later triggers only raise the
+//!   count of one `signal_received` event per trigger kind, so the timeline stays bounded
+//!   whatever the number of triggers; once the Done event is in, the timeline is final.
+//! * Every lifecycle event and every phase change goes through one funnel
+//!   ([`Driver::push`], [`Driver::set_phase`]): one log line per event, and the observers
+//!   (metrics) see each of them.
+//! * The final report is written by exactly one of the driver and the watchdog thread: each
+//!   claims the `emission` flag with a compare-exchange before writing.
+//! * The `state` mutex is never held across an `.await`, never taken on the request path,
+//!   and never held while another part's lock is taken, so it cannot deadlock.
+//! * Phases only move forward; each transition is published on a `watch` channel.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::budget::Budget;
+use crate::closers::Closers;
+use crate::evidence::{Evidence, EvidenceReport};
+use crate::guard::Core;
+use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
+use crate::propagation::Policy;
+use crate::readiness::ReadinessWhileDraining;
+use crate::report::{DrainReport, ServerReport, Sinks};
+use crate::tasks::{TaskContext, Tasks};
+
+mod assemble;
+mod exit;
+mod status;
+mod steps;
+mod trigger;
+
+pub use status::{Status, STATUS_TIMELINE_LIMIT};
+
+/// What the observers (metrics) are shown at each lifecycle event and phase change.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))] // read by the metrics observer
+pub(crate) struct Sample {
+    pub(crate) phase: Phase,
+    pub(crate) in_flight: usize,
+    pub(crate) connections: usize,
+    pub(crate) tasks: usize,
+    pub(crate) requests_on_new: u64,
+    pub(crate) requests_on_reused: u64,
+}
+
+/// What an observer sees: a sample at each event and phase change, and the report once, just
+/// before the phase turns Done.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))] // read by the metrics observer
+pub(crate) enum Observed<'a> {
+    Moment(Sample),
+    Done(&'a DrainReport),
+}
+
+pub(crate) type Observer = Box<dyn Fn(Observed<'_>) + Send + Sync>;
+
+/// The settings the builder validated, for the driver.
+pub(crate) struct Settings {
+    pub(crate) budget: Budget,
+    pub(crate) policy: Policy,
+    pub(crate) readiness: ReadinessWhileDraining,
+    pub(crate) sinks: Sinks,
+    pub(crate) hurry_lead: Duration,
+    pub(crate) proxy_label: Option<String>,
+}
+
+#[derive(Clone, Copy)]
+struct Origin {
+    at: Instant,
+    unix_ms: u64,
+}
+
+/// The driver's state, behind its one lock.
+#[derive(Default)]
+struct Lifecycle {
+    origin: Option<Origin>,
+    trigger: Option<Trigger>,
+    timeline: Vec<Event>,
+    /// A signal arrived (any kind): after a `preStop` drain, `run` may return.
+    stop_seen: bool,
+    signals_installed: bool,
+    /// `run` owns the process: the stderr line is written once, at exit, with the exit event.
+    owned_by_run: bool,
+    /// The timeline is final (the Done event is in); later signals go to `late_signals`.
+    frozen: bool,
+    /// Signals received after Done, one event per trigger kind, added to the report at exit.
+    late_signals: Vec<Event>,
+    /// Receipt of the signal that started the drain, and when the driver first ran (unix ms).
+    receipt: Option<u64>,
+    noticed: Option<u64>,
+    report: Option<DrainReport>,
+    /// The arrival-rate evidence taken at the trigger.
+    evidence: Option<Evidence>,
+    /// What the propagation commit went on, once it committed.
+    committed: Option<EvidenceReport>,
+    /// The accept loop's timeouts, when `serve` runs the accept loop.
+    server: Option<ServerReport>,
+}
+
+/// The tokens the drain fires as it goes.
+#[derive(Debug, Default)]
+pub(crate) struct Tokens {
+    /// The drain started: stop taking new work.
+    pub(crate) drain: CancellationToken,
+    /// `stopped_accepting`: listeners close, streams end.
+    pub(crate) stop: CancellationToken,
+    /// `hurry_lead` before the quiesce deadline.
+    pub(crate) hurry: CancellationToken,
+    /// The quiesce deadline (or forced): force-close what is left.
+    pub(crate) deadline: CancellationToken,
+    /// Exit now.
+    pub(crate) force: CancellationToken,
+}
+
+// Who writes the final report: the driver and the watchdog must not both write it.
+const EMIT_NONE: u8 = 0;
+const EMIT_DRIVER: u8 = 1;
+const EMIT_WATCHDOG: u8 = 2;
+
+/// The lifecycle engine behind a [`Drain`](crate::Drain).
+pub(crate) struct Driver {
+    pub(crate) core: &'static Core,
+    pub(crate) budget: Budget,
+    policy: Policy,
+    readiness: ReadinessWhileDraining,
+    sinks: Sinks,
+    hurry_lead: Duration,
+    proxy_label: Option<String>,
+    phase: watch::Sender<Phase>,
+    state: Mutex<Lifecycle>,
+    pub(crate) tokens: Tokens,
+    /// The quiesce deadline, set once at the trigger (what [`TaskContext::deadline`] reads).
+    quiesce_at: Arc<OnceLock<Instant>>,
+    forced: AtomicBool,
+    /// `EMIT_*`: who writes the final report (the loser of the swap backs off).
+    emission: AtomicU8,
+    terminate_seen: Notify,
+    pub(crate) tasks: Tasks,
+    pub(crate) closers: Closers,
+    observers: Vec<Observer>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("phase", &*self.phase.borrow())
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    pub(crate) fn new(core: &'static Core, settings: Settings, observers: Vec<Observer>) -> Self {
+        let Settings {
+            budget,
+            policy,
+            readiness,
+            sinks,
+            hurry_lead,
+            proxy_label,
+        } = settings;
+        Self {
+            core,
+            budget,
+            policy,
+            readiness,
+            sinks,
+            hurry_lead,
+            proxy_label,
+            phase: watch::channel(Phase::Starting).0,
+            state: Mutex::new(Lifecycle::default()),
+            tokens: Tokens::default(),
+            quiesce_at: Arc::default(),
+            forced: AtomicBool::new(false),
+            emission: AtomicU8::new(EMIT_NONE),
+            terminate_seen: Notify::new(),
+            tasks: Tasks::default(),
+            closers: Closers::default(),
+            observers,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Lifecycle> {
+        // A panic while holding the lock leaves the state consistent (every write is a single
+        // push/assignment), so poisoning is ignored rather than spread.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // ---- phase and the one funnel ----
+
+    pub(crate) fn phase(&self) -> Phase {
+        *self.phase.borrow()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Phase> {
+        self.phase.subscribe()
+    }
+
+    /// Moves to `phase` and shows the observers.
+    fn set_phase(&self, phase: Phase) {
+        self.phase.send_modify(|p| *p = phase);
+        self.observe();
+    }
+
+    /// What the observers would see now.
+    pub(crate) fn sample(&self) -> Sample {
+        let af = &self.core.after_flip;
+        Sample {
+            phase: self.phase(),
+            in_flight: self.core.counter.count(),
+            connections: self.connections(),
+            tasks: self.tasks.len(),
+            // Relaxed: plain statistics for a gauge.
+            requests_on_new: af.requests_on_new.load(Ordering::Relaxed),
+            requests_on_reused: af.requests_on_reused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Shows the observers a sample (metrics are sampled at lifecycle events, never per
+    /// request).
+    pub(crate) fn observe(&self) {
+        if self.observers.is_empty() {
+            return;
+        }
+        let sample = self.sample();
+        for o in &self.observers {
+            o(Observed::Moment(sample));
+        }
+    }
+
+    pub(crate) fn connections(&self) -> usize {
+        self.core.connections.load(Ordering::Relaxed)
+    }
+
+    /// An event of `kind`, now, timed from the origin.
+    fn event(&self, kind: EventKind) -> Event {
+        let o = self
+            .lock()
+            .origin
+            .expect("events are recorded after the origin is set");
+        let at = Instant::now().saturating_duration_since(o.at);
+        Event::new(kind, at, o.unix_ms + at.as_millis() as u64)
+    }
+
+    /// Logs `e`, appends it to the timeline (until it is final) and shows the observers.
+    fn push(&self, e: Event) {
+        // One INFO line per lifecycle event (a production log tells the drain in a handful of
+        // lines); counts ride along so each line stands on its own.
+        tracing::info!(
+            event = e.event.as_str(),
+            at_ms = e.at_ms,
+            in_flight = self.core.counter.count(),
+            connections = self.connections(),
+            tasks = self.tasks.len(),
+            reason = e.reason.map(CommitReason::as_str),
+            name = e.name.as_deref(),
+            detail = e.detail.as_deref(),
+            "lameduck: {}",
+            e.event
+        );
+        {
+            let mut st = self.lock();
+            // Nothing is appended once the timeline is final (the report is built from it).
+            if !st.frozen {
+                st.timeline.push(e);
+            }
+        }
+        self.observe();
+    }
+
+    /// An event of `kind` with a detail, through the funnel.
+    fn push_detail(&self, kind: EventKind, detail: impl Into<String>) {
+        let mut e = self.event(kind);
+        e.detail = Some(detail.into());
+        self.push(e);
+    }
+
+    // ---- before the trigger ----
+
+    /// Starting → Serving (once).
+    pub(crate) fn mark_serving(&self) {
+        let moved = self.phase.send_if_modified(|p| {
+            if *p == Phase::Starting {
+                *p = Phase::Serving;
+                true
+            } else {
+                false
+            }
+        });
+        if moved {
+            self.core.mark_serving();
+            tracing::info!("lameduck: serving");
+            self.observe();
+        }
+    }
+
+    /// Records the accept loop's timeouts for the report (`server`).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by `serve` of the `http` feature
+    pub(crate) fn note_server(&self, server: ServerReport) {
+        self.lock().server = Some(server);
+    }
+
+    /// The handlers are installed: the first trigger arms the watchdog. Returns `false` if
+    /// they already were.
+    pub(crate) fn note_signals_installed(&self) -> bool {
+        !std::mem::replace(&mut self.lock().signals_installed, true)
+    }
+
+    pub(crate) fn note_owned_by_run(&self) {
+        self.lock().owned_by_run = true;
+    }
+
+    pub(crate) fn task_context(&self) -> TaskContext {
+        TaskContext {
+            stop: self.tokens.drain.clone(),
+            hurry: self.tokens.hurry.clone(),
+            deadline: self.tokens.deadline.clone(),
+            quiesce_at: Arc::clone(&self.quiesce_at),
+        }
+    }
+
+    pub(crate) fn is_forced(&self) -> bool {
+        self.forced.load(Ordering::Acquire)
+    }
+
+    // ---- what is known ----
+
+    fn origin(&self) -> Option<Origin> {
+        self.lock().origin
+    }
+
+    /// `origin + offset`, once the drain has started.
+    fn after_origin(&self, offset: Duration) -> Option<Instant> {
+        self.origin().and_then(|o| o.at.checked_add(offset))
+    }
+
+    pub(crate) fn quiesce_deadline(&self) -> Option<Instant> {
+        self.after_origin(self.budget.quiesce_deadline())
+    }
+
+    pub(crate) fn hard_deadline(&self) -> Option<Instant> {
+        self.after_origin(self.budget.hard_deadline())
+    }
+
+    pub(crate) fn timeline(&self) -> Vec<Event> {
+        self.lock().timeline.clone()
+    }
+
+    pub(crate) fn report(&self) -> Option<DrainReport> {
+        self.lock().report.clone()
+    }
+
+    /// The committed evidence, or while draining the evidence the policy waits on.
+    pub(crate) fn evidence_now(&self) -> Option<EvidenceReport> {
+        let (evidence, committed, origin) = {
+            let st = self.lock();
+            (st.evidence, st.committed.clone(), st.origin)
+        };
+        if committed.is_some() {
+            return committed;
+        }
+        let (evidence, origin) = (evidence?, origin?);
+        let kind = self.policy.waiting_on(&evidence);
+        Some(evidence.report(kind, crate::propagation::silence(self.core, origin.at)))
+    }
+}

@@ -1,0 +1,126 @@
+//! The report: what is still running at the deadline, and the document put together from
+//! every part's record.
+
+use tokio::time::Instant;
+
+use super::Driver;
+use crate::closers::CloserResult;
+use crate::report::{
+    AfterFlipReport, BudgetReport, DrainReport, Emitted, Outcome, PodInfo, SignalReceipt,
+    Straggler, StragglerKind,
+};
+
+impl Driver {
+    /// Everything still running at `now`: described requests, responses stalled on a slow
+    /// reader, undescribed guards, and tasks.
+    pub(super) fn collect_stragglers(&self, now: Instant, origin: Instant) -> Vec<Straggler> {
+        let age = |since: Instant| now.saturating_duration_since(since);
+        let mut out = Vec::new();
+        let registered = self.core.registered_requests();
+        let named = registered.len();
+        for r in registered {
+            let mut s = Straggler::new(
+                StragglerKind::Request,
+                format!("{} {}", r.method, r.path),
+                age(r.started.unwrap_or(origin)),
+            );
+            s.peer = r.peer.map(|p| p.to_string());
+            out.push(s);
+        }
+        // Responses handed to the connection whose bytes still wait for the peer to read them.
+        let stalled = self.core.stalls.snapshot();
+        for w in &stalled {
+            let mut s = Straggler::new(StragglerKind::Response, w.describe(), age(w.since));
+            s.peer = w.peer.map(|p| p.to_string());
+            out.push(s);
+        }
+        let unnamed = self
+            .core
+            .counter
+            .count()
+            .saturating_sub(named)
+            .saturating_sub(stalled.len());
+        for _ in 0..unnamed {
+            out.push(Straggler::new(
+                StragglerKind::Request,
+                "(undescribed guard)".to_owned(),
+                age(origin),
+            ));
+        }
+        for (name, _, started) in self.tasks.running() {
+            out.push(Straggler::new(StragglerKind::Task, name, age(started)));
+        }
+        out
+    }
+
+    /// The report of a drain that started at `origin`, with its advice.
+    pub(super) fn build_report(
+        &self,
+        origin: Instant,
+        outcome: Outcome,
+        stragglers: Vec<Straggler>,
+        closers: Vec<CloserResult>,
+    ) -> DrainReport {
+        let after_flip = AfterFlipReport::from_core(self.core, origin);
+        let used = origin.elapsed();
+        let mut propagation = self.policy.report();
+        let (trigger, timeline, receipt, noticed, server) = {
+            let st = self.lock();
+            propagation.evidence = st.committed.clone();
+            (
+                st.trigger,
+                st.timeline.clone(),
+                st.receipt,
+                st.noticed,
+                st.server.clone(),
+            )
+        };
+        let signal_receipt = receipt.map(|received| SignalReceipt {
+            received_unix_ms: received,
+            noticed_unix_ms: noticed,
+            notice_delay_ms: noticed.map(|n| n.saturating_sub(received)),
+        });
+        let mut report = DrainReport {
+            outcome,
+            trigger,
+            exit_code: outcome.exit_code(),
+            readiness_policy: self.readiness,
+            budget: BudgetReport::new(&self.budget, used),
+            propagation,
+            timeline,
+            after_flip,
+            stragglers,
+            tasks: self.tasks.ended(),
+            closers,
+            pod: PodInfo::from_env(),
+            advice: Vec::new(),
+            cause: None,
+            signal_receipt,
+            stop_signal_wait: None,
+            sink_errors: Vec::new(),
+            proxy_label: self.proxy_label.clone(),
+            server,
+        };
+        report.advice = crate::advice::advise(&report);
+        report
+    }
+
+    /// Writes the report through the sinks on a blocking thread (a slow disk or a stalled
+    /// stderr must not hold a runtime worker).
+    pub(super) async fn emit_off_runtime(&self, report: &DrainReport, stderr: bool) -> Emitted {
+        // Logged here, in the drain's span and the caller's subscriber; written over there.
+        crate::report::log_report(report, &report.to_json());
+        let sinks = self.sinks.clone();
+        let r = report.clone();
+        let emitted = tokio::task::spawn_blocking(move || sinks.emit(&r, stderr))
+            .await
+            .unwrap_or_else(|e| Emitted {
+                file_failed: false,
+                errors: vec![format!("report writer: {e}")],
+            });
+        for e in &emitted.errors {
+            tracing::warn!(error = %e, "lameduck: a report sink failed");
+        }
+        emitted
+    }
+}

@@ -1,0 +1,81 @@
+//! `/status`: a snapshot of the coordinator.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::Driver;
+use crate::evidence::EvidenceReport;
+use crate::phase::{Event, Phase, Trigger};
+use crate::readiness::ReadinessWhileDraining;
+use crate::report::BudgetReport;
+
+/// The most events `/status` (and `/drain`) carry; the rest are counted in
+/// [`Status::timeline_omitted`].
+pub const STATUS_TIMELINE_LIMIT: usize = 64;
+
+/// A snapshot of the coordinator, as `/status` serves it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Status {
+    /// The current phase.
+    pub phase: Phase,
+    /// Whether `/readyz` answers 200 to callers other than kubelet's probe.
+    pub ready: bool,
+    /// The first trigger, once draining.
+    pub trigger: Option<Trigger>,
+    /// Requests (guards) in flight.
+    pub in_flight: usize,
+    /// Open connections on `lameduck::serve` listeners.
+    pub connections: usize,
+    /// Background tasks still running.
+    pub tasks: usize,
+    /// The readiness policy in force.
+    pub readiness_policy: ReadinessWhileDraining,
+    /// The budget: grace, used so far, remaining (all zero-used before the drain starts).
+    pub budget: BudgetReport,
+    /// The timeline so far: at most [`STATUS_TIMELINE_LIMIT`] events (the first and the last
+    /// halves when longer).
+    pub timeline: Vec<Event>,
+    /// Events left out of `timeline` to keep the body bounded.
+    #[serde(default)]
+    pub timeline_omitted: usize,
+    /// While draining, the evidence the propagation policy waits on (its kind is what it
+    /// expects to commit on); once committed, the evidence it went on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<EvidenceReport>,
+}
+
+impl Driver {
+    /// The snapshot, with `ready` as the readiness part says.
+    pub(crate) fn status(&self, phase: Phase, ready: bool) -> Status {
+        let (trigger, timeline, timeline_omitted, origin) = {
+            let st = self.lock();
+            let all = &st.timeline;
+            let (timeline, omitted) = if all.len() <= STATUS_TIMELINE_LIMIT {
+                (all.clone(), 0)
+            } else {
+                // The start and the end say the most: keep both halves, count the middle.
+                let half = STATUS_TIMELINE_LIMIT / 2;
+                let mut kept = all[..half].to_vec();
+                kept.extend_from_slice(&all[all.len() - half..]);
+                (kept, all.len() - STATUS_TIMELINE_LIMIT)
+            };
+            (st.trigger, timeline, omitted, st.origin)
+        };
+        let used = origin.map_or(Duration::ZERO, |o| o.at.elapsed());
+        Status {
+            phase,
+            ready,
+            trigger,
+            in_flight: self.core.counter.count(),
+            connections: self.connections(),
+            tasks: self.tasks.len(),
+            readiness_policy: self.readiness,
+            budget: BudgetReport::new(&self.budget, used),
+            timeline,
+            timeline_omitted,
+            evidence: self.evidence_now(),
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The drive, step by step: propagation, stopping, the wait for zero, closing, Done.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::{Driver, Observed, EMIT_DRIVER, EMIT_NONE};
+use crate::closers::CloserResult;
+use crate::evidence::EvidenceKind;
+use crate::phase::{CommitReason, EventKind, Phase};
+use crate::readiness::ReadinessWhileDraining;
+use crate::report::{Outcome, Straggler, StragglerKind};
+
+impl Driver {
+    /// The one driver task, spawned by the first trigger with its origin: each step below in
+    /// turn, then the report.
+    pub(super) async fn drive(self: Arc<Self>, origin: Instant) {
+        let budget = self.budget;
+        // `build` proved `now + grace` representable; should the clock still refuse, the
+        // deadline is now (the drain ends early, named) rather than a panic in the driver.
+        let quiesce = origin
+            .checked_add(budget.quiesce_deadline())
+            .unwrap_or(origin);
+        let hard = origin.checked_add(budget.hard_deadline()).unwrap_or(origin);
+        self.arm_hurry(origin, quiesce);
+        let reason = self.propagate(origin).await;
+        self.stop_accepting(reason);
+        let (stragglers, deadline_hit) = self.wait_for_zero(origin, quiesce, hard).await;
+        self.set_phase(Phase::Closing);
+        let closers = self.close(hard).await;
+        let outcome = if self.is_forced() {
+            Outcome::Forced
+        } else if deadline_hit {
+            Outcome::DeadlineExceeded
+        } else if closers.iter().any(|c| !c.is_ok()) {
+            Outcome::CloserFailed
+        } else {
+            Outcome::Clean
+        };
+        self.done(origin, outcome, stragglers, closers).await;
+    }
+
+    /// Fires the hurry token `hurry_lead` before the quiesce deadline (or with the deadline).
+    fn arm_hurry(&self, origin: Instant, quiesce: Instant) {
+        let hurry_at = quiesce
+            .checked_sub(self.hurry_lead)
+            .unwrap_or(origin)
+            .max(origin);
+        let hurry = self.tokens.hurry.clone();
+        let deadline = self.tokens.deadline.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep_until(hurry_at) => hurry.cancel(),
+                () = deadline.cancelled() => hurry.cancel(),
+            }
+        });
+    }
+
+    /// Step 1: waits for the propagation policy (or the force), records what it went on.
+    async fn propagate(&self, origin: Instant) -> CommitReason {
+        let evidence = self
+            .lock()
+            .evidence
+            .expect("the evidence is taken with the origin");
+        let (reason, kind) = tokio::select! {
+            r = self.policy.commit(self.core, origin, evidence) => r,
+            () = self.tokens.force.cancelled() => (CommitReason::Forced, EvidenceKind::Cut),
+        };
+        let committed = evidence.report(kind, crate::propagation::silence(self.core, origin));
+        let mut e = self.event(EventKind::PropagationDone);
+        e.reason = Some(reason);
+        // The evidence rides on its event's log line and in the timeline.
+        e.detail = Some(committed.describe());
+        self.lock().committed = Some(committed);
+        self.push(e);
+        reason
+    }
+
+    /// Step 2: `stopped_accepting`, the late readiness flip, the stop token.
+    fn stop_accepting(&self, reason: CommitReason) {
+        let mut e = self.event(EventKind::StoppedAccepting);
+        e.reason = Some(reason);
+        self.push(e);
+        match self.readiness {
+            ReadinessWhileDraining::ServingUntilStop => {
+                self.push(self.event(EventKind::ReadinessFlipped));
+            }
+            ReadinessWhileDraining::Auto => {
+                self.push_detail(EventKind::ReadinessFlipped, "for kubelet's probe");
+            }
+            _ => {}
+        }
+        self.set_phase(Phase::StoppedAccepting);
+        self.tokens.stop.cancel();
+        self.tasks.tracker.close();
+    }
+
+    /// Step 3: waits for zero (requests and tasks), or the quiesce deadline, where what is
+    /// left is named and cut. Returns the stragglers and whether the deadline hit.
+    async fn wait_for_zero(
+        &self,
+        origin: Instant,
+        quiesce: Instant,
+        hard: Instant,
+    ) -> (Vec<Straggler>, bool) {
+        let mut stragglers = Vec::new();
+        let mut deadline_hit = false;
+        if !self.is_forced() {
+            let requests = async {
+                self.core.wait_zero().await;
+                self.push(self.event(EventKind::InFlightZero));
+            };
+            let tasks = async {
+                self.tasks.tracker.wait().await;
+                self.push(self.event(EventKind::TasksDone));
+            };
+            let both = async { tokio::join!(requests, tasks) };
+            tokio::select! {
+                _ = both => {}
+                () = tokio::time::sleep_until(quiesce) => deadline_hit = true,
+                () = self.tokens.force.cancelled() => {}
+            }
+        }
+        if deadline_hit {
+            stragglers = self.collect_stragglers(quiesce, origin);
+            self.push_detail(
+                EventKind::DeadlineExceeded,
+                format!("{} stragglers", stragglers.len()),
+            );
+            self.tokens.deadline.cancel();
+            for (name, result) in self.tasks.recover_and_abort(hard).await {
+                if let Some(s) = stragglers.iter_mut().find(|s| {
+                    s.kind == StragglerKind::Task && s.name == name && s.recovery.is_none()
+                }) {
+                    s.recovery = Some(result);
+                }
+            }
+        }
+        if self.is_forced() {
+            self.tokens.deadline.cancel();
+            self.tasks.abort_all();
+        }
+        (stragglers, deadline_hit)
+    }
+
+    /// Step 4: the closers, in reverse order (none when forced).
+    async fn close(&self, hard: Instant) -> Vec<CloserResult> {
+        self.closers
+            .run(hard, self.is_forced(), |r: &CloserResult| {
+                let mut e = self.event(EventKind::ResourceClosed);
+                e.name = Some(r.name.clone());
+                e.detail = Some(r.result.to_string());
+                self.push(e);
+            })
+            .await
+    }
+
+    /// Step 5: the Done event, the report, its emission, then the phase.
+    async fn done(
+        &self,
+        origin: Instant,
+        outcome: Outcome,
+        stragglers: Vec<Straggler>,
+        closers: Vec<CloserResult>,
+    ) {
+        self.push_detail(EventKind::Done, outcome.as_str());
+        let owned_by_run = {
+            let mut st = self.lock();
+            st.frozen = true;
+            st.owned_by_run
+        };
+        let mut report = self.build_report(origin, outcome, stragglers, closers);
+        // AcqRel: pairs with the watchdog's claim; only one of them writes the report.
+        if self
+            .emission
+            .compare_exchange(EMIT_NONE, EMIT_DRIVER, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            // The watchdog took over: it writes the report and exits the process.
+            return;
+        }
+        // Under `run`, the stderr line waits for the exit, so it is written once and complete.
+        let emitted = self.emit_off_runtime(&report, !owned_by_run).await;
+        emitted.apply_to(&mut report);
+        // Before the phase turns Done, so whoever awaits Done finds the histograms recorded.
+        for o in &self.observers {
+            o(Observed::Done(&report));
+        }
+        self.lock().report = Some(report);
+        self.set_phase(Phase::Done);
+    }
+}

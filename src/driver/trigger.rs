@@ -1,0 +1,154 @@
+//! Triggers: the first one starts the drain and fixes the origin; later ones are recorded.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{exit, Driver, Lifecycle, Origin};
+use crate::phase::{unix_ms_now, Event, EventKind, Phase, Trigger};
+use crate::readiness::ReadinessWhileDraining;
+
+impl Driver {
+    /// Starts the drain with its origin at `now` (a signal's receipt time), or records a later
+    /// trigger: one `signal_received` event per trigger kind, a count for repeats, nothing
+    /// appended to the timeline once it is final. Returns `true` only for the first trigger.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        trigger: Trigger,
+        now: Instant,
+        unix_ms: u64,
+        from_signal: bool,
+    ) -> bool {
+        let watchdog = {
+            let mut st = self.lock();
+            if let Some(origin) = st.origin {
+                record_repeat(&mut st, origin, trigger, now, unix_ms);
+                return false;
+            }
+            st.origin = Some(Origin { at: now, unix_ms });
+            st.trigger = Some(trigger);
+            st.receipt = from_signal.then_some(unix_ms);
+            let mut e = Event::new(EventKind::DrainStarted, Duration::ZERO, unix_ms);
+            e.trigger = Some(trigger);
+            st.timeline.push(e);
+            if self.readiness.flips_at_trigger() {
+                let mut e = Event::new(EventKind::ReadinessFlipped, Duration::ZERO, unix_ms);
+                if self.readiness == ReadinessWhileDraining::Auto {
+                    e.detail = Some("for callers other than kubelet's probe".to_owned());
+                }
+                st.timeline.push(e);
+            }
+            st.evidence = Some(self.policy.evidence_at(self.core, now));
+            st.signals_installed
+        };
+        if let Some(quiesce) = now.checked_add(self.budget.quiesce_deadline()) {
+            let _ = self.quiesce_at.set(quiesce);
+        }
+        if watchdog {
+            // Only a process that installed the handlers owns its exit.
+            exit::arm_watchdog(
+                Arc::clone(self),
+                now.into_std(),
+                self.budget.watchdog_deadline(),
+            );
+        }
+        tracing::info!(
+            event = "drain_started",
+            trigger = trigger.as_str(),
+            in_flight = self.core.counter.count(),
+            grace_ms = self.budget.grace_period.as_millis() as u64,
+            "lameduck: drain_started"
+        );
+        if self.readiness.flips_at_trigger() {
+            tracing::info!(
+                event = "readiness_flipped",
+                at_ms = 0u64,
+                policy = self.readiness.as_str(),
+                "lameduck: readiness_flipped"
+            );
+        }
+        self.core.start_draining();
+        self.set_phase(Phase::Draining);
+        self.tokens.drain.cancel();
+        let driver = Arc::clone(self);
+        let span = tracing::info_span!(
+            "lameduck_drain",
+            trigger = trigger.as_str(),
+            grace_ms = self.budget.grace_period.as_millis() as u64
+        );
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                // The runtime's notice, against the signal's receipt.
+                driver.lock().noticed = Some(unix_ms_now());
+                driver.drive(now).await
+            },
+            span,
+        ));
+        true
+    }
+
+    /// A signal arrived (on the signal thread; `at` and `unix_ms` are its receipt): start the
+    /// drain from the receipt (or record it), let `run` return after a `preStop` drain, and
+    /// force the exit when the signal table says so.
+    pub(crate) fn on_signal(
+        self: &Arc<Self>,
+        trigger: Trigger,
+        at: Instant,
+        unix_ms: u64,
+        force: bool,
+    ) {
+        // Recorded before `run` is woken, so the report it completes holds this signal.
+        self.start(trigger, at, unix_ms, true);
+        self.lock().stop_seen = true;
+        self.terminate_seen.notify_waiters();
+        if force {
+            self.force();
+        }
+    }
+
+    /// Exit now: skip the remaining waits and the closers. Returns `true` if this call forced
+    /// it.
+    pub(crate) fn force(self: &Arc<Self>) -> bool {
+        if self.forced.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        if !self.core.counter.is_draining() {
+            self.start(Trigger::Api, Instant::now(), unix_ms_now(), false);
+        }
+        tracing::warn!("lameduck: drain forced, exiting now");
+        self.tokens.force.cancel();
+        true
+    }
+}
+
+/// Records a trigger after the first: collapsed into the first event of its kind (a count),
+/// or a new `signal_received` event; into the late signals once the timeline is final.
+fn record_repeat(st: &mut Lifecycle, origin: Origin, trigger: Trigger, now: Instant, unix_ms: u64) {
+    let timeline = if st.frozen {
+        &mut st.late_signals
+    } else {
+        &mut st.timeline
+    };
+    if let Some(e) = timeline
+        .iter_mut()
+        .find(|e| e.event == EventKind::SignalReceived && e.trigger == Some(trigger))
+    {
+        e.count = Some(e.count.unwrap_or(1).saturating_add(1));
+        return;
+    }
+    let mut e = Event::new(
+        EventKind::SignalReceived,
+        now.saturating_duration_since(origin.at),
+        unix_ms,
+    );
+    e.trigger = Some(trigger);
+    tracing::info!(
+        event = "signal_received",
+        trigger = trigger.as_str(),
+        at_ms = e.at_ms,
+        "lameduck: trigger received while draining"
+    );
+    timeline.push(e);
+}

@@ -1,0 +1,277 @@
+use super::*;
+
+fn est(slots: u64, empty: u64) -> Estimate {
+    Estimate {
+        slots,
+        empty,
+        epsilon: DEFAULT_EPSILON,
+    }
+}
+
+#[test]
+fn dense_traffic_needs_a_fraction_of_a_second() {
+    let t = est(120, 0).t_conf().unwrap();
+    assert!(
+        t > Duration::from_millis(250) && t < Duration::from_millis(400),
+        "{t:?}"
+    );
+}
+
+#[test]
+fn poisson_rate_matches_ln_one_over_epsilon_over_lambda() {
+    // λ = 1/s: a 250 ms slot is empty with chance e^(−0.25) ≈ 0.7788 → 93.5 of 120.
+    let e = est(120, 93);
+    let t = e.t_conf().unwrap().as_secs_f64();
+    let ideal = (1.0f64 / DEFAULT_EPSILON).ln() / 1.0;
+    assert!((t - ideal).abs() / ideal < 0.1, "t_conf {t} vs {ideal}");
+    assert!((e.rate() - 1.0).abs() < 0.1, "rate {}", e.rate());
+}
+
+#[test]
+fn one_burst_is_not_a_rate() {
+    let t = est(120, 119).t_conf().unwrap();
+    assert!(t > Duration::from_secs(60), "{t:?}");
+}
+
+#[test]
+fn too_few_slots_say_nothing() {
+    assert_eq!(est(MIN_SLOTS - 1, 0).t_conf(), None);
+    assert!(est(MIN_SLOTS, 0).t_conf().is_some());
+}
+
+#[test]
+fn ring_entries_from_an_older_turn_read_as_empty() {
+    let a = Arrivals::new();
+    a.record(5);
+    assert!(a.has(5));
+    assert!(!a.has(5 + RING as u64));
+    a.record(5 + RING as u64);
+    assert!(!a.has(5));
+    // A late write of the older slot does not hide the newer one.
+    a.record(5);
+    assert!(a.has(5 + RING as u64));
+}
+
+// ---- the rule, driven with synthetic arrivals on the paused clock ----
+//
+// Arrivals go through `Drain::note_connection`, the accept loop's own hook: counted in
+// the ring while Serving, and as new connections once draining.
+
+use crate::{Drain, EventKind, Phase, Propagation, Signals, Trigger};
+
+const PEER: Option<std::net::SocketAddr> = None;
+
+fn drain(p: Propagation) -> Drain {
+    let d = Drain::builder()
+        .grace_period(Duration::from_secs(30)) // max = 15 s
+        .propagation(p)
+        .signals(Signals::none())
+        .report_to_stderr(false)
+        .termination_log(None)
+        .build()
+        .unwrap();
+    d.core().observe_arrivals();
+    d.mark_started();
+    d
+}
+
+/// One connection every `every`, `n` times.
+async fn arrivals(d: &Drain, every: Duration, n: u32) {
+    for _ in 0..n {
+        tokio::time::sleep(every).await;
+        d.note_connection(PEER);
+    }
+}
+
+async fn committed(d: &Drain) -> (u64, EvidenceReport) {
+    let report = d.drained().await;
+    let at = report.event(EventKind::StoppedAccepting).unwrap().at_ms;
+    (at, report.propagation.evidence.clone().unwrap())
+}
+
+#[tokio::test(start_paused = true)]
+async fn dense_traffic_commits_quiet_after_the_last_connection() {
+    let d = drain(Propagation::default());
+    arrivals(&d, Duration::from_millis(50), 600).await; // 20/s for 30 s
+    assert!(d.start(Trigger::Api));
+    // The proxies keep sending for 2 s more, then move on.
+    arrivals(&d, Duration::from_millis(50), 40).await;
+    let (at, ev) = committed(&d).await;
+    assert_eq!(ev.kind, EvidenceKind::Confidence, "{ev:?}");
+    assert_eq!((ev.slots_observed, ev.empty_slots), (120, 0));
+    assert!(ev.t_conf_ms.unwrap() < 1000, "{ev:?}");
+    // Last connection at 2 s; quiet (1 s) is the longer of the two windows.
+    assert_eq!(at, 3000);
+    assert_eq!(ev.silence_ms, 1000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_moderate_rate_asks_for_its_own_silence() {
+    let d = drain(Propagation::default());
+    // Every 500 ms: every other 250 ms slot is empty (61 of 120, slot 0 included).
+    arrivals(&d, Duration::from_millis(500), 60).await;
+    d.start(Trigger::Api);
+    arrivals(&d, Duration::from_millis(500), 4).await; // the last at 2 s
+    let (at, ev) = committed(&d).await;
+    assert_eq!(ev.kind, EvidenceKind::Confidence);
+    assert_eq!((ev.slots_observed, ev.empty_slots), (120, 61));
+    let p = 61.5f64 / 121.0;
+    assert_eq!(ev.p_empty_ppm, Some((p * 1e6).round() as u64));
+    let t = ev.t_conf_ms.unwrap();
+    assert_eq!(t, (250.0 * 1e-3f64.ln() / p.ln()) as u64); // 2551 ms
+                                                           // The timer wakes on the next whole millisecond.
+    assert!((2000 + t..=2001 + t).contains(&at), "{at} vs 2000 + {t}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_on_open_connections_do_not_hold_the_window() {
+    let d = drain(Propagation::default());
+    arrivals(&d, Duration::from_millis(50), 600).await;
+    d.start(Trigger::Api);
+    let d2 = d.clone();
+    let pinned = tokio::spawn(async move {
+        // A client pinned to an open connection: a request every 200 ms (bounded: 5 s).
+        for _ in 0..25 {
+            if d2.phase() >= Phase::StoppedAccepting {
+                break;
+            }
+            drop(d2.enter());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let (at, ev) = committed(&d).await;
+    pinned.await.unwrap();
+    assert_eq!(ev.kind, EvidenceKind::Confidence);
+    assert_eq!(
+        at, 1000,
+        "no new connection after the trigger: min and quiet, not max"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn sparse_traffic_waits_to_max_and_says_so() {
+    let d = drain(Propagation::default());
+    arrivals(&d, Duration::from_secs(3), 10).await; // 0.33/s
+    d.start(Trigger::Api);
+    let (at, ev) = committed(&d).await;
+    assert_eq!(at, 15_000);
+    assert_eq!(ev.kind, EvidenceKind::Max);
+    assert_eq!(ev.max_reason, Some(MaxReason::NotEnoughEvidence));
+    assert_eq!(ev.weak, Some(WeakEvidence::TooSparse));
+    assert!(ev.t_conf_ms.unwrap() > 15_000, "{ev:?}");
+    let report = d.report().unwrap();
+    let weak = report
+        .advice
+        .iter()
+        .find(|a| a.rule == crate::AdviceRule::WeakEvidence)
+        .unwrap();
+    assert!(
+        weak.message.contains("new connections/s before the drain"),
+        "{}",
+        weak.message
+    );
+    assert!(weak.message.contains("waited 15.0 s"), "{}", weak.message);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_burst_then_silence_does_not_pass_for_a_rate() {
+    let d = drain(Propagation::default());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    arrivals(&d, Duration::from_millis(1), 200).await; // 200 connections in 200 ms
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    d.start(Trigger::Api);
+    let (at, ev) = committed(&d).await;
+    assert_eq!(at, 15_000);
+    assert_eq!(ev.kind, EvidenceKind::Max);
+    assert_eq!(ev.weak, Some(WeakEvidence::TooSparse));
+    assert!(ev.slots_observed - ev.empty_slots <= 2, "{ev:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_process_younger_than_the_window_uses_only_what_it_saw() {
+    let d = drain(Propagation::default());
+    arrivals(&d, Duration::from_millis(50), 60).await; // 3 s of dense traffic
+    d.start(Trigger::Api);
+    let (at, ev) = committed(&d).await;
+    assert_eq!(at, 15_000);
+    assert_eq!(ev.weak, Some(WeakEvidence::TooFewSlots));
+    assert_eq!(ev.slots_observed, 12);
+    assert_eq!(ev.max_reason, Some(MaxReason::NotEnoughEvidence));
+
+    // 8 s of the same traffic is enough, and only those 32 slots count.
+    let d = drain(Propagation::default());
+    arrivals(&d, Duration::from_millis(50), 160).await;
+    d.start(Trigger::Api);
+    let (at, ev) = committed(&d).await;
+    assert_eq!(
+        (ev.kind, ev.slots_observed, ev.empty_slots),
+        (EvidenceKind::Confidence, 32, 0)
+    );
+    assert_eq!(at, 1000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_connection_data_waits_to_max_and_names_the_fix() {
+    let d = Drain::builder()
+        .grace_period(Duration::from_secs(30))
+        .signals(Signals::none())
+        .report_to_stderr(false)
+        .termination_log(None)
+        .build()
+        .unwrap();
+    d.mark_started();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    d.start(Trigger::Api);
+    let (at, ev) = committed(&d).await;
+    assert_eq!(at, 15_000);
+    assert_eq!(ev.weak, Some(WeakEvidence::NoConnectionData));
+    let report = d.report().unwrap();
+    let a = report
+        .advice
+        .iter()
+        .find(|a| a.rule == crate::AdviceRule::NoConnectionData)
+        .unwrap();
+    assert!(
+        a.message.contains("use lameduck::serve or ConnMeta"),
+        "{}",
+        a.message
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_floor_replaces_max_when_evidence_is_weak() {
+    let d = drain(Propagation::default().assume_converged_after(Duration::from_secs(4)));
+    arrivals(&d, Duration::from_secs(3), 10).await;
+    d.start(Trigger::Api);
+    // While draining, /status names what the policy waits on.
+    tokio::task::yield_now().await;
+    assert_eq!(d.status().evidence.unwrap().kind, EvidenceKind::Floor);
+    let (at, ev) = committed(&d).await;
+    assert_eq!(at, 4000);
+    assert_eq!(ev.kind, EvidenceKind::Floor);
+    assert_eq!(ev.floor_ms, Some(4000));
+    assert_eq!(ev.max_reason, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn connections_that_never_stop_commit_at_max_as_never_quiet() {
+    let d = drain(Propagation::default());
+    arrivals(&d, Duration::from_millis(50), 600).await;
+    d.start(Trigger::Api);
+    let d2 = d.clone();
+    let load = tokio::spawn(async move {
+        // Bounded: 20 s of one connection every 100 ms, or until stopped.
+        for _ in 0..200 {
+            if d2.phase() >= Phase::StoppedAccepting {
+                break;
+            }
+            d2.note_connection(PEER);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let (at, ev) = committed(&d).await;
+    load.await.unwrap();
+    assert_eq!(at, 15_000);
+    assert_eq!(ev.max_reason, Some(MaxReason::TrafficNeverWentQuiet));
+    assert_eq!(ev.weak, None);
+}

@@ -1,0 +1,96 @@
+//! The short human summary of a report, for `/dev/termination-log`.
+
+use std::fmt::Write as _;
+
+use super::{DrainReport, TERMINATION_LOG_LIMIT};
+use crate::phase::Trigger;
+
+impl DrainReport {
+    /// A short human summary, at most [`TERMINATION_LOG_LIMIT`] bytes, for
+    /// `/dev/termination-log` (`kubectl describe pod` shows it).
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let trigger = self.trigger.map_or("none", Trigger::as_str);
+        if let Some(c) = &self.cause {
+            let _ = writeln!(s, "forced: {c}");
+        }
+        if let Some(a) = self.advice.first() {
+            let _ = writeln!(s, "{}: {}", a.level.as_str(), a.message);
+        }
+        let _ = writeln!(
+            s,
+            "lameduck drain {} (exit {}), trigger {}, {} ms of {} ms grace used",
+            self.outcome.as_str(),
+            self.exit_code,
+            trigger,
+            self.budget.used_ms,
+            self.budget.grace_ms
+        );
+        if let Some(p) = &self.proxy_label {
+            let _ = writeln!(s, "measured through: {p}");
+        }
+        let af = &self.after_flip;
+        let _ = writeln!(
+            s,
+            "after drain start: {} new connections (last at {}), {} requests on new, {} on reused connections",
+            af.new_connections,
+            af.last_new_connection_ms
+                .map_or_else(|| "-".to_owned(), |ms| format!("{ms} ms")),
+            af.requests_on_new_connections,
+            af.requests_on_reused_connections
+        );
+        for e in &self.timeline {
+            let mut line = format!("{:>7} ms {}", e.at_ms, e.event);
+            if let Some(t) = e.trigger {
+                let _ = write!(line, " trigger={t}");
+            }
+            if let Some(r) = e.reason {
+                let _ = write!(line, " reason={}", r.as_str());
+            }
+            if let Some(n) = &e.name {
+                let _ = write!(line, " name={n}");
+            }
+            if let Some(d) = &e.detail {
+                let _ = write!(line, " {d}");
+            }
+            if let Some(n) = e.count {
+                let _ = write!(line, " count={n}");
+            }
+            if let Some(c) = e.code {
+                let _ = write!(line, " code={c}");
+            }
+            let _ = writeln!(s, "{line}");
+        }
+        for st in &self.stragglers {
+            let _ = writeln!(
+                s,
+                "straggler {} {} age {} ms",
+                st.kind.as_str(),
+                st.name,
+                st.age_ms
+            );
+        }
+        for c in &self.closers {
+            let _ = writeln!(s, "closer {} {} in {} ms", c.name, c.result, c.took_ms);
+        }
+        for t in &self.tasks {
+            let _ = writeln!(s, "task {} {} after {} ms", t.name, t.result, t.ran_ms);
+        }
+        truncate_utf8(s, TERMINATION_LOG_LIMIT)
+    }
+}
+
+/// Cuts `s` to at most `limit` bytes on a character boundary, marking the cut.
+pub(crate) fn truncate_utf8(mut s: String, limit: usize) -> String {
+    if s.len() <= limit {
+        return s;
+    }
+    const MARK: &str = "\n…(truncated)\n";
+    let mut cut = limit - MARK.len();
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    s.truncate(cut);
+    s.push_str(MARK);
+    s
+}
