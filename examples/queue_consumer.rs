@@ -30,7 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     drain.spawn_with_recovery(
         "queue-consumer",
         move |ctx| async move {
-            while !ctx.stop().is_cancelled() {
+            while !ctx.drain_started().is_cancelled() {
                 let Some(item) = q.lock().unwrap().pop_front() else {
                     break;
                 };
@@ -52,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 rq.lock().unwrap().push_front(item);
                 println!("recovery: item {item} returned to the queue");
             }
-            Ok(())
+            Ok::<_, lameduck::BoxError>(())
         },
     );
 

@@ -212,13 +212,13 @@ async fn run(args: Args) -> i32 {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         loop {
             tokio::select! {
-                () = ctx.stop().cancelled() => return,
+                () = ctx.drain_started().cancelled() => return,
                 _ = tick.tick() => {}
             }
         }
     });
     // A buffer that must be flushed before exit.
-    let stop = drain.stop_token();
+    let stop = drain.stopped_accepting();
     drain.spawn("flush-buffer", async move {
         stop.cancelled().await;
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -37,14 +37,14 @@ use crate::{ConnMeta, Drain};
 ///
 /// * Marks startup complete ([`Drain::mark_started`]) when it starts.
 /// * Keeps accepting while Draining; stops accepting at `stopped_accepting`
-///   ([`Drain::stop_token`]), when axum closes its listener and idle connections and sends
+///   ([`Drain::stopped_accepting`]), when axum closes its listener and idle connections and sends
 ///   HTTP/2 connections a GOAWAY.
 /// * Attaches a [`ConnMeta`] per connection, so the [`DrainLayer`](crate::DrainLayer) counts
 ///   requests on new versus reused connections and new connections feed the propagation
 ///   policy. Handlers read it with `ConnectInfo<ConnMeta>`; `ConnectInfo<SocketAddr>`
 ///   extractors keep working too (see the cost below).
 /// * Resolves when every connection has finished, or at the quiesce deadline
-///   ([`Drain::deadline_token`]) at the latest, so a stuck connection cannot hold the process
+///   ([`Drain::deadline_exceeded`]) at the latest, so a stuck connection cannot hold the process
 ///   past its budget: whatever is still running then is named in the report's stragglers.
 ///
 /// It does not count requests itself: add [`Drain::layer`] to the router, as with
@@ -110,9 +110,9 @@ pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> Serve {
     // called as it is would redo that per request (three allocations more).
     let router = router.with_state(());
     let server = axum::serve(listener, WithConnMeta { router })
-        .with_graceful_shutdown(drain.stop_token().cancelled_owned())
+        .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
         .into_future();
-    let deadline = drain.deadline_token();
+    let deadline = drain.deadline_exceeded();
     Serve {
         inner: Box::pin(async move {
             drain.mark_started();

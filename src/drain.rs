@@ -309,7 +309,7 @@ impl Drain {
     /// let disk_ok = Arc::new(AtomicBool::new(true));
     /// let flag = Arc::clone(&disk_ok);
     /// drain.readiness_check("scratch-disk", move || {
-    ///     if flag.load(Ordering::Relaxed) { Ok(()) } else { Err("disk full".to_owned()) }
+    ///     if flag.load(Ordering::Relaxed) { Ok(()) } else { Err("disk full") }
     /// });
     /// drain.mark_started();
     /// assert!(drain.is_ready());
@@ -317,11 +317,15 @@ impl Drain {
     /// assert_eq!(drain.readiness().reason, "check scratch-disk failed: disk full");
     /// # }
     /// ```
-    pub fn readiness_check<F>(&self, name: impl Into<String>, check: F)
+    pub fn readiness_check<F, E>(&self, name: impl Into<String>, check: F)
     where
-        F: Fn() -> Result<(), String> + Send + Sync + 'static,
+        F: Fn() -> Result<(), E> + Send + Sync + 'static,
+        E: Into<crate::BoxError>,
     {
-        self.inner.readiness.add_check(name.into(), Arc::new(check));
+        self.inner.readiness.add_check(
+            name.into(),
+            Arc::new(move || check().map_err(|e| e.into().to_string())),
+        );
     }
 
     /// Marks startup complete if no gate is closed (Starting → Serving). Called by
@@ -359,12 +363,22 @@ impl Drain {
         self.inner.readiness.evaluate(phase, caller, evidence)
     }
 
-    /// A token that fires when the drain starts.
-    pub fn drain_token(&self) -> CancellationToken {
+    /// A token that fires at `drain_started`: readiness flips, cancel-on-drain work stops
+    /// taking new work.
+    ///
+    /// The three moments of a drain have one name each, on the handle and on
+    /// [`TaskContext`](crate::TaskContext) alike, the names of their timeline events:
+    /// `drain_started` (the trigger), [`stopped_accepting`](Self::stopped_accepting) (the
+    /// propagation policy committed: listeners close, streams end) and
+    /// [`deadline_exceeded`](Self::deadline_exceeded) (the quiesce deadline: force-close what
+    /// is left). An axum app's `with_graceful_shutdown` wants `stopped_accepting`, not this one:
+    /// load balancers still send new work while the drain propagates.
+    pub fn drain_started(&self) -> CancellationToken {
         self.inner.driver.tokens.drain.clone()
     }
 
     /// A token that fires at `stopped_accepting`: listeners close, streams should end.
+    ///
     /// # Examples
     ///
     /// ```
@@ -374,18 +388,19 @@ impl Drain {
     /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
     /// use lameduck::{Phase, Trigger};
     ///
-    /// let stop = drain.stop_token();
+    /// let stop = drain.stopped_accepting();
     /// drain.start(Trigger::Api);
     /// stop.cancelled().await; // after the propagation policy committed
     /// assert!(drain.phase() >= Phase::StoppedAccepting);
     /// # }
     /// ```
-    pub fn stop_token(&self) -> CancellationToken {
+    pub fn stopped_accepting(&self) -> CancellationToken {
         self.inner.driver.tokens.stop.clone()
     }
 
-    /// A token that fires at the quiesce deadline (or when forced): force-close what is left.
-    pub fn deadline_token(&self) -> CancellationToken {
+    /// A token that fires at `deadline_exceeded`, the quiesce deadline (or when forced):
+    /// force-close what is left.
+    pub fn deadline_exceeded(&self) -> CancellationToken {
         self.inner.driver.tokens.deadline.clone()
     }
 

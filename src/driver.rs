@@ -323,7 +323,8 @@ impl Driver {
 
     pub(crate) fn task_context(&self) -> TaskContext {
         TaskContext {
-            stop: self.tokens.drain.clone(),
+            drain: self.tokens.drain.clone(),
+            stop: self.tokens.stop.clone(),
             hurry: self.tokens.hurry.clone(),
             deadline: self.tokens.deadline.clone(),
             quiesce_at: Arc::clone(&self.quiesce_at),

@@ -193,7 +193,7 @@ impl Health for DrainHealth {
         let differs = ready_in(Phase::Draining, policy, caller)
             != ready_in(Phase::Draining, policy, Caller::Kubelet);
         let not_serving_from =
-            differs.then(|| Box::pin(self.drain.drain_token().cancelled_owned()));
+            differs.then(|| Box::pin(self.drain.drain_started().cancelled_owned()));
         let response = self.inner.watch(request).await?;
         Ok(response.map(|inner| WatchUntilStop {
             inner,

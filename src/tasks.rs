@@ -1,20 +1,24 @@
 //! Named background tasks, on top of `tokio_util`'s `TaskTracker` and `CancellationToken`.
 //!
 //! A task start is rare, so the registry of names and start times sits behind a `Mutex`; it is
-//! never touched on the request path. Each task runs as its own Tokio task so that a panic is
-//! caught by its `JoinHandle` and recorded by name, and so that it can be aborted at the quiesce
-//! deadline; a small tracked wrapper awaits it and keeps the `TaskTracker` count.
+//! never touched on the request path. Each task is one Tokio task, whose `JoinHandle` goes to
+//! the caller as `tokio::spawn`'s does. Inside it a wrapper catches the future's panic (records
+//! it by name, then resumes it, so the handle reports it as usual), and a drop guard records an
+//! abort at the quiesce deadline and holds the `TaskTracker` count until the task is gone.
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::Poll;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::task::AbortHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
 use crate::action::ActionResult;
@@ -66,9 +70,11 @@ pub struct TaskEnd {
     pub ran_ms: u64,
 }
 
-/// Given to cancellable tasks: when to stop taking new work, and when to hurry.
+/// Given to cancellable tasks: the drain's moments, under the names of their timeline events
+/// (the same names as on [`Drain`](crate::Drain)), and when to hurry.
 #[derive(Clone, Debug)]
 pub struct TaskContext {
+    pub(crate) drain: CancellationToken,
     pub(crate) stop: CancellationToken,
     pub(crate) hurry: CancellationToken,
     pub(crate) deadline: CancellationToken,
@@ -77,8 +83,14 @@ pub struct TaskContext {
 }
 
 impl TaskContext {
-    /// Fires when the drain starts: stop taking new work.
-    pub fn stop(&self) -> &CancellationToken {
+    /// Fires at `drain_started`: stop taking new work.
+    pub fn drain_started(&self) -> &CancellationToken {
+        &self.drain
+    }
+
+    /// Fires at `stopped_accepting`: the propagation policy committed and listeners closed
+    /// (end long-lived streams here, if the task serves any).
+    pub fn stopped_accepting(&self) -> &CancellationToken {
         &self.stop
     }
 
@@ -87,8 +99,9 @@ impl TaskContext {
         &self.hurry
     }
 
-    /// Fires at the quiesce deadline, just before unfinished tasks are aborted.
-    pub fn deadline_reached(&self) -> &CancellationToken {
+    /// Fires at `deadline_exceeded`, the quiesce deadline, just before unfinished tasks are
+    /// aborted.
+    pub fn deadline_exceeded(&self) -> &CancellationToken {
         &self.deadline
     }
 
@@ -158,70 +171,117 @@ struct Registry {
     ended: Vec<TaskEnd>,
 }
 
+/// Records how a task ended when its wrapper is dropped: on completion (`outcome` `None`:
+/// nothing to record), after a caught panic, or when the task is aborted and its future dropped
+/// mid-way (the default, `Aborted`). Holds the tracker's count until then.
+struct TaskEndGuard {
+    registry: Arc<Mutex<Registry>>,
+    id: u64,
+    on_panic: Option<OnPanic>,
+    outcome: Option<TaskResult>,
+    _counted: TaskTrackerToken,
+}
+
+impl Drop for TaskEndGuard {
+    fn drop(&mut self) {
+        let panicked = {
+            let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(task) = reg.running.remove(&self.id) else {
+                return;
+            };
+            let Some(result) = self.outcome else {
+                return;
+            };
+            if result == TaskResult::Panicked {
+                tracing::error!(task = %task.name, "lameduck: background task panicked");
+            }
+            let name = task.name.clone();
+            reg.ended.push(TaskEnd {
+                name: task.name,
+                result,
+                ran_ms: task.started.elapsed().as_millis() as u64,
+            });
+            (result == TaskResult::Panicked).then_some(name)
+        };
+        // Outside the registry's lock: starting the drain takes the coordinator's.
+        if let (Some(name), Some(f)) = (panicked, self.on_panic.take()) {
+            f(&name);
+        }
+    }
+}
+
 impl Tasks {
     /// Sets what happens when a task panics (once; later calls are ignored).
     pub(crate) fn set_on_panic(&self, f: OnPanic) {
         let _ = self.on_panic.set(f);
     }
 
+    /// Spawns `fut` as a Tokio task registered under `name`, and returns Tokio's own handle to
+    /// it: awaiting it gives the task's output, or the `JoinError` of a panic or an abort, as
+    /// for `tokio::spawn`.
+    ///
+    /// The task is one Tokio task: `fut` runs inside a wrapper that catches its panic (to
+    /// record it by name, then resumes it so the handle reports it too), and whose drop guard
+    /// records an abort and releases the tracker's count however the task ends.
     pub(crate) fn spawn<F>(
         &self,
         name: String,
         kind: TaskKind,
         recovery: Option<(Duration, Recovery)>,
         fut: F,
-    ) where
-        F: Future<Output = ()> + Send + 'static,
+    ) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
     {
         let started = Instant::now();
-        let inner = tokio::spawn(fut);
-        let abort = inner.abort_handle();
-        let id = {
-            let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-            let id = reg.next_id;
-            reg.next_id += 1;
-            reg.running.insert(
-                id,
-                Running {
-                    name,
-                    kind,
-                    started,
-                    abort,
-                    recovery,
-                },
-            );
-            id
+        // The registry's lock is held across the spawn, so the task cannot end (and look for
+        // its entry) before the entry exists.
+        let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let id = reg.next_id;
+        reg.next_id += 1;
+        let mut end = TaskEndGuard {
+            registry: Arc::clone(&self.registry),
+            id,
+            on_panic: self.on_panic.get().cloned(),
+            outcome: Some(TaskResult::Aborted),
+            _counted: self.tracker.token(),
         };
-        let registry = Arc::clone(&self.registry);
-        let on_panic = self.on_panic.get().cloned();
-        self.tracker.spawn(async move {
-            let result = inner.await;
-            let panicked = {
-                let mut reg = registry.lock().unwrap_or_else(|e| e.into_inner());
-                let Some(task) = reg.running.remove(&id) else {
-                    return;
-                };
-                let ended = match result {
-                    Ok(()) => return,
-                    Err(e) if e.is_panic() => {
-                        tracing::error!(task = %task.name, "lameduck: background task panicked");
-                        TaskResult::Panicked
-                    }
-                    Err(_) => TaskResult::Aborted,
-                };
-                let name = task.name.clone();
-                reg.ended.push(TaskEnd {
-                    name: task.name,
-                    result: ended,
-                    ran_ms: task.started.elapsed().as_millis() as u64,
-                });
-                (ended == TaskResult::Panicked).then_some(name)
-            };
-            // Outside the registry's lock: starting the drain takes the coordinator's.
-            if let (Some(name), Some(f)) = (panicked, on_panic) {
-                f(&name);
+        let handle = tokio::spawn(async move {
+            let mut fut = std::pin::pin!(fut);
+            let caught = std::future::poll_fn(|cx| {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+                    Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+                    Ok(Poll::Pending) => Poll::Pending,
+                    Err(panic) => Poll::Ready(Err(panic)),
+                }
+            })
+            .await;
+            match caught {
+                Ok(out) => {
+                    end.outcome = None;
+                    drop(end);
+                    out
+                }
+                Err(panic) => {
+                    end.outcome = Some(TaskResult::Panicked);
+                    drop(end);
+                    std::panic::resume_unwind(panic)
+                }
             }
         });
+        reg.running.insert(
+            id,
+            Running {
+                name,
+                kind,
+                started,
+                abort: handle.abort_handle(),
+                recovery,
+            },
+        );
+        drop(reg);
+        handle
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -29,9 +29,9 @@ async fn serve_axum(drain: &Drain, app: axum::Router) -> (SocketAddr, JoinHandle
         listener,
         app.into_make_service_with_connect_info::<ConnMeta>(),
     )
-    .with_graceful_shutdown(drain.stop_token().cancelled_owned())
+    .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
     .into_future();
-    let deadline = drain.deadline_token();
+    let deadline = drain.deadline_exceeded();
     drain.mark_started();
     let handle = tokio::spawn(async move {
         tokio::select! {

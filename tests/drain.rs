@@ -126,7 +126,7 @@ async fn readiness_checks_are_listed_and_can_fail() {
         if h.load(std::sync::atomic::Ordering::Relaxed) {
             Ok(())
         } else {
-            Err("full".into())
+            Err("full")
         }
     });
     assert!(drain.is_ready());

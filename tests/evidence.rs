@@ -132,7 +132,7 @@ async fn through_axum_serve_conn_meta_counts_the_rate() {
     let drain = common::drain(secs(60), Propagation::default().max(secs(40)));
     drain.mark_started();
     let (listener, addr) = bind().await;
-    let stop = drain.stop_token();
+    let stop = drain.stopped_accepting();
     let server = tokio::spawn(
         axum::serve(
             listener,

@@ -71,7 +71,7 @@ fn spawn_consumer(
         "queue-consumer",
         move |ctx| async move {
             loop {
-                if ctx.stop().is_cancelled() {
+                if ctx.drain_started().is_cancelled() {
                     return; // stop taking new work
                 }
                 let Some(item) = work.take() else { return };

@@ -51,7 +51,9 @@ fn child_main(scenario: &str) -> ! {
         let mut held = None;
         match scenario {
             "idle" | "prestop" | "stop-quit-env" | "stop-quit-builder" | "report-file" => {}
-            "stuck-task" => drain.spawn("stuck-task", std::future::pending::<()>()),
+            "stuck-task" => {
+                drain.spawn("stuck-task", std::future::pending::<()>());
+            }
             "stuck-request" => held = Some(drain.enter()),
             "starved" => {
                 // Handlers that block their worker thread (synchronous I/O, a busy loop).

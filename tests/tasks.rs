@@ -60,7 +60,7 @@ async fn a_cancellable_task_sees_its_token_at_drain_start() {
     let stopped_at = Arc::new(Mutex::new(None));
     let st = stopped_at.clone();
     drain.spawn_cancellable("queue-consumer", move |ctx| async move {
-        ctx.stop().cancelled().await;
+        ctx.drain_started().cancelled().await;
         *st.lock().unwrap() = Some(Instant::now());
         // Finish the current item.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -276,7 +276,7 @@ async fn recovery_runs_for_an_unfinished_task_before_it_is_aborted() {
         secs(1),
         move || async move {
             q.lock().unwrap().push(7);
-            Ok(())
+            Ok::<_, std::io::Error>(())
         },
     );
     let t0 = Instant::now();
@@ -441,4 +441,52 @@ async fn the_report_says_what_path_it_measured() {
     let plain = builder().build().unwrap();
     plain.start(Trigger::Api);
     assert!(!plain.drained().await.to_json().contains("proxy_label"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn spawn_hands_back_tokios_handle_with_the_output_the_panic_and_the_abort() {
+    let drain = builder().build().unwrap();
+    let answer = drain.spawn("compute", async { 6 * 7 });
+    assert_eq!(answer.await.unwrap(), 42);
+    let boom = drain.spawn("boom", async {
+        if drain_never_ends() {
+            panic!("boom");
+        }
+    });
+    assert!(
+        boom.await.unwrap_err().is_panic(),
+        "the handle reports the panic"
+    );
+    let stuck = drain.spawn_cancellable("stuck", |_ctx| std::future::pending::<()>());
+    let named = drain.spawn_cancellable("stops", |ctx| async move {
+        ctx.drain_started().cancelled().await;
+        ctx.stopped_accepting().cancelled().await;
+        "stopped"
+    });
+    assert_eq!(drain.tasks(), 2, "finished tasks no longer count");
+    drain.start(Trigger::Api);
+    assert_eq!(named.await.unwrap(), "stopped");
+    let report = drain.drained().await;
+    assert!(
+        stuck.await.unwrap_err().is_cancelled(),
+        "aborted at the deadline"
+    );
+    let ended: Vec<_> = report
+        .tasks
+        .iter()
+        .map(|t| (t.name.as_str(), t.result))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            ("boom", lameduck::TaskResult::Panicked),
+            ("stuck", lameduck::TaskResult::Aborted)
+        ],
+        "the report still names what panicked or was cut: {ended:?}"
+    );
+}
+
+/// Keeps the compiler from seeing the panic as unconditional.
+fn drain_never_ends() -> bool {
+    std::hint::black_box(true)
 }

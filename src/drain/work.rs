@@ -3,6 +3,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
+
 use super::Drain;
 use crate::closers::{BoxError, CloseOptions};
 use crate::tasks::{Recovery, TaskContext, TaskKind};
@@ -12,6 +14,11 @@ impl Drain {
     /// the quiesce deadline, where it is named as a straggler and aborted).
     ///
     /// A panic in the task is caught and recorded with its name.
+    ///
+    /// Returns Tokio's [`JoinHandle`], as `tokio::spawn` and `TaskTracker::spawn` do: awaiting
+    /// it gives the task's output, or a `JoinError` when it panicked or was aborted at the
+    /// quiesce deadline. Dropping the handle detaches the task; the drain still waits for it.
+    ///
     /// # Examples
     ///
     /// ```
@@ -29,19 +36,20 @@ impl Drain {
     /// assert!(report.tasks.is_empty()); // lists only tasks that panicked or were cut
     /// # }
     /// ```
-    pub fn spawn<F>(&self, name: impl Into<String>, fut: F)
+    pub fn spawn<F>(&self, name: impl Into<String>, fut: F) -> JoinHandle<F::Output>
     where
-        F: Future<Output = ()> + Send + 'static,
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
     {
         self.inner
             .driver
             .tasks
-            .spawn(name.into(), TaskKind::MustFinish, None, fut);
+            .spawn(name.into(), TaskKind::MustFinish, None, fut)
     }
 
-    /// Runs a cancel-on-drain task: `make` gets a [`TaskContext`] whose [`stop`](TaskContext::stop)
+    /// Runs a cancel-on-drain task: `make` gets a [`TaskContext`] whose [`drain_started`](TaskContext::drain_started)
     /// token fires when the drain starts (stop taking new work). The task is counted until it
-    /// returns.
+    /// returns. Returns the task's [`JoinHandle`], as [`spawn`](Self::spawn) does.
     /// # Examples
     ///
     /// ```
@@ -55,7 +63,7 @@ impl Drain {
     /// drain.spawn_cancellable("poller", |cx| async move {
     ///     loop {
     ///         tokio::select! {
-    ///             () = cx.stop().cancelled() => break, // stop taking new work
+    ///             () = cx.drain_started().cancelled() => break, // stop taking new work
     ///             () = tokio::time::sleep(Duration::from_secs(1)) => { /* poll, handle */ }
     ///         }
     ///     }
@@ -65,42 +73,52 @@ impl Drain {
     /// assert_eq!(drain.drained().await.exit_code, 0);
     /// # }
     /// ```
-    pub fn spawn_cancellable<F, Fut>(&self, name: impl Into<String>, make: F)
+    pub fn spawn_cancellable<F, Fut>(
+        &self,
+        name: impl Into<String>,
+        make: F,
+    ) -> JoinHandle<Fut::Output>
     where
         F: FnOnce(TaskContext) -> Fut,
-        Fut: Future<Output = ()> + Send + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: Send + 'static,
     {
         let fut = make(self.inner.driver.task_context());
         self.inner
             .driver
             .tasks
-            .spawn(name.into(), TaskKind::CancelOnDrain, None, fut);
+            .spawn(name.into(), TaskKind::CancelOnDrain, None, fut)
     }
 
     /// Like [`spawn_cancellable`](Self::spawn_cancellable), with a recovery action that runs if
     /// the task is still unfinished at the quiesce deadline, before it is aborted (e.g. return
     /// an unacknowledged message to its queue), bounded by `timeout`. The report records
     /// whether it ran and its result.
-    pub fn spawn_with_recovery<F, Fut, R, RFut>(
+    pub fn spawn_with_recovery<F, Fut, R, RFut, E>(
         &self,
         name: impl Into<String>,
         make: F,
         timeout: Duration,
         recovery: R,
-    ) where
+    ) -> JoinHandle<Fut::Output>
+    where
         F: FnOnce(TaskContext) -> Fut,
-        Fut: Future<Output = ()> + Send + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: Send + 'static,
         R: FnOnce() -> RFut + Send + 'static,
-        RFut: Future<Output = Result<(), String>> + Send + 'static,
+        RFut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError> + 'static,
     {
         let fut = make(self.inner.driver.task_context());
-        let rec: Recovery = Box::new(move || Box::pin(recovery()));
+        let rec: Recovery = Box::new(move || {
+            Box::pin(async move { recovery().await.map_err(|e| e.into().to_string()) })
+        });
         self.inner.driver.tasks.spawn(
             name.into(),
             TaskKind::CancelOnDrain,
             Some((timeout, rec)),
             fut,
-        );
+        )
     }
 
     /// Registers a resource closer. Closers run after in-flight requests and tasks reach zero

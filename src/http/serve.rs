@@ -316,10 +316,10 @@ async fn listener_closes(drain: &Drain, keep_listening: bool) {
     if keep_listening {
         tokio::select! {
             () = drain.reached(Phase::Closing) => {}
-            () = drain.deadline_token().cancelled_owned() => {}
+            () = drain.deadline_exceeded().cancelled_owned() => {}
         }
     } else {
-        drain.stop_token().cancelled_owned().await;
+        drain.stopped_accepting().cancelled_owned().await;
     }
 }
 
@@ -356,9 +356,9 @@ where
     // Extended CONNECT, so WebSockets work over HTTP/2 too.
     builder.http2().enable_connect_protocol();
     let tokens = Tokens {
-        drain: drain.drain_token(),
+        drain: drain.drain_started(),
         idle_close: CancellationToken::new(),
-        deadline: drain.deadline_token(),
+        deadline: drain.deadline_exceeded(),
         closing: CancellationToken::new(),
         conn_meta_always,
     };

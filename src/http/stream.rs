@@ -136,7 +136,7 @@ impl StreamStop {
     fn new(drain: &Drain, offset: Duration) -> Self {
         Self {
             state: StopState::Waiting {
-                stopped: drain.stop_token().cancelled_owned(),
+                stopped: drain.stopped_accepting().cancelled_owned(),
             },
             offset,
             drain: drain.clone(),
