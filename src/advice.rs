@@ -43,7 +43,9 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
                 Rule::NoConnectionData,
                 stopped_ms,
                 format!(
-                    "connection data unavailable: use lameduck::serve or ConnMeta (axum's connect info),                      or no client connected; without a rate, silence is not evidence, so the drain waited                      {} (max). If your proxies converge faster, {set}",
+                    "connection data unavailable: use lameduck::serve or ConnMeta (axum's connect info), \
+                     or no client connected; without a rate, silence is not evidence, so the drain waited \
+                     {} (max). If your proxies converge faster, {set}",
                     secs(stopped_ms)
                 ),
             ));
@@ -56,7 +58,8 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
                 Rule::WeakEvidence,
                 stopped_ms,
                 format!(
-                    "the process had served for only {} before the drain, too short to measure a rate:                      waited {} (max). If your proxies converge faster, {set}",
+                    "the process had served for only {} before the drain, too short to measure a rate: \
+                     waited {} (max). If your proxies converge faster, {set}",
                     secs(e.slots_observed * e.slot_ms),
                     secs(stopped_ms)
                 ),
@@ -68,7 +71,9 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
                 Rule::WeakEvidence,
                 stopped_ms,
                 format!(
-                    "{rate:.2} new connections/s before the drain ({} of {} slots of {} ms empty):                      {} of silence is not evidence, confidence needed {}; waited {} (max).                      If your proxies converge faster, {set}",
+                    "{rate:.2} new connections/s before the drain ({} of {} slots of {} ms empty): \
+                     {} of silence is not evidence, confidence needed {}; waited {} (max). \
+                     If your proxies converge faster, {set}",
                     e.empty_slots,
                     e.slots_observed,
                     e.slot_ms,
@@ -83,7 +88,8 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
             Rule::Confidence,
             e.t_conf_ms.unwrap_or(0),
             format!(
-                "committed on evidence: {rate:.2} new connections/s before the drain, so {} of silence                  meant the proxies had moved on (ε = {}); silent for {} at the commit",
+                "committed on evidence: {rate:.2} new connections/s before the drain, so {} of silence \
+                 meant the proxies had moved on (ε = {}); silent for {} at the commit",
                 secs(e.t_conf_ms.unwrap_or(0).max(quiet)),
                 e.epsilon_ppm as f64 / 1e6,
                 secs(e.silence_ms)
@@ -94,7 +100,8 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
             Rule::Floor,
             stopped_ms,
             format!(
-                "committed on the floor you set (assume_converged_after {}): the arrival rate alone                  ({rate:.2} new connections/s) {}",
+                "committed on the floor you set (assume_converged_after {}): the arrival rate alone \
+                 ({rate:.2} new connections/s) {}",
                 secs(e.floor_ms.unwrap_or(0)),
                 match (e.weak, e.t_conf_ms) {
                     (None, Some(t)) => format!("would have needed {} of silence", secs(t)),
@@ -122,8 +129,15 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
     let traffic = af.requests_on_new_connections + af.requests_on_reused_connections;
     let stopped = r.event(EventKind::StoppedAccepting);
 
-    // Propagation.
-    if traffic + af.new_connections < MIN_TRAFFIC {
+    // Propagation. A process with no connection source at all (a worker without HTTP) and no
+    // traffic has nothing to measure: saying so would be noise.
+    let nothing_to_measure = traffic + af.new_connections == 0
+        && p.evidence
+            .as_ref()
+            .is_some_and(|e| e.weak == Some(WeakEvidence::NoConnectionData));
+    if nothing_to_measure {
+        // Nothing arrived and nothing could have been counted.
+    } else if traffic + af.new_connections < MIN_TRAFFIC {
         out.push(advice(
             Info,
             Rule::NotEnoughTraffic,

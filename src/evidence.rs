@@ -300,6 +300,14 @@ impl EvidenceReport {
     /// One line for `/readyz?verbose` and the `propagation_done` event: the evidence and its
     /// numbers.
     pub(crate) fn describe(&self) -> String {
+        if self.kind == EvidenceKind::Fixed {
+            // A set delay reads no evidence: saying what evidence was missing would be noise
+            // (a worker with no HTTP was told to use `serve`).
+            return format!(
+                "fixed: a set delay, no evidence read; silent for {} ms",
+                self.silence_ms
+            );
+        }
         let rate = match (self.rate_per_s(), self.weak) {
             (_, Some(WeakEvidence::NoConnectionData)) => {
                 "no connection data (use lameduck::serve or ConnMeta)".to_owned()

@@ -87,7 +87,20 @@ async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
         .advice
         .iter()
         .any(|a| a.rule.as_str() == "confidence"));
+    one_line_each(&report);
     within("serve to return", server).await.unwrap();
+}
+
+/// Advice reads as prose: no line breaks or runs of spaces left by the source's line wrapping.
+fn one_line_each(report: &lameduck::DrainReport) {
+    for a in &report.advice {
+        assert!(
+            !a.message.contains("  ") && !a.message.contains('\n'),
+            "advice `{}` is not one clean line: {:?}",
+            a.rule,
+            a.message
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,6 +136,7 @@ async fn through_serve_sparse_arrivals_wait_to_max() {
         "{}",
         advice.message
     );
+    one_line_each(&report);
     within("serve to return", server).await.unwrap();
 }
 

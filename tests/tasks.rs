@@ -371,10 +371,7 @@ async fn the_termination_summary_is_capped_and_written_to_the_log_path() {
     let report = drain.drained().await;
     let summary = report.summary();
     assert!(summary.len() <= TERMINATION_LOG_LIMIT, "{}", summary.len());
-    assert!(
-        summary.starts_with("info: not enough traffic after the flip"),
-        "{summary}"
-    );
+    assert!(summary.starts_with("info: this drain used"), "{summary}");
     assert!(summary.contains("\nlameduck drain clean (exit 0), trigger api"));
     assert!(summary.ends_with("…(truncated)\n"));
     let written = std::fs::read_to_string(&log).unwrap();
@@ -489,4 +486,32 @@ async fn spawn_hands_back_tokios_handle_with_the_output_the_panic_and_the_abort(
 /// Keeps the compiler from seeing the panic as unconditional.
 fn drain_never_ends() -> bool {
     std::hint::black_box(true)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_without_http_is_not_told_about_connections() {
+    // The worker guide's setup: no HTTP, a fixed zero delay, one task.
+    let drain = quiet_builder()
+        .propagation(Propagation::fixed(Duration::ZERO))
+        .build()
+        .unwrap();
+    drain.spawn_cancellable("consumer", |ctx| async move {
+        ctx.drain_started().cancelled().await;
+    });
+    drain.start(Trigger::Sigterm);
+    let report = drain.drained().await;
+    assert_eq!(report.outcome, Outcome::Clean);
+    let rules: Vec<_> = report.advice.iter().map(|a| a.rule.as_str()).collect();
+    assert!(
+        !rules.contains(&"not_enough_traffic") && !rules.contains(&"no_connection_data"),
+        "nothing to measure is not news: {rules:?}"
+    );
+    let done = report
+        .event(EventKind::PropagationDone)
+        .expect("propagation_done");
+    let detail = done.detail.as_deref().unwrap_or_default();
+    assert!(
+        detail.starts_with("fixed: a set delay") && !detail.contains("serve"),
+        "{detail}"
+    );
 }

@@ -174,15 +174,14 @@ impl AdminBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let drain = lameduck::Drain::builder().build()?;
-    /// let admin = tokio::net::TcpListener::bind("0.0.0.0:9901").await?;
-    /// tokio::spawn(drain.admin().serve(admin));
-    /// // ... serve the app ...
-    /// let report = drain.run().await; // returns once every admin answer is written
-    /// std::process::exit(report.exit_code);
-    /// # }
+    /// #[tokio::main]
+    /// async fn main() -> Result<lameduck::DrainReport, Box<dyn std::error::Error>> {
+    ///     let drain = lameduck::Drain::builder().build()?;
+    ///     let admin = tokio::net::TcpListener::bind("0.0.0.0:9901").await?;
+    ///     tokio::spawn(drain.admin().serve(admin));
+    ///     // ... serve the app ...
+    ///     Ok(drain.run().await) // once every admin answer is written; exits with its code
+    /// }
     /// ```
     pub fn serve(self, listener: tokio::net::TcpListener) -> super::AdminServe {
         let drain = self.drain.clone();
