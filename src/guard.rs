@@ -5,7 +5,8 @@
 //! * [`Core`] is allocated once per [`Drain`](crate::Drain) and leaked, so an
 //!   [`InFlightGuard`] is a plain `&'static` reference: taking and releasing one is exactly one
 //!   atomic read-modify-write each (the counter), with no reference count to bump. A process
-//!   builds one coordinator, so the leak is one small fixed block for the life of the process.
+//!   builds one coordinator, so the leak is one small fixed block for the life of the process;
+//!   what a drain accumulates in it (peer and path counts, the registry) is freed at Done.
 //! * While Serving nothing but the counter is touched. Activity timestamps, after-drain
 //!   connection counters and the straggler registry are written only once the counter's
 //!   draining flag is set, which `enter` learns from the value its own `fetch_add` returned.
