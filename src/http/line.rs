@@ -22,12 +22,11 @@ use crate::guard::{InFlightGuard, RequestInfo};
 use super::conn::ConnMeta;
 
 pub(crate) mod sealed {
-    use super::InFlightGuard;
+    use super::{InFlightGuard, Method};
 
     pub trait Sealed: Copy + Send + Sync + Unpin + 'static {
-        /// What travels with a request that arrived while Serving. Takes the whole request so
-        /// that [`Unnamed`](super::Unnamed) reads nothing of it, not even the path.
-        fn capture<B>(req: &http::Request<B>) -> Self;
+        /// What travels with a request that arrived while Serving.
+        fn capture(method: &Method, path: &str) -> Self;
         /// Describes the guard from the capture if the drain has started and nobody described
         /// it yet.
         fn describe_if_draining(&self, guard: &mut Option<InFlightGuard>);
@@ -51,7 +50,7 @@ pub struct Unnamed;
 
 impl sealed::Sealed for Unnamed {
     #[inline(always)]
-    fn capture<B>(_: &http::Request<B>) -> Self {
+    fn capture(_: &Method, _: &str) -> Self {
         Unnamed
     }
 
@@ -80,8 +79,8 @@ pub struct RequestLine {
 
 impl sealed::Sealed for RequestLine {
     #[inline]
-    fn capture<B>(req: &http::Request<B>) -> Self {
-        Self::new(req.method(), req.uri().path())
+    fn capture(method: &Method, path: &str) -> Self {
+        Self::new(method, path)
     }
 
     /// One relaxed load while Serving.

@@ -111,7 +111,7 @@ where
             return self.call_draining(guard, req);
         }
         // A copy of the request line with `describe_requests`, nothing otherwise.
-        let line = N::capture(&req);
+        let line = N::capture(req.method(), req.uri().path());
         ResponseFuture::called(self.inner.call(req), guard, line)
     }
 }
@@ -129,7 +129,7 @@ impl<S, N: Naming> DrainService<S, N> {
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     {
         self.core.record_activity();
-        let line = N::capture(&req);
+        let line = N::capture(req.method(), req.uri().path());
         if self.while_draining(&mut guard, &req) {
             return ResponseFuture::refused(guard, line);
         }
