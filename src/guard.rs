@@ -117,10 +117,18 @@ impl Core {
     /// dropped after finds its slot gone, which is harmless.
     pub(crate) fn release_drain_state(&self) {
         drop(std::mem::take(
-            &mut *self.after_flip.peers.lock().unwrap_or_else(|e| e.into_inner()),
+            &mut *self
+                .after_flip
+                .peers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
         ));
         drop(std::mem::take(
-            &mut *self.after_flip.paths.lock().unwrap_or_else(|e| e.into_inner()),
+            &mut *self
+                .after_flip
+                .paths
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
         ));
         drop(std::mem::take(
             &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()),
