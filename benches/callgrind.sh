@@ -17,26 +17,28 @@
 # `Router::layer`, `noop-outer` around the whole router), and that cost divided by the floor's
 # (`floor`: a bare atomic counter with a Notify, guard released when the response head is
 # ready). `floor-body` is the same guard held until the body ends: floor-body − floor is what
-# body-scoped counting costs by itself.
+# body-scoped counting costs by itself. `floor-body-arc` is floor-body with the counter behind an
+# `Arc` (a reference count per guard and per service clone) instead of leaked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 N1="${N1:-2000}"
 N2="${N2:-12000}"
-counting=(floor floor-body semaphore inflight tasktracker graceful from_fn lameduck lameduck-named)
+counting=(floor floor-body floor-body-arc semaphore inflight tasktracker graceful from_fn lameduck
+    lameduck-named)
 if [ "$#" -gt 0 ]; then
     variants=("$@")
 else
-    inproc=(plain noop floor floor-body semaphore inflight tasktracker graceful from_fn lameduck
-        lameduck-named noop-outer floor-outer floor-body-outer semaphore-outer inflight-outer
-        lameduck-outer lameduck-named-outer)
+    inproc=(plain noop floor floor-body floor-body-arc semaphore inflight tasktracker graceful
+        from_fn lameduck lameduck-named noop-outer floor-outer floor-body-outer
+        floor-body-arc-outer semaphore-outer inflight-outer lameduck-outer lameduck-named-outer)
     over=(plain noop floor floor-body semaphore inflight lameduck noop-outer floor-outer
         floor-body-outer inflight-outer lameduck-outer)
     variants=("${inproc[@]}" "${over[@]/#/hyper-}"
         tcp-plain tcp-noop tcp-floor tcp-floor-body tcp-inflight tcp-lameduck tcp-plain-lserve
         tcp-lameduck-lserve tcp-noop-outer tcp-floor-outer tcp-floor-body-outer tcp-inflight-outer
         tcp-lameduck-outer
-        guard-lameduck guard-floor guard-tasktracker guard-semaphore guard-graceful)
+        guard-lameduck guard-floor guard-floor-arc guard-tasktracker guard-semaphore guard-graceful)
 fi
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed" >&2; exit 1; }
 

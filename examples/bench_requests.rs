@@ -9,7 +9,7 @@
 //! Variants: every name of `benches/support/variants.rs` (in-process), the same with `hyper-`
 //! (through a hyper connection over an in-memory pipe) or `tcp-` (over loopback TCP, plus
 //! `tcp-plain-lserve` and `tcp-lameduck-lserve`), and guard-lameduck, guard-floor,
-//! guard-tasktracker, guard-semaphore, guard-graceful.
+//! guard-floor-arc, guard-tasktracker, guard-semaphore, guard-graceful.
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -22,11 +22,12 @@ use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use variants::{app, drain, with_app, Acquire, App, Floor, Variant};
+use variants::{app, drain, with_app, Acquire, App, ArcFloor, Floor, Variant};
 
-const GUARDS: [&str; 5] = [
+const GUARDS: [&str; 6] = [
     "guard-lameduck",
     "guard-floor",
+    "guard-floor-arc",
     "guard-tasktracker",
     "guard-semaphore",
     "guard-graceful",
@@ -79,6 +80,11 @@ fn main() -> ExitCode {
             "guard-floor" => {
                 // The reference layers' guard: `fetch_add` in, `fetch_sub` in `Drop`.
                 let floor = Floor::leak();
+                (0..n).for_each(|_| drop(black_box(floor.acquire())));
+            }
+            "guard-floor-arc" => {
+                // The same guard with the counter behind an `Arc` (a reference count per guard).
+                let floor = ArcFloor::new();
                 (0..n).for_each(|_| drop(black_box(floor.acquire())));
             }
             "guard-tasktracker" => {

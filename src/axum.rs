@@ -54,7 +54,7 @@ use crate::{ConnMeta, Drain};
 ///
 /// Per request, on top of `axum::serve` with `into_make_service_with_connect_info::<ConnMeta>()`:
 /// one atomic increment (the request's [`ConnMeta::request_index`]) and the
-/// `ConnectInfo<SocketAddr>` extension, which is one allocation — `tests/axum_alloc.rs` counts
+/// `ConnectInfo<SocketAddr>` extension, which is one allocation — `tests/alloc.rs` counts
 /// 24 allocations per request against 23 for that wiring (axum 0.8.9, a small route through
 /// [`Drain::layer`], client included). Per connection: the [`ConnMeta`], one allocation.
 ///

@@ -5,7 +5,8 @@
 //! * [`Core`] is allocated once per [`Drain`](crate::Drain) and leaked, so an
 //!   [`InFlightGuard`] is a plain `&'static` reference: taking and releasing one is exactly one
 //!   atomic read-modify-write each (the counter), with no reference count to bump. A process
-//!   builds one coordinator, so the leak is one small fixed block for the life of the process.
+//!   builds one coordinator, so the leak is one small fixed block for the life of the process;
+//!   what a drain accumulates in it (peer and path counts, the registry) is freed at Done.
 //! * While Serving nothing but the counter is touched. Activity timestamps, after-drain
 //!   connection counters and the straggler registry are written only once the counter's
 //!   draining flag is set, which `enter` learns from the value its own `fetch_add` returned.
@@ -60,11 +61,13 @@ pub(crate) struct AfterFlip {
 
 /// Distinct traffic-path labels kept; later ones count as `other`, so a client cannot grow
 /// the report.
+#[cfg(feature = "http")]
 pub(crate) const MAX_PATHS: usize = 16;
 /// Longest label kept; a longer one counts as `other`.
+#[cfg(feature = "http")]
 const MAX_PATH_LABEL: usize = 64;
 
-/// The hot-path block, leaked once per coordinator.
+/// The hot-path block, leaked once per coordinator (`size_of::<Core>()` is checked below).
 #[derive(Debug)]
 pub(crate) struct Core {
     pub(crate) counter: Counter,
@@ -75,6 +78,7 @@ pub(crate) struct Core {
     last_activity: AtomicU64,
     /// Nanoseconds since `base` + 1 of the drain start; 0 = not draining. Lets the HTTP layer
     /// tell, without a lock, whether a connection was accepted before or after the drain.
+    #[cfg(feature = "http")]
     drain_started: AtomicU64,
     pub(crate) connections: AtomicUsize,
     pub(crate) after_flip: AfterFlip,
@@ -96,6 +100,7 @@ impl Core {
             zero: Notify::new(),
             base: Instant::now(),
             last_activity: AtomicU64::new(0),
+            #[cfg(feature = "http")]
             drain_started: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
             after_flip: AfterFlip::default(),
@@ -104,6 +109,30 @@ impl Core {
             requests: Mutex::new(Registry::default()),
             stalls: crate::stall::Stalls::default(),
         }))
+    }
+
+    /// Frees what a drain accumulated (per-peer connection counts, traffic-path counts, the
+    /// straggler registry) once the report holds it: the block itself is leaked, so its growth
+    /// must not be. Called when the drain reaches Done; a guard described before that and
+    /// dropped after finds its slot gone, which is harmless.
+    pub(crate) fn release_drain_state(&self) {
+        drop(std::mem::take(
+            &mut *self
+                .after_flip
+                .peers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        ));
+        drop(std::mem::take(
+            &mut *self
+                .after_flip
+                .paths
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        ));
+        drop(std::mem::take(
+            &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()),
+        ));
     }
 
     /// Counts a new connection in the arrival ring (Serving or not): one relaxed atomic
@@ -161,6 +190,7 @@ impl Core {
             InFlightGuard {
                 core: self,
                 slot: NO_SLOT,
+                #[cfg(feature = "http")]
                 tag: 0,
             },
             draining,
@@ -169,8 +199,8 @@ impl Core {
 
     /// Takes a guard that is not an arrival: no activity is recorded for the propagation
     /// policy (a response waiting for its reader, a connection being polled).
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the accept loop of the `http` feature
     #[inline]
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn hold(&'static self) -> InFlightGuard {
         self.counter.enter();
         InFlightGuard {
@@ -184,7 +214,7 @@ impl Core {
     /// has started and, if so, must call [`record_activity`](Self::record_activity) itself (the
     /// HTTP layer does it out of line, to keep its inlined path small).
     #[inline]
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the HTTP layer of the `http` feature
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn enter_tagged(&'static self, tag: u32) -> (InFlightGuard, bool) {
         let draining = self.counter.enter();
         (
@@ -209,7 +239,7 @@ impl Core {
     }
 
     /// When the drain started, once the stamp is visible (see `start_draining`).
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // read by the HTTP layer of the `http` feature
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn drain_started(&self) -> Option<Instant> {
         self.unstamp(self.drain_started.load(Ordering::Acquire))
     }
@@ -244,7 +274,7 @@ impl Core {
 
     /// A request that arrived while draining carried this traffic-path label. Only while
     /// draining (the layer's cold path), so a short lock is fine.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the HTTP layer of the `http` feature
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn note_path(&self, label: &[u8], on_new_connection: bool) {
         let label = std::str::from_utf8(label)
             .ok()
@@ -286,6 +316,7 @@ impl Core {
         // Release, before the flag is set: a reader that Acquire-loads a non-zero stamp sees a
         // consistent instant. Readers that learned about the drain from the flag alone may
         // still see 0 for a moment and must treat that as "unknown".
+        #[cfg(feature = "http")]
         self.drain_started
             .store(self.stamp(Instant::now()), Ordering::Release);
         if self.counter.start_draining() {
@@ -313,7 +344,7 @@ impl Core {
         reg.slots.iter().flatten().cloned().collect()
     }
 
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // reached through `describe`, called by the HTTP layer
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     fn register(&self, info: RequestInfo) -> u32 {
         let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = reg.free.pop() {
@@ -349,14 +380,13 @@ pub struct InFlightGuard {
     /// Free bits in what would otherwise be padding, for the HTTP layer: the request's HTTP
     /// version class and its layer's options (see `http::service`). Keeping them here keeps
     /// the layer's response future and body at the inner ones + 16 bytes.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    // read by the HTTP layer of the `http` feature
+    #[cfg(feature = "http")]
     pub(crate) tag: u32,
 }
 
 impl InFlightGuard {
     /// Registers what this guard counts, for the straggler list. Only called while draining.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the HTTP layer of the `http` feature
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn describe(&mut self, info: RequestInfo) {
         if self.slot == NO_SLOT {
             self.slot = self.core.register(info);
@@ -364,12 +394,12 @@ impl InFlightGuard {
     }
 
     /// `true` once [`describe`](Self::describe) registered this guard.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the HTTP layer, which is feature-gated
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn is_described(&self) -> bool {
         self.slot != NO_SLOT
     }
 
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // used by the HTTP layer, which is feature-gated
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn core(&self) -> &'static Core {
         self.core
     }
@@ -393,5 +423,47 @@ impl Drop for InFlightGuard {
         if self.core.counter.leave() {
             self.core.wake_zero();
         }
+    }
+}
+
+#[cfg(all(test, not(lameduck_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_leaked_block_is_small() {
+        // `DrainBuilder::build` documents the leak's size; keep it honest.
+        let size = std::mem::size_of::<Core>();
+        assert!(size <= 2048, "Core is {size} bytes");
+    }
+
+    #[cfg(feature = "http")] // describes a guard, as the HTTP layer does
+    #[tokio::test]
+    async fn done_frees_what_the_drain_accumulated() {
+        let core = Core::leak();
+        core.start_draining();
+        core.note_connection(Some("127.0.0.1:1".parse().unwrap()));
+        core.note_path(b"ingress", true);
+        let (mut guard, draining) = core.enter();
+        assert!(draining);
+        guard.describe(RequestInfo {
+            method: "GET".into(),
+            path: "/".into(),
+            peer: None,
+            started: None,
+        });
+        assert_eq!(core.registered_requests().len(), 1);
+        core.release_drain_state();
+        assert!(core.after_flip.peers.lock().unwrap().is_empty());
+        assert!(core.after_flip.paths.lock().unwrap().is_empty());
+        assert!(core.registered_requests().is_empty());
+        // The described guard's slot is gone; dropping it only leaves the counter.
+        drop(guard);
+        assert_eq!(core.counter.count(), 0);
+        assert_eq!(
+            core.after_flip.new_connections.load(Ordering::Relaxed),
+            1,
+            "the counters the report reads stay"
+        );
     }
 }

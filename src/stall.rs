@@ -64,12 +64,14 @@ pub(crate) struct Stalls {
     entries: Mutex<BTreeMap<(u64, bool), Arc<StalledWrite>>>,
 }
 
-#[cfg_attr(not(feature = "http"), allow(dead_code))] // written by the accept loop of the `http` feature
 impl Stalls {
+    /// Written by the accept loop of the `http` feature only.
+    #[cfg(feature = "http")]
     pub(crate) fn register(&self, entry: Arc<StalledWrite>) {
         self.lock().insert((entry.conn, entry.after_goaway), entry);
     }
 
+    #[cfg(feature = "http")]
     pub(crate) fn unregister(&self, entry: &StalledWrite) {
         self.lock().remove(&(entry.conn, entry.after_goaway));
     }

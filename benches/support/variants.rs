@@ -54,6 +54,10 @@ pub(crate) enum Variant {
     /// [`Variant::Floor`]'s guard moved into the response body, released when the body ends:
     /// what counting until the body ends costs with the cheapest guard.
     FloorBody,
+    /// [`Variant::FloorBody`] with the counter behind an `Arc` instead of leaked: the guard
+    /// and the service each hold a reference count (what lameduck's layer would cost with an
+    /// `Arc<Core>` in place of its leaked `&'static Core`).
+    FloorBodyArc,
     /// `Router::layer(drain.layer())`.
     Lameduck,
     /// `Router::layer(drain.layer().describe_requests())`: with the request line carried.
@@ -73,6 +77,7 @@ pub(crate) enum Variant {
     NoopOuter,
     FloorOuter,
     FloorBodyOuter,
+    FloorBodyArcOuter,
     LameduckOuter,
     LameduckNamedOuter,
     SemaphoreOuter,
@@ -80,11 +85,12 @@ pub(crate) enum Variant {
 }
 
 impl Variant {
-    pub(crate) const ALL: [Variant; 18] = [
+    pub(crate) const ALL: [Variant; 20] = [
         Variant::Plain,
         Variant::Noop,
         Variant::Floor,
         Variant::FloorBody,
+        Variant::FloorBodyArc,
         Variant::Lameduck,
         Variant::LameduckNamed,
         Variant::FromFn,
@@ -95,6 +101,7 @@ impl Variant {
         Variant::NoopOuter,
         Variant::FloorOuter,
         Variant::FloorBodyOuter,
+        Variant::FloorBodyArcOuter,
         Variant::LameduckOuter,
         Variant::LameduckNamedOuter,
         Variant::SemaphoreOuter,
@@ -107,6 +114,7 @@ impl Variant {
             Variant::Noop => "noop",
             Variant::Floor => "floor",
             Variant::FloorBody => "floor-body",
+            Variant::FloorBodyArc => "floor-body-arc",
             Variant::Lameduck => "lameduck",
             Variant::LameduckNamed => "lameduck-named",
             Variant::FromFn => "from_fn",
@@ -117,6 +125,7 @@ impl Variant {
             Variant::NoopOuter => "noop-outer",
             Variant::FloorOuter => "floor-outer",
             Variant::FloorBodyOuter => "floor-body-outer",
+            Variant::FloorBodyArcOuter => "floor-body-arc-outer",
             Variant::LameduckOuter => "lameduck-outer",
             Variant::LameduckNamedOuter => "lameduck-named-outer",
             Variant::SemaphoreOuter => "semaphore-outer",
@@ -159,6 +168,7 @@ pub(crate) enum App {
     Noop(Noop<Router>),
     Floor(Head<Floor, Router>),
     FloorBody(Count<Floor, Router>),
+    FloorBodyArc(Count<ArcFloor, Router>),
     Lameduck(DrainService<Router>),
     LameduckNamed(DrainService<Router, RequestLine>),
     Semaphore(Count<Arc<Semaphore>, Router>),
@@ -173,6 +183,7 @@ macro_rules! with_app {
             App::Noop($s) => $body,
             App::Floor($s) => $body,
             App::FloorBody($s) => $body,
+            App::FloorBodyArc($s) => $body,
             App::Lameduck($s) => $body,
             App::LameduckNamed($s) => $body,
             App::Semaphore($s) => $body,
@@ -194,6 +205,7 @@ pub(crate) fn app(variant: Variant, drain: &Drain) -> App {
         Variant::Noop => router.layer(NoopLayer),
         Variant::Floor => router.layer(HeadLayer::new(Floor::leak())),
         Variant::FloorBody => router.layer(CountLayer::new(Floor::leak())),
+        Variant::FloorBodyArc => router.layer(CountLayer::new(ArcFloor::new())),
         Variant::Lameduck => router.layer(drain.layer()),
         Variant::LameduckNamed => router.layer(drain.layer().describe_requests()),
         Variant::FromFn => router.layer(from_fn_with_state(
@@ -210,6 +222,9 @@ pub(crate) fn app(variant: Variant, drain: &Drain) -> App {
         Variant::FloorOuter => return App::Floor(HeadLayer::new(Floor::leak()).layer(router)),
         Variant::FloorBodyOuter => {
             return App::FloorBody(CountLayer::new(Floor::leak()).layer(router))
+        }
+        Variant::FloorBodyArcOuter => {
+            return App::FloorBodyArc(CountLayer::new(ArcFloor::new()).layer(router))
         }
         Variant::LameduckOuter => return App::Lameduck(drain.layer().layer(router)),
         Variant::LameduckNamedOuter => {
@@ -388,6 +403,40 @@ impl Acquire for Floor {
     fn acquire(&self) -> FloorGuard {
         self.0.count.fetch_add(2, Ordering::Relaxed);
         FloorGuard(self.0)
+    }
+}
+
+/// [`Floor`]'s counter behind an `Arc`: the same guard, plus a reference count held by the
+/// guard (and by every clone of the service).
+#[derive(Clone)]
+pub(crate) struct ArcFloor(Arc<FloorState>);
+
+impl ArcFloor {
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(FloorState {
+            count: AtomicUsize::new(0),
+            zero: Notify::new(),
+        }))
+    }
+}
+
+pub(crate) struct ArcFloorGuard(Arc<FloorState>);
+
+impl Drop for ArcFloorGuard {
+    #[inline]
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(2, Ordering::Release) == 3 {
+            self.0.zero.notify_waiters();
+        }
+    }
+}
+
+impl Acquire for ArcFloor {
+    type Guard = ArcFloorGuard;
+    #[inline]
+    fn acquire(&self) -> ArcFloorGuard {
+        self.0.count.fetch_add(2, Ordering::Relaxed);
+        ArcFloorGuard(self.0.clone())
     }
 }
 

@@ -164,6 +164,13 @@ impl DrainBuilder {
 
     /// Validates the settings and builds the coordinator.
     ///
+    /// Each build leaks one block of memory (the hot-path counters, under 2 KiB) for the life
+    /// of the process, so that an in-flight guard and the tower layer are plain references
+    /// with no reference count to bump per request. Build one coordinator per process (tests
+    /// that build many pay one block each). What a drain accumulates in that block (per-peer
+    /// connection counts, traffic-path counts, the straggler registry) is freed when it
+    /// reaches [`Phase::Done`](crate::Phase::Done).
+    ///
     /// # Errors
     ///
     /// A [`ConfigError`] naming the setting to change: a zero grace period, a close budget plus

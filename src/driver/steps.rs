@@ -189,5 +189,7 @@ impl Driver {
         }
         self.lock().report = Some(report);
         self.set_phase(Phase::Done);
+        // The report holds them now; the core block is leaked, its growth must not be.
+        self.core.release_drain_state();
     }
 }

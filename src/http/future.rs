@@ -77,10 +77,20 @@ where
     // copied again by the caller, which measured ~120 instructions per request.
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Draining: the whole poll goes out of line. Checked before the inner poll, so that
+        // the hot path never branches on the response (a branch that consumed it in two ways
+        // measured two more copies of it per request). A drain that starts during the very
+        // poll that completes the response is seen by the body's next request instead.
+        if self
+            .guard
+            .as_ref()
+            .is_some_and(|g| g.core().counter.is_draining())
+        {
+            return self.poll_draining(cx);
+        }
         let this = self.project();
         match this.state.project() {
             StateProj::Called { fut } => {
-                this.line.describe_if_draining(this.guard);
                 let res = match ready!(fut.poll(cx)) {
                     Ok(res) => res,
                     Err(e) => {
@@ -90,16 +100,42 @@ where
                     }
                 };
                 let guard = this.guard.take();
-                let line = *this.line;
-                if guard
-                    .as_ref()
-                    .is_some_and(|g| g.core().counter.is_draining())
-                {
-                    // Out of line and by value: taking `&mut res` here would keep the response
-                    // in memory and cost a copy of it on every request.
-                    return Poll::Ready(Ok(finish_draining(res, guard, line)));
+                Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, *this.line))))
+            }
+            StateProj::Refused => Poll::Ready(Ok(refusal(this.guard.take(), *this.line))),
+        }
+    }
+}
+
+impl<F, N, B, E> ResponseFuture<F, N>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    N: Naming,
+{
+    /// `poll` once the drain has started: names the request (with `describe_requests`) and
+    /// marks the response. Cold: never reached while Serving.
+    #[cold]
+    #[inline(never)]
+    fn poll_draining(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<DrainBody<B, N>>, E>> {
+        let this = self.project();
+        match this.state.project() {
+            StateProj::Called { fut } => {
+                this.line.describe_if_draining(this.guard);
+                let mut res = match ready!(fut.poll(cx)) {
+                    Ok(res) => res,
+                    Err(e) => {
+                        *this.guard = None;
+                        return Poll::Ready(Err(e));
+                    }
+                };
+                let guard = this.guard.take();
+                if let Some(g) = &guard {
+                    mark_draining(&mut res, g.tag);
                 }
-                Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, line))))
+                Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, *this.line))))
             }
             StateProj::Refused => Poll::Ready(Ok(refusal(this.guard.take(), *this.line))),
         }
@@ -121,21 +157,6 @@ fn refusal<B, N>(guard: Option<InFlightGuard>, line: N) -> Response<DrainBody<B,
         h.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     res
-}
-
-/// The response of a request that completes while draining: draining headers, guard in the
-/// body. Cold: never reached while Serving.
-#[cold]
-#[inline(never)]
-fn finish_draining<B, N>(
-    mut res: Response<B>,
-    guard: Option<InFlightGuard>,
-    line: N,
-) -> Response<DrainBody<B, N>> {
-    if let Some(g) = &guard {
-        mark_draining(&mut res, g.tag);
-    }
-    res.map(|body| DrainBody::new(body, guard, line))
 }
 
 /// Response headers while draining.

@@ -63,12 +63,14 @@ impl Drain {
 ///   it into the response body ([`DrainBody`](crate::DrainBody)); the request counts until the
 ///   body ends, errors or is dropped. A streaming body is in flight for as long as it streams.
 ///   While Serving this is *all* it does: one atomic operation on the way in, one on the way out,
-///   one relaxed load when the response head is ready; no lock, no allocation, no reference
-///   count. The response future and body are the inner ones plus 16 bytes.
+///   one relaxed load each time the response future is polled; no lock, no allocation, no
+///   reference count. The response future and body are the inner ones plus 16 bytes.
 /// * **While draining**:
 ///   * HTTP/1.x responses get `Connection: close`, so pooled connections move off one by one and
 ///     the client knows (never on HTTP/2, where the header is illegal and GOAWAY does the job;
-///     never on `101 Switching Protocols`).
+///     never on `101 Switching Protocols`). The drain is checked when the response future is
+///     polled, before the inner future: a response completed by the very poll during which
+///     the drain started goes without the header, and the next one on its connection has it.
 ///   * The request is reported to the propagation policy as activity, and counted as arriving
 ///     on a *new* connection (accepted after the drain started) or a *reused* one. The
 ///     connection is known from [`ConnMeta`](crate::ConnMeta) in the request's extensions

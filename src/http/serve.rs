@@ -98,7 +98,7 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 /// * An axum `Router` is served as the `Service` it is. Pass `router.with_state(())` (what
 ///   `axum::serve`'s `into_make_service` does for you): it prepares the routes once, where the
 ///   unprepared router applies `Router::layer` layers per request — 3 allocations per request
-///   more in `tests/axum_alloc.rs`'s measurement.
+///   more in `tests/alloc.rs`'s measurement.
 /// * Counts a connection whose response bytes wait for a slow reader as in flight until they
 ///   have been handed to the socket, and names it as a `response` straggler at the quiesce
 ///   deadline (an HTTP/2 connection from its GOAWAY until it closes, for data queued behind
