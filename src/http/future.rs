@@ -12,9 +12,8 @@ use pin_project_lite::pin_project;
 use crate::guard::InFlightGuard;
 
 use super::body::DrainBody;
-use super::layer::options;
 use super::line::{Naming, Unnamed};
-use super::service::{tag_options, TAG_HTTP1};
+use super::options::{options, tag_options, TAG_HTTP1};
 
 pin_project! {
     /// The response future of [`DrainService`](crate::DrainService).

@@ -11,17 +11,17 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, RwLock, Weak};
+
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 use tower_layer::Layer;
 
-use crate::drain::Inner;
 use crate::guard::Core;
 use crate::Drain;
 
 use super::line::{Naming, RequestLine, Unnamed};
+use super::options::{options, register, Options};
 use super::service::DrainService;
 
 impl Drain {
@@ -45,7 +45,7 @@ impl Drain {
     pub fn layer(&self) -> DrainLayer {
         DrainLayer {
             core: self.core(),
-            opts: register(Options::new(Arc::downgrade(&self.inner))),
+            opts: register(Options::new(self.downgrade())),
             naming: PhantomData,
         }
     }
@@ -134,69 +134,6 @@ impl<N> Clone for DrainLayer<N> {
 }
 
 impl<N> Copy for DrainLayer<N> {}
-
-/// What the options add; read only while draining.
-#[derive(Clone)]
-pub(crate) struct Options {
-    drain: Weak<Inner>,
-    pub(crate) phase_header: Option<HeaderName>,
-    pub(crate) instance_header: Option<(HeaderName, HeaderValue)>,
-    /// `Retry-After` value, when refusal mode is on.
-    pub(crate) refuse_retry_after: Option<HeaderValue>,
-}
-
-impl Options {
-    fn new(drain: Weak<Inner>) -> Self {
-        Self {
-            drain,
-            phase_header: None,
-            instance_header: None,
-            refuse_retry_after: None,
-        }
-    }
-
-    fn same(&self, other: &Options) -> bool {
-        Weak::ptr_eq(&self.drain, &other.drain)
-            && self.phase_header == other.phase_header
-            && self.instance_header == other.instance_header
-            && self.refuse_retry_after == other.refuse_retry_after
-    }
-
-    /// The coordinator, if it still exists.
-    pub(crate) fn drain(&self) -> Option<Drain> {
-        self.drain.upgrade().map(|inner| Drain { inner })
-    }
-}
-
-/// Every distinct set of options a layer was built with; a layer holds `index + 1`.
-static OPTIONS: RwLock<Vec<&'static Options>> = RwLock::new(Vec::new());
-
-/// Largest option index: the guard's tag keeps it in 31 bits (see `http::service`).
-const MAX_OPTIONS: usize = (u32::MAX >> 1) as usize;
-
-/// The index (from 1) of `opts` in the table, adding it if no equal set is there yet.
-fn register(opts: Options) -> u32 {
-    let mut table = OPTIONS.write().unwrap_or_else(|e| e.into_inner());
-    if let Some(i) = table.iter().position(|o| o.same(&opts)) {
-        return i as u32 + 1;
-    }
-    assert!(
-        table.len() < MAX_OPTIONS,
-        "lameduck: too many distinct drain layer option sets; build layers once, at startup"
-    );
-    table.push(Box::leak(Box::new(opts)));
-    table.len() as u32
-}
-
-/// The options at `index` (from 1); `None` for 0.
-pub(crate) fn options(index: u32) -> Option<&'static Options> {
-    let i = (index as usize).checked_sub(1)?;
-    OPTIONS
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(i)
-        .copied()
-}
 
 impl<N> DrainLayer<N> {
     fn with_options(mut self, f: impl FnOnce(&mut Options)) -> Self {
@@ -335,16 +272,6 @@ impl<N> fmt::Debug for DrainLayer<N> {
                 .field("refuse_retry_after", &o.refuse_retry_after);
         }
         d.field("naming", &std::any::type_name::<N>())
-            .finish_non_exhaustive()
-    }
-}
-
-impl fmt::Debug for Options {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Options")
-            .field("phase_header", &self.phase_header)
-            .field("instance_header", &self.instance_header)
-            .field("refuse_retry_after", &self.refuse_retry_after)
             .finish_non_exhaustive()
     }
 }

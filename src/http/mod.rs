@@ -19,10 +19,12 @@
 
 mod body;
 mod conn;
+mod connection;
 pub mod future;
 mod io;
 mod layer;
 mod line;
+mod options;
 mod serve;
 mod service;
 mod stream;

@@ -40,32 +40,28 @@
 //! forced one, so each connection task calls its connection's own `graceful_shutdown` at the
 //! right stage.
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response, Version};
+use http::{Request, Response};
 use http_body::Body;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::guard::Core;
 use crate::{Drain, Phase};
 
-use super::conn::{ConnMeta, PROTO_H1, PROTO_H2, PROTO_UNKNOWN};
-use super::io::{Pending, WatchedIo};
-
-type BoxError = Box<dyn StdError + Send + Sync>;
+use super::conn::ConnMeta;
+use super::connection::{ConnTask, Tokens};
+use crate::BoxError;
 
 /// First back-off after a failed `accept` (EMFILE and friends); doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(10);
@@ -422,203 +418,4 @@ fn is_per_connection(e: &io::Error) -> bool {
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
     )
-}
-
-#[derive(Clone)]
-struct Tokens {
-    /// Drain start: GOAWAY to HTTP/2.
-    drain: CancellationToken,
-    /// Listener closed: close idle HTTP/1 connections.
-    idle_close: CancellationToken,
-    /// Quiesce deadline: force-close.
-    deadline: CancellationToken,
-    /// Closing (nothing in flight): close connections that never delivered a request head.
-    closing: CancellationToken,
-    /// Not a token, but per-connection settings travel with them: attach `ConnMeta` to every
-    /// request, not only while draining.
-    conn_meta_always: bool,
-}
-
-/// Keeps `Drain::connections` exact even if a connection task panics or is aborted.
-struct Counted(&'static Core);
-
-impl Counted {
-    fn new(core: &'static Core) -> Self {
-        // Relaxed: a gauge for status and reports; nothing synchronises through it.
-        core.connections.fetch_add(1, Ordering::Relaxed);
-        Self(core)
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-struct ConnTask {
-    counted: Counted,
-    meta: ConnMeta,
-    tokens: Tokens,
-}
-
-impl ConnTask {
-    fn new(core: &'static Core, meta: ConnMeta, tokens: Tokens) -> Self {
-        Self {
-            counted: Counted::new(core),
-            meta,
-            tokens,
-        }
-    }
-
-    async fn run<S, B>(
-        self,
-        builder: auto::Builder<TokioExecutor>,
-        stream: TcpStream,
-        svc: TowerToHyperService<S>,
-    ) where
-        S: tower_service::Service<Request<Incoming>, Response = Response<B>>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError>,
-        B: Body + Send + 'static,
-        B::Data: Send,
-        B::Error: Into<BoxError>,
-    {
-        let Self {
-            counted,
-            meta,
-            tokens,
-        } = self;
-        // Best effort: responses are small writes that should not wait for Nagle.
-        let _ = stream.set_nodelay(true);
-        let core = counted.0;
-        let io = WatchedIo::new(stream, core, meta.id(), meta.peer());
-        let svc = ConnService {
-            inner: svc,
-            meta: meta.clone(),
-            core: counted.0,
-            always: tokens.conn_meta_always,
-        };
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
-        let mut conn = pin!(conn);
-        // A connection that arrives while draining came from a client (or proxy) that still
-        // routes here; a GOAWAY right after its first request would only make it reconnect for
-        // every call, each reconnect racing the GOAWAY. It gets its GOAWAY at
-        // `stopped_accepting`, with the idle HTTP/1 connections.
-        let accepted_while_draining = tokens.drain.is_cancelled();
-        let mut draining = accepted_while_draining;
-        let mut shutdown_sent = false;
-        let mut idle_closed = false;
-        // An HTTP/2 connection after its GOAWAY: in flight until it closes (see `Pending`).
-        let mut h2_closing: Option<Pending> = None;
-        loop {
-            let proto = meta.proto();
-            if draining && !shutdown_sent && proto == PROTO_H2 && !accepted_while_draining {
-                tracing::debug!(conn = meta.id(), "lameduck: GOAWAY to HTTP/2 connection");
-                conn.as_mut().graceful_shutdown();
-                shutdown_sent = true;
-                h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
-            }
-            // `select!` polls every enabled branch on each wake-up of this task — about once
-            // per request — and each poll of a `cancelled()` future locks its token. The stop
-            // and deadline tokens fire only after the drain token (the drain's order), so while
-            // Serving only the drain token is polled.
-            // While draining, each poll holds a guard (see the module docs), so the last frame
-            // of a body and a write that then stalls are never both uncounted.
-            let held = HeldWhilePolled {
-                fut: conn.as_mut(),
-                core: draining.then_some(core),
-            };
-            tokio::select! {
-                res = held => {
-                    if let Err(e) = res {
-                        tracing::debug!(conn = meta.id(), error = %e, "lameduck: connection ended with an error");
-                    }
-                    break;
-                }
-                () = tokens.drain.cancelled(), if !draining => draining = true,
-                () = meta.shared().proto_known.notified(), if draining && !shutdown_sent && !accepted_while_draining && proto == PROTO_UNKNOWN => {}
-                () = tokens.idle_close.cancelled(), if draining && !idle_closed => {
-                    idle_closed = true;
-                    if !shutdown_sent {
-                        // HTTP/1: closes now if idle, after the current response if busy.
-                        conn.as_mut().graceful_shutdown();
-                        shutdown_sent = true;
-                        if meta.proto() == PROTO_H2 {
-                            h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
-                        }
-                    }
-                }
-                () = tokens.deadline.cancelled(), if draining => {
-                    tracing::debug!(conn = meta.id(), "lameduck: quiesce deadline; force-closing connection");
-                    break;
-                }
-                () = tokens.closing.cancelled(), if idle_closed && meta.requests() == 0 => {
-                    tracing::debug!(conn = meta.id(), "lameduck: no request head by the end of the drain; closing connection");
-                    break;
-                }
-            }
-        }
-        drop(h2_closing);
-        drop(counted);
-    }
-}
-
-/// Polls `fut` holding an in-flight guard for the duration of each poll, when `core` is set.
-struct HeldWhilePolled<'a, F> {
-    fut: Pin<&'a mut F>,
-    core: Option<&'static Core>,
-}
-
-impl<F: Future> Future for HeldWhilePolled<'_, F> {
-    type Output = F::Output;
-
-    #[inline]
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let _held = self.core.map(Core::hold);
-        self.fut.as_mut().poll(cx)
-    }
-}
-
-/// The per-connection hyper service: learns the protocol from the first request, attaches the
-/// request's [`ConnMeta`] while draining (or always, when asked), then hands over to the tower
-/// service.
-struct ConnService<S> {
-    inner: TowerToHyperService<S>,
-    meta: ConnMeta,
-    core: &'static Core,
-    always: bool,
-}
-
-impl<S, B> hyper::service::Service<Request<Incoming>> for ConnService<S>
-where
-    S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone,
-{
-    type Response = Response<B>;
-    type Error = S::Error;
-    type Future = <TowerToHyperService<S> as hyper::service::Service<Request<Incoming>>>::Future;
-
-    #[inline]
-    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
-        let index = self.meta.next_request_index();
-        if index == 0 {
-            let proto = if req.version() == Version::HTTP_2 {
-                PROTO_H2
-            } else {
-                PROTO_H1
-            };
-            self.meta.set_proto(proto);
-        }
-        // Inserting allocates, so while Serving only when asked. A request that meets a drain
-        // starting between this check and the layer's `call` carries no `ConnMeta` and is
-        // counted as on a reused connection, which it is: a connection accepted after the drain
-        // started always sees the flag here.
-        if self.always || self.core.counter.is_draining() {
-            req.extensions_mut().insert(self.meta.with_index(index));
-        }
-        self.inner.call(req)
-    }
 }

@@ -13,18 +13,8 @@ use crate::Phase;
 use super::body::DrainBody;
 use super::conn::ConnMeta;
 use super::future::ResponseFuture;
-use super::layer::options;
 use super::line::{describe_now, Naming, Unnamed};
-
-/// Bit 0 of a guard's tag: the request is HTTP/1.x, so `Connection: close` may be added while
-/// draining. The bits above hold the layer's options index.
-pub(crate) const TAG_HTTP1: u32 = 1;
-
-/// The options index kept in a guard's tag.
-#[inline]
-pub(crate) fn tag_options(tag: u32) -> u32 {
-    tag >> 1
-}
+use super::options::options;
 
 /// Counts each request as in flight until its response body ends; see
 /// [`DrainLayer`](crate::DrainLayer) for the behaviour while draining.

@@ -1,0 +1,99 @@
+//! The drain layer's options, and the tag a guard carries: read by the layer, its service and
+//! its future, below all three.
+//!
+//! # Invariants
+//!
+//! * A layer holds an index into a process-wide table of leaked, deduplicated option sets, not
+//!   a reference count, so copying a layer or a service costs nothing but the copy.
+//! * The table is written when a layer is built and read only while draining.
+
+use std::fmt;
+use std::sync::RwLock;
+
+use http::{HeaderName, HeaderValue};
+
+use crate::drain::WeakDrain;
+use crate::Drain;
+
+/// Bit 0 of a guard's tag: the request is HTTP/1.x, so `Connection: close` may be added while
+/// draining. The bits above hold the layer's options index.
+pub(crate) const TAG_HTTP1: u32 = 1;
+
+/// The options index kept in a guard's tag.
+#[inline]
+pub(crate) fn tag_options(tag: u32) -> u32 {
+    tag >> 1
+}
+
+/// What the options add; read only while draining.
+#[derive(Clone)]
+pub(crate) struct Options {
+    drain: WeakDrain,
+    pub(crate) phase_header: Option<HeaderName>,
+    pub(crate) instance_header: Option<(HeaderName, HeaderValue)>,
+    /// `Retry-After` value, when refusal mode is on.
+    pub(crate) refuse_retry_after: Option<HeaderValue>,
+}
+
+impl Options {
+    pub(super) fn new(drain: WeakDrain) -> Self {
+        Self {
+            drain,
+            phase_header: None,
+            instance_header: None,
+            refuse_retry_after: None,
+        }
+    }
+
+    fn same(&self, other: &Options) -> bool {
+        self.drain.same(&other.drain)
+            && self.phase_header == other.phase_header
+            && self.instance_header == other.instance_header
+            && self.refuse_retry_after == other.refuse_retry_after
+    }
+
+    /// The coordinator, if it still exists.
+    pub(crate) fn drain(&self) -> Option<Drain> {
+        self.drain.upgrade()
+    }
+}
+
+/// Every distinct set of options a layer was built with; a layer holds `index + 1`.
+static OPTIONS: RwLock<Vec<&'static Options>> = RwLock::new(Vec::new());
+
+/// Largest option index: the guard's tag keeps it in 31 bits (see `http::service`).
+const MAX_OPTIONS: usize = (u32::MAX >> 1) as usize;
+
+/// The index (from 1) of `opts` in the table, adding it if no equal set is there yet.
+pub(super) fn register(opts: Options) -> u32 {
+    let mut table = OPTIONS.write().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = table.iter().position(|o| o.same(&opts)) {
+        return i as u32 + 1;
+    }
+    assert!(
+        table.len() < MAX_OPTIONS,
+        "lameduck: too many distinct drain layer option sets; build layers once, at startup"
+    );
+    table.push(Box::leak(Box::new(opts)));
+    table.len() as u32
+}
+
+/// The options at `index` (from 1); `None` for 0.
+pub(crate) fn options(index: u32) -> Option<&'static Options> {
+    let i = (index as usize).checked_sub(1)?;
+    OPTIONS
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(i)
+        .copied()
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Options")
+            .field("phase_header", &self.phase_header)
+            .field("instance_header", &self.instance_header)
+            .field("refuse_retry_after", &self.refuse_retry_after)
+            .finish_non_exhaustive()
+    }
+}
