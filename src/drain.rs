@@ -30,6 +30,7 @@ use crate::budget::{Budget, GRACE_PERIOD_ENV};
 use crate::closers::{BoxError, CloseOptions, Closer, CloserResult};
 use crate::evidence::{Estimate, Evidence, EvidenceKind, EvidenceReport};
 use crate::guard::{Core, InFlightGuard};
+use crate::kube::link::{Deadlines, Hold};
 use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::{Policy, Propagation};
 use crate::report::{
@@ -353,6 +354,7 @@ impl DrainBuilder {
                         .map(|v| v.trim().to_owned())
                         .filter(|v| !v.is_empty())
                 }),
+                link: crate::kube::link::Link::new(),
             }),
         };
         if self.drain_on_task_panic {
@@ -399,6 +401,10 @@ struct State {
     /// The accept loop's timeouts, when `serve` runs the accept loop.
     server: Option<crate::report::ServerReport>,
 }
+
+/// Events the Kubernetes watch saw before the trigger enter the timeline only when this
+/// recent (feature `kube`).
+const EARLY_EVENT_WINDOW: Duration = Duration::from_secs(60);
 
 /// The most events `/status` (and `/drain`) carry; the rest are counted in
 /// [`Status::timeline_omitted`].
@@ -465,6 +471,8 @@ pub(crate) struct Inner {
     pub(crate) exit: crate::exit::ExitHolds,
     /// The operator's name for the path in front (the report's `proxy_label`).
     proxy_label: Option<String>,
+    /// What the Kubernetes API says (feature `kube`): the slices' hold, the deletion's budget.
+    link: crate::kube::link::Link,
 }
 
 /// The drain coordinator: a cheap-to-clone handle shared by the server, the admin endpoint,
@@ -981,16 +989,14 @@ impl Drain {
 
     /// The quiesce deadline, once the drain has started.
     pub fn deadline(&self) -> Option<Instant> {
-        let st = self.inner.lock();
-        st.origin
-            .and_then(|o| o.at.checked_add(self.inner.budget.quiesce_deadline()))
+        let origin = self.inner.lock().origin?;
+        Some(self.deadlines(origin.at).quiesce)
     }
 
     /// The hard deadline (grace period minus safety margin), once the drain has started.
     pub fn hard_deadline(&self) -> Option<Instant> {
-        let st = self.inner.lock();
-        st.origin
-            .and_then(|o| o.at.checked_add(self.inner.budget.hard_deadline()))
+        let origin = self.inner.lock().origin?;
+        Some(self.deadlines(origin.at).hard)
     }
 
     /// Starts the drain. Returns `true` only for the call that started it; later calls are
@@ -1367,7 +1373,10 @@ impl Drain {
             connections: self.connections(),
             tasks: self.tasks(),
             readiness_policy: self.inner.readiness,
-            budget: BudgetReport::new(&self.inner.budget, used),
+            budget: BudgetReport {
+                deletion: origin.and_then(|o| self.deadlines_report(o.at)),
+                ..BudgetReport::new(&self.inner.budget, used)
+            },
             timeline,
             timeline_omitted,
             evidence: self.evidence_now(),
@@ -1620,6 +1629,122 @@ impl Drain {
         draining
     }
 
+    // ---- hooks for the kube feature (src/kube/) ----
+    //
+    // Everything the Kubernetes watch and the driver exchange goes through these methods and
+    // the `link` field: the watch writes the link (slice routing, the deletion's kill time) and
+    // records events; the driver reads deadlines and the slice hold from it. Without the
+    // feature the link stays empty and reports why.
+
+    /// The link the Kubernetes watch writes.
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the watch is behind `kube`
+    pub(crate) fn link(&self) -> &crate::kube::link::Link {
+        &self.inner.link
+    }
+
+    /// Records an event the API reported (an endpoint condition change, the deletion's
+    /// budget) at `at`: in the timeline once the drain started, kept for its start before.
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the watch is behind `kube`
+    pub(crate) fn record_external(
+        &self,
+        kind: EventKind,
+        name: Option<String>,
+        detail: String,
+        at: Instant,
+        unix_ms: u64,
+    ) {
+        let origin = self.inner.lock().origin;
+        match origin {
+            Some(o) => {
+                let mut e = Event::new(kind, at.saturating_duration_since(o.at), unix_ms);
+                e.name = name;
+                e.detail = Some(detail);
+                self.push(e);
+            }
+            None => {
+                tracing::info!(event = kind.as_str(), name = name.as_deref(), detail = %detail, "lameduck: {kind}");
+                self.inner.link.push_early(crate::kube::link::Early {
+                    kind,
+                    at,
+                    unix_ms,
+                    name,
+                    detail,
+                });
+            }
+        }
+    }
+
+    /// Adds the events seen before the trigger to the timeline, at 0 ms with how long before.
+    fn flush_early_events(&self, origin: Instant) {
+        let early = self.inner.link.take_early();
+        let mut st = self.inner.lock();
+        for e in early {
+            let before = origin.saturating_duration_since(e.at).as_millis();
+            // Older changes say nothing about this drain (a flap at startup, say).
+            if before > EARLY_EVENT_WINDOW.as_millis() {
+                continue;
+            }
+            let mut ev = Event::new(e.kind, e.at.saturating_duration_since(origin), e.unix_ms);
+            ev.name = e.name;
+            ev.detail = Some(if before > 0 {
+                format!("{before} ms before the trigger: {}", e.detail)
+            } else {
+                e.detail
+            });
+            st.timeline.push(ev);
+        }
+    }
+
+    /// The deadlines from `origin`, tightened by this deletion's grace when it is shorter.
+    pub(crate) fn deadlines(&self, origin: Instant) -> Deadlines {
+        self.tightened(origin).0
+    }
+
+    fn deadlines_report(&self, origin: Instant) -> Option<crate::kube::DeletionBudget> {
+        self.tightened(origin).1
+    }
+
+    fn tightened(&self, origin: Instant) -> (Deadlines, Option<crate::kube::DeletionBudget>) {
+        let max = match self.inner.policy {
+            Policy::Quiet { max, .. } => max,
+            Policy::Fixed(d) => d,
+        };
+        Deadlines::at(&self.inner.budget, max, origin, self.inner.link.kill())
+    }
+
+    /// Sleeps until the deadline `pick` chooses, re-reading the deadlines when the link
+    /// changes (a deletion with a shorter grace moves them earlier).
+    async fn until_deadline(&self, origin: Instant, pick: impl Fn(&Deadlines) -> Instant) {
+        let mut link = self.inner.link.subscribe();
+        loop {
+            let at = pick(&self.deadlines(origin));
+            tokio::select! {
+                () = tokio::time::sleep_until(at) => return,
+                changed = link.changed() => {
+                    if changed.is_err() {
+                        // The link lives as long as the coordinator: no more changes.
+                        tokio::time::sleep_until(at).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds the slice evidence to the propagation evidence, or why there was none.
+    fn endpoint_evidence(&self, report: &mut EvidenceReport, origin: Instant) {
+        let link = &self.inner.link;
+        let unix = self.inner.lock().origin.map_or(0, |o| o.unix_ms);
+        let hold = link.hold();
+        report.endpoint_slice_unused = link.unused_reason();
+        if link.is_watching() {
+            report.endpoint_slice = Some(link.evidence(origin, unix));
+        }
+        if hold == Hold::Pending && report.kind == EvidenceKind::Max {
+            report.max_reason = Some(crate::evidence::MaxReason::EndpointSliceStillRouting);
+        }
+    }
+
     // ---- the driver ----
 
     fn event(&self, kind: EventKind, origin: Instant) -> Event {
@@ -1664,23 +1789,18 @@ impl Drain {
 
     async fn drive(self, origin: Instant) {
         let inner = &self.inner;
-        let budget = inner.budget;
-        // `build` proved `now + grace` representable; should the clock still refuse, the
-        // deadline is now (the drain ends early, named) rather than a panic in the driver.
-        let quiesce = origin
-            .checked_add(budget.quiesce_deadline())
-            .unwrap_or(origin);
-        let hard = origin.checked_add(budget.hard_deadline()).unwrap_or(origin);
-        let hurry_at = quiesce
-            .checked_sub(inner.hurry_lead)
-            .unwrap_or(origin)
-            .max(origin);
+        // Events the Kubernetes watch saw before the trigger (feature `kube`).
+        self.flush_early_events(origin);
         {
             let hurry = inner.hurry_token.clone();
             let deadline = inner.deadline_token.clone();
+            let lead = inner.hurry_lead;
+            let drain = self.clone();
             tokio::spawn(async move {
+                let hurry_at =
+                    |d: &Deadlines| d.quiesce.checked_sub(lead).unwrap_or(origin).max(origin);
                 tokio::select! {
-                    () = tokio::time::sleep_until(hurry_at) => hurry.cancel(),
+                    () = drain.until_deadline(origin, hurry_at) => hurry.cancel(),
                     () = deadline.cancelled() => hurry.cancel(),
                 }
             });
@@ -1695,7 +1815,8 @@ impl Drain {
             r = self.propagate(origin, evidence) => r,
             () = inner.force_token.cancelled() => (CommitReason::Forced, EvidenceKind::Cut),
         };
-        let committed = evidence.report(kind, self.silence(origin));
+        let mut committed = evidence.report(kind, self.silence(origin));
+        self.endpoint_evidence(&mut committed, origin);
         let mut e = self.event(EventKind::PropagationDone, origin);
         e.reason = Some(reason);
         // The evidence rides on its event's log line and in the timeline.
@@ -1737,17 +1858,18 @@ impl Drain {
             let both = async { tokio::join!(requests, tasks) };
             tokio::select! {
                 _ = both => {}
-                () = tokio::time::sleep_until(quiesce) => deadline_hit = true,
+                () = self.until_deadline(origin, |d| d.quiesce) => deadline_hit = true,
                 () = inner.force_token.cancelled() => {}
             }
         }
         if deadline_hit {
-            stragglers = self.collect_stragglers(quiesce, origin);
+            stragglers = self.collect_stragglers(self.deadlines(origin).quiesce, origin);
             let mut e = self.event(EventKind::DeadlineExceeded, origin);
             e.detail = Some(format!("{} stragglers", stragglers.len()));
             self.push(e);
             inner.deadline_token.cancel();
-            self.recover_and_abort(&mut stragglers, hard).await;
+            self.recover_and_abort(&mut stragglers, self.deadlines(origin).hard)
+                .await;
         }
         if self.is_forced() {
             inner.deadline_token.cancel();
@@ -1764,7 +1886,7 @@ impl Drain {
         let closers = if self.is_forced() {
             Vec::new()
         } else {
-            crate::closers::run_all(closers, hard, |r: &CloserResult| {
+            crate::closers::run_all(closers, self.deadlines(origin).hard, |r: &CloserResult| {
                 let mut e = self.event(EventKind::ResourceClosed, origin);
                 e.name = Some(r.name.clone());
                 e.detail = Some(r.result.clone());
@@ -1818,19 +1940,16 @@ impl Drain {
     /// reaches zero, then re-checks.
     async fn propagate(&self, origin: Instant, evidence: Evidence) -> (CommitReason, EvidenceKind) {
         let core = self.inner.core;
+        let mut link = self.inner.link.subscribe();
         match self.inner.policy {
-            Policy::Fixed(d) => {
-                tokio::time::sleep_until(origin + d).await;
+            Policy::Fixed(_) => {
+                // The delay, unless this deletion's grace leaves less (`Deadlines::at`).
+                self.until_deadline(origin, |d| d.max_at).await;
                 (CommitReason::Fixed, EvidenceKind::Fixed)
             }
             Policy::Quiet {
-                quiet,
-                min,
-                max,
-                floor,
-                ..
+                quiet, min, floor, ..
             } => {
-                let max_at = origin + max;
                 // `None`: the arrival data cannot say how long to wait; only the floor or max can.
                 let t_conf = if evidence.weak().is_some() {
                     None
@@ -1839,6 +1958,8 @@ impl Drain {
                 };
                 loop {
                     let now = Instant::now();
+                    // `max`, unless this deletion's grace leaves less (`Deadlines::at`).
+                    let max_at = self.deadlines(origin).max_at;
                     if now >= max_at {
                         return (CommitReason::Max, EvidenceKind::Max);
                     }
@@ -1854,12 +1975,23 @@ impl Drain {
                         core.last_activity().unwrap_or(origin).max(origin)
                     };
                     let conf_at = t_conf.map_or(max_at, |t| last_conn + t);
-                    let (conf_at, kind) = match floor {
-                        Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Floor),
-                        _ => (conf_at, EvidenceKind::Confidence),
+                    let hold = self.inner.link.hold();
+                    let (conf_at, kind) = match hold {
+                        // The slices are the authoritative step: no commit before they stop
+                        // routing here plus the proxies' allowance; strong arrival evidence
+                        // still adds its silence, weak evidence no longer waits to `max`.
+                        Hold::Until(allowed) => (
+                            t_conf.map_or(allowed, |t| allowed.max(last_conn + t)),
+                            EvidenceKind::EndpointSlice,
+                        ),
+                        Hold::Pending => (max_at, EvidenceKind::EndpointSlice),
+                        Hold::None => match floor {
+                            Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Floor),
+                            _ => (conf_at, EvidenceKind::Confidence),
+                        },
                     };
                     let ready_at = (last + quiet).max(origin + min).max(conf_at);
-                    if now >= ready_at {
+                    if hold != Hold::Pending && now >= ready_at {
                         if core.counter.is_drained() {
                             return (CommitReason::Quiet, kind);
                         }
@@ -1867,11 +1999,16 @@ impl Drain {
                         // re-check the window.
                         tokio::select! {
                             () = core.wait_zero() => {}
-                            () = tokio::time::sleep_until(max_at) => return (CommitReason::Max, EvidenceKind::Max),
+                            () = tokio::time::sleep_until(max_at) => {}
+                            _ = link.changed() => {}
                         }
                         continue;
                     }
-                    tokio::time::sleep_until(ready_at.min(max_at)).await;
+                    tokio::select! {
+                        () = tokio::time::sleep_until(ready_at.min(max_at)) => {}
+                        // The slices changed, or the deletion shortened `max`: re-check.
+                        _ = link.changed() => {}
+                    }
                 }
             }
         }
@@ -1920,11 +2057,16 @@ impl Drain {
         let (evidence, origin) = (evidence?, origin?);
         let kind = match self.inner.policy {
             Policy::Fixed(_) => EvidenceKind::Fixed,
+            Policy::Quiet { .. } if self.inner.link.hold() != Hold::None => {
+                EvidenceKind::EndpointSlice
+            }
             Policy::Quiet { .. } if evidence.weak().is_none() => EvidenceKind::Confidence,
             Policy::Quiet { floor: Some(_), .. } => EvidenceKind::Floor,
             Policy::Quiet { .. } => EvidenceKind::Max,
         };
-        Some(evidence.report(kind, self.silence(origin.at)))
+        let mut report = evidence.report(kind, self.silence(origin.at));
+        self.endpoint_evidence(&mut report, origin.at);
+        Some(report)
     }
 
     fn collect_stragglers(&self, now: Instant, origin: Instant) -> Vec<Straggler> {
@@ -2096,6 +2238,7 @@ impl Drain {
             proxy_label: self.inner.proxy_label.clone(),
             server,
         };
+        report.budget.deletion = self.deadlines_report(origin);
         report.advice = crate::advice::advise(&report);
         report
     }

@@ -244,6 +244,10 @@ pub enum EvidenceKind {
     Fixed,
     /// The drain was forced or the quiesce deadline came first.
     Cut,
+    /// Every EndpointSlice listing this Pod showed it not ready (feature `kube`), the proxy
+    /// allowance passed and the quiet window held: [`EvidenceReport::endpoint_slice`] has the
+    /// numbers.
+    EndpointSlice,
 }
 
 impl EvidenceKind {
@@ -255,6 +259,7 @@ impl EvidenceKind {
             EvidenceKind::Max => "max",
             EvidenceKind::Fixed => "fixed",
             EvidenceKind::Cut => "cut",
+            EvidenceKind::EndpointSlice => "endpoint_slice",
         }
     }
 }
@@ -270,6 +275,9 @@ pub enum MaxReason {
     /// The evidence was good, but new connections, requests or in-flight work went on until
     /// `max`.
     TrafficNeverWentQuiet,
+    /// An EndpointSlice still listed this Pod as ready at `max`, or the Kubernetes API had
+    /// not answered (feature `kube`).
+    EndpointSliceStillRouting,
 }
 
 impl MaxReason {
@@ -278,6 +286,7 @@ impl MaxReason {
         match self {
             MaxReason::NotEnoughEvidence => "not_enough_evidence",
             MaxReason::TrafficNeverWentQuiet => "traffic_never_went_quiet",
+            MaxReason::EndpointSliceStillRouting => "endpoint_slice_still_routing",
         }
     }
 }
@@ -321,6 +330,13 @@ pub struct EvidenceReport {
     /// Silence observed when the policy committed (or so far): time since the later of the
     /// trigger and the last new connection, in milliseconds.
     pub silence_ms: u64,
+    /// The EndpointSlice evidence (feature `kube`), when the slices were watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_slice: Option<crate::EndpointSliceEvidence>,
+    /// Why the EndpointSlice was not the evidence, when it was not: the feature is not built,
+    /// no watch was started, the API refused or could not be reached, no slice lists the Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_slice_unused: Option<String>,
 }
 
 impl EvidenceReport {
@@ -379,6 +395,8 @@ impl Evidence {
             t_conf_ms: self.t_conf().map(ms),
             floor_ms: self.floor.map(ms),
             silence_ms: ms(silence),
+            endpoint_slice: None,
+            endpoint_slice_unused: None,
         }
     }
 }

@@ -111,6 +111,7 @@ mod guard;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+mod kube;
 mod loom;
 mod phase;
 mod propagation;
@@ -133,6 +134,10 @@ pub mod guide;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 
+pub use self::kube::{DeletionBudget, EndpointSliceEvidence};
+#[cfg(feature = "kube")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kube")))]
+pub use self::kube::{EndpointWatch, KubeError, DEFAULT_PROXY_ALLOWANCE};
 pub use advice::{advise, Advice, AdviceLevel};
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions, CloserResult};

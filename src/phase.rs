@@ -157,6 +157,14 @@ pub enum EventKind {
     ResourceClosed,
     /// The drain is over.
     Done,
+    /// An EndpointSlice changed this Pod's endpoint conditions (feature `kube`): `name` is the
+    /// slice, `detail` the service and each condition (`ready true→false, serving true,
+    /// terminating false→true`). Changes before the trigger are added at 0 ms with how long
+    /// before.
+    EndpointChanged,
+    /// The Pod's deletion left less than the grace period (feature `kube`,
+    /// `kubectl delete --grace-period`): the deadlines shrink; `detail` says to what.
+    BudgetTightened,
     /// The process is exiting with `code`: the last event, recorded in the report as it is
     /// written for the last time (by [`Drain::run`](crate::Drain::run) or the watchdog).
     Exit,
@@ -176,6 +184,8 @@ impl EventKind {
             EventKind::DeadlineExceeded => "deadline_exceeded",
             EventKind::ResourceClosed => "resource_closed",
             EventKind::Done => "done",
+            EventKind::EndpointChanged => "endpoint_changed",
+            EventKind::BudgetTightened => "budget_tightened",
             EventKind::Exit => "exit",
         }
     }
@@ -205,7 +215,7 @@ pub struct Event {
     /// Why, for `stopped_accepting` (`quiet`, `max`, `fixed`, `deadline`, `forced`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<CommitReason>,
-    /// The closer's name, for `resource_closed`.
+    /// The closer's name, for `resource_closed`; the EndpointSlice's, for `endpoint_changed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// A short free-form detail (a closer's result, the number of stragglers).

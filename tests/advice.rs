@@ -30,6 +30,7 @@ fn base() -> DrainReport {
             remaining_ms: 26_800,
             quiesce_ms: 24_000,
             close_budget_ms: 5_000,
+            deletion: None,
         },
         propagation: PolicyReport {
             kind: "quiet".into(),
