@@ -676,7 +676,7 @@ async fn a_forbidden_api_falls_back_to_the_arrival_evidence_and_says_why() {
         why.starts_with("forbidden: the service account may not list/watch"),
         "{why}"
     );
-    assert!(why.contains("examples/k8s/rbac.yaml"), "{why}");
+    assert!(why.contains("examples/k8s/role.yaml"), "{why}");
     assert!(
         r.advice
             .iter()

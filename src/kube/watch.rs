@@ -72,7 +72,7 @@ impl std::error::Error for KubeError {}
 /// as without the feature and the report's
 /// [`endpoint_slice_unused`](crate::EvidenceReport::endpoint_slice_unused) says why. The
 /// service account needs `get`, `list`, `watch` on its own Pod, `list`, `watch` on
-/// EndpointSlices and `get` on Services (`examples/k8s/rbac.yaml`).
+/// EndpointSlices and `get` on Services (`examples/k8s/role.yaml`).
 ///
 /// # Examples
 ///
@@ -500,7 +500,7 @@ impl Model {
         let api = |err: &::kube::Error| {
             match err {
             ::kube::Error::Api(r) if r.code == 403 => format!(
-                "forbidden: the service account may not list/watch {what} ({}); see examples/k8s/rbac.yaml",
+                "forbidden: the service account may not list/watch {what} ({}); see examples/k8s/role.yaml",
                 r.message
             ),
             ::kube::Error::Api(r) if r.code == 401 => format!("unauthorized: {}", r.message),
