@@ -72,6 +72,7 @@
 //! | `admin` | yes | the admin router (`/livez`, `/readyz`, `/drain`, `/status`) on axum, and the [`prestop`] helper; implies `axum` |
 //! | `grpc` | no | [`Drain::grpc_health`]: the standard gRPC health service (tonic-health) following the drain; implies `http` |
 //! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Drain::record_metrics`, `Drain::spawn_metrics_updater` |
+//! | `kube` | no | [`EndpointWatch`]: watches this Pod and its EndpointSlices (kube-rs 2.0, rustls on ring, k8s-openapi without a Kubernetes version of its own: your binary picks it); propagation waits for the slices plus a proxy allowance, the deletion's grace shrinks the deadlines, each endpoint change is in the timeline. Without it, the report's `endpoint_slice_unused` says so |
 //! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `metrics::prometheus_builder`; no HTTP listener or TLS of its own; implies `metrics` and `admin` |
 //!
 //! The defaults are what a typical axum service needs. With no features at all, the
@@ -93,6 +94,7 @@
     not(feature = "grpc"),
     doc = "[`Drain::grpc_health`]: crate#feature-flags\n[`guide::tonic`]: crate#feature-flags"
 )]
+#![cfg_attr(not(feature = "kube"), doc = "[`EndpointWatch`]: crate#feature-flags")]
 #![cfg_attr(
     not(feature = "admin"),
     doc = "[`Drain::admin_router`]: crate#feature-flags\n[`prestop`]: crate#feature-flags"

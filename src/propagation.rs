@@ -39,7 +39,12 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 /// exceeds `max` — the policy waits to `max`, or to the floor set with
 /// [`assume_converged_after`](Self::assume_converged_after), and the report says so. The
 /// report's [`EvidenceReport`](crate::EvidenceReport) names the evidence that committed.
-/// (Reading the EndpointSlice itself, with a `kube` feature, is not yet available.)
+///
+/// With the `kube` feature and an `EndpointWatch` started, the EndpointSlice is the
+/// authoritative step: no commit before every slice that lists the Pod shows it not ready,
+/// plus the proxy allowance; strong arrival evidence still adds its `T_conf`, weak evidence no
+/// longer waits to `max`. A Pod deletion with a shorter grace than `grace_period` shrinks
+/// `max` with the other deadlines.
 ///
 /// `max` is clamped to the quiesce deadline when it is left at its default; an explicit `max`
 /// beyond it is a [`ConfigError`].

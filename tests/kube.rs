@@ -430,7 +430,7 @@ async fn finished(d: &Drain) -> DrainReport {
         .expect("the drain finished")
 }
 
-fn events<'a>(r: &'a DrainReport, kind: EventKind) -> Vec<&'a lameduck::Event> {
+fn events(r: &DrainReport, kind: EventKind) -> Vec<&lameduck::Event> {
     r.timeline.iter().filter(|e| e.event == kind).collect()
 }
 
