@@ -659,6 +659,7 @@ impl Drain {
     /// The hot-path block, for the add-ons (HTTP layer, `serve`, metrics) that count on it.
     /// The one seam through which they reach the coordinator's counters.
     #[inline]
+    #[cfg_attr(not(any(feature = "http", feature = "metrics")), allow(dead_code))] // only they call it
     pub(crate) fn core(&self) -> &'static Core {
         self.inner.core
     }
