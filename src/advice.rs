@@ -194,6 +194,7 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
             || why.starts_with("unauthorized")
             || why.starts_with("unreachable")
             || why.starts_with("the API answered")
+            || why.starts_with("no Kubernetes client")
         {
             out.push(advice(
                 Info,

@@ -2277,8 +2277,25 @@ fn describe_evidence(e: &EvidenceReport) -> String {
             None => String::new(),
         },
     };
+    let slices = match (&e.endpoint_slice, &e.endpoint_slice_unused) {
+        (Some(s), None) => match (s.changed_at_ms, s.allowed_at_ms) {
+            (Some(c), Some(a)) => format!(
+                "; EndpointSlice {} at {c} ms, allowed from {a} ms ({} ms allowance)",
+                s.condition, s.allowance_ms
+            ),
+            _ => format!("; waiting for the EndpointSlice to show {}", s.condition),
+        },
+        // A watch that was started and could not be used is worth the line; a build without
+        // the feature is a choice.
+        (_, Some(why))
+            if !why.starts_with("the kube feature") && !why.starts_with("no EndpointWatch") =>
+        {
+            format!("; no EndpointSlice evidence: {why}")
+        }
+        _ => String::new(),
+    };
     format!(
-        "{}: {rate}; {need}; silent for {} ms",
+        "{}: {rate}; {need}; silent for {} ms{slices}",
         e.kind.as_str(),
         e.silence_ms
     )
