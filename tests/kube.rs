@@ -457,6 +457,12 @@ async fn propagation_waits_for_every_slice_plus_the_allowance_and_the_timeline_s
 
     // A bookmark, then history compacted under the open watches: 410 Gone, re-list.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // While the slices still route here, `/status` says the drain waits on them.
+    let waiting = d.status().evidence.unwrap();
+    assert_eq!(waiting.kind, EvidenceKind::EndpointSlice);
+    let w = waiting.endpoint_slice.as_ref().unwrap();
+    assert_eq!((w.changed_at_ms, w.allowed_at_ms), (None, None), "{w:?}");
+    assert_eq!(w.slices, ["web-ipv4 (web)", "web-ipv6 (web)"]);
     cluster.with(Model::bookmark);
     cluster.with(Model::expire);
     // The deletion lands while the watchers re-list: the list must carry it.
@@ -488,6 +494,12 @@ async fn propagation_waits_for_every_slice_plus_the_allowance_and_the_timeline_s
     assert!(
         done.at_ms < 10_000,
         "the slices, not max, ended propagation"
+    );
+    let detail = done.detail.as_deref().unwrap();
+    assert!(
+        detail.starts_with("endpoint_slice: ")
+            && detail.contains(&format!("EndpointSlice ready=false at {changed} ms")),
+        "{detail}"
     );
 
     let changes = events(&r, EventKind::EndpointChanged);
@@ -740,4 +752,41 @@ async fn without_a_pod_name_the_watch_refuses_and_the_report_says_so() {
         .endpoint_slice_unused
         .unwrap();
     assert!(why.starts_with("POD_NAME is not set"), "{why}");
+}
+
+#[tokio::test]
+async fn serving_until_stop_names_its_own_condition_and_without_a_deletion_waits_to_max() {
+    let cluster = Cluster::start().await;
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100))
+            .min(Duration::from_millis(100))
+            .max(Duration::from_millis(1500)),
+        ReadinessWhileDraining::ServingUntilStop,
+    );
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(cluster.client())
+        .proxy_allowance(Duration::from_millis(100))
+        .start(&d)
+        .unwrap();
+    cluster.watching().await;
+    // No deletion: kubelet's probe stays green under ServingUntilStop, the slices never move.
+    d.start(Trigger::Api);
+    let r = finished(&d).await;
+    let ev = r.propagation.evidence.as_ref().unwrap();
+    assert_eq!(ev.kind, EvidenceKind::Max);
+    assert_eq!(ev.max_reason, Some(MaxReason::EndpointSliceStillRouting));
+    let slice = ev.endpoint_slice.as_ref().unwrap();
+    assert_eq!(slice.condition, "ready=false or terminating=true");
+    assert_eq!(slice.changed_at_ms, None);
+    assert!(
+        r.advice
+            .iter()
+            .any(|a| a.rule == "endpoint_slice_still_routing"),
+        "{:?}",
+        r.advice
+    );
+    assert!(events(&r, EventKind::EndpointChanged).is_empty());
 }
