@@ -1803,6 +1803,8 @@ impl Drain {
                 tokio::select! {
                     () = drain.until_deadline(origin, hurry_at) => hurry.cancel(),
                     () = deadline.cancelled() => hurry.cancel(),
+                    // Holds a handle on the coordinator: not past the end of the drain.
+                    () = drain.reached(Phase::Done) => {}
                 }
             });
         }
