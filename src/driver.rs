@@ -15,6 +15,9 @@
 //! * The `state` mutex is never held across an `.await`, never taken on the request path,
 //!   and never held while another part's lock is taken, so it cannot deadlock.
 //! * Phases only move forward; each transition is published on a `watch` channel.
+//! * The deadlines only tighten: they are the budget's, moved earlier by a Pod deletion with a
+//!   shorter grace (the link, feature `kube`), and every wait re-reads them when the link
+//!   changes. The driver reads the link; only the watch writes it, through the handle.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

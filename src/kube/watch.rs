@@ -55,14 +55,14 @@ impl std::error::Error for KubeError {}
 /// IPv6), so that the drain goes on the source of truth (feature `kube`).
 ///
 /// * Each change of this endpoint's conditions (`ready`, `serving`, `terminating`, per slice)
-///   is an [`EventKind::EndpointChanged`] event in the timeline.
+///   is an [`EventKind::EndpointChanged`](crate::EventKind::EndpointChanged) event in the timeline.
 /// * Propagation does not commit before every slice shows the endpoint not ready (an endpoint
 ///   removed from its slice counts), plus the [proxy allowance](Self::proxy_allowance), and
 ///   the quiet window still holds. The report's
 ///   [`EvidenceReport::endpoint_slice`](crate::EvidenceReport::endpoint_slice) has the numbers.
 /// * The Pod's `deletionTimestamp` and `deletionGracePeriodSeconds` are this deletion's real
 ///   budget: `kubectl delete --grace-period=5` shrinks the hard and quiesce deadlines and
-///   `max` ([`EventKind::BudgetTightened`], the report's `budget.deletion`).
+///   `max` ([`EventKind::BudgetTightened`](crate::EventKind::BudgetTightened), the report's `budget.deletion`).
 /// * A Service selecting the Pod with `publishNotReadyAddresses: true` keeps it `ready` in
 ///   its slices; it is not waited on, and the report advises about it.
 ///
