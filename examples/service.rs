@@ -199,6 +199,14 @@ async fn run(args: Args) -> i32 {
         }
     };
 
+    // With the `kube` feature, in a Pod: the EndpointSlice is the authoritative propagation
+    // step and the deletion's grace the real budget (examples/k8s/role.yaml grants the reads).
+    // Outside a Pod (POD_NAME unset) the report says why it was not used.
+    #[cfg(feature = "kube")]
+    if let Err(e) = lameduck::EndpointWatch::from_env().start(&drain) {
+        eprintln!("service: no EndpointSlice evidence: {e}");
+    }
+
     // Startup gate: not ready until the warm-up is done.
     let warmup = drain.startup_gate("warmup");
     let delay = args.startup_delay;

@@ -109,7 +109,70 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
                 }
             ),
         )),
+        (EvidenceKind::EndpointSlice, _) => {
+            let slice = e.endpoint_slice.as_ref();
+            out.push(advice(
+                Info,
+                Rule::EndpointSlice,
+                slice.and_then(|s| s.allowed_at_ms).unwrap_or(stopped_ms),
+                format!(
+                    "committed on the EndpointSlice: {} showed {} at {} ms after the trigger, plus \
+                     the proxy allowance of {}; silent for {} at the commit",
+                    slice.map_or_else(|| "the slices".to_owned(), |s| s.slices.join(", ")),
+                    slice.map_or("ready=false", |s| s.condition.as_str()),
+                    slice.and_then(|s| s.changed_at_ms).unwrap_or(0),
+                    secs(slice.map_or(0, |s| s.allowance_ms)),
+                    secs(e.silence_ms)
+                ),
+            ))
+        }
+        (EvidenceKind::Max, _) if e.max_reason == Some(MaxReason::EndpointSliceStillRouting) => {
+            out.push(advice(
+                Warn,
+                Rule::EndpointSliceStillRouting,
+                stopped_ms,
+                format!(
+                    "an EndpointSlice still listed this Pod as ready at max ({}), or the API had \
+                     not answered: proxies may still have routed here when it stopped accepting. \
+                     A drain without a Pod deletion (Drain::start, a preStop call alone) leaves \
+                     the slice as it is",
+                    secs(stopped_ms)
+                ),
+            ));
+        }
         _ => {}
+    }
+    if let Some(s) = &e.endpoint_slice {
+        for svc in &s.publish_not_ready_addresses {
+            out.push(advice(
+                Warn,
+                Rule::PublishNotReadyAddresses,
+                0,
+                format!(
+                    "Service {svc} has publishNotReadyAddresses: true: its EndpointSlice keeps this \
+                     Pod ready=true while it drains, so flipping /readyz removes nothing from it and \
+                     its proxies keep sending until the Pod is gone; unset it unless this Service \
+                     is for peer discovery (a StatefulSet's headless Service)"
+                ),
+            ));
+        }
+    }
+    if let Some(why) = &e.endpoint_slice_unused {
+        // Only a watch that was started and failed is worth a line; a build without the
+        // feature is a choice.
+        if why.starts_with("forbidden")
+            || why.starts_with("unauthorized")
+            || why.starts_with("unreachable")
+            || why.starts_with("the API answered")
+            || why.starts_with("no Kubernetes client")
+        {
+            out.push(advice(
+                Info,
+                Rule::EndpointSliceUnavailable,
+                0,
+                format!("the EndpointSlice was not the evidence: {why}; the drain went on the arrival rate"),
+            ));
+        }
     }
 }
 

@@ -25,6 +25,8 @@ use crate::report::DrainReport;
 use crate::signal::{Receipt, Signals};
 
 mod builder;
+#[cfg(feature = "kube")]
+mod kube;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod work;

@@ -15,9 +15,12 @@
 //! * The `state` mutex is never held across an `.await`, never taken on the request path,
 //!   and never held while another part's lock is taken, so it cannot deadlock.
 //! * Phases only move forward; each transition is published on a `watch` channel.
+//! * The deadlines only tighten: they are the budget's, moved earlier by a Pod deletion with a
+//!   shorter grace (the link, feature `kube`), and every wait re-reads them when the link
+//!   changes. The driver reads the link; only the watch writes it, through the handle.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
@@ -28,6 +31,7 @@ use crate::budget::Budget;
 use crate::closers::Closers;
 use crate::evidence::{Evidence, EvidenceReport};
 use crate::guard::Core;
+use crate::link::Link;
 use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::Policy;
 use crate::readiness::ReadinessWhileDraining;
@@ -35,6 +39,8 @@ use crate::report::{DrainReport, ServerReport, Sinks};
 use crate::tasks::{TaskContext, Tasks};
 
 mod assemble;
+mod deadlines;
+mod endpoints;
 mod exit;
 mod status;
 mod steps;
@@ -140,8 +146,12 @@ pub(crate) struct Driver {
     phase: watch::Sender<Phase>,
     state: Mutex<Lifecycle>,
     pub(crate) tokens: Tokens,
-    /// The quiesce deadline, set once at the trigger (what [`TaskContext::deadline`] reads).
-    quiesce_at: Arc<OnceLock<Instant>>,
+    /// The quiesce deadline, set at the trigger and moved earlier by a shorter deletion grace
+    /// (what [`TaskContext::deadline`] reads).
+    quiesce_at: Arc<Mutex<Option<Instant>>>,
+    /// What the Kubernetes API says (feature `kube`): the slices' hold, the deletion's kill
+    /// time. The driver reads it; the watch writes it.
+    link: Link,
     forced: AtomicBool,
     /// `EMIT_*`: who writes the final report (the loser of the swap backs off).
     emission: AtomicU8,
@@ -182,6 +192,7 @@ impl Driver {
             state: Mutex::new(Lifecycle::default()),
             tokens: Tokens::default(),
             quiesce_at: Arc::default(),
+            link: Link::new(),
             forced: AtomicBool::new(false),
             emission: AtomicU8::new(EMIT_NONE),
             terminate_seen: Notify::new(),
@@ -341,17 +352,14 @@ impl Driver {
         self.lock().origin
     }
 
-    /// `origin + offset`, once the drain has started.
-    fn after_origin(&self, offset: Duration) -> Option<Instant> {
-        self.origin().and_then(|o| o.at.checked_add(offset))
-    }
-
+    /// The quiesce deadline, once the drain has started (a shorter deletion grace moves it).
     pub(crate) fn quiesce_deadline(&self) -> Option<Instant> {
-        self.after_origin(self.budget.quiesce_deadline())
+        self.origin().map(|o| self.deadlines(o.at).quiesce)
     }
 
+    /// The hard deadline, once the drain has started (a shorter deletion grace moves it).
     pub(crate) fn hard_deadline(&self) -> Option<Instant> {
-        self.after_origin(self.budget.hard_deadline())
+        self.origin().map(|o| self.deadlines(o.at).hard)
     }
 
     pub(crate) fn timeline(&self) -> Vec<Event> {
@@ -372,7 +380,9 @@ impl Driver {
             return committed;
         }
         let (evidence, origin) = (evidence?, origin?);
-        let kind = self.policy.waiting_on(&evidence);
-        Some(evidence.report(kind, crate::propagation::silence(self.core, origin.at)))
+        let kind = self.policy.waiting_on(&evidence, self.link.hold());
+        let mut report = evidence.report(kind, crate::propagation::silence(self.core, origin.at));
+        self.endpoint_evidence(&mut report, origin.at);
+        Some(report)
     }
 }

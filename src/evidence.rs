@@ -201,7 +201,7 @@ impl Estimate {
 /// What the propagation policy went on when it committed (or, while draining, what it waits
 /// for).
 ///
-/// In JSON: `confidence`, `floor`, `max`, `fixed`, `cut`.
+/// In JSON: `confidence`, `floor`, `max`, `fixed`, `cut`, `endpoint_slice`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -218,6 +218,10 @@ pub enum EvidenceKind {
     Fixed,
     /// The drain was forced or the quiesce deadline came first.
     Cut,
+    /// Every EndpointSlice listing this Pod showed it not ready (feature `kube`), the proxy
+    /// allowance passed and the quiet window held: [`EvidenceReport::endpoint_slice`] has the
+    /// numbers.
+    EndpointSlice,
 }
 
 impl EvidenceKind {
@@ -229,7 +233,7 @@ impl EvidenceKind {
 
 /// Why the policy waited until `max`.
 ///
-/// In JSON: `not_enough_evidence`, `traffic_never_went_quiet`.
+/// In JSON: `not_enough_evidence`, `traffic_never_went_quiet`, `endpoint_slice_still_routing`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -240,6 +244,9 @@ pub enum MaxReason {
     /// The evidence was good, but new connections, requests or in-flight work went on until
     /// `max`.
     TrafficNeverWentQuiet,
+    /// An EndpointSlice still listed this Pod as ready at `max`, or the Kubernetes API had
+    /// not answered (feature `kube`).
+    EndpointSliceStillRouting,
 }
 
 impl MaxReason {
@@ -289,6 +296,13 @@ pub struct EvidenceReport {
     /// Silence observed when the policy committed (or so far): time since the later of the
     /// trigger and the last new connection, in milliseconds.
     pub silence_ms: u64,
+    /// The EndpointSlice evidence (feature `kube`), when the slices were watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_slice: Option<crate::EndpointSliceEvidence>,
+    /// Why the EndpointSlice was not the evidence, when it was not: the feature is not built,
+    /// no watch was started, the API refused or could not be reached, no slice lists the Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_slice_unused: Option<String>,
 }
 
 impl EvidenceReport {
@@ -325,8 +339,25 @@ impl EvidenceReport {
                 None => String::new(),
             },
         };
+        let slices = match (&self.endpoint_slice, &self.endpoint_slice_unused) {
+            (Some(s), None) => match (s.changed_at_ms, s.allowed_at_ms) {
+                (Some(c), Some(a)) => format!(
+                    "; EndpointSlice {} at {c} ms, allowed from {a} ms ({} ms allowance)",
+                    s.condition, s.allowance_ms
+                ),
+                _ => format!("; waiting for the EndpointSlice to show {}", s.condition),
+            },
+            // A watch that was started and could not be used is worth the line; a build
+            // without the feature is a choice.
+            (_, Some(why))
+                if !why.starts_with("the kube feature") && !why.starts_with("no EndpointWatch") =>
+            {
+                format!("; no EndpointSlice evidence: {why}")
+            }
+            _ => String::new(),
+        };
         format!(
-            "{}: {rate}; {need}; silent for {} ms",
+            "{}: {rate}; {need}; silent for {} ms{slices}",
             self.kind.as_str(),
             self.silence_ms
         )
@@ -382,6 +413,8 @@ impl Evidence {
             t_conf_ms: self.t_conf().map(ms),
             floor_ms: self.floor.map(ms),
             silence_ms: ms(silence),
+            endpoint_slice: None,
+            endpoint_slice_unused: None,
         }
     }
 }

@@ -72,6 +72,7 @@
 //! | `admin` | yes | the admin router (`/livez`, `/readyz`, `/drain`, `/status`) on axum, and the [`prestop`] helper; implies `axum` |
 //! | `grpc` | no | [`Drain::grpc_health`]: the standard gRPC health service (tonic-health) following the drain; implies `http` |
 //! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Drain::record_metrics`, `Drain::spawn_metrics_updater` |
+//! | `kube` | no | [`EndpointWatch`]: watches this Pod and its EndpointSlices (kube-rs 2.0, rustls on ring, k8s-openapi without a Kubernetes version of its own: your binary picks it); propagation waits for the slices plus a proxy allowance, the deletion's grace shrinks the deadlines, each endpoint change is in the timeline. Without it, the report's `endpoint_slice_unused` says so |
 //! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `metrics::prometheus_builder`; no HTTP listener or TLS of its own; implies `metrics` and `admin` |
 //!
 //! The defaults are what a typical axum service needs. With no features at all, the
@@ -93,6 +94,7 @@
     not(feature = "grpc"),
     doc = "[`Drain::grpc_health`]: crate#feature-flags\n[`guide::tonic`]: crate#feature-flags"
 )]
+#![cfg_attr(not(feature = "kube"), doc = "[`EndpointWatch`]: crate#feature-flags")]
 #![cfg_attr(
     not(feature = "admin"),
     doc = "[`Drain::admin_router`]: crate#feature-flags\n[`prestop`]: crate#feature-flags"
@@ -113,6 +115,9 @@ mod guard;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+#[cfg(feature = "kube")]
+mod kube;
+mod link;
 mod loom;
 mod names;
 mod phase;
@@ -137,6 +142,9 @@ pub mod guide;
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 
+#[cfg(feature = "kube")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kube")))]
+pub use self::kube::{EndpointWatch, KubeError, DEFAULT_PROXY_ALLOWANCE};
 pub use action::ActionResult;
 pub use advice::advise;
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
@@ -151,6 +159,7 @@ pub use guard::InFlightGuard;
 pub use http::{
     serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
 };
+pub use link::{DeletionBudget, EndpointSliceEvidence};
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
 pub use readiness::{Readiness, ReadinessWhileDraining};

@@ -119,7 +119,7 @@ impl CommitReason {
 
 /// The kind of a lifecycle event in the timeline.
 ///
-/// In JSON: `drain_started`, `readiness_flipped`, `signal_received`, `propagation_done`, `stopped_accepting`, `in_flight_zero`, `tasks_done`, `deadline_exceeded`, `resource_closed`, `done`, `exit`.
+/// In JSON: `drain_started`, `readiness_flipped`, `signal_received`, `propagation_done`, `stopped_accepting`, `in_flight_zero`, `tasks_done`, `deadline_exceeded`, `resource_closed`, `done`, `endpoint_changed`, `budget_tightened`, `exit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -145,6 +145,14 @@ pub enum EventKind {
     ResourceClosed,
     /// The drain is over.
     Done,
+    /// An EndpointSlice changed this Pod's endpoint conditions (feature `kube`): `name` is the
+    /// slice, `detail` the service and each condition (`ready true→false, serving true,
+    /// terminating false→true`). Changes before the trigger are added at 0 ms with how long
+    /// before.
+    EndpointChanged,
+    /// The Pod's deletion left less than the grace period (feature `kube`,
+    /// `kubectl delete --grace-period`): the deadlines shrink; `detail` says to what.
+    BudgetTightened,
     /// The process is exiting with `code`: the last event, recorded in the report as it is
     /// written for the last time (by [`Drain::run`](crate::Drain::run) or the watchdog).
     Exit,
@@ -181,7 +189,7 @@ pub struct Event {
     /// Why, for `stopped_accepting` (`quiet`, `max`, `fixed`, `forced`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<CommitReason>,
-    /// The closer's name, for `resource_closed`.
+    /// The closer's name, for `resource_closed`; the EndpointSlice's, for `endpoint_changed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// A short free-form detail (a closer's result, the number of stragglers).

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use crate::budget::{Budget, DurationDisplay};
 use crate::evidence::{Estimate, Evidence, EvidenceKind, DEFAULT_EPSILON};
 use crate::guard::Core;
+use crate::link::{Hold, Link};
 use crate::phase::CommitReason;
 use crate::report::{PolicyKind, PolicyReport};
 use crate::ConfigError;
@@ -44,7 +45,12 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 /// exceeds `max` — the policy waits to `max`, or to the floor set with
 /// [`assume_converged_after`](Self::assume_converged_after), and the report says so. The
 /// report's [`EvidenceReport`](crate::EvidenceReport) names the evidence that committed.
-/// (Reading the EndpointSlice itself, with a `kube` feature, is not yet available.)
+///
+/// With the `kube` feature and an `EndpointWatch` started, the EndpointSlice is the
+/// authoritative step: no commit before every slice that lists the Pod shows it not ready,
+/// plus the proxy allowance; strong arrival evidence still adds its `T_conf`, weak evidence no
+/// longer waits to `max`. A Pod deletion with a shorter grace than `grace_period` shrinks
+/// `max` with the other deadlines.
 ///
 /// `max` is clamped to the quiesce deadline when it is left at its default; an explicit `max`
 /// beyond it is a [`ConfigError`].
@@ -343,10 +349,11 @@ impl Policy {
         }
     }
 
-    /// What the policy expects to commit on, while it waits.
-    pub(crate) fn waiting_on(&self, evidence: &Evidence) -> EvidenceKind {
+    /// What the policy expects to commit on, while it waits, with the slices' `hold`.
+    pub(crate) fn waiting_on(&self, evidence: &Evidence, hold: Hold) -> EvidenceKind {
         match *self {
             Policy::Fixed(_) => EvidenceKind::Fixed,
+            Policy::Quiet { .. } if hold != Hold::None => EvidenceKind::EndpointSlice,
             Policy::Quiet { .. } if evidence.weak().is_none() => EvidenceKind::Confidence,
             Policy::Quiet { floor: Some(_), .. } => EvidenceKind::Floor,
             Policy::Quiet { .. } => EvidenceKind::Max,
@@ -355,27 +362,29 @@ impl Policy {
 
     /// Waits until the policy commits, and says on what evidence. Event-driven: it sleeps
     /// until the earliest instant the policy could hold, or until in-flight work reaches zero,
-    /// then re-checks.
+    /// or until the `link` changes, then re-checks.
+    ///
+    /// `max_at` is `origin + max`, unless a deletion with a shorter grace left less (the
+    /// driver's deadlines); the link's [`Hold`] is the EndpointSlice's say (feature `kube`).
     pub(crate) async fn commit(
         &self,
         core: &Core,
         origin: Instant,
         evidence: Evidence,
+        link: &Link,
+        max_at: impl Fn() -> Instant,
     ) -> (CommitReason, EvidenceKind) {
-        let (quiet, min, max, floor) = match *self {
-            Policy::Fixed(d) => {
-                tokio::time::sleep_until(origin + d).await;
+        let mut changes = link.subscribe();
+        let (quiet, min, floor) = match *self {
+            Policy::Fixed(_) => {
+                // The delay, unless this deletion's grace leaves less.
+                link.sleep_until(max_at).await;
                 return (CommitReason::Fixed, EvidenceKind::Fixed);
             }
             Policy::Quiet {
-                quiet,
-                min,
-                max,
-                floor,
-                ..
-            } => (quiet, min, max, floor),
+                quiet, min, floor, ..
+            } => (quiet, min, floor),
         };
-        let max_at = origin + max;
         // `None`: the arrival data cannot say how long to wait; only the floor or max can.
         let t_conf = if evidence.weak().is_some() {
             None
@@ -384,6 +393,7 @@ impl Policy {
         };
         loop {
             let now = Instant::now();
+            let max_at = max_at();
             if now >= max_at {
                 return (CommitReason::Max, EvidenceKind::Max);
             }
@@ -398,12 +408,23 @@ impl Policy {
                 core.last_activity().unwrap_or(origin).max(origin)
             };
             let conf_at = t_conf.map_or(max_at, |t| last_conn + t);
-            let (conf_at, kind) = match floor {
-                Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Floor),
-                _ => (conf_at, EvidenceKind::Confidence),
+            let hold = link.hold();
+            let (conf_at, kind) = match hold {
+                // The slices are the authoritative step: no commit before they stop routing
+                // here plus the proxies' allowance; strong arrival evidence still adds its
+                // silence, weak evidence no longer waits to `max`.
+                Hold::Until(allowed) => (
+                    t_conf.map_or(allowed, |t| allowed.max(last_conn + t)),
+                    EvidenceKind::EndpointSlice,
+                ),
+                Hold::Pending => (max_at, EvidenceKind::EndpointSlice),
+                Hold::None => match floor {
+                    Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Floor),
+                    _ => (conf_at, EvidenceKind::Confidence),
+                },
             };
             let ready_at = (last + quiet).max(origin + min).max(conf_at);
-            if now >= ready_at {
+            if hold != Hold::Pending && now >= ready_at {
                 if core.counter.is_drained() {
                     return (CommitReason::Quiet, kind);
                 }
@@ -411,11 +432,16 @@ impl Policy {
                 // the window.
                 tokio::select! {
                     () = core.wait_zero() => {}
-                    () = tokio::time::sleep_until(max_at) => return (CommitReason::Max, EvidenceKind::Max),
+                    () = tokio::time::sleep_until(max_at) => {}
+                    _ = changes.changed() => {}
                 }
                 continue;
             }
-            tokio::time::sleep_until(ready_at.min(max_at)).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(ready_at.min(max_at)) => {}
+                // The slices changed, or the deletion shortened `max`: re-check.
+                _ = changes.changed() => {}
+            }
         }
     }
 }

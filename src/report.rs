@@ -76,6 +76,10 @@ pub struct BudgetReport {
     /// The time reserved for closers, in milliseconds.
     #[serde(default)]
     pub close_budget_ms: u64,
+    /// This deletion's budget, when the Pod's `deletionGracePeriodSeconds` left less than
+    /// `grace_ms` (feature `kube`): the deadlines the drain kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<crate::DeletionBudget>,
 }
 
 impl BudgetReport {
@@ -87,6 +91,7 @@ impl BudgetReport {
             remaining_ms: grace.saturating_sub(used).as_millis() as u64,
             quiesce_ms: budget.quiesce_deadline().as_millis() as u64,
             close_budget_ms: budget.close_budget.as_millis() as u64,
+            deletion: None,
         }
     }
 }

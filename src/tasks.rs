@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -78,8 +78,9 @@ pub struct TaskContext {
     pub(crate) stop: CancellationToken,
     pub(crate) hurry: CancellationToken,
     pub(crate) deadline: CancellationToken,
-    /// The quiesce deadline, set once when the drain starts.
-    pub(crate) quiesce_at: Arc<OnceLock<Instant>>,
+    /// The quiesce deadline, set when the drain starts; a shorter deletion grace (feature
+    /// `kube`) moves it earlier.
+    pub(crate) quiesce_at: Arc<Mutex<Option<Instant>>>,
 }
 
 impl TaskContext {
@@ -107,7 +108,7 @@ impl TaskContext {
 
     /// The quiesce deadline, once the drain has started.
     pub fn deadline(&self) -> Option<Instant> {
-        self.quiesce_at.get().copied()
+        *self.quiesce_at.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

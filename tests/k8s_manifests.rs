@@ -9,6 +9,9 @@ use lameduck::parse_duration;
 
 const DEPLOYMENT: &str = include_str!("../examples/k8s/deployment.yaml");
 const SERVICE: &str = include_str!("../examples/k8s/service.yaml");
+const SERVICE_ACCOUNT: &str = include_str!("../examples/k8s/serviceaccount.yaml");
+const ROLE: &str = include_str!("../examples/k8s/role.yaml");
+const ROLE_BINDING: &str = include_str!("../examples/k8s/rolebinding.yaml");
 
 /// The YAML the manifests use: block mappings and sequences, plain or quoted scalars, flow
 /// sequences of scalars, comments. Anything else is refused, so a manifest edit that leaves
@@ -481,4 +484,68 @@ fn the_parser_reads_the_subset_it_claims() {
     assert_eq!(doc.str("d[0]"), "y");
     let refused = std::panic::catch_unwind(|| parse("a: {b: 1}\n"));
     assert!(refused.is_err());
+}
+
+/// The `kube` feature's EndpointWatch: the Deployment runs as the ServiceAccount the
+/// RoleBinding grants the Role to, and the Role allows exactly what the watch does (get, list,
+/// watch its Pod; list, watch EndpointSlices; get Services) and nothing that writes.
+#[test]
+fn rbac_grants_the_endpoint_watch_what_it_reads_and_nothing_more() {
+    let m = Manifests::load();
+    let account = parse(SERVICE_ACCOUNT);
+    let role = parse(ROLE);
+    let binding = parse(ROLE_BINDING);
+    assert_eq!(account.str("kind"), "ServiceAccount");
+    assert_eq!(role.str("kind"), "Role");
+    assert_eq!(binding.str("kind"), "RoleBinding");
+
+    assert_eq!(
+        m.pod().str("serviceAccountName"),
+        account.str("metadata.name")
+    );
+    assert_eq!(binding.str("roleRef.kind"), "Role");
+    assert_eq!(binding.str("roleRef.apiGroup"), "rbac.authorization.k8s.io");
+    assert_eq!(binding.str("roleRef.name"), role.str("metadata.name"));
+    let subjects = binding.list("subjects");
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].str("kind"), "ServiceAccount");
+    assert_eq!(subjects[0].str("name"), account.str("metadata.name"));
+    // Namespaced and in the Pod's own namespace: none of the three pins one.
+    for doc in [&account, &role, &binding] {
+        assert!(doc.at("metadata").get("namespace").is_none());
+    }
+
+    let scalars = |n: &Node| -> Vec<String> {
+        n.items()
+            .iter()
+            .map(|x| match x {
+                Node::Scalar(s) => s.clone(),
+                other => panic!("not a scalar: {other:?}"),
+            })
+            .collect()
+    };
+    let mut granted: Vec<(String, String, Vec<String>)> = Vec::new();
+    for rule in role.list("rules") {
+        for group in scalars(rule.at("apiGroups")) {
+            for resource in scalars(rule.at("resources")) {
+                granted.push((group.clone(), resource, scalars(rule.at("verbs"))));
+            }
+        }
+    }
+    let verbs = |group: &str, resource: &str| -> Vec<String> {
+        let mut v: Vec<String> = granted
+            .iter()
+            .filter(|(g, r, _)| g == group && r == resource)
+            .flat_map(|(_, _, v)| v.clone())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(verbs("", "pods"), ["get", "list", "watch"]);
+    assert_eq!(
+        verbs("discovery.k8s.io", "endpointslices"),
+        ["list", "watch"]
+    );
+    assert_eq!(verbs("", "services"), ["get"]);
+    assert_eq!(granted.len(), 3, "no other resource: {granted:?}");
 }

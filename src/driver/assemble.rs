@@ -101,6 +101,7 @@ impl Driver {
             proxy_label: self.proxy_label.clone(),
             server,
         };
+        report.budget.deletion = self.deadlines_report(origin);
         report.advice = crate::advice::advise(&report);
         report
     }

@@ -72,7 +72,10 @@ impl Driver {
             connections: self.connections(),
             tasks: self.tasks.len(),
             readiness_policy: self.readiness,
-            budget: BudgetReport::new(&self.budget, used),
+            budget: BudgetReport {
+                deletion: origin.and_then(|o| self.deadlines_report(o.at)),
+                ..BudgetReport::new(&self.budget, used)
+            },
             timeline,
             timeline_omitted,
             evidence: self.evidence_now(),

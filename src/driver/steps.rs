@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::deadlines::Deadlines;
 use super::{Driver, Observed, EMIT_DRIVER, EMIT_NONE};
 use crate::closers::CloserResult;
 use crate::evidence::EvidenceKind;
@@ -15,20 +16,20 @@ use crate::report::{Outcome, Straggler, StragglerKind};
 impl Driver {
     /// The one driver task, spawned by the first trigger with its origin: each step below in
     /// turn, then the report.
+    ///
+    /// The deadlines are re-read at each step (`deadlines`): a Pod deletion with a shorter
+    /// grace (feature `kube`) moves them earlier, also mid-drain. `build` proved
+    /// `now + grace` representable; should the clock still refuse, a deadline is now (the
+    /// drain ends early, named) rather than a panic in the driver.
     pub(super) async fn drive(self: Arc<Self>, origin: Instant) {
-        let budget = self.budget;
-        // `build` proved `now + grace` representable; should the clock still refuse, the
-        // deadline is now (the drain ends early, named) rather than a panic in the driver.
-        let quiesce = origin
-            .checked_add(budget.quiesce_deadline())
-            .unwrap_or(origin);
-        let hard = origin.checked_add(budget.hard_deadline()).unwrap_or(origin);
-        self.arm_hurry(origin, quiesce);
+        // Events the Kubernetes watch saw before the trigger (feature `kube`).
+        self.flush_early_events(origin);
+        self.arm_hurry(origin);
         let reason = self.propagate(origin).await;
         self.stop_accepting(reason);
-        let (stragglers, deadline_hit) = self.wait_for_zero(origin, quiesce, hard).await;
+        let (stragglers, deadline_hit) = self.wait_for_zero(origin).await;
         self.set_phase(Phase::Closing);
-        let closers = self.close(hard).await;
+        let closers = self.close(self.deadlines(origin).hard).await;
         let outcome = if self.is_forced() {
             Outcome::Forced
         } else if deadline_hit {
@@ -42,17 +43,20 @@ impl Driver {
     }
 
     /// Fires the hurry token `hurry_lead` before the quiesce deadline (or with the deadline).
-    fn arm_hurry(&self, origin: Instant, quiesce: Instant) {
-        let hurry_at = quiesce
-            .checked_sub(self.hurry_lead)
-            .unwrap_or(origin)
-            .max(origin);
+    fn arm_hurry(self: &Arc<Self>, origin: Instant) {
         let hurry = self.tokens.hurry.clone();
         let deadline = self.tokens.deadline.clone();
+        let lead = self.hurry_lead;
+        let driver = Arc::clone(self);
         tokio::spawn(async move {
+            let hurry_at =
+                |d: &Deadlines| d.quiesce.checked_sub(lead).unwrap_or(origin).max(origin);
+            let mut phase = driver.subscribe();
             tokio::select! {
-                () = tokio::time::sleep_until(hurry_at) => hurry.cancel(),
+                () = driver.until_deadline(origin, hurry_at) => hurry.cancel(),
                 () = deadline.cancelled() => hurry.cancel(),
+                // Holds the driver (to re-read the deadlines): not past the end of the drain.
+                _ = phase.wait_for(|p| *p == Phase::Done) => {}
             }
         });
     }
@@ -64,10 +68,11 @@ impl Driver {
             .evidence
             .expect("the evidence is taken with the origin");
         let (reason, kind) = tokio::select! {
-            r = self.policy.commit(self.core, origin, evidence) => r,
+            r = self.policy.commit(self.core, origin, evidence, &self.link, || self.deadlines(origin).max_at) => r,
             () = self.tokens.force.cancelled() => (CommitReason::Forced, EvidenceKind::Cut),
         };
-        let committed = evidence.report(kind, crate::propagation::silence(self.core, origin));
+        let mut committed = evidence.report(kind, crate::propagation::silence(self.core, origin));
+        self.endpoint_evidence(&mut committed, origin);
         let mut e = self.event(EventKind::PropagationDone);
         e.reason = Some(reason);
         // The evidence rides on its event's log line and in the timeline.
@@ -98,12 +103,7 @@ impl Driver {
 
     /// Step 3: waits for zero (requests and tasks), or the quiesce deadline, where what is
     /// left is named and cut. Returns the stragglers and whether the deadline hit.
-    async fn wait_for_zero(
-        &self,
-        origin: Instant,
-        quiesce: Instant,
-        hard: Instant,
-    ) -> (Vec<Straggler>, bool) {
+    async fn wait_for_zero(&self, origin: Instant) -> (Vec<Straggler>, bool) {
         let mut stragglers = Vec::new();
         let mut deadline_hit = false;
         if !self.is_forced() {
@@ -118,17 +118,18 @@ impl Driver {
             let both = async { tokio::join!(requests, tasks) };
             tokio::select! {
                 _ = both => {}
-                () = tokio::time::sleep_until(quiesce) => deadline_hit = true,
+                () = self.until_deadline(origin, |d| d.quiesce) => deadline_hit = true,
                 () = self.tokens.force.cancelled() => {}
             }
         }
         if deadline_hit {
-            stragglers = self.collect_stragglers(quiesce, origin);
+            stragglers = self.collect_stragglers(self.deadlines(origin).quiesce, origin);
             self.push_detail(
                 EventKind::DeadlineExceeded,
                 format!("{} stragglers", stragglers.len()),
             );
             self.tokens.deadline.cancel();
+            let hard = self.deadlines(origin).hard;
             for (name, result) in self.tasks.recover_and_abort(hard).await {
                 if let Some(s) = stragglers.iter_mut().find(|s| {
                     s.kind == StragglerKind::Task && s.name == name && s.recovery.is_none()

@@ -43,9 +43,7 @@ impl Driver {
             st.evidence = Some(self.policy.evidence_at(self.core, now));
             st.signals_installed
         };
-        if let Some(quiesce) = now.checked_add(self.budget.quiesce_deadline()) {
-            let _ = self.quiesce_at.set(quiesce);
-        }
+        self.note_quiesce(self.deadlines(now).quiesce);
         if watchdog {
             // Only a process that installed the handlers owns its exit.
             exit::arm_watchdog(

@@ -140,6 +140,8 @@ fn phase_trigger_reason_and_event_names_are_documented() {
             E::DeadlineExceeded,
             E::ResourceClosed,
             E::Done,
+            E::EndpointChanged,
+            E::BudgetTightened,
             E::Exit,
         ],
         |v| v.as_str().to_owned(),
@@ -214,6 +216,10 @@ fn advice_names_are_documented() {
             R::GraceHeadroom,
             R::GraceUsed,
             R::StopSignalMissing,
+            R::EndpointSlice,
+            R::EndpointSliceStillRouting,
+            R::PublishNotReadyAddresses,
+            R::EndpointSliceUnavailable,
         ],
         |v| v.as_str().to_owned(),
     );
@@ -228,6 +234,7 @@ fn evidence_names_are_documented() {
         EvidenceKind::Max,
         EvidenceKind::Fixed,
         EvidenceKind::Cut,
+        EvidenceKind::EndpointSlice,
     ];
     check(src, "pub enum EvidenceKind", &kinds, |v| {
         v.as_str().to_owned()
@@ -235,6 +242,7 @@ fn evidence_names_are_documented() {
     let reasons = [
         MaxReason::NotEnoughEvidence,
         MaxReason::TrafficNeverWentQuiet,
+        MaxReason::EndpointSliceStillRouting,
     ];
     check(src, "pub enum MaxReason", &reasons, |v| {
         v.as_str().to_owned()

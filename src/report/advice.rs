@@ -70,6 +70,18 @@ pub enum AdviceRule {
     GraceUsed,
     /// `stop_signal_missing`: the stop signal did not come after a `preStop` drain.
     StopSignalMissing,
+    /// `endpoint_slice`: the commit went on the EndpointSlice (feature `kube`): when the
+    /// slices stopped routing here, plus the proxy allowance.
+    EndpointSlice,
+    /// `endpoint_slice_still_routing`: an EndpointSlice still listed this Pod as ready at
+    /// `max`, or the Kubernetes API had not answered (feature `kube`).
+    EndpointSliceStillRouting,
+    /// `publish_not_ready_addresses`: a Service selecting this Pod publishes not-ready
+    /// addresses, so its slice never stops routing here while it drains (feature `kube`).
+    PublishNotReadyAddresses,
+    /// `endpoint_slice_unavailable`: a started `EndpointWatch` could not be used (refused,
+    /// unreachable, no client), so the drain went on the arrival rate (feature `kube`).
+    EndpointSliceUnavailable,
 }
 
 impl AdviceRule {

@@ -1,0 +1,275 @@
+//! [`EndpointWatch`]: this Pod and the EndpointSlices that list it, watched through kube's
+//! `runtime::watcher`.
+//!
+//! The watcher, not raw `Api::watch`: it already keeps the resourceVersion from events and
+//! bookmarks, pages the initial list, and re-lists on 410 Gone — the parts of the watch
+//! protocol that are easy to get subtly wrong by hand. What is left here is the model: which
+//! endpoints are this Pod's, what changed, and what that means for the drain.
+
+use std::time::Duration;
+
+use ::kube::runtime::watcher;
+use ::kube::runtime::WatchStreamExt;
+use ::kube::{Api, Client};
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use super::model::Model;
+use crate::link::Source;
+use crate::{Drain, Phase};
+
+/// The default proxy allowance: time granted to proxies after the EndpointSlice shows this
+/// endpoint not ready, before propagation may commit.
+///
+/// 2 s: kube-proxy applies a slice change at most once per `minSyncPeriod` (1 s by default,
+/// iptables and nftables modes) and its rule write takes well under a second on a cluster of
+/// moderate size; the second second covers that write and the informer's delivery. Ingress
+/// controllers that reload, meshes and cloud load balancers can take longer: measure yours
+/// (the report's `after_flip.last_new_connection_ms`) and set
+/// [`EndpointWatch::proxy_allowance`].
+pub const DEFAULT_PROXY_ALLOWANCE: Duration = Duration::from_secs(2);
+
+/// How long the first list may take before the report calls the API unreachable (the watch
+/// goes on trying; a later answer still counts).
+const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The label that names an EndpointSlice's Service.
+pub(super) const LABEL_SERVICE: &str = "kubernetes.io/service-name";
+
+/// Why an [`EndpointWatch`] could not start.
+#[derive(Debug)]
+pub struct KubeError {
+    message: String,
+}
+
+impl std::fmt::Display for KubeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for KubeError {}
+
+/// Watches this Pod and every EndpointSlice that lists its addresses (all Services, IPv4 and
+/// IPv6), so that the drain goes on the source of truth (feature `kube`).
+///
+/// * Each change of this endpoint's conditions (`ready`, `serving`, `terminating`, per slice)
+///   is an [`EventKind::EndpointChanged`](crate::EventKind::EndpointChanged) event in the timeline.
+/// * Propagation does not commit before every slice shows the endpoint not ready (an endpoint
+///   removed from its slice counts), plus the [proxy allowance](Self::proxy_allowance), and
+///   the quiet window still holds. The report's
+///   [`EvidenceReport::endpoint_slice`](crate::EvidenceReport::endpoint_slice) has the numbers.
+/// * The Pod's `deletionTimestamp` and `deletionGracePeriodSeconds` are this deletion's real
+///   budget: `kubectl delete --grace-period=5` shrinks the hard and quiesce deadlines and
+///   `max` ([`EventKind::BudgetTightened`](crate::EventKind::BudgetTightened), the report's `budget.deletion`).
+/// * A Service selecting the Pod with `publishNotReadyAddresses: true` keeps it `ready` in
+///   its slices; it is not waited on, and the report advises about it.
+///
+/// When the API refuses (RBAC), cannot be reached, or no slice lists the Pod, the drain works
+/// as without the feature and the report's
+/// [`endpoint_slice_unused`](crate::EvidenceReport::endpoint_slice_unused) says why. The
+/// service account needs `get`, `list`, `watch` on its own Pod, `list`, `watch` on
+/// EndpointSlices and `get` on Services (`examples/k8s/role.yaml`).
+///
+/// # Examples
+///
+/// ```no_run
+/// use lameduck::{Drain, EndpointWatch};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let drain = Drain::builder().build()?;
+/// // POD_NAME and POD_NAMESPACE from the downward API; the in-cluster service account.
+/// EndpointWatch::from_env().start(&drain)?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct EndpointWatch {
+    pod: Option<String>,
+    namespace: Option<String>,
+    client: Option<Client>,
+    allowance: Duration,
+    api_timeout: Duration,
+}
+
+impl std::fmt::Debug for EndpointWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndpointWatch")
+            .field("pod", &self.pod)
+            .field("namespace", &self.namespace)
+            .field("client", &self.client.as_ref().map(|_| "Client"))
+            .field("allowance", &self.allowance)
+            .field("api_timeout", &self.api_timeout)
+            .finish()
+    }
+}
+
+impl EndpointWatch {
+    /// The Pod named by `POD_NAME` in `POD_NAMESPACE` (the downward API), through the default
+    /// client (in-cluster service account, else the kubeconfig).
+    pub fn from_env() -> Self {
+        let var = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        Self {
+            pod: var("POD_NAME"),
+            namespace: var("POD_NAMESPACE"),
+            client: None,
+            allowance: DEFAULT_PROXY_ALLOWANCE,
+            api_timeout: DEFAULT_API_TIMEOUT,
+        }
+    }
+
+    /// The Pod's name, instead of `POD_NAME`.
+    pub fn pod(mut self, name: impl Into<String>) -> Self {
+        self.pod = Some(name.into());
+        self
+    }
+
+    /// The Pod's namespace, instead of `POD_NAMESPACE`.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The client to watch with, instead of `Client::try_default()`.
+    pub fn client(mut self, client: Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// Time granted to the proxies after the slices show the endpoint not ready, before the
+    /// drain may commit (default [`DEFAULT_PROXY_ALLOWANCE`], 2 s).
+    pub fn proxy_allowance(mut self, d: Duration) -> Self {
+        self.allowance = d;
+        self
+    }
+
+    /// How long the first list may take before the report calls the API unreachable and the
+    /// drain goes on the arrival evidence (default 5 s). The watch keeps trying.
+    pub fn api_timeout(mut self, d: Duration) -> Self {
+        self.api_timeout = d;
+        self
+    }
+
+    /// Starts watching, on a task of the current runtime that ends when the drain is done.
+    ///
+    /// # Errors
+    ///
+    /// When the Pod's name or namespace is unknown (`POD_NAME`, `POD_NAMESPACE` unset and not
+    /// given). The drain's report then says so, and works as without the feature.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn start(self, drain: &Drain) -> Result<(), KubeError> {
+        let link = drain.link();
+        let (pod, namespace) = match (self.pod.clone(), self.namespace.clone()) {
+            (Some(p), Some(n)) => (p, n),
+            (p, _) => {
+                let missing = if p.is_none() {
+                    "POD_NAME"
+                } else {
+                    "POD_NAMESPACE"
+                };
+                let message = format!(
+                    "{missing} is not set: set it from the downward API (fieldRef metadata.{}) \
+                     or give it to EndpointWatch",
+                    if p.is_none() { "name" } else { "namespace" }
+                );
+                link.set_source(Source::Unavailable(message.clone()), None);
+                return Err(KubeError { message });
+            }
+        };
+        link.set_source(Source::Connecting, Some(self.allowance));
+        let drain = drain.clone();
+        tokio::spawn(async move {
+            let done = drain.reached(Phase::Done);
+            tokio::select! {
+                () = self.run(&drain, pod, namespace) => {}
+                () = done => {}
+            }
+        });
+        Ok(())
+    }
+
+    async fn run(self, drain: &Drain, pod: String, namespace: String) {
+        let link = drain.link();
+        let client = match self.client {
+            Some(c) => c,
+            None => match tokio::time::timeout(self.api_timeout, Client::try_default()).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    link.set_source(
+                        Source::Unavailable(format!("no Kubernetes client: {e}")),
+                        None,
+                    );
+                    return;
+                }
+                Err(_) => {
+                    link.set_source(
+                        Source::Unavailable(
+                            "no Kubernetes client: its config timed out".to_owned(),
+                        ),
+                        None,
+                    );
+                    return;
+                }
+            },
+        };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+        let services: Api<Service> = Api::namespaced(client, &namespace);
+        let pod_events = watcher::watcher(
+            pods,
+            watcher::Config::default().fields(&format!("metadata.name={pod}")),
+        )
+        .default_backoff();
+        let slice_events = watcher::watcher(slices, watcher::Config::default()).default_backoff();
+        tokio::pin!(pod_events, slice_events);
+
+        let mut model = Model::new(pod, drain.readiness_policy());
+        let api_deadline = tokio::time::sleep(self.api_timeout);
+        tokio::pin!(api_deadline);
+        let mut timed_out = false;
+        loop {
+            tokio::select! {
+                e = pod_events.next() => match e {
+                    Some(Ok(e)) => model.on_pod(drain, e),
+                    Some(Err(e)) => {
+                        model.on_error(drain, "pods", &e);
+                        continue;
+                    }
+                    None => return,
+                },
+                e = slice_events.next() => match e {
+                    Some(Ok(e)) => model.on_slice(e),
+                    Some(Err(e)) => {
+                        model.on_error(drain, "endpointslices", &e);
+                        continue;
+                    }
+                    None => return,
+                },
+                () = &mut api_deadline, if !timed_out => {
+                    timed_out = true;
+                    if !model.synced() && !model.failed() {
+                        link.set_source(
+                            Source::Unavailable(format!(
+                                "unreachable: the Kubernetes API did not answer within {} ms",
+                                self.api_timeout.as_millis()
+                            )),
+                            None,
+                        );
+                    }
+                    continue;
+                }
+            }
+            model.lookup_services(&services).await;
+            model.publish(drain);
+        }
+    }
+}

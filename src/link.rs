@@ -1,0 +1,339 @@
+//! What the Kubernetes API says, as the coordinator reads it: a small state the watch
+//! (`src/kube/`, feature `kube`) writes and the driver reads — the slices' hold on
+//! propagation, the deletion's kill time, the events seen before the trigger.
+//!
+//! Compiled in every build, so the report says which evidence was used and, without the
+//! feature, why the API was not. It depends on nothing of the coordinator's: the driver reads
+//! it, the watch writes it through the [`Drain`](crate::Drain) handle.
+//!
+//! Invariants:
+//! - The deletion budget only tightens: a later deletion with a longer grace changes nothing
+//!   (the API server keeps the earliest `deletionTimestamp` too).
+//! - `unrouted_since` is set when every slice that lists this Pod first shows it not routable,
+//!   and cleared when one shows it routable again (a flap before the trigger).
+//! - One std mutex, never held across an await or while calling out; every write bumps the
+//!   generation so a waiting driver re-reads.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Where the slice evidence stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "kube"), allow(dead_code))] // the watch, behind `kube`, sets the rest
+pub(crate) enum Source {
+    /// Built without the `kube` feature.
+    NotBuilt,
+    /// Built with it, but no `EndpointWatch` was started.
+    NotStarted,
+    /// Started; the first list has not answered yet.
+    Connecting,
+    /// Listed and watching.
+    Watching,
+    /// The API refused or could not be reached: why.
+    Unavailable(String),
+}
+
+/// What the slices allow the propagation policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// No slice evidence: the policy goes on what it has today.
+    None,
+    /// Slice evidence is coming or the slices still route here: no commit yet.
+    Pending,
+    /// The slices stopped routing here; proxies are allowed until then.
+    Until(Instant),
+}
+
+/// The routing state of this Pod's endpoint across the slices that list it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Routing {
+    /// `name (service)` of each slice that lists this Pod and can stop routing to it.
+    pub(crate) slices: Vec<String>,
+    /// When every one of them first showed the endpoint not routable: monotonic and unix ms.
+    pub(crate) unrouted_since: Option<(Instant, u64)>,
+    /// Services that select this Pod with `publishNotReadyAddresses: true`.
+    pub(crate) publish_not_ready: Vec<String>,
+    /// The condition waited for (`ready=false`, or `ready=false or terminating=true`).
+    pub(crate) condition: &'static str,
+}
+
+/// The real end of this deletion, from the Pod's `deletionTimestamp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Kill {
+    /// When kubelet may send SIGKILL.
+    pub(crate) at: Instant,
+    /// `deletionGracePeriodSeconds`.
+    pub(crate) grace: Duration,
+}
+
+/// An event seen before the trigger, added to the timeline when the drain starts.
+#[derive(Clone, Debug)]
+pub(crate) struct Early {
+    pub(crate) kind: crate::EventKind,
+    pub(crate) at: Instant,
+    pub(crate) unix_ms: u64,
+    pub(crate) name: Option<String>,
+    pub(crate) detail: String,
+}
+
+/// At most this many events from before the trigger are kept (the latest ones).
+const EARLY_LIMIT: usize = 16;
+
+struct State {
+    source: Source,
+    allowance: Duration,
+    routing: Routing,
+    kill: Option<Kill>,
+    early: Vec<Early>,
+}
+
+pub(crate) struct Link {
+    state: Mutex<State>,
+    generation: watch::Sender<u64>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("source", &self.lock().source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Link {
+    pub(crate) fn new() -> Self {
+        let source = if cfg!(feature = "kube") {
+            Source::NotStarted
+        } else {
+            Source::NotBuilt
+        };
+        Self {
+            state: Mutex::new(State {
+                source,
+                allowance: Duration::ZERO,
+                routing: Routing::default(),
+                kill: None,
+                early: Vec::new(),
+            }),
+            generation: watch::channel(0).0,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bump(&self) {
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    /// Changes whenever the link does: the driver waits on it next to its deadlines.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// Sleeps until the instant `at` gives, re-reading it whenever the link changes (a
+    /// deletion with a shorter grace moves the deadlines earlier).
+    pub(crate) async fn sleep_until(&self, at: impl Fn() -> Instant) {
+        let mut changes = self.subscribe();
+        loop {
+            let t = at();
+            tokio::select! {
+                () = tokio::time::sleep_until(t) => return,
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        // The link lives as long as the coordinator: no more changes.
+                        tokio::time::sleep_until(t).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    pub(crate) fn set_source(&self, source: Source, allowance: Option<Duration>) {
+        {
+            let mut st = self.lock();
+            st.source = source;
+            if let Some(a) = allowance {
+                st.allowance = a;
+            }
+        }
+        self.bump();
+    }
+
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    pub(crate) fn set_routing(&self, routing: Routing) {
+        let changed = {
+            let mut st = self.lock();
+            let changed = st.routing != routing;
+            st.routing = routing;
+            changed
+        };
+        if changed {
+            self.bump();
+        }
+    }
+
+    /// Records the deletion's kill time; `true` if it tightened the budget.
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    pub(crate) fn tighten(&self, kill: Kill) -> bool {
+        let tightened = {
+            let mut st = self.lock();
+            match st.kill {
+                Some(k) if k.at <= kill.at => false,
+                _ => {
+                    st.kill = Some(kill);
+                    true
+                }
+            }
+        };
+        if tightened {
+            self.bump();
+        }
+        tightened
+    }
+
+    pub(crate) fn kill(&self) -> Option<Kill> {
+        self.lock().kill
+    }
+
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    pub(crate) fn push_early(&self, e: Early) {
+        let mut st = self.lock();
+        if st.early.len() == EARLY_LIMIT {
+            st.early.remove(0);
+        }
+        st.early.push(e);
+    }
+
+    pub(crate) fn take_early(&self) -> Vec<Early> {
+        std::mem::take(&mut self.lock().early)
+    }
+
+    /// What the slices allow the propagation policy now.
+    pub(crate) fn hold(&self) -> Hold {
+        let st = self.lock();
+        match st.source {
+            Source::NotBuilt | Source::NotStarted | Source::Unavailable(_) => Hold::None,
+            Source::Connecting => Hold::Pending,
+            Source::Watching if st.routing.slices.is_empty() => Hold::None,
+            Source::Watching => match st.routing.unrouted_since {
+                Some((at, _)) => Hold::Until(at + st.allowance),
+                None => Hold::Pending,
+            },
+        }
+    }
+
+    /// Why the slices were not the evidence, when they were not.
+    pub(crate) fn unused_reason(&self) -> Option<String> {
+        let st = self.lock();
+        match &st.source {
+            Source::NotBuilt => Some("the kube feature is not built".to_owned()),
+            Source::NotStarted => Some("no EndpointWatch was started".to_owned()),
+            Source::Connecting => Some("the Kubernetes API had not answered yet".to_owned()),
+            Source::Unavailable(why) => Some(why.clone()),
+            Source::Watching if st.routing.slices.is_empty() => {
+                Some(if st.routing.publish_not_ready.is_empty() {
+                    "no EndpointSlice lists this Pod's addresses".to_owned()
+                } else {
+                    "every Service listing this Pod publishes not-ready addresses".to_owned()
+                })
+            }
+            Source::Watching => None,
+        }
+    }
+
+    /// The slice evidence for the report, relative to the drain's origin.
+    pub(crate) fn evidence(&self, origin: Instant, origin_unix_ms: u64) -> EndpointSliceEvidence {
+        let st = self.lock();
+        let r = &st.routing;
+        EndpointSliceEvidence {
+            condition: r.condition.to_owned(),
+            slices: r.slices.clone(),
+            changed_at_ms: r
+                .unrouted_since
+                .map(|(_, unix)| unix as i64 - origin_unix_ms as i64),
+            allowance_ms: st.allowance.as_millis() as u64,
+            allowed_at_ms: r.unrouted_since.map(|(at, _)| {
+                (at + st.allowance)
+                    .saturating_duration_since(origin)
+                    .as_millis() as u64
+            }),
+            publish_not_ready_addresses: r.publish_not_ready.clone(),
+        }
+    }
+
+    /// Listed and watching: the slice evidence is worth reporting, used or not.
+    pub(crate) fn is_watching(&self) -> bool {
+        self.lock().source == Source::Watching
+    }
+}
+
+/// The EndpointSlice evidence behind a propagation commit (feature `kube`): part of
+/// [`EvidenceReport`](crate::EvidenceReport).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointSliceEvidence {
+    /// The endpoint condition waited for: `ready=false` (or, under
+    /// [`ServingUntilStop`](crate::ReadinessWhileDraining::ServingUntilStop),
+    /// `ready=false or terminating=true`). An endpoint removed from its slice counts too.
+    pub condition: String,
+    /// The slices that list this Pod, as `name (service)`.
+    pub slices: Vec<String>,
+    /// When every slice first showed the condition, in milliseconds after the trigger
+    /// (negative: before it). Absent while a slice still routes here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_at_ms: Option<i64>,
+    /// The proxy allowance added to it, in milliseconds.
+    pub allowance_ms: u64,
+    /// `changed_at + allowance`, in milliseconds after the trigger (0 if before it): the
+    /// earliest commit the slices allow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_at_ms: Option<u64>,
+    /// Services selecting this Pod with `publishNotReadyAddresses: true`: their slices keep
+    /// `ready=true`, so they are not waited on (see the advice).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub publish_not_ready_addresses: Vec<String>,
+}
+
+/// The budget of this deletion, when the Pod's `deletionGracePeriodSeconds` left less than
+/// `grace_period` (feature `kube`): part of [`BudgetReport`](crate::BudgetReport). Margin,
+/// close budget and propagation `max` shrink in the same proportion as the grace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletionBudget {
+    /// The Pod's `deletionGracePeriodSeconds`, in milliseconds.
+    pub deletion_grace_ms: u64,
+    /// When kubelet may kill the container (`deletionTimestamp`), in milliseconds after the
+    /// trigger.
+    pub kill_at_ms: u64,
+    /// The hard deadline it leaves, in milliseconds after the trigger.
+    pub hard_ms: u64,
+    /// The quiesce deadline it leaves, in milliseconds after the trigger.
+    pub quiesce_ms: u64,
+    /// Propagation `max` it leaves, in milliseconds after the trigger.
+    pub max_ms: u64,
+}
+
+#[cfg(all(test, not(lameduck_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_only_tightens() {
+        let link = Link::new();
+        let now = Instant::now();
+        let k = |s| Kill {
+            at: now + Duration::from_secs(s),
+            grace: Duration::from_secs(s),
+        };
+        assert!(link.tighten(k(10)));
+        assert!(!link.tighten(k(20)));
+        assert!(link.tighten(k(3)));
+        assert_eq!(link.kill().unwrap().grace, Duration::from_secs(3));
+    }
+}

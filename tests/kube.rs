@@ -1,0 +1,792 @@
+//! The `kube` feature against the Kubernetes API over real HTTP on 127.0.0.1: a small API
+//! server speaks the list and watch protocol (resourceVersion, `?watch=true` chunked JSON
+//! events, BOOKMARK, 410 Gone that forces a re-list, 403 Forbidden), fed by an EndpointSlice
+//! model that derives each endpoint's conditions from its Pod as the EndpointSlice controller
+//! does. kube's real client and watcher are exercised end to end.
+#![cfg(feature = "kube")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use lameduck::{
+    AdviceRule, Drain, DrainReport, EndpointWatch, EventKind, EvidenceKind, MaxReason, Propagation,
+    ReadinessWhileDraining, Trigger,
+};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+const NS: &str = "shop";
+const POD: &str = "web-0";
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// One Pod of the model: what the EndpointSlice controller reads.
+#[derive(Clone)]
+struct PodState {
+    ipv4: String,
+    ipv6: String,
+    ready: bool,
+    /// `deletionTimestamp` (unix ms) and `deletionGracePeriodSeconds`.
+    deletion: Option<(u64, i64)>,
+}
+
+/// A Service and the Pods it selects; one slice per address family, as the controller writes.
+struct ServiceState {
+    publish_not_ready: bool,
+    pods: Vec<String>,
+}
+
+#[derive(Default)]
+struct Model {
+    rv: u64,
+    pods: BTreeMap<String, PodState>,
+    services: BTreeMap<String, ServiceState>,
+    /// Published objects by kind ("pods", "endpointslices") and name.
+    objects: BTreeMap<(&'static str, String), Value>,
+    /// Every change, for watches that resume from a resourceVersion.
+    log: Vec<(u64, &'static str, &'static str, Value)>,
+    /// Watches from a resourceVersion below this get 410 Gone.
+    compacted: u64,
+    forbidden: bool,
+    watchers: Vec<(&'static str, Option<String>, mpsc::UnboundedSender<Bytes>)>,
+    /// `(kind, "list" | "watch")` of each request served.
+    requests: Vec<(&'static str, &'static str)>,
+}
+
+fn line(v: &Value) -> Bytes {
+    let mut s = serde_json::to_vec(v).unwrap();
+    s.push(b'\n');
+    Bytes::from(s)
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+impl Model {
+    /// The objects the controller would write for the current Pods and Services.
+    fn render(&self) -> Vec<(&'static str, String, Value)> {
+        let mut out = Vec::new();
+        for (name, p) in &self.pods {
+            let mut meta = json!({"name": name, "namespace": NS, "uid": format!("uid-{name}")});
+            if let Some((at, grace)) = p.deletion {
+                let ts = chrono_like(at);
+                meta["deletionTimestamp"] = json!(ts);
+                meta["deletionGracePeriodSeconds"] = json!(grace);
+            }
+            out.push((
+                "pods",
+                name.clone(),
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                       "status": {"podIP": p.ipv4, "podIPs": [{"ip": p.ipv4}, {"ip": p.ipv6}]}}),
+            ));
+        }
+        for (svc, s) in &self.services {
+            for (family, v6) in [("IPv4", false), ("IPv6", true)] {
+                let endpoints: Vec<Value> = s
+                    .pods
+                    .iter()
+                    .filter_map(|n| self.pods.get(n).map(|p| (n, p)))
+                    .map(|(n, p)| {
+                        let terminating = p.deletion.is_some();
+                        // The controller's rule: ready only when serving and not terminating,
+                        // unless the Service publishes not-ready addresses.
+                        let ready = s.publish_not_ready || (p.ready && !terminating);
+                        let mut e = json!({
+                            "addresses": [if v6 { &p.ipv6 } else { &p.ipv4 }],
+                            "conditions": {"ready": ready, "serving": p.ready, "terminating": terminating},
+                        });
+                        // The IPv6 slice names no Pod: the watch must match the address.
+                        if !v6 {
+                            e["targetRef"] = json!({"kind": "Pod", "name": n, "namespace": NS});
+                        }
+                        e
+                    })
+                    .collect();
+                let name = format!("{svc}-{}", family.to_lowercase());
+                out.push((
+                    "endpointslices",
+                    name.clone(),
+                    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                           "metadata": {"name": name, "namespace": NS,
+                                        "labels": {"kubernetes.io/service-name": svc}},
+                           "addressType": family, "endpoints": endpoints,
+                           "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
+                ));
+            }
+        }
+        out
+    }
+
+    /// Publishes what changed since the last sync: a new resourceVersion each, to the log and
+    /// to the open watches.
+    fn sync(&mut self) {
+        for (kind, name, mut obj) in self.render() {
+            let key = (kind, name.clone());
+            let prev = self.objects.get(&key).map(|o| {
+                let mut o = o.clone();
+                o["metadata"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("resourceVersion");
+                o
+            });
+            if prev.as_ref() == Some(&obj) {
+                continue;
+            }
+            self.rv += 1;
+            obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+            let ty = if prev.is_some() { "MODIFIED" } else { "ADDED" };
+            self.log.push((self.rv, kind, ty, obj.clone()));
+            let ev = line(&json!({"type": ty, "object": obj}));
+            self.watchers.retain(|(k, only, tx)| {
+                *k != kind
+                    || only.as_ref().is_some_and(|o| *o != name)
+                    || tx.send(ev.clone()).is_ok()
+            });
+            self.objects.insert(key, obj);
+        }
+    }
+
+    /// A BOOKMARK to every open watch: the watcher moves its resourceVersion on.
+    fn bookmark(&mut self) {
+        let rv = self.rv.to_string();
+        self.watchers.retain(|(kind, _, tx)| {
+            let (api, k) = if *kind == "pods" {
+                ("v1", "Pod")
+            } else {
+                ("discovery.k8s.io/v1", "EndpointSlice")
+            };
+            tx.send(line(
+                &json!({"type": "BOOKMARK", "object": {"apiVersion": api, "kind": k,
+                "metadata": {"resourceVersion": rv}}}),
+            ))
+            .is_ok()
+        });
+    }
+
+    /// Compacts history and ends every watch with 410 Gone: the watchers must re-list.
+    fn expire(&mut self) {
+        self.compacted = self.rv + 1;
+        for (_, _, tx) in self.watchers.drain(..) {
+            let _ = tx.send(line(&json!({"type": "ERROR",
+                "object": status(410, "Expired", "too old resource version")})));
+        }
+    }
+
+    fn count(&self, kind: &str, verb: &str) -> usize {
+        self.requests
+            .iter()
+            .filter(|(k, v)| *k == kind && *v == verb)
+            .count()
+    }
+}
+
+/// RFC 3339 in whole seconds, rounded down, as the API server writes `deletionTimestamp`.
+fn chrono_like(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[derive(Clone)]
+struct Cluster {
+    model: Arc<Mutex<Model>>,
+    addr: SocketAddr,
+}
+
+fn full(code: StatusCode, v: &Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(v).unwrap())).boxed())
+        .unwrap()
+}
+
+fn query(req: &Request<hyper::body::Incoming>) -> BTreeMap<String, String> {
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.replace("%3D", "=").replace("%3d", "=")))
+        .collect()
+}
+
+fn handle(model: &Arc<Mutex<Model>>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_owned();
+    let q = query(&req);
+    let pods = format!("/api/v1/namespaces/{NS}/pods");
+    let slices = format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices");
+    let services = format!("/api/v1/namespaces/{NS}/services/");
+    let mut m = model.lock().unwrap();
+    if m.forbidden {
+        m.requests.push(("any", "forbidden"));
+        return full(
+            StatusCode::FORBIDDEN,
+            &status(403, "Forbidden", "endpointslices.discovery.k8s.io is forbidden: User \"system:serviceaccount:shop:default\" cannot list resource"),
+        );
+    }
+    if let Some(svc) = path.strip_prefix(&services) {
+        return match m.services.get(svc) {
+            Some(s) => full(
+                StatusCode::OK,
+                &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": svc, "namespace": NS},
+                        "spec": {"publishNotReadyAddresses": s.publish_not_ready}}),
+            ),
+            None => full(
+                StatusCode::NOT_FOUND,
+                &status(404, "NotFound", "service not found"),
+            ),
+        };
+    }
+    let kind = if path == pods {
+        "pods"
+    } else if path == slices {
+        "endpointslices"
+    } else {
+        return full(
+            StatusCode::NOT_FOUND,
+            &status(404, "NotFound", "no such path"),
+        );
+    };
+    let only = q
+        .get("fieldSelector")
+        .and_then(|f| f.strip_prefix("metadata.name="))
+        .map(str::to_owned);
+    if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+        m.requests.push((kind, "watch"));
+        let from: u64 = q
+            .get("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let (tx, rx) = mpsc::unbounded_channel();
+        if from < m.compacted {
+            let _ = tx.send(line(&json!({"type": "ERROR",
+                "object": status(410, "Expired", "too old resource version")})));
+            drop(tx);
+        } else {
+            for (rv, k, ty, obj) in &m.log {
+                let name = obj["metadata"]["name"].as_str().unwrap_or("");
+                if *rv > from && *k == kind && only.as_deref().is_none_or(|o| o == name) {
+                    let _ = tx.send(line(&json!({"type": ty, "object": obj})));
+                }
+            }
+            m.watchers.push((kind, only, tx));
+        }
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv()
+                .await
+                .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+        });
+        return Response::builder()
+            .header("content-type", "application/json")
+            .body(BodyExt::boxed(StreamBody::new(stream)))
+            .unwrap();
+    }
+    m.requests.push((kind, "list"));
+    let items: Vec<Value> = m
+        .objects
+        .iter()
+        .filter(|((k, name), _)| *k == kind && only.as_deref().is_none_or(|o| o == name))
+        .map(|(_, v)| v.clone())
+        .collect();
+    let list_kind = if kind == "pods" {
+        "PodList"
+    } else {
+        "EndpointSliceList"
+    };
+    full(
+        StatusCode::OK,
+        &json!({"apiVersion": "v1", "kind": list_kind,
+                "metadata": {"resourceVersion": m.rv.to_string()}, "items": items}),
+    )
+}
+
+impl Cluster {
+    /// Pod `web-0` (ready, IPv4 and IPv6) and `web-1` behind Service `web`, served on loopback.
+    async fn start() -> Self {
+        let mut m = Model::default();
+        for (i, name) in ["web-0", "web-1"].iter().enumerate() {
+            m.pods.insert(
+                (*name).to_owned(),
+                PodState {
+                    ipv4: format!("10.1.0.{}", i + 5),
+                    ipv6: format!("fd00::{}", i + 5),
+                    ready: true,
+                    deletion: None,
+                },
+            );
+        }
+        m.services.insert(
+            "web".to_owned(),
+            ServiceState {
+                publish_not_ready: false,
+                pods: vec!["web-0".to_owned(), "web-1".to_owned()],
+            },
+        );
+        m.sync();
+        let model = Arc::new(Mutex::new(m));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let served = model.clone();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let model = served.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let r = handle(&model, req);
+                        async move { Ok::<_, Infallible>(r) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(sock), svc)
+                        .await;
+                });
+            }
+        });
+        Cluster { model, addr }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Model) -> R) -> R {
+        f(&mut self.model.lock().unwrap())
+    }
+
+    fn client(&self) -> kube::Client {
+        let uri = format!("http://{}", self.addr).parse().unwrap();
+        kube::Client::try_from(kube::Config::new(uri)).unwrap()
+    }
+
+    /// Waits (bounded) until both watches are open: the watch has listed and synced.
+    async fn watching(&self) {
+        for _ in 0..500 {
+            let open = self.with(|m| {
+                let kinds: Vec<_> = m.watchers.iter().map(|(k, _, _)| *k).collect();
+                kinds.contains(&"pods") && kinds.contains(&"endpointslices")
+            });
+            if open {
+                // The watch request is in; give the client a moment to take in the stream.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the watches never opened");
+    }
+
+    fn delete_pod(&self, grace_s: i64) {
+        let at = unix_ms() + grace_s as u64 * 1000;
+        self.with(|m| {
+            m.pods.get_mut(POD).unwrap().deletion = Some((at, grace_s));
+            m.sync();
+        });
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn drain(grace: Duration, propagation: Propagation, readiness: ReadinessWhileDraining) -> Drain {
+    common::quiet_builder()
+        .grace_period(grace)
+        .propagation(propagation)
+        .readiness_while_draining(readiness)
+        .build()
+        .unwrap()
+}
+
+async fn finished(d: &Drain) -> DrainReport {
+    tokio::time::timeout(Duration::from_secs(20), d.drained())
+        .await
+        .expect("the drain finished")
+}
+
+fn events(r: &DrainReport, kind: EventKind) -> Vec<&lameduck::Event> {
+    r.timeline.iter().filter(|e| e.event == kind).collect()
+}
+
+#[tokio::test]
+async fn propagation_waits_for_every_slice_plus_the_allowance_and_the_timeline_shows_each_change() {
+    let cluster = Cluster::start().await;
+    // No connection data and a 10 s max: without the slices this drain would wait to max.
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100))
+            .min(Duration::from_millis(100))
+            .max(Duration::from_secs(10)),
+        ReadinessWhileDraining::Auto,
+    );
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(cluster.client())
+        .proxy_allowance(Duration::from_millis(400))
+        .start(&d)
+        .unwrap();
+    cluster.watching().await;
+    d.start(Trigger::Api);
+
+    // A bookmark, then history compacted under the open watches: 410 Gone, re-list.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // While the slices still route here, `/status` says the drain waits on them.
+    let waiting = d.status().evidence.unwrap();
+    assert_eq!(waiting.kind, EvidenceKind::EndpointSlice);
+    let w = waiting.endpoint_slice.as_ref().unwrap();
+    assert_eq!((w.changed_at_ms, w.allowed_at_ms), (None, None), "{w:?}");
+    assert_eq!(w.slices, ["web-ipv4 (web)", "web-ipv6 (web)"]);
+    cluster.with(Model::bookmark);
+    cluster.with(Model::expire);
+    // The deletion lands while the watchers re-list: the list must carry it.
+    cluster.delete_pod(30);
+    let r = finished(&d).await;
+
+    let relists = cluster.with(|m| m.count("endpointslices", "list"));
+    assert!(relists >= 2, "410 Gone forced a re-list ({relists} lists)");
+
+    let ev = r.propagation.evidence.as_ref().unwrap();
+    assert_eq!(ev.kind, EvidenceKind::EndpointSlice, "{ev:?}");
+    assert_eq!(ev.endpoint_slice_unused, None);
+    let slice = ev.endpoint_slice.as_ref().unwrap();
+    assert_eq!(slice.condition, "ready=false");
+    assert_eq!(slice.allowance_ms, 400);
+    // Both families: the IPv6 slice names no Pod and is matched by address.
+    assert_eq!(slice.slices, ["web-ipv4 (web)", "web-ipv6 (web)"]);
+    let changed = slice.changed_at_ms.unwrap();
+    assert!(
+        changed >= 300,
+        "the slices changed after the deletion ({changed} ms)"
+    );
+    let done = r.event(EventKind::PropagationDone).unwrap();
+    assert!(
+        done.at_ms as i64 >= changed + 400,
+        "propagation committed at {} ms, before the slice change ({changed} ms) + the allowance",
+        done.at_ms
+    );
+    assert!(
+        done.at_ms < 10_000,
+        "the slices, not max, ended propagation"
+    );
+    let detail = done.detail.as_deref().unwrap();
+    assert!(
+        detail.starts_with("endpoint_slice: ")
+            && detail.contains(&format!("EndpointSlice ready=false at {changed} ms")),
+        "{detail}"
+    );
+
+    let changes = events(&r, EventKind::EndpointChanged);
+    assert_eq!(changes.len(), 2, "{:#?}", r.timeline);
+    for (e, name) in changes.iter().zip(["web-ipv4", "web-ipv6"]) {
+        assert_eq!(e.name.as_deref(), Some(name));
+        assert_eq!(
+            e.detail.as_deref(),
+            Some("service web: ready true→false, serving true, terminating false→true")
+        );
+    }
+    assert!(
+        r.advice.iter().any(|a| a.rule == AdviceRule::EndpointSlice),
+        "{:?}",
+        r.advice
+    );
+}
+
+#[tokio::test]
+async fn a_short_deletion_grace_shrinks_the_deadlines() {
+    let cluster = Cluster::start().await;
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100)).min(Duration::from_millis(100)),
+        ReadinessWhileDraining::Auto,
+    );
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(cluster.client())
+        .proxy_allowance(Duration::from_millis(100))
+        .start(&d)
+        .unwrap();
+    cluster.watching().await;
+    // A task that never ends: the quiesce deadline, not the configured 24 s, cuts it.
+    d.spawn("stuck", std::future::pending::<()>());
+    let origin = tokio::time::Instant::now();
+    d.start(Trigger::Api);
+    // Before the deletion, the configured budget: 30 s − 1 s margin.
+    assert!(d.hard_deadline().unwrap() >= origin + Duration::from_secs(29));
+    // `kubectl delete --grace-period=3` while the drain runs: the deadlines move earlier.
+    cluster.delete_pod(3);
+    let mut tightened_in_time = false;
+    for _ in 0..300 {
+        if d.hard_deadline().unwrap() <= origin + Duration::from_secs(3) {
+            tightened_in_time = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        tightened_in_time,
+        "the hard deadline moved within the deletion's 3 s"
+    );
+    let r = finished(&d).await;
+
+    let del = r.budget.deletion.as_ref().expect("budget.deletion");
+    assert_eq!(del.deletion_grace_ms, 3000);
+    assert!(del.kill_at_ms <= 3000 && del.kill_at_ms >= 1000, "{del:?}");
+    assert!(
+        del.hard_ms < del.kill_at_ms && del.quiesce_ms < del.hard_ms,
+        "{del:?}"
+    );
+    assert!(del.max_ms <= del.quiesce_ms, "{del:?}");
+    let cut = r
+        .event(EventKind::DeadlineExceeded)
+        .expect("the stuck task hit the deadline");
+    assert!(
+        cut.at_ms <= del.quiesce_ms + 500,
+        "cut at {} ms, the deletion's quiesce deadline is {} ms",
+        cut.at_ms,
+        del.quiesce_ms
+    );
+    let tightened = events(&r, EventKind::BudgetTightened);
+    assert_eq!(tightened.len(), 1, "{:#?}", r.timeline);
+    assert!(tightened[0]
+        .detail
+        .as_deref()
+        .unwrap()
+        .contains("deletionGracePeriodSeconds 3"));
+    assert_eq!(events(&r, EventKind::EndpointChanged).len(), 2);
+}
+
+#[tokio::test]
+async fn publish_not_ready_addresses_is_not_waited_on_and_gets_advice() {
+    let cluster = Cluster::start().await;
+    cluster.with(|m| {
+        m.services.insert(
+            "peers".to_owned(),
+            ServiceState {
+                publish_not_ready: true,
+                pods: vec!["web-0".to_owned(), "web-1".to_owned()],
+            },
+        );
+        m.sync();
+    });
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100))
+            .min(Duration::from_millis(100))
+            .max(Duration::from_secs(10)),
+        ReadinessWhileDraining::Auto,
+    );
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(cluster.client())
+        .proxy_allowance(Duration::from_millis(100))
+        .start(&d)
+        .unwrap();
+    cluster.watching().await;
+    // The deletion reaches the slices before the trigger (a preStop hook that does not call
+    // the admin endpoint delays SIGTERM): its changes enter the timeline at 0 ms.
+    cluster.delete_pod(30);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    d.start(Trigger::Api);
+    let r = finished(&d).await;
+
+    let changes = events(&r, EventKind::EndpointChanged);
+    // `peers` (publishNotReadyAddresses) keeps ready=true but its slices still change:
+    // terminating false→true. Four slices, four changes, all before the trigger.
+    assert_eq!(changes.len(), 4, "{:#?}", r.timeline);
+    for e in &changes {
+        assert_eq!(e.at_ms, 0);
+        assert!(
+            e.detail
+                .as_deref()
+                .unwrap()
+                .contains("ms before the trigger: service "),
+            "{e:?}"
+        );
+    }
+
+    let ev = r.propagation.evidence.as_ref().unwrap();
+    assert_eq!(ev.kind, EvidenceKind::EndpointSlice, "{ev:?}");
+    let slice = ev.endpoint_slice.as_ref().unwrap();
+    assert_eq!(slice.publish_not_ready_addresses, ["peers"]);
+    // `peers` keeps ready=true to the end; only `web` is waited on.
+    assert_eq!(slice.slices, ["web-ipv4 (web)", "web-ipv6 (web)"]);
+    let a = r
+        .advice
+        .iter()
+        .find(|a| a.rule == AdviceRule::PublishNotReadyAddresses)
+        .expect("the advice");
+    assert!(
+        a.message
+            .contains("Service peers has publishNotReadyAddresses: true"),
+        "{}",
+        a.message
+    );
+}
+
+#[tokio::test]
+async fn a_forbidden_api_falls_back_to_the_arrival_evidence_and_says_why() {
+    let cluster = Cluster::start().await;
+    cluster.with(|m| m.forbidden = true);
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100))
+            .min(Duration::from_millis(100))
+            .max(Duration::from_millis(800)),
+        ReadinessWhileDraining::Auto,
+    );
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(cluster.client())
+        .start(&d)
+        .unwrap();
+    for _ in 0..500 {
+        if cluster.with(|m| m.count("any", "forbidden") > 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    d.start(Trigger::Api);
+    let r = finished(&d).await;
+
+    let ev = r.propagation.evidence.as_ref().unwrap();
+    // Today's evidence: no connection data, so max, for the reason it always was.
+    assert_eq!(ev.kind, EvidenceKind::Max);
+    assert_eq!(ev.max_reason, Some(MaxReason::NotEnoughEvidence));
+    assert_eq!(ev.endpoint_slice, None);
+    let why = ev.endpoint_slice_unused.as_deref().unwrap();
+    assert!(
+        why.starts_with("forbidden: the service account may not list/watch"),
+        "{why}"
+    );
+    assert!(why.contains("examples/k8s/role.yaml"), "{why}");
+    assert!(
+        r.advice
+            .iter()
+            .any(|a| a.rule == AdviceRule::EndpointSliceUnavailable),
+        "{:?}",
+        r.advice
+    );
+    assert!(events(&r, EventKind::EndpointChanged).is_empty());
+}
+
+#[tokio::test]
+async fn an_unreachable_api_falls_back_and_says_so() {
+    // A port nobody listens on: connection refused.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let uri = format!("http://127.0.0.1:{port}").parse().unwrap();
+    let client = kube::Client::try_from(kube::Config::new(uri)).unwrap();
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100))
+            .min(Duration::from_millis(100))
+            .max(Duration::from_millis(800)),
+        ReadinessWhileDraining::Auto,
+    );
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(client)
+        .start(&d)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    d.start(Trigger::Api);
+    let r = finished(&d).await;
+    let ev = r.propagation.evidence.as_ref().unwrap();
+    assert_eq!(ev.kind, EvidenceKind::Max);
+    let why = ev.endpoint_slice_unused.as_deref().unwrap();
+    assert!(why.starts_with("unreachable"), "{why}");
+}
+
+#[tokio::test]
+async fn without_a_pod_name_the_watch_refuses_and_the_report_says_so() {
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(50)),
+        ReadinessWhileDraining::Auto,
+    );
+    // The other tests name their Pod, so only this one reads POD_NAME (std's env functions
+    // are serialised with each other).
+    std::env::remove_var("POD_NAME");
+    let err = EndpointWatch::from_env().namespace(NS).start(&d);
+    let err = err.unwrap_err().to_string();
+    assert!(err.starts_with("POD_NAME is not set"), "{err}");
+    d.start(Trigger::Api);
+    let r = finished(&d).await;
+    let why = r
+        .propagation
+        .evidence
+        .unwrap()
+        .endpoint_slice_unused
+        .unwrap();
+    assert!(why.starts_with("POD_NAME is not set"), "{why}");
+}
+
+#[tokio::test]
+async fn serving_until_stop_names_its_own_condition_and_without_a_deletion_waits_to_max() {
+    let cluster = Cluster::start().await;
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100))
+            .min(Duration::from_millis(100))
+            .max(Duration::from_millis(1500)),
+        ReadinessWhileDraining::ServingUntilStop,
+    );
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(cluster.client())
+        .proxy_allowance(Duration::from_millis(100))
+        .start(&d)
+        .unwrap();
+    cluster.watching().await;
+    // No deletion: kubelet's probe stays green under ServingUntilStop, the slices never move.
+    d.start(Trigger::Api);
+    let r = finished(&d).await;
+    let ev = r.propagation.evidence.as_ref().unwrap();
+    assert_eq!(ev.kind, EvidenceKind::Max);
+    assert_eq!(ev.max_reason, Some(MaxReason::EndpointSliceStillRouting));
+    let slice = ev.endpoint_slice.as_ref().unwrap();
+    assert_eq!(slice.condition, "ready=false or terminating=true");
+    assert_eq!(slice.changed_at_ms, None);
+    assert!(
+        r.advice
+            .iter()
+            .any(|a| a.rule == AdviceRule::EndpointSliceStillRouting),
+        "{:?}",
+        r.advice
+    );
+    assert!(events(&r, EventKind::EndpointChanged).is_empty());
+}
