@@ -200,6 +200,7 @@ impl Health for DrainHealth {
             stop,
             not_serving_from,
             state: WatchState::Open,
+            last_not_serving: false,
         }))
     }
 }
@@ -235,6 +236,9 @@ pin_project! {
         stop: StreamStop,
         not_serving_from: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
         state: WatchState,
+        // The last message passed on was NOT_SERVING (the phase follower's own, which can
+        // arrive just before `stop` is seen): then the stream ends without repeating it.
+        last_not_serving: bool,
     }
 }
 
@@ -247,7 +251,7 @@ impl futures_core::Stream for WatchUntilStop {
             return Poll::Ready(None);
         }
         if this.stop.poll(cx).is_ready() {
-            let sent = *this.state == WatchState::NotServing;
+            let sent = *this.state == WatchState::NotServing || *this.last_not_serving;
             *this.state = WatchState::Ended;
             if sent {
                 return Poll::Ready(None);
@@ -274,6 +278,10 @@ impl futures_core::Stream for WatchUntilStop {
             }
             // Held statuses say SERVING to kubelet's view; this caller already has its answer.
             if *this.state != WatchState::NotServing {
+                *this.last_not_serving = matches!(
+                    &item,
+                    Some(Ok(r)) if r.status == WireStatus::NotServing as i32
+                );
                 return Poll::Ready(item);
             }
         }
