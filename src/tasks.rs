@@ -91,6 +91,26 @@ impl TaskContext {
 
     /// Fires at `stopped_accepting`: the propagation policy committed and listeners closed
     /// (end long-lived streams here, if the task serves any).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use lameduck::{Phase, Trigger};
+    ///
+    /// let moments = drain.spawn_cancellable("pusher", |cx| async move {
+    ///     cx.drain_started().cancelled().await; // stop taking new subscribers
+    ///     cx.stopped_accepting().cancelled().await; // now end the open streams
+    ///     "ended"
+    /// });
+    /// drain.start(Trigger::Api);
+    /// assert_eq!(moments.await.unwrap(), "ended");
+    /// assert!(drain.phase() >= Phase::StoppedAccepting);
+    /// # }
+    /// ```
     pub fn stopped_accepting(&self) -> &CancellationToken {
         &self.stop
     }

@@ -28,12 +28,14 @@ impl Drain {
     /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
     /// use lameduck::Trigger;
     ///
-    /// drain.spawn("flush-uploads", async {
+    /// let flushed = drain.spawn("flush-uploads", async {
     ///     // ... upload what is buffered ...
+    ///     3 // files uploaded
     /// });
     /// drain.start(Trigger::Api);
     /// let report = drain.drained().await; // waited for the task
     /// assert!(report.tasks.is_empty()); // lists only tasks that panicked or were cut
+    /// assert_eq!(flushed.await.unwrap(), 3); // the handle still has its output
     /// # }
     /// ```
     pub fn spawn<F>(&self, name: impl Into<String>, fut: F) -> JoinHandle<F::Output>
