@@ -10,6 +10,7 @@ use pin_project_lite::pin_project;
 use crate::guard::InFlightGuard;
 
 use super::line::{Naming, Unnamed};
+use super::refusal::{Refusal, ServeAfterStop};
 
 pin_project! {
     /// A response body that keeps its request counted as in flight until the body ends.
@@ -20,12 +21,17 @@ pin_project! {
     /// therefore counts for as long as it streams.
     ///
     /// Data and error types are the inner body's. Its size is the inner body's plus 16 bytes
-    /// (the guard) — 24 when the inner body type has no spare bit pattern to mark a refusal's
-    /// empty body (boxed bodies such as axum's `Body` have one) — plus the request line with
-    /// [`describe_requests`](crate::DrainLayer::describe_requests).
-    pub struct DrainBody<B, N = Unnamed> {
+    /// (the guard), plus the request line with
+    /// [`describe_requests`](crate::DrainLayer::describe_requests). With
+    /// [`refuse_after_stop`](crate::DrainLayer::refuse_after_stop), 8 more when the inner body
+    /// type has no spare bit pattern to mark a refusal's empty body (boxed bodies such as axum's
+    /// `Body` have one).
+    pub struct DrainBody<B, N = Unnamed, R = ServeAfterStop>
+    where
+        R: Refusal,
+    {
         #[pin]
-        kind: Kind<B>,
+        kind: Kind<B, R>,
         guard: Option<InFlightGuard>,
         line: N,
     }
@@ -33,17 +39,23 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<B> {
+    enum Kind<B, R>
+    where
+        R: Refusal,
+    {
         Inner {
             #[pin]
             body: B,
         },
-        // The body of a refused request (refusal mode); `B` may have no empty value.
-        Empty,
+        // The body of a refused request (refusal mode); `B` may have no empty value. The
+        // marker is uninhabited for `ServeAfterStop`, so this variant does not exist there.
+        Empty {
+            refused: R::Refused,
+        },
     }
 }
 
-impl<B, N> DrainBody<B, N> {
+impl<B, N, R: Refusal> DrainBody<B, N, R> {
     #[inline]
     pub(crate) fn new(body: B, guard: Option<InFlightGuard>, line: N) -> Self {
         Self {
@@ -53,16 +65,16 @@ impl<B, N> DrainBody<B, N> {
         }
     }
 
-    pub(crate) fn empty(guard: Option<InFlightGuard>, line: N) -> Self {
+    pub(crate) fn empty(guard: Option<InFlightGuard>, line: N, refused: R::Refused) -> Self {
         Self {
-            kind: Kind::Empty,
+            kind: Kind::Empty { refused },
             guard,
             line,
         }
     }
 }
 
-impl<B: Body, N: Naming> Body for DrainBody<B, N> {
+impl<B: Body, N: Naming, R: Refusal> Body for DrainBody<B, N, R> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -87,7 +99,7 @@ impl<B: Body, N: Naming> Body for DrainBody<B, N> {
                 }
                 poll
             }
-            KindProj::Empty => {
+            KindProj::Empty { .. } => {
                 *this.guard = None;
                 Poll::Ready(None)
             }
@@ -98,7 +110,7 @@ impl<B: Body, N: Naming> Body for DrainBody<B, N> {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Empty => true,
+            Kind::Empty { .. } => true,
         }
     }
 
@@ -106,12 +118,12 @@ impl<B: Body, N: Naming> Body for DrainBody<B, N> {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Empty { .. } => SizeHint::with_exact(0),
         }
     }
 }
 
-impl<B, N: fmt::Debug> fmt::Debug for DrainBody<B, N> {
+impl<B, N: fmt::Debug, R: Refusal> fmt::Debug for DrainBody<B, N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DrainBody")
             .field("request", &self.line)

@@ -14,6 +14,7 @@ use crate::guard::InFlightGuard;
 use super::body::DrainBody;
 use super::line::{Naming, Unnamed};
 use super::options::{options, tag_options, TAG_HTTP1};
+use super::refusal::{Refusal, ServeAfterStop};
 
 pin_project! {
     /// The response future of [`DrainService`](crate::DrainService).
@@ -24,11 +25,15 @@ pin_project! {
     ///
     /// The inner future plus 16 bytes (the guard, which also carries the request's HTTP version
     /// and the layer's options), plus the request line with
-    /// [`describe_requests`](crate::DrainLayer::describe_requests).
+    /// [`describe_requests`](crate::DrainLayer::describe_requests). A layer that never refuses
+    /// (the default, [`ServeAfterStop`]) has no refused state to carry.
     #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<F, N = Unnamed> {
+    pub struct ResponseFuture<F, N = Unnamed, R = ServeAfterStop>
+    where
+        R: Refusal,
+    {
         #[pin]
-        state: State<F>,
+        state: State<F, R>,
         guard: Option<InFlightGuard>,
         line: N,
     }
@@ -36,17 +41,23 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, R>
+    where
+        R: Refusal,
+    {
         Called {
             #[pin]
             fut: F,
         },
-        // Refusal mode, after `stopped_accepting`: the inner service was not called.
-        Refused,
+        // Refusal mode, after `stopped_accepting`: the inner service was not called. The
+        // marker is uninhabited for `ServeAfterStop`, so this variant does not exist there.
+        Refused {
+            refused: R::Refused,
+        },
     }
 }
 
-impl<F, N> ResponseFuture<F, N> {
+impl<F, N, R: Refusal> ResponseFuture<F, N, R> {
     #[inline(always)]
     pub(crate) fn called(fut: F, guard: InFlightGuard, line: N) -> Self {
         Self {
@@ -56,21 +67,22 @@ impl<F, N> ResponseFuture<F, N> {
         }
     }
 
-    pub(crate) fn refused(guard: InFlightGuard, line: N) -> Self {
+    pub(crate) fn refused(guard: InFlightGuard, line: N, refused: R::Refused) -> Self {
         Self {
-            state: State::Refused,
+            state: State::Refused { refused },
             guard: Some(guard),
             line,
         }
     }
 }
 
-impl<F, N, B, E> Future for ResponseFuture<F, N>
+impl<F, N, R, B, E> Future for ResponseFuture<F, N, R>
 where
     F: Future<Output = Result<Response<B>, E>>,
     N: Naming,
+    R: Refusal,
 {
-    type Output = Result<Response<DrainBody<B, N>>, E>;
+    type Output = Result<Response<DrainBody<B, N, R>>, E>;
 
     // Always inlined: out of line, the response (~150 bytes) is returned through memory and
     // copied again by the caller, which measured ~120 instructions per request.
@@ -101,15 +113,18 @@ where
                 let guard = this.guard.take();
                 Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, *this.line))))
             }
-            StateProj::Refused => Poll::Ready(Ok(refusal(this.guard.take(), *this.line))),
+            StateProj::Refused { refused } => {
+                Poll::Ready(Ok(refusal(this.guard.take(), *this.line, *refused)))
+            }
         }
     }
 }
 
-impl<F, N, B, E> ResponseFuture<F, N>
+impl<F, N, R, B, E> ResponseFuture<F, N, R>
 where
     F: Future<Output = Result<Response<B>, E>>,
     N: Naming,
+    R: Refusal,
 {
     /// `poll` once the drain has started: names the request (with `describe_requests`) and
     /// marks the response. Cold: never reached while Serving.
@@ -118,7 +133,7 @@ where
     fn poll_draining(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<Response<DrainBody<B, N>>, E>> {
+    ) -> Poll<Result<Response<DrainBody<B, N, R>>, E>> {
         let this = self.project();
         match this.state.project() {
             StateProj::Called { fut } => {
@@ -136,7 +151,9 @@ where
                 }
                 Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, *this.line))))
             }
-            StateProj::Refused => Poll::Ready(Ok(refusal(this.guard.take(), *this.line))),
+            StateProj::Refused { refused } => {
+                Poll::Ready(Ok(refusal(this.guard.take(), *this.line, *refused)))
+            }
         }
     }
 }
@@ -144,9 +161,13 @@ where
 /// The `503` of refusal mode.
 #[cold]
 #[inline(never)]
-fn refusal<B, N>(guard: Option<InFlightGuard>, line: N) -> Response<DrainBody<B, N>> {
+fn refusal<B, N, R: Refusal>(
+    guard: Option<InFlightGuard>,
+    line: N,
+    refused: R::Refused,
+) -> Response<DrainBody<B, N, R>> {
     let tag = guard.as_ref().map_or(0, |g| g.tag);
-    let mut res = Response::new(DrainBody::empty(guard, line));
+    let mut res = Response::new(DrainBody::empty(guard, line, refused));
     *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     let h = res.headers_mut();
     if let Some(v) = options(tag_options(tag)).and_then(|o| o.refuse_retry_after.clone()) {
@@ -181,7 +202,7 @@ fn mark_draining<B>(res: &mut Response<B>, tag: u32) {
     }
 }
 
-impl<F, N: fmt::Debug> fmt::Debug for ResponseFuture<F, N> {
+impl<F, N: fmt::Debug, R: Refusal> fmt::Debug for ResponseFuture<F, N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
             .field("request", &self.line)

@@ -22,6 +22,7 @@ use crate::Drain;
 
 use super::line::{Naming, RequestLine, Unnamed};
 use super::options::{options, register, Options};
+use super::refusal::{RefuseAfterStop, Refusal, ServeAfterStop};
 use super::service::DrainService;
 
 impl Drain {
@@ -46,7 +47,7 @@ impl Drain {
         DrainLayer {
             core: self.core(),
             opts: register(Options::new(self.downgrade())),
-            naming: PhantomData,
+            mode: PhantomData,
         }
     }
 }
@@ -121,21 +122,21 @@ impl Drain {
 /// The layer is `Copy`: the options live in a process-wide table (each distinct set of options
 /// is kept for the life of the process, like the coordinator's counter), read only while
 /// draining. Build layers at startup, not per request.
-pub struct DrainLayer<N = Unnamed> {
+pub struct DrainLayer<N = Unnamed, R = ServeAfterStop> {
     core: &'static Core,
     opts: u32,
-    naming: PhantomData<fn() -> N>,
+    mode: PhantomData<fn() -> (N, R)>,
 }
 
-impl<N> Clone for DrainLayer<N> {
+impl<N, R> Clone for DrainLayer<N, R> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<N> Copy for DrainLayer<N> {}
+impl<N, R> Copy for DrainLayer<N, R> {}
 
-impl<N> DrainLayer<N> {
+impl<N, R> DrainLayer<N, R> {
     fn with_options(mut self, f: impl FnOnce(&mut Options)) -> Self {
         let mut o = options(self.opts)
             .cloned()
@@ -177,11 +178,11 @@ impl<N> DrainLayer<N> {
     /// # let _: Router = app;
     /// # }
     /// ```
-    pub fn describe_requests(self) -> DrainLayer<RequestLine> {
+    pub fn describe_requests(self) -> DrainLayer<RequestLine, R> {
         DrainLayer {
             core: self.core,
             opts: self.opts,
-            naming: PhantomData,
+            mode: PhantomData,
         }
     }
 
@@ -249,21 +250,27 @@ impl<N> DrainLayer<N> {
     /// # Ok(()) }
     /// # }
     /// ```
-    pub fn refuse_after_stop(self, retry_after: Duration) -> Self {
+    pub fn refuse_after_stop(self, retry_after: Duration) -> DrainLayer<N, RefuseAfterStop> {
         let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-        self.with_options(|o| o.refuse_retry_after = Some(HeaderValue::from(secs.max(1))))
+        let layer =
+            self.with_options(|o| o.refuse_retry_after = Some(HeaderValue::from(secs.max(1))));
+        DrainLayer {
+            core: layer.core,
+            opts: layer.opts,
+            mode: PhantomData,
+        }
     }
 }
 
-impl<S, N: Naming> Layer<S> for DrainLayer<N> {
-    type Service = DrainService<S, N>;
+impl<S, N: Naming, R: Refusal> Layer<S> for DrainLayer<N, R> {
+    type Service = DrainService<S, N, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
         DrainService::new(inner, self.core, self.opts)
     }
 }
 
-impl<N> fmt::Debug for DrainLayer<N> {
+impl<N, R> fmt::Debug for DrainLayer<N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("DrainLayer");
         if let Some(o) = options(self.opts) {
@@ -272,6 +279,7 @@ impl<N> fmt::Debug for DrainLayer<N> {
                 .field("refuse_retry_after", &o.refuse_retry_after);
         }
         d.field("naming", &std::any::type_name::<N>())
+            .field("refusal", &std::any::type_name::<R>())
             .finish_non_exhaustive()
     }
 }

@@ -15,41 +15,42 @@ use super::conn::ConnMeta;
 use super::future::ResponseFuture;
 use super::line::{describe_now, Naming, Unnamed};
 use super::options::options;
+use super::refusal::{Refusal, ServeAfterStop};
 
 /// Counts each request as in flight until its response body ends; see
 /// [`DrainLayer`](crate::DrainLayer) for the behaviour while draining.
 ///
 /// Built by [`DrainLayer`](crate::DrainLayer). The service's error type is the inner service's:
 /// the middleware never fails a request (refusal, when enabled, is a `503` response).
-pub struct DrainService<S, N = Unnamed> {
+pub struct DrainService<S, N = Unnamed, R = ServeAfterStop> {
     inner: S,
     /// A plain `&'static` reference, so cloning the service (axum clones it per request) costs
     /// no reference count.
     core: &'static Core,
     /// The layer's options, by index (see `layer.rs`); read only while draining.
     opts: u32,
-    naming: PhantomData<fn() -> N>,
+    mode: PhantomData<fn() -> (N, R)>,
 }
 
-impl<S: Clone, N> Clone for DrainService<S, N> {
+impl<S: Clone, N, R> Clone for DrainService<S, N, R> {
     #[inline]
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             core: self.core,
             opts: self.opts,
-            naming: PhantomData,
+            mode: PhantomData,
         }
     }
 }
 
-impl<S, N> DrainService<S, N> {
+impl<S, N, R> DrainService<S, N, R> {
     pub(crate) fn new(inner: S, core: &'static Core, opts: u32) -> Self {
         Self {
             inner,
             core,
             opts,
-            naming: PhantomData,
+            mode: PhantomData,
         }
     }
 
@@ -75,14 +76,15 @@ fn is_http1(v: Version) -> bool {
     v == Version::HTTP_11 || v == Version::HTTP_10 || v == Version::HTTP_09
 }
 
-impl<S, N, ReqBody, ResBody> Service<Request<ReqBody>> for DrainService<S, N>
+impl<S, N, R, ReqBody, ResBody> Service<Request<ReqBody>> for DrainService<S, N, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     N: Naming,
+    R: Refusal,
 {
-    type Response = Response<DrainBody<ResBody, N>>;
+    type Response = Response<DrainBody<ResBody, N, R>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, N>;
+    type Future = ResponseFuture<S::Future, N, R>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -106,7 +108,7 @@ where
     }
 }
 
-impl<S, N: Naming> DrainService<S, N> {
+impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
     /// `call` for a request that arrived while draining.
     #[cold]
     #[inline(never)]
@@ -114,21 +116,33 @@ impl<S, N: Naming> DrainService<S, N> {
         &mut self,
         mut guard: InFlightGuard,
         req: Request<ReqBody>,
-    ) -> ResponseFuture<S::Future, N>
+    ) -> ResponseFuture<S::Future, N, R>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     {
         self.core.record_activity();
         let line = N::capture(req.method(), req.uri().path());
-        if self.while_draining(&mut guard, &req) {
-            return ResponseFuture::refused(guard, line);
+        let meta = self.note_arrival(&req);
+        if let Some(refused) = R::REFUSED {
+            if self.refuses() {
+                return ResponseFuture::refused(guard, line, refused);
+            }
         }
+        describe_now(&mut guard, req.method(), req.uri().path(), meta);
         ResponseFuture::called(self.inner.call(req), guard, line)
     }
 
-    /// Accounting for a request that arrived while draining. Returns `true` if the request must
-    /// be refused.
-    fn while_draining<B>(&self, guard: &mut InFlightGuard, req: &Request<B>) -> bool {
+    /// Refusal mode: `true` once the drain stopped accepting.
+    fn refuses(&self) -> bool {
+        options(self.opts).is_some_and(|o| {
+            o.drain()
+                .is_some_and(|d| d.phase() >= Phase::StoppedAccepting)
+        })
+    }
+
+    /// Accounting for a request that arrived while draining (refused or not): new or reused
+    /// connection, traffic path. Returns the request's connection, if known.
+    fn note_arrival<'r, B>(&self, req: &'r Request<B>) -> Option<&'r ConnMeta> {
         let meta = conn_meta(req);
         let on_new = meta.is_some_and(|m| m.is_new_since_drain(self.core));
         if on_new {
@@ -143,16 +157,7 @@ impl<S, N: Naming> DrainService<S, N> {
         if let Some(label) = req.headers().get(TRAFFIC_PATH_HEADER) {
             self.core.note_path(label.as_bytes(), on_new);
         }
-        if let Some(o) = options(self.opts) {
-            if o.refuse_retry_after.is_some()
-                && o.drain()
-                    .is_some_and(|d| d.phase() >= Phase::StoppedAccepting)
-            {
-                return true;
-            }
-        }
-        describe_now(guard, req.method(), req.uri().path(), meta);
-        false
+        meta
     }
 }
 
@@ -175,7 +180,7 @@ fn conn_meta<B>(req: &Request<B>) -> Option<&ConnMeta> {
     None
 }
 
-impl<S: fmt::Debug, N> fmt::Debug for DrainService<S, N> {
+impl<S: fmt::Debug, N, R> fmt::Debug for DrainService<S, N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DrainService")
             .field("inner", &self.inner)
