@@ -88,21 +88,11 @@ where
     // copied again by the caller, which measured ~120 instructions per request.
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // Draining: the whole poll goes out of line. Checked before the inner poll, so that
-        // the hot path never branches on the response (a branch that consumed it in two ways
-        // measured two more copies of it per request). A drain that starts during the very
-        // poll that completes the response is seen by the body's next request instead.
-        if self
-            .guard
-            .as_ref()
-            .is_some_and(|g| g.core().counter.is_draining())
-        {
-            return self.poll_draining(cx);
-        }
         let this = self.project();
+        this.line.describe_if_draining(this.guard);
         match this.state.project() {
             StateProj::Called { fut } => {
-                let res = match ready!(fut.poll(cx)) {
+                let mut res = match ready!(fut.poll(cx)) {
                     Ok(res) => res,
                     Err(e) => {
                         // No body will carry the guard: the request is over.
@@ -111,43 +101,10 @@ where
                     }
                 };
                 let guard = this.guard.take();
-                Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, *this.line))))
-            }
-            StateProj::Refused { refused } => {
-                Poll::Ready(Ok(refusal(this.guard.take(), *this.line, *refused)))
-            }
-        }
-    }
-}
-
-impl<F, N, R, B, E> ResponseFuture<F, N, R>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    N: Naming,
-    R: Refusal,
-{
-    /// `poll` once the drain has started: names the request (with `describe_requests`) and
-    /// marks the response. Cold: never reached while Serving.
-    #[cold]
-    #[inline(never)]
-    fn poll_draining(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Response<DrainBody<B, N, R>>, E>> {
-        let this = self.project();
-        match this.state.project() {
-            StateProj::Called { fut } => {
-                this.line.describe_if_draining(this.guard);
-                let mut res = match ready!(fut.poll(cx)) {
-                    Ok(res) => res,
-                    Err(e) => {
-                        *this.guard = None;
-                        return Poll::Ready(Err(e));
-                    }
-                };
-                let guard = this.guard.take();
                 if let Some(g) = &guard {
-                    mark_draining(&mut res, g.tag);
+                    if g.core().counter.is_draining() {
+                        mark_draining(&mut res, g.tag);
+                    }
                 }
                 Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, *this.line))))
             }
@@ -180,6 +137,8 @@ fn refusal<B, N, R: Refusal>(
 }
 
 /// Response headers while draining.
+#[cold]
+#[inline(never)]
 fn mark_draining<B>(res: &mut Response<B>, tag: u32) {
     // A 101 carries `Connection: upgrade`; replacing it would break the upgrade.
     if tag & TAG_HTTP1 != 0 && res.status() != StatusCode::SWITCHING_PROTOCOLS {

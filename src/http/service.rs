@@ -96,12 +96,15 @@ where
         // The guard is taken here, held by the future, moved into the body, and released when
         // the body ends, errors or is dropped (see `DrainBody`).
         let tag = self.opts << 1 | u32::from(is_http1(req.version()));
-        let (guard, draining) = self.core.enter_tagged(tag);
-        if draining {
-            // Out of line: the inlined path stays small enough for the callers (axum's
-            // wrappers) to be inlined around it, which saves moves of the whole future.
-            return self.call_draining(guard, req);
+        if R::REFUSED.is_some() {
+            let (guard, draining) = self.core.enter_tagged(tag);
+            if draining {
+                return self.call_draining(guard, req);
+            }
+            let line = N::capture(req.method(), req.uri().path());
+            return ResponseFuture::called(self.inner.call(req), guard, line);
         }
+        let guard = self.enter_request(tag, &req);
         // A copy of the request line with `describe_requests`, nothing otherwise.
         let line = N::capture(req.method(), req.uri().path());
         ResponseFuture::called(self.inner.call(req), guard, line)
@@ -130,6 +133,23 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
         }
         describe_now(&mut guard, req.method(), req.uri().path(), meta);
         ResponseFuture::called(self.inner.call(req), guard, line)
+    }
+
+    #[inline(never)]
+    fn enter_request<B>(&self, tag: u32, req: &Request<B>) -> InFlightGuard {
+        let (mut guard, draining) = self.core.enter_tagged(tag);
+        if draining {
+            self.note_draining(&mut guard, req);
+        }
+        guard
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn note_draining<B>(&self, guard: &mut InFlightGuard, req: &Request<B>) {
+        self.core.record_activity();
+        let meta = self.note_arrival(req);
+        describe_now(guard, req.method(), req.uri().path(), meta);
     }
 
     /// Refusal mode: `true` once the drain stopped accepting.
