@@ -13,12 +13,19 @@ use super::line::{Naming, Unnamed};
 use super::refusal::{Refusal, ServeAfterStop};
 
 pin_project! {
-    /// A response body that keeps its request counted as in flight until the body ends.
+    /// A response body that keeps its request counted as in flight until the body is done.
     ///
-    /// The guard is released when the inner body reports its end (`None`), fails, or this body
-    /// is dropped — which is what happens when the client disconnects mid-body, or when the
-    /// server force-closes the connection. A streaming body (server-sent events, a download)
-    /// therefore counts for as long as it streams.
+    /// The guard is released when this body is dropped. hyper — and so `axum::serve`,
+    /// [`serve`](crate::serve) and tonic — drops a response body as soon as it has ended, failed
+    /// or reported [`is_end_stream`](http_body::Body::is_end_stream), and when the client
+    /// disconnects mid-body or the server force-closes the connection. A streaming body
+    /// (server-sent events, a download) therefore counts for as long as it streams.
+    ///
+    /// Released at drop rather than on the last frame, as tower-http's `InFlightRequests`
+    /// does: hyper's HTTP/1 writer never polls a sized body for its end (it stops at
+    /// `is_end_stream`), so a check on every frame would cost every request about 25
+    /// instructions and never fire there. A server that keeps a finished body alive keeps its
+    /// request counted until it lets go of the body.
     ///
     /// Data and error types are the inner body's. Its size is the inner body's plus 16 bytes
     /// (the guard), plus the request line with
@@ -88,21 +95,9 @@ impl<B: Body, N: Naming, R: Refusal> Body for DrainBody<B, N, R> {
         match this.kind.project() {
             KindProj::Inner { body } => {
                 this.line.describe_if_draining(this.guard);
-                // Inspect the inner result in place and return it as is: a frame result is ~100
-                // bytes, and taking it apart and rebuilding it costs two copies per frame.
-                let poll = body.poll_frame(cx);
-                if let Poll::Ready(frame) = &poll {
-                    if !matches!(frame, Some(Ok(_))) {
-                        // The end, or an error: the request is over.
-                        *this.guard = None;
-                    }
-                }
-                poll
+                body.poll_frame(cx)
             }
-            KindProj::Empty { .. } => {
-                *this.guard = None;
-                Poll::Ready(None)
-            }
+            KindProj::Empty { .. } => Poll::Ready(None),
         }
     }
 

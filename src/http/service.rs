@@ -95,19 +95,19 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         // The guard is taken here, held by the future, moved into the body, and released when
         // the body ends, errors or is dropped (see `DrainBody`).
-        let tag = self.opts << 1 | u32::from(is_http1(req.version()));
+        let tag = self.opts << 1 | u32::from(req.version() < Version::HTTP_2);
         if R::REFUSED.is_some() {
             let (guard, draining) = self.core.enter_tagged(tag);
             if draining {
                 return self.call_draining(guard, req);
             }
             let line = N::capture(req.method(), req.uri().path());
-            return ResponseFuture::called(self.inner.call(req), guard, line);
+            return ResponseFuture::called(|| self.inner.call(req), guard, line);
         }
         let guard = self.enter_request(tag, &req);
         // A copy of the request line with `describe_requests`, nothing otherwise.
         let line = N::capture(req.method(), req.uri().path());
-        ResponseFuture::called(self.inner.call(req), guard, line)
+        ResponseFuture::called(|| self.inner.call(req), guard, line)
     }
 }
 
@@ -132,10 +132,10 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
             }
         }
         describe_now(&mut guard, req.method(), req.uri().path(), meta);
-        ResponseFuture::called(self.inner.call(req), guard, line)
+        ResponseFuture::called(|| self.inner.call(req), guard, line)
     }
 
-    #[inline(never)]
+    #[inline(always)]
     fn enter_request<B>(&self, tag: u32, req: &Request<B>) -> InFlightGuard {
         let (mut guard, draining) = self.core.enter_tagged(tag);
         if draining {
