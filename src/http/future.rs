@@ -59,9 +59,9 @@ pin_project! {
 
 impl<F, N, R: Refusal> ResponseFuture<F, N, R> {
     #[inline(always)]
-    pub(crate) fn called(call: impl FnOnce() -> F, guard: InFlightGuard, line: N) -> Self {
+    pub(crate) fn called(fut: F, guard: InFlightGuard, line: N) -> Self {
         Self {
-            state: State::Called { fut: call() },
+            state: State::Called { fut },
             guard: Some(guard),
             line,
         }

@@ -26,7 +26,7 @@ pub(crate) mod sealed {
 
     pub trait Sealed: Copy + Send + Sync + Unpin + 'static {
         /// What travels with a request that arrived while Serving.
-        fn capture(method: &Method, path: &str) -> Self;
+        fn capture<B>(req: &http::Request<B>) -> Self;
         /// Describes the guard from the capture if the drain has started and nobody described
         /// it yet.
         fn describe_if_draining(&self, guard: &mut Option<InFlightGuard>);
@@ -50,7 +50,9 @@ pub struct Unnamed;
 
 impl sealed::Sealed for Unnamed {
     #[inline(always)]
-    fn capture(_: &Method, _: &str) -> Self {
+    fn capture<B>(_: &http::Request<B>) -> Self {
+        // Nothing read: not even the path, whose char-boundary check the compiler could not
+        // drop, and no reference to the request that would keep it in memory.
         Unnamed
     }
 
@@ -79,8 +81,8 @@ pub struct RequestLine {
 
 impl sealed::Sealed for RequestLine {
     #[inline]
-    fn capture(method: &Method, path: &str) -> Self {
-        Self::new(method, path)
+    fn capture<B>(req: &http::Request<B>) -> Self {
+        Self::new(req.method(), req.uri().path())
     }
 
     /// One relaxed load while Serving.

@@ -101,13 +101,13 @@ where
             if draining {
                 return self.call_draining(guard, req);
             }
-            let line = N::capture(req.method(), req.uri().path());
-            return ResponseFuture::called(|| self.inner.call(req), guard, line);
+            let line = N::capture(&req);
+            return ResponseFuture::called(self.inner.call(req), guard, line);
         }
         let guard = self.enter_request(tag, &req);
         // A copy of the request line with `describe_requests`, nothing otherwise.
-        let line = N::capture(req.method(), req.uri().path());
-        ResponseFuture::called(|| self.inner.call(req), guard, line)
+        let line = N::capture(&req);
+        ResponseFuture::called(self.inner.call(req), guard, line)
     }
 }
 
@@ -124,7 +124,7 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     {
         self.core.record_activity();
-        let line = N::capture(req.method(), req.uri().path());
+        let line = N::capture(&req);
         let meta = self.note_arrival(&req);
         if let Some(refused) = R::REFUSED {
             if self.refuses() {
@@ -132,7 +132,7 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
             }
         }
         describe_now(&mut guard, req.method(), req.uri().path(), meta);
-        ResponseFuture::called(|| self.inner.call(req), guard, line)
+        ResponseFuture::called(self.inner.call(req), guard, line)
     }
 
     #[inline(always)]
