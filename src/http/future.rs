@@ -89,10 +89,19 @@ where
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        this.line.describe_if_draining(this.guard);
         match this.state.project() {
             StateProj::Called { fut } => {
-                let mut res = match ready!(fut.poll(cx)) {
+                // One place builds the output whatever the phase; while draining, the inner poll
+                // goes through a cold function that also marks the response. A second place
+                // building the output, or the response handed to a function here, would make
+                // the caller copy it.
+                let polled = match this.guard {
+                    Some(g) if g.core().counter.is_draining() => {
+                        poll_draining(fut, cx, g, this.line)
+                    }
+                    _ => fut.poll(cx),
+                };
+                let res = match ready!(polled) {
                     Ok(res) => res,
                     Err(e) => {
                         // No body will carry the guard: the request is over.
@@ -101,11 +110,6 @@ where
                     }
                 };
                 let guard = this.guard.take();
-                if let Some(g) = &guard {
-                    if g.core().counter.is_draining() {
-                        mark_draining(&mut res, g.tag);
-                    }
-                }
                 Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, *this.line))))
             }
             StateProj::Refused { refused } => {
@@ -113,6 +117,28 @@ where
             }
         }
     }
+}
+
+/// The inner poll once the drain has started: names the request (with `describe_requests`)
+/// and marks a ready response. Cold: never reached while Serving.
+#[cold]
+#[inline(never)]
+fn poll_draining<F, N, B, E>(
+    fut: Pin<&mut F>,
+    cx: &mut Context<'_>,
+    guard: &mut InFlightGuard,
+    line: &N,
+) -> Poll<Result<Response<B>, E>>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    N: Naming,
+{
+    line.describe(guard);
+    let mut polled = fut.poll(cx);
+    if let Poll::Ready(Ok(res)) = &mut polled {
+        mark_draining(res, guard.tag);
+    }
+    polled
 }
 
 /// The `503` of refusal mode.
@@ -137,8 +163,6 @@ fn refusal<B, N, R: Refusal>(
 }
 
 /// Response headers while draining.
-#[cold]
-#[inline(never)]
 fn mark_draining<B>(res: &mut Response<B>, tag: u32) {
     // A 101 carries `Connection: upgrade`; replacing it would break the upgrade.
     if tag & TAG_HTTP1 != 0 && res.status() != StatusCode::SWITCHING_PROTOCOLS {

@@ -22,13 +22,15 @@ use crate::guard::{InFlightGuard, RequestInfo};
 use super::conn::ConnMeta;
 
 pub(crate) mod sealed {
-    use super::{InFlightGuard, Method};
+    use super::InFlightGuard;
 
     pub trait Sealed: Copy + Send + Sync + Unpin + 'static {
         /// What travels with a request that arrived while Serving.
         fn capture<B>(req: &http::Request<B>) -> Self;
-        /// Describes the guard from the capture if the drain has started and nobody described
-        /// it yet.
+        /// Describes the guard from the capture if nobody described it yet (the drain has
+        /// started: only the draining paths call this).
+        fn describe(&self, guard: &mut InFlightGuard);
+        /// [`describe`](Self::describe) if the drain has started.
         fn describe_if_draining(&self, guard: &mut Option<InFlightGuard>);
     }
 }
@@ -57,6 +59,9 @@ impl sealed::Sealed for Unnamed {
     }
 
     #[inline(always)]
+    fn describe(&self, _: &mut InFlightGuard) {}
+
+    #[inline(always)]
     fn describe_if_draining(&self, _: &mut Option<InFlightGuard>) {}
 }
 
@@ -83,6 +88,13 @@ impl sealed::Sealed for RequestLine {
     #[inline]
     fn capture<B>(req: &http::Request<B>) -> Self {
         Self::new(req.method(), req.uri().path())
+    }
+
+    #[inline]
+    fn describe(&self, guard: &mut InFlightGuard) {
+        if !guard.is_described() {
+            self.describe_cold(guard);
+        }
     }
 
     /// One relaxed load while Serving.
