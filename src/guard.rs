@@ -227,6 +227,15 @@ impl Core {
         )
     }
 
+    /// [`record_activity`](Self::record_activity) for a request that arrived while draining,
+    /// out of line (the HTTP layer's cold path).
+    #[cfg(feature = "http")] // the `http` feature's layer only
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn note_request_activity(&self) {
+        self.record_activity();
+    }
+
     pub(crate) fn record_activity(&self) {
         let now = self.stamp(Instant::now());
         // Relaxed: a timestamp read by the propagation policy, which tolerates staleness of a
@@ -344,6 +353,13 @@ impl Core {
         reg.slots.iter().flatten().cloned().collect()
     }
 
+    /// Registers a request for the straggler list; its guard adopts the slot with
+    /// [`InFlightGuard::adopt`]. Only called while draining.
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
+    pub(crate) fn register_request(&self, info: RequestInfo) -> RequestSlot {
+        RequestSlot(self.register(info))
+    }
+
     #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     fn register(&self, info: RequestInfo) -> u32 {
         let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
@@ -363,6 +379,17 @@ impl Core {
             reg.free.push(slot);
         }
     }
+}
+
+/// A request's place in the straggler registry, or none.
+#[cfg(feature = "http")] // the `http` feature's accept loop and layer only
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RequestSlot(u32);
+
+#[cfg(feature = "http")]
+impl RequestSlot {
+    /// Not registered.
+    pub(crate) const NONE: RequestSlot = RequestSlot(NO_SLOT);
 }
 
 /// Counts one unit of in-flight work for as long as it lives.
@@ -390,6 +417,23 @@ impl InFlightGuard {
     pub(crate) fn describe(&mut self, info: RequestInfo) {
         if self.slot == NO_SLOT {
             self.slot = self.core.register(info);
+        }
+    }
+
+    /// Takes over a slot registered by [`Core::register_request`] for the request this guard
+    /// counts, so that the guard's drop unregisters it. A guard already described keeps its own
+    /// slot and the new one is released at once.
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn adopt(&mut self, slot: RequestSlot) {
+        if slot == RequestSlot::NONE {
+            return;
+        }
+        if self.slot == NO_SLOT {
+            self.slot = slot.0;
+        } else {
+            self.core.unregister(slot.0);
         }
     }
 

@@ -161,13 +161,8 @@ impl fmt::Debug for RequestLine {
     }
 }
 
-/// Describes a request that arrived while draining, from the request itself.
-pub(crate) fn describe_now(
-    guard: &mut InFlightGuard,
-    method: &Method,
-    path: &str,
-    meta: Option<&ConnMeta>,
-) {
+/// What is known of a request that arrived while draining, from the request itself.
+pub(crate) fn request_info(method: &Method, path: &str, meta: Option<&ConnMeta>) -> RequestInfo {
     let mut end = path.len().min(LONG_PATH);
     while !path.is_char_boundary(end) {
         end -= 1;
@@ -176,12 +171,12 @@ pub(crate) fn describe_now(
     if end < path.len() {
         p.push('…');
     }
-    guard.describe(RequestInfo {
+    RequestInfo {
         method: method.as_str().to_owned(),
         path: p,
         peer: meta.and_then(ConnMeta::peer),
         started: Some(Instant::now()),
-    });
+    }
 }
 
 #[cfg(test)]

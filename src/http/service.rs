@@ -7,13 +7,13 @@ use std::task::{Context, Poll};
 use http::{Request, Response, Version};
 use tower_service::Service;
 
-use crate::guard::{Core, InFlightGuard};
+use crate::guard::{Core, InFlightGuard, RequestSlot};
 use crate::Phase;
 
 use super::body::DrainBody;
 use super::conn::ConnMeta;
 use super::future::ResponseFuture;
-use super::line::{describe_now, Naming, Unnamed};
+use super::line::{request_info, Naming, Unnamed};
 use super::options::options;
 use super::refusal::{Refusal, ServeAfterStop};
 
@@ -70,12 +70,6 @@ impl<S, N, R> DrainService<S, N, R> {
     }
 }
 
-/// HTTP/1.x only: `Connection` is a hop-by-hop header that HTTP/2 and HTTP/3 forbid.
-#[inline]
-fn is_http1(v: Version) -> bool {
-    v == Version::HTTP_11 || v == Version::HTTP_10 || v == Version::HTTP_09
-}
-
 impl<S, N, R, ReqBody, ResBody> Service<Request<ReqBody>> for DrainService<S, N, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -94,31 +88,68 @@ where
     #[inline]
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         // The guard is taken here, held by the future, moved into the body, and released when
-        // the body ends, errors or is dropped (see `DrainBody`).
+        // the body is dropped (see `DrainBody`).
         let tag = self.opts << 1 | u32::from(req.version() < Version::HTTP_2);
-        if R::REFUSED.is_some() {
-            let (guard, draining) = self.core.enter_tagged(tag);
+        let (mut guard, draining) = self.core.enter_tagged(tag);
+        if let Some(refused) = R::REFUSED {
+            // Refusal mode only (`R` decides at compile time): the inner service may not be
+            // called at all.
             if draining {
-                return self.call_draining(guard, req);
+                return self.call_refusing(guard, req, refused);
             }
-            let line = N::capture(&req);
-            return ResponseFuture::called(self.inner.call(req), guard, line);
         }
-        let guard = self.enter_request(tag, &req);
         // A copy of the request line with `describe_requests`, nothing otherwise.
         let line = N::capture(&req);
-        ResponseFuture::called(self.inner.call(req), guard, line)
+        // One place builds the future whatever the phase; while draining, the inner call goes
+        // through a cold function that also does the accounting. The request is moved, never
+        // lent, and the guard stays here, so the hot path hands the request to the inner
+        // service without a copy and keeps the guard in registers.
+        let mut slot = RequestSlot::NONE;
+        let fut = if draining {
+            // A call before the request is moved: without it, the compiler hoists the move of
+            // the request into the cold call's argument above the branch, and the hot path
+            // pays for a copy it does not use.
+            self.core.note_request_activity();
+            self.call_draining(req, &mut slot)
+        } else {
+            self.inner.call(req)
+        };
+        if draining {
+            guard.adopt(slot);
+        }
+        ResponseFuture::called(fut, guard, line)
     }
 }
 
 impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
-    /// `call` for a request that arrived while draining.
+    /// The inner call for a request that arrived while draining, with its accounting; `slot`
+    /// receives the request's place in the straggler list, registered once the inner call has
+    /// returned (a panicking inner service leaves nothing registered).
     #[cold]
     #[inline(never)]
     fn call_draining<ReqBody, ResBody>(
         &mut self,
+        req: Request<ReqBody>,
+        slot: &mut RequestSlot,
+    ) -> S::Future
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    {
+        let meta = self.note_arrival(&req);
+        let info = request_info(req.method(), req.uri().path(), meta);
+        let fut = self.inner.call(req);
+        *slot = self.core.register_request(info);
+        fut
+    }
+
+    /// `call` for a request that arrived while draining, in refusal mode.
+    #[cold]
+    #[inline(never)]
+    fn call_refusing<ReqBody, ResBody>(
+        &mut self,
         mut guard: InFlightGuard,
         req: Request<ReqBody>,
+        refused: R::Refused,
     ) -> ResponseFuture<S::Future, N, R>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -126,30 +157,13 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
         self.core.record_activity();
         let line = N::capture(&req);
         let meta = self.note_arrival(&req);
-        if let Some(refused) = R::REFUSED {
-            if self.refuses() {
-                return ResponseFuture::refused(guard, line, refused);
-            }
+        if self.refuses() {
+            return ResponseFuture::refused(guard, line, refused);
         }
-        describe_now(&mut guard, req.method(), req.uri().path(), meta);
-        ResponseFuture::called(self.inner.call(req), guard, line)
-    }
-
-    #[inline(always)]
-    fn enter_request<B>(&self, tag: u32, req: &Request<B>) -> InFlightGuard {
-        let (mut guard, draining) = self.core.enter_tagged(tag);
-        if draining {
-            self.note_draining(&mut guard, req);
-        }
-        guard
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn note_draining<B>(&self, guard: &mut InFlightGuard, req: &Request<B>) {
-        self.core.record_activity();
-        let meta = self.note_arrival(req);
-        describe_now(guard, req.method(), req.uri().path(), meta);
+        let info = request_info(req.method(), req.uri().path(), meta);
+        let fut = self.inner.call(req);
+        guard.adopt(self.core.register_request(info));
+        ResponseFuture::called(fut, guard, line)
     }
 
     /// Refusal mode: `true` once the drain stopped accepting.
