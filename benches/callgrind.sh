@@ -9,8 +9,15 @@
 # Usage: benches/callgrind.sh [variant ...]   (default: the in-process variants, a hyper- and
 #        a tcp- selection, and the guards; see examples/bench_requests.rs)
 # Env:   N1 (default 2000), N2 (default 12000)
-# Needs: valgrind. Takes about 10 minutes with the default list on 2 cores (the hyper- and tcp-
-#        variants run ~3× more instructions per request).
+# Env:   CALLGRIND_CODEGEN_UNITS (default 1): codegen units of the measured build. With one,
+#        whether a wrapper (axum's `MapIntoResponse::call`, the layer's `call`) is inlined into
+#        its caller follows its cost alone; with the release default (16) it also depends on
+#        which codegen unit each generic instance lands in, a partition that moves with
+#        unrelated code and was seen to add or take ±60 instructions per request to one variant
+#        and not another. `CALLGRIND_CODEGEN_UNITS=16` measures the default profile.
+# Needs: valgrind. Takes about 15 minutes with the default list on 2 cores (the hyper- and tcp-
+#        variants run ~3× more instructions per request), plus the build (~4 minutes the first
+#        time: its own target directory, target/callgrind-cgu<N>).
 #
 # Prints the raw counts, then the counting cost: each counting middleware's instructions and
 # allocations per request over a no-op layer applied the same way (`noop` under
@@ -42,8 +49,10 @@ else
 fi
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed" >&2; exit 1; }
 
-cargo build --quiet --release --example bench_requests
-bin=target/release/examples/bench_requests
+cgu="${CALLGRIND_CODEGEN_UNITS:-1}"
+export CARGO_TARGET_DIR="target/callgrind-cgu$cgu"
+CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$cgu" cargo build --quiet --release --example bench_requests
+bin="$CARGO_TARGET_DIR/release/examples/bench_requests"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
@@ -65,7 +74,7 @@ per_op() {
 }
 
 echo "per request or guard: (X(N2) − X(N1)) / (N2 − N1), N1=$N1, N2=$N2"
-echo "$(valgrind --version), $(rustc --version)"
+echo "$(valgrind --version), $(rustc --version), release profile with codegen-units=$cgu"
 echo
 printf '| %-24s | %12s | %10s | %14s | %14s |\n' variant "instr/op" "allocs/op" "I(N1)" "I(N2)"
 printf '|%s|%s:|%s:|%s:|%s:|\n' "--------------------------" "-------------" "-----------" \

@@ -204,7 +204,7 @@ mod layer {
         assert_eq!(
             drain.in_flight(),
             0,
-            "every guard was released at the end of its body"
+            "every guard was released with its body"
         );
 
         // The counter does see the layer's work: once draining, each request is registered for
@@ -241,10 +241,22 @@ mod layer {
         use lameduck::http::future::ResponseFuture;
         use lameduck::DrainBody;
 
+        use lameduck::http::{RefuseAfterStop, Unnamed};
+
         type Fut = <Hello as Service<Request<()>>>::Future;
         assert!(size_of::<ResponseFuture<Fut>>() <= size_of::<Fut>() + 16);
-        // `Full` has no spare bit pattern to mark a refusal's empty body: one word more.
-        assert!(size_of::<DrainBody<Full<Bytes>>>() <= size_of::<Full<Bytes>>() + 24);
+        // A layer that never refuses (the default) has no refusal state: the guard, nothing
+        // else, even for a body type with no spare bit pattern such as `Full`.
+        assert_eq!(
+            size_of::<DrainBody<Full<Bytes>>>(),
+            size_of::<Full<Bytes>>() + 16
+        );
+        // In refusal mode `Full` has no spare bit pattern to mark a refusal's empty body: one
+        // word more.
+        assert!(
+            size_of::<DrainBody<Full<Bytes>, Unnamed, RefuseAfterStop>>()
+                <= size_of::<Full<Bytes>>() + 24
+        );
 
         // The future and body axum sees under `Router::layer`.
         type RouteFut = <axum::routing::Route as Service<Request<axum::body::Body>>>::Future;

@@ -22,7 +22,7 @@ use crate::Drain;
 
 use super::line::{Naming, RequestLine, Unnamed};
 use super::options::{options, register, Options};
-use super::refusal::{RefuseAfterStop, Refusal, ServeAfterStop};
+use super::refusal::{Refusal, RefuseAfterStop, ServeAfterStop};
 use super::service::DrainService;
 
 impl Drain {
@@ -62,10 +62,11 @@ impl Drain {
 ///
 /// * **Always**: takes an in-flight guard in `call`, keeps it in the response future, and moves
 ///   it into the response body ([`DrainBody`](crate::DrainBody)); the request counts until the
-///   body ends, errors or is dropped. A streaming body is in flight for as long as it streams.
-///   While Serving this is *all* it does: one atomic operation on the way in, one on the way out,
-///   one relaxed load each time the response future is polled; no lock, no allocation, no
-///   reference count. The response future and body are the inner ones plus 16 bytes.
+///   server drops the body, which hyper does as soon as the body has ended or failed, or the
+///   client went away. A streaming body is in flight for as long as it streams. While Serving
+///   this is *all* it does: one atomic operation on the way in, one on the way out, one relaxed
+///   load each time the response future is polled; no lock, no allocation, no reference count.
+///   The response future and body are the inner ones plus 16 bytes.
 /// * **While draining**:
 ///   * HTTP/1.x responses get `Connection: close`, so pooled connections move off one by one and
 ///     the client knows (never on HTTP/2, where the header is illegal and GOAWAY does the job;
@@ -85,8 +86,8 @@ impl Drain {
 ///
 /// # What the layer can and cannot see
 ///
-/// A request counts until its response body's last frame is handed to the server (or the body
-/// is dropped). The layer does not see the socket: bytes the server still holds for a client
+/// A request counts until the server drops its response body, right after taking its last
+/// frame (or when the client goes away). The layer does not see the socket: bytes the server still holds for a client
 /// that reads slowly are not counted, so under `axum::serve` or another server a drain can
 /// report zero in flight while a large response is still being written. Under
 /// [`serve`](crate::serve) the connection counts them instead (until the kernel has accepted
@@ -117,7 +118,10 @@ impl Drain {
 ///   phase and the instance in a response header, so a client can tell it was served by a
 ///   draining process.
 /// * [`refuse_after_stop`](Self::refuse_after_stop): after `stopped_accepting`, answer `503` +
-///   `Retry-After` + `Connection: close` instead of serving.
+///   `Retry-After` + `Connection: close` instead of serving. The layer's second type parameter
+///   says which ([`ServeAfterStop`](crate::http::ServeAfterStop), the default, or
+///   [`RefuseAfterStop`](crate::http::RefuseAfterStop)), so a layer that never refuses carries
+///   no refusal state and no refusal check.
 ///
 /// The layer is `Copy`: the options live in a process-wide table (each distinct set of options
 /// is kept for the life of the process, like the coordinator's counter), read only while

@@ -34,7 +34,7 @@ pub use body::DrainBody;
 pub use conn::ConnMeta;
 pub use layer::DrainLayer;
 pub use line::{Naming, RequestLine, Unnamed};
-pub use refusal::{RefuseAfterStop, Refusal, ServeAfterStop};
+pub use refusal::{Refusal, RefuseAfterStop, ServeAfterStop};
 pub use serve::{serve, Serve, SUGGESTED_HEADER_READ_TIMEOUT};
 pub use service::DrainService;
 pub use stream::{EndOnStop, StreamStop};
