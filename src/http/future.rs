@@ -91,16 +91,21 @@ where
         let this = self.project();
         match this.state.project() {
             StateProj::Called { fut } => {
-                // One place builds the output whatever the phase; while draining, the inner poll
-                // goes through a cold function that also marks the response. A second place
-                // building the output, or the response handed to a function here, would make
-                // the caller copy it.
-                let polled = match this.guard {
+                // One call of the inner poll and one place that builds the output, whatever
+                // the phase: two calls (or two builders) would each write a response of their
+                // own, which the caller then copies into one place. While draining, two cold
+                // calls around the inner poll name the request and mark the response.
+                let draining = match this.guard {
                     Some(g) if g.core().counter.is_draining() => {
-                        poll_draining(fut, cx, g, this.line)
+                        this.line.describe(g);
+                        Some(g.tag)
                     }
-                    _ => fut.poll(cx),
+                    _ => None,
                 };
+                let mut polled = fut.poll(cx);
+                if let Some(tag) = draining {
+                    mark_polled(&mut polled, tag);
+                }
                 let res = match ready!(polled) {
                     Ok(res) => res,
                     Err(e) => {
@@ -119,26 +124,13 @@ where
     }
 }
 
-/// The inner poll once the drain has started: names the request (with `describe_requests`)
-/// and marks a ready response. Cold: never reached while Serving.
+/// Marks a response that is ready while draining. Cold: never reached while Serving.
 #[cold]
 #[inline(never)]
-fn poll_draining<F, N, B, E>(
-    fut: Pin<&mut F>,
-    cx: &mut Context<'_>,
-    guard: &mut InFlightGuard,
-    line: &N,
-) -> Poll<Result<Response<B>, E>>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    N: Naming,
-{
-    line.describe(guard);
-    let mut polled = fut.poll(cx);
-    if let Poll::Ready(Ok(res)) = &mut polled {
-        mark_draining(res, guard.tag);
+fn mark_polled<B, E>(polled: &mut Poll<Result<Response<B>, E>>, tag: u32) {
+    if let Poll::Ready(Ok(res)) = polled {
+        mark_draining(res, tag);
     }
-    polled
 }
 
 /// The `503` of refusal mode.
