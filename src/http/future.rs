@@ -98,7 +98,7 @@ where
                 let draining = match this.guard {
                     Some(g) if g.core().counter.is_draining() => {
                         this.line.describe(g);
-                        Some(g.tag)
+                        Some(g.tag())
                     }
                     _ => None,
                 };
@@ -141,7 +141,7 @@ fn refusal<B, N, R: Refusal>(
     line: N,
     refused: R::Refused,
 ) -> Response<DrainBody<B, N, R>> {
-    let tag = guard.as_ref().map_or(0, |g| g.tag);
+    let tag = guard.as_ref().map_or(0, InFlightGuard::tag);
     let mut res = Response::new(DrainBody::empty(guard, line, refused));
     *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     let h = res.headers_mut();

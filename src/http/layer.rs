@@ -2,10 +2,10 @@
 //!
 //! # Invariants
 //!
-//! * The layer and its service hold no reference count: the coordinator's hot block is a
-//!   `&'static Core`, and the options are an index into a process-wide table of leaked,
-//!   deduplicated option sets. Cloning either is a copy, so the per-request clones axum makes
-//!   cost nothing but the copy.
+//! * The layer and its service hold no reference count: one `&'static` entry of a
+//!   process-wide table of leaked, deduplicated option sets, which also holds the two sites
+//!   the layer's guards count at (see `http::options`). Cloning either is a copy, so the
+//!   per-request clones axum makes cost nothing but the copy.
 //! * The options are read only while draining; the table is locked only then (and when a layer
 //!   is built).
 
@@ -17,11 +17,10 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use tower_layer::Layer;
 
-use crate::guard::Core;
 use crate::Drain;
 
 use super::line::{Naming, RequestLine, Unnamed};
-use super::options::{options, register, Options};
+use super::options::{register, LayerEntry, Options};
 use super::refusal::{Refusal, RefuseAfterStop, ServeAfterStop};
 use super::service::DrainService;
 
@@ -45,8 +44,7 @@ impl Drain {
     /// ```
     pub fn layer(&self) -> DrainLayer {
         DrainLayer {
-            core: self.core(),
-            opts: register(Options::new(self.downgrade())),
+            entry: register(Options::new(self.downgrade()), self.core()),
             mode: PhantomData,
         }
     }
@@ -127,8 +125,8 @@ impl Drain {
 /// is kept for the life of the process, like the coordinator's counter), read only while
 /// draining. Build layers at startup, not per request.
 pub struct DrainLayer<N = Unnamed, R = ServeAfterStop> {
-    core: &'static Core,
-    opts: u32,
+    /// The layer's options and the sites its guards count at (see `http::options`).
+    entry: &'static LayerEntry,
     mode: PhantomData<fn() -> (N, R)>,
 }
 
@@ -142,11 +140,9 @@ impl<N, R> Copy for DrainLayer<N, R> {}
 
 impl<N, R> DrainLayer<N, R> {
     fn with_options(mut self, f: impl FnOnce(&mut Options)) -> Self {
-        let mut o = options(self.opts)
-            .cloned()
-            .expect("a layer's options are registered when it is built");
+        let mut o = self.entry.options.clone();
         f(&mut o);
-        self.opts = register(o);
+        self.entry = register(o, self.entry.sites[0].core());
         self
     }
 
@@ -184,8 +180,7 @@ impl<N, R> DrainLayer<N, R> {
     /// ```
     pub fn describe_requests(self) -> DrainLayer<RequestLine, R> {
         DrainLayer {
-            core: self.core,
-            opts: self.opts,
+            entry: self.entry,
             mode: PhantomData,
         }
     }
@@ -259,8 +254,7 @@ impl<N, R> DrainLayer<N, R> {
         let layer =
             self.with_options(|o| o.refuse_retry_after = Some(HeaderValue::from(secs.max(1))));
         DrainLayer {
-            core: layer.core,
-            opts: layer.opts,
+            entry: layer.entry,
             mode: PhantomData,
         }
     }
@@ -270,18 +264,17 @@ impl<S, N: Naming, R: Refusal> Layer<S> for DrainLayer<N, R> {
     type Service = DrainService<S, N, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        DrainService::new(inner, self.core, self.opts)
+        DrainService::new(inner, &self.entry.sites)
     }
 }
 
 impl<N, R> fmt::Debug for DrainLayer<N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("DrainLayer");
-        if let Some(o) = options(self.opts) {
-            d.field("phase_header", &o.phase_header)
-                .field("instance_header", &o.instance_header)
-                .field("refuse_retry_after", &o.refuse_retry_after);
-        }
+        let o = &self.entry.options;
+        d.field("phase_header", &o.phase_header)
+            .field("instance_header", &o.instance_header)
+            .field("refuse_retry_after", &o.refuse_retry_after);
         d.field("naming", &std::any::type_name::<N>())
             .field("refusal", &std::any::type_name::<R>())
             .finish_non_exhaustive()

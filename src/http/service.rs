@@ -7,14 +7,14 @@ use std::task::{Context, Poll};
 use http::{Request, Response, Version};
 use tower_service::Service;
 
-use crate::guard::{Core, InFlightGuard, RequestSlot};
+use crate::guard::{Core, InFlightGuard, Site};
 use crate::Phase;
 
 use super::body::DrainBody;
 use super::conn::ConnMeta;
 use super::future::ResponseFuture;
 use super::line::{request_info, Naming, Unnamed};
-use super::options::options;
+use super::options::{options, tag_options};
 use super::refusal::{Refusal, ServeAfterStop};
 
 /// Counts each request as in flight until its response body ends; see
@@ -24,11 +24,10 @@ use super::refusal::{Refusal, ServeAfterStop};
 /// the middleware never fails a request (refusal, when enabled, is a `503` response).
 pub struct DrainService<S, N = Unnamed, R = ServeAfterStop> {
     inner: S,
-    /// A plain `&'static` reference, so cloning the service (axum clones it per request) costs
-    /// no reference count.
-    core: &'static Core,
-    /// The layer's options, by index (see `layer.rs`); read only while draining.
-    opts: u32,
+    /// Where the guards count: `[HTTP/1.x, HTTP/2 and later]`, in the layer's leaked entry
+    /// (see `http::options`). A plain `&'static` reference, so cloning the service (axum
+    /// clones it per request) costs no reference count.
+    sites: &'static [Site; 2],
     mode: PhantomData<fn() -> (N, R)>,
 }
 
@@ -37,21 +36,28 @@ impl<S: Clone, N, R> Clone for DrainService<S, N, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            core: self.core,
-            opts: self.opts,
+            sites: self.sites,
             mode: PhantomData,
         }
     }
 }
 
 impl<S, N, R> DrainService<S, N, R> {
-    pub(crate) fn new(inner: S, core: &'static Core, opts: u32) -> Self {
+    pub(crate) fn new(inner: S, sites: &'static [Site; 2]) -> Self {
         Self {
             inner,
-            core,
-            opts,
+            sites,
             mode: PhantomData,
         }
+    }
+
+    fn core(&self) -> &'static Core {
+        self.sites[0].core()
+    }
+
+    /// The layer's options index (see `http::options`).
+    fn opts(&self) -> u32 {
+        tag_options(self.sites[0].tag())
     }
 
     /// The wrapped service.
@@ -89,8 +95,8 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         // The guard is taken here, held by the future, moved into the body, and released when
         // the body is dropped (see `DrainBody`).
-        let tag = self.opts << 1 | u32::from(req.version() < Version::HTTP_2);
-        let (mut guard, draining) = self.core.enter_tagged(tag);
+        let site = &self.sites[usize::from(req.version() >= Version::HTTP_2)];
+        let (mut guard, draining) = site.enter();
         if let Some(refused) = R::REFUSED {
             // Refusal mode only (`R` decides at compile time): the inner service may not be
             // called at all.
@@ -104,33 +110,34 @@ where
         // through a cold function that also does the accounting. The request is moved, never
         // lent, and the guard stays here, so the hot path hands the request to the inner
         // service without a copy and keeps the guard in registers.
-        let mut slot = RequestSlot::NONE;
+        let mut entry = None;
         let fut = if draining {
             // A call before the request is moved: without it, the compiler hoists the move of
             // the request into the cold call's argument above the branch, and the hot path
             // pays for a copy it does not use.
-            self.core.note_request_activity();
-            self.call_draining(req, &mut slot)
+            self.core().note_request_activity();
+            self.call_draining(req, guard.tag(), &mut entry)
         } else {
             self.inner.call(req)
         };
-        if draining {
-            guard.adopt(slot);
+        if let Some(entry) = entry {
+            guard.adopt(entry);
         }
         ResponseFuture::called(fut, guard, line)
     }
 }
 
 impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
-    /// The inner call for a request that arrived while draining, with its accounting; `slot`
-    /// receives the request's place in the straggler list, registered once the inner call has
+    /// The inner call for a request that arrived while draining, with its accounting; `entry`
+    /// receives the request's entry in the straggler list, registered once the inner call has
     /// returned (a panicking inner service leaves nothing registered).
     #[cold]
     #[inline(never)]
     fn call_draining<ReqBody, ResBody>(
         &mut self,
         req: Request<ReqBody>,
-        slot: &mut RequestSlot,
+        tag: u32,
+        entry: &mut Option<&'static Site>,
     ) -> S::Future
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -138,7 +145,7 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
         let meta = self.note_arrival(&req);
         let info = request_info(req.method(), req.uri().path(), meta);
         let fut = self.inner.call(req);
-        *slot = self.core.register_request(info);
+        *entry = Some(self.core().register(info, tag));
         fut
     }
 
@@ -154,7 +161,7 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     {
-        self.core.record_activity();
+        self.core().record_activity();
         let line = N::capture(&req);
         let meta = self.note_arrival(&req);
         if self.refuses() {
@@ -162,13 +169,13 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
         }
         let info = request_info(req.method(), req.uri().path(), meta);
         let fut = self.inner.call(req);
-        guard.adopt(self.core.register_request(info));
+        guard.describe(info);
         ResponseFuture::called(fut, guard, line)
     }
 
     /// Refusal mode: `true` once the drain stopped accepting.
     fn refuses(&self) -> bool {
-        options(self.opts).is_some_and(|o| {
+        options(self.opts()).is_some_and(|o| {
             o.drain()
                 .is_some_and(|d| d.phase() >= Phase::StoppedAccepting)
         })
@@ -178,18 +185,19 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
     /// connection, traffic path. Returns the request's connection, if known.
     fn note_arrival<'r, B>(&self, req: &'r Request<B>) -> Option<&'r ConnMeta> {
         let meta = conn_meta(req);
-        let on_new = meta.is_some_and(|m| m.is_new_since_drain(self.core));
+        let core = self.core();
+        let on_new = meta.is_some_and(|m| m.is_new_since_drain(core));
         if on_new {
             let m = meta.expect("on_new implies a ConnMeta");
             // Under axum::serve nobody saw the accept: count the connection on its first
             // request after the drain. Under lameduck::serve the accept loop already did.
             if m.claim_record() {
-                self.core.note_connection(m.peer());
+                core.note_connection(m.peer());
             }
         }
-        self.core.note_request(on_new);
+        core.note_request(on_new);
         if let Some(label) = req.headers().get(TRAFFIC_PATH_HEADER) {
-            self.core.note_path(label.as_bytes(), on_new);
+            core.note_path(label.as_bytes(), on_new);
         }
         meta
     }
@@ -218,7 +226,7 @@ impl<S: fmt::Debug, N, R> fmt::Debug for DrainService<S, N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DrainService")
             .field("inner", &self.inner)
-            .field("options", &options(self.opts))
+            .field("options", &options(self.opts()))
             .finish_non_exhaustive()
     }
 }
