@@ -197,8 +197,12 @@ pub(crate) use with_app;
 
 /// Builds the service for `variant`. Must run inside a Tokio runtime context: the
 /// `tokio-graceful` coordinator spawns its signal task when built.
+///
+/// Every router is given its state (`with_state(())`) before it serves, as `axum::serve` does
+/// through `into_make_service`: until then axum builds each handler (and applies each
+/// `Router::layer`) anew on every request, a cost no server pays.
 pub(crate) fn app(variant: Variant, drain: &Drain) -> App {
-    let router = hello();
+    let router = hello().with_state(());
     let semaphore = || Arc::new(Semaphore::new(Semaphore::MAX_PERMITS));
     App::Router(match variant {
         Variant::Plain => router,
