@@ -50,7 +50,8 @@ struct Registry {
     /// The description behind each entry site, by the site's slot.
     entries: Vec<Option<RequestInfo>>,
     /// The entry sites, by slot: leaked once each, reused.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // only the HTTP layer describes requests
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    // only the HTTP layer describes requests
     sites: Vec<&'static Site>,
     /// Slots whose entry is empty and whose site no guard holds.
     free: Vec<u32>,
