@@ -56,11 +56,16 @@ bin="$CARGO_TARGET_DIR/release/examples/bench_requests"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
-# Total instructions executed (callgrind's "Collected" line) for one run.
+# Total instructions executed (callgrind's "Collected" line) for one run, and those of them
+# spent inside glibc's allocator (functions of malloc.c and arena.c), separated by a space.
 instructions() {
     valgrind --tool=callgrind --callgrind-out-file="$out/cg.out" "$bin" "$1" "$2" \
         >/dev/null 2>"$out/log"
-    awk '/Collected :/ { print $NF }' "$out/log"
+    local total alloc
+    total=$(awk '/Collected :/ { print $NF }' "$out/log")
+    alloc=$(callgrind_annotate --threshold=100 "$out/cg.out" 2>/dev/null |
+        awk '$0 ~ /\.\/malloc\/\.\/malloc\/(malloc|arena)\.c:/ { gsub(",", "", $1); s += $1 } END { print s + 0 }')
+    echo "$total $alloc"
 }
 
 # Heap blocks allocated (dhat's "Total: … bytes in N blocks") for one run.
@@ -79,11 +84,13 @@ echo
 printf '| %-24s | %12s | %10s | %14s | %14s |\n' variant "instr/op" "allocs/op" "I(N1)" "I(N2)"
 printf '|%s|%s:|%s:|%s:|%s:|\n' "--------------------------" "-------------" "-----------" \
     "---------------" "---------------"
-declare -A per al
+# per: instructions per op; pa: the same outside glibc's allocator; al: allocations per op.
+declare -A per pa al
 for v in "${variants[@]}"; do
-    i1=$(instructions "$v" "$N1")
-    i2=$(instructions "$v" "$N2")
+    read -r i1 a1 <<<"$(instructions "$v" "$N1")"
+    read -r i2 a2 <<<"$(instructions "$v" "$N2")"
     per[$v]=$(per_op "$i1" "$i2")
+    pa[$v]=$(per_op "$((i1 - a1))" "$((i2 - a2))")
     al[$v]=$(per_op "$(allocations "$v" "$N1")" "$(allocations "$v" "$N2")")
     printf '| %-24s | %12s | %10s | %14s | %14s |\n' "$v" "${per[$v]}" "${al[$v]}" "$i1" "$i2"
 done
@@ -106,23 +113,27 @@ ratio_of() {
     fi
 }
 
-# The counting cost over the no-op layer, in both placements (in-process, hyper-, tcp-).
-for prefix in "" "hyper-" "tcp-"; do
-    noop="${per[${prefix}noop]:-}"
-    noop_outer="${per[${prefix}noop-outer]:-}"
-    [ -n "$noop" ] || [ -n "$noop_outer" ] || continue
-    floor=$(diff_of "${per[${prefix}floor]:-}" "$noop")
-    floor_outer=$(diff_of "${per[${prefix}floor-outer]:-}" "$noop_outer")
+# The counting cost over the no-op layer, in both placements, from the figures in the array
+# named $2 (per or pa), for the variants with prefix $1; $3 says what the figures are.
+cost_table() {
+    local prefix="$1" what="$3"
+    local -n fig="$2"
+    local noop="${fig[${prefix}noop]:-}" noop_outer="${fig[${prefix}noop-outer]:-}"
+    [ -n "$noop" ] || [ -n "$noop_outer" ] || return 0
+    local floor floor_outer
+    floor=$(diff_of "${fig[${prefix}floor]:-}" "$noop")
+    floor_outer=$(diff_of "${fig[${prefix}floor-outer]:-}" "$noop_outer")
     echo
-    echo "Counting cost ${prefix:-in-process }(instructions and allocations per request over ${prefix}noop / ${prefix}noop-outer; ÷ floor):"
+    echo "Counting cost ${prefix:-in-process }($what per request over ${prefix}noop / ${prefix}noop-outer, and allocations; ÷ floor):"
     echo
     printf '| %-16s | %14s | %8s | %8s | %18s | %8s | %8s |\n' middleware "Router::layer" "÷ floor" allocs \
         "around the router" "÷ floor" allocs
     printf '|%s|%s:|%s:|%s:|%s:|%s:|%s:|\n' "------------------" "----------------" "----------" \
         "----------" "--------------------" "----------" "----------"
+    local c inner outer
     for c in "${counting[@]}"; do
-        inner=$(diff_of "${per[${prefix}${c}]:-}" "$noop")
-        outer=$(diff_of "${per[${prefix}${c}-outer]:-}" "$noop_outer")
+        inner=$(diff_of "${fig[${prefix}${c}]:-}" "$noop")
+        outer=$(diff_of "${fig[${prefix}${c}-outer]:-}" "$noop_outer")
         [ "$inner" != "–" ] || [ "$outer" != "–" ] || continue
         printf '| %-16s | %14s | %8s | %8s | %18s | %8s | %8s |\n' "$c" \
             "$inner" "$(ratio_of "$inner" "$floor")" \
@@ -130,7 +141,16 @@ for prefix in "" "hyper-" "tcp-"; do
             "$outer" "$(ratio_of "$outer" "$floor_outer")" \
             "$(diff_of "${al[${prefix}${c}-outer]:-}" "${al[${prefix}noop-outer]:-}")"
     done
+}
+
+for prefix in "" "hyper-" "tcp-"; do
+    cost_table "$prefix" per instructions
 done
+# Over TCP the run includes the runtime, the client and glibc's allocator, whose path per
+# allocation moves with the sizes of the blocks in play (seen: ±150 instructions per request
+# between two variants that allocate the same blocks): the same table without the allocator,
+# beside the allocation counts.
+cost_table tcp- pa "instructions outside glibc's allocator"
 
 # Servers over TCP: what `lameduck::serve` adds over `axum::serve`.
 if [ -n "${per[tcp-plain]:-}" ]; then
