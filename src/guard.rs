@@ -256,16 +256,6 @@ impl Core {
         (v != 0).then(|| self.base + Duration::from_nanos(v - 1))
     }
 
-    /// Takes a guard. Returns it with `true` if the drain has started.
-    #[inline]
-    pub(crate) fn enter(&'static self) -> (InFlightGuard, bool) {
-        let (guard, draining) = self.plain().enter();
-        if draining {
-            self.record_activity();
-        }
-        (guard, draining)
-    }
-
     /// Takes a guard that is not an arrival: no activity is recorded for the propagation
     /// policy (a response waiting for its reader, a connection being polled).
     #[inline]
@@ -538,7 +528,7 @@ mod tests {
         core.start_draining();
         core.note_connection(Some("127.0.0.1:1".parse().unwrap()));
         core.note_path(b"ingress", true);
-        let (mut guard, draining) = core.enter();
+        let (mut guard, draining) = core.plain().enter();
         assert!(draining);
         guard.describe(RequestInfo {
             method: "GET".into(),
@@ -561,7 +551,7 @@ mod tests {
         );
         // A request described after Done gets an entry of its own, which the old guard's drop
         // (above) did not free twice.
-        let (mut late, _) = core.enter();
+        let (mut late, _) = core.plain().enter();
         late.describe(info("/late"));
         assert_eq!(core.registered_requests().len(), 1);
         drop(late);
