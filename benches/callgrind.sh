@@ -9,8 +9,15 @@
 # Usage: benches/callgrind.sh [variant ...]   (default: the in-process variants, a hyper- and
 #        a tcp- selection, and the guards; see examples/bench_requests.rs)
 # Env:   N1 (default 2000), N2 (default 12000)
-# Needs: valgrind. Takes about 10 minutes with the default list on 2 cores (the hyper- and tcp-
-#        variants run ~3× more instructions per request).
+# Env:   CALLGRIND_CODEGEN_UNITS (default 1): codegen units of the measured build. With one,
+#        whether a wrapper (axum's `MapIntoResponse::call`, the layer's `call`) is inlined into
+#        its caller follows its cost alone; with the release default (16) it also depends on
+#        which codegen unit each generic instance lands in, a partition that moves with
+#        unrelated code and was seen to add or take ±60 instructions per request to one variant
+#        and not another. `CALLGRIND_CODEGEN_UNITS=16` measures the default profile.
+# Needs: valgrind. Takes about 15 minutes with the default list on 2 cores (the hyper- and tcp-
+#        variants run ~3× more instructions per request), plus the build (~4 minutes the first
+#        time: its own target directory, target/callgrind-cgu<N>).
 #
 # Prints the raw counts, then the counting cost: each counting middleware's instructions and
 # allocations per request over a no-op layer applied the same way (`noop` under
@@ -42,16 +49,23 @@ else
 fi
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed" >&2; exit 1; }
 
-cargo build --quiet --release --example bench_requests
-bin=target/release/examples/bench_requests
+cgu="${CALLGRIND_CODEGEN_UNITS:-1}"
+export CARGO_TARGET_DIR="target/callgrind-cgu$cgu"
+CARGO_PROFILE_RELEASE_CODEGEN_UNITS="$cgu" cargo build --quiet --release --example bench_requests
+bin="$CARGO_TARGET_DIR/release/examples/bench_requests"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
-# Total instructions executed (callgrind's "Collected" line) for one run.
+# Total instructions executed (callgrind's "Collected" line) for one run, and those of them
+# spent inside glibc's allocator (functions of malloc.c and arena.c), separated by a space.
 instructions() {
     valgrind --tool=callgrind --callgrind-out-file="$out/cg.out" "$bin" "$1" "$2" \
         >/dev/null 2>"$out/log"
-    awk '/Collected :/ { print $NF }' "$out/log"
+    local total alloc
+    total=$(awk '/Collected :/ { print $NF }' "$out/log")
+    alloc=$(callgrind_annotate --threshold=100 "$out/cg.out" 2>/dev/null |
+        awk '$0 ~ /\.\/malloc\/\.\/malloc\/(malloc|arena)\.c:/ { gsub(",", "", $1); s += $1 } END { print s + 0 }')
+    echo "$total $alloc"
 }
 
 # Heap blocks allocated (dhat's "Total: … bytes in N blocks") for one run.
@@ -65,16 +79,18 @@ per_op() {
 }
 
 echo "per request or guard: (X(N2) − X(N1)) / (N2 − N1), N1=$N1, N2=$N2"
-echo "$(valgrind --version), $(rustc --version)"
+echo "$(valgrind --version), $(rustc --version), release profile with codegen-units=$cgu"
 echo
 printf '| %-24s | %12s | %10s | %14s | %14s |\n' variant "instr/op" "allocs/op" "I(N1)" "I(N2)"
 printf '|%s|%s:|%s:|%s:|%s:|\n' "--------------------------" "-------------" "-----------" \
     "---------------" "---------------"
-declare -A per al
+# per: instructions per op; pa: the same outside glibc's allocator; al: allocations per op.
+declare -A per pa al
 for v in "${variants[@]}"; do
-    i1=$(instructions "$v" "$N1")
-    i2=$(instructions "$v" "$N2")
+    read -r i1 a1 <<<"$(instructions "$v" "$N1")"
+    read -r i2 a2 <<<"$(instructions "$v" "$N2")"
     per[$v]=$(per_op "$i1" "$i2")
+    pa[$v]=$(per_op "$((i1 - a1))" "$((i2 - a2))")
     al[$v]=$(per_op "$(allocations "$v" "$N1")" "$(allocations "$v" "$N2")")
     printf '| %-24s | %12s | %10s | %14s | %14s |\n' "$v" "${per[$v]}" "${al[$v]}" "$i1" "$i2"
 done
@@ -97,23 +113,27 @@ ratio_of() {
     fi
 }
 
-# The counting cost over the no-op layer, in both placements (in-process, hyper-, tcp-).
-for prefix in "" "hyper-" "tcp-"; do
-    noop="${per[${prefix}noop]:-}"
-    noop_outer="${per[${prefix}noop-outer]:-}"
-    [ -n "$noop" ] || [ -n "$noop_outer" ] || continue
-    floor=$(diff_of "${per[${prefix}floor]:-}" "$noop")
-    floor_outer=$(diff_of "${per[${prefix}floor-outer]:-}" "$noop_outer")
+# The counting cost over the no-op layer, in both placements, from the figures in the array
+# named $2 (per or pa), for the variants with prefix $1; $3 says what the figures are.
+cost_table() {
+    local prefix="$1" what="$3"
+    local -n fig="$2"
+    local noop="${fig[${prefix}noop]:-}" noop_outer="${fig[${prefix}noop-outer]:-}"
+    [ -n "$noop" ] || [ -n "$noop_outer" ] || return 0
+    local floor floor_outer
+    floor=$(diff_of "${fig[${prefix}floor]:-}" "$noop")
+    floor_outer=$(diff_of "${fig[${prefix}floor-outer]:-}" "$noop_outer")
     echo
-    echo "Counting cost ${prefix:-in-process }(instructions and allocations per request over ${prefix}noop / ${prefix}noop-outer; ÷ floor):"
+    echo "Counting cost ${prefix:-in-process }($what per request over ${prefix}noop / ${prefix}noop-outer, and allocations; ÷ floor):"
     echo
     printf '| %-16s | %14s | %8s | %8s | %18s | %8s | %8s |\n' middleware "Router::layer" "÷ floor" allocs \
         "around the router" "÷ floor" allocs
     printf '|%s|%s:|%s:|%s:|%s:|%s:|%s:|\n' "------------------" "----------------" "----------" \
         "----------" "--------------------" "----------" "----------"
+    local c inner outer
     for c in "${counting[@]}"; do
-        inner=$(diff_of "${per[${prefix}${c}]:-}" "$noop")
-        outer=$(diff_of "${per[${prefix}${c}-outer]:-}" "$noop_outer")
+        inner=$(diff_of "${fig[${prefix}${c}]:-}" "$noop")
+        outer=$(diff_of "${fig[${prefix}${c}-outer]:-}" "$noop_outer")
         [ "$inner" != "–" ] || [ "$outer" != "–" ] || continue
         printf '| %-16s | %14s | %8s | %8s | %18s | %8s | %8s |\n' "$c" \
             "$inner" "$(ratio_of "$inner" "$floor")" \
@@ -121,7 +141,16 @@ for prefix in "" "hyper-" "tcp-"; do
             "$outer" "$(ratio_of "$outer" "$floor_outer")" \
             "$(diff_of "${al[${prefix}${c}-outer]:-}" "${al[${prefix}noop-outer]:-}")"
     done
+}
+
+for prefix in "" "hyper-" "tcp-"; do
+    cost_table "$prefix" per instructions
 done
+# Over TCP the run includes the runtime, the client and glibc's allocator, whose path per
+# allocation moves with the sizes of the blocks in play (seen: ±150 instructions per request
+# between two variants that allocate the same blocks): the same table without the allocator,
+# beside the allocation counts.
+cost_table tcp- pa "instructions outside glibc's allocator"
 
 # Servers over TCP: what `lameduck::serve` adds over `axum::serve`.
 if [ -n "${per[tcp-plain]:-}" ]; then

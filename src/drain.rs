@@ -232,7 +232,11 @@ impl Drain {
     /// ```
     #[inline]
     pub fn enter(&self) -> InFlightGuard {
-        self.core().enter().0
+        let (guard, draining) = self.inner.driver.plain.enter();
+        if draining {
+            self.core().record_activity();
+        }
+        guard
     }
 
     /// Requests (guards) in flight now.

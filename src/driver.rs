@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::budget::Budget;
 use crate::closers::Closers;
 use crate::evidence::{Evidence, EvidenceReport};
-use crate::guard::Core;
+use crate::guard::{Core, Site};
 use crate::link::Link;
 use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::Policy;
@@ -137,6 +137,8 @@ const EMIT_WATCHDOG: u8 = 2;
 /// The lifecycle engine behind a [`Drain`](crate::Drain).
 pub(crate) struct Driver {
     pub(crate) core: &'static Core,
+    /// `core`'s plain site, at hand for `Drain::enter` (one load fewer than `Core::plain`).
+    pub(crate) plain: &'static Site,
     pub(crate) budget: Budget,
     policy: Policy,
     readiness: ReadinessWhileDraining,
@@ -182,6 +184,7 @@ impl Driver {
         } = settings;
         Self {
             core,
+            plain: core.plain(),
             budget,
             policy,
             readiness,

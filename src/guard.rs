@@ -2,11 +2,18 @@
 //!
 //! # Invariants
 //!
-//! * [`Core`] is allocated once per [`Drain`](crate::Drain) and leaked, so an
-//!   [`InFlightGuard`] is a plain `&'static` reference: taking and releasing one is exactly one
-//!   atomic read-modify-write each (the counter), with no reference count to bump. A process
-//!   builds one coordinator, so the leak is one small fixed block for the life of the process;
-//!   what a drain accumulates in it (peer and path counts, the registry) is freed at Done.
+//! * [`Core`] is allocated once per [`Drain`](crate::Drain) and leaked, and so is every
+//!   [`Site`]: an [`InFlightGuard`] is one `&'static Site` (8 bytes), so taking and releasing one
+//!   is exactly one atomic read-modify-write each (the counter), with no reference count to
+//!   bump. A process builds one coordinator, so the leak is a few small fixed blocks for the
+//!   life of the process; what a drain accumulates in them (peer and path counts, the
+//!   registry's entries) is freed at Done.
+//! * A site says where its guards count (the core) and, for the HTTP layer, what the layer
+//!   needs to know about the request once draining (its tag: HTTP version class and options).
+//!   Plain sites are fixed: one per core, two per layer. An *entry* site stands for one entry
+//!   of the straggler registry and belongs to one described guard at a time: it is handed out
+//!   while draining, and back on the free list when that guard drops. Entry sites are reused,
+//!   so their number is the most requests ever described at once, not the number described.
 //! * While Serving nothing but the counter is touched. Activity timestamps, after-drain
 //!   connection counters and the straggler registry are written only once the counter's
 //!   draining flag is set, which `enter` learns from the value its own `fetch_add` returned.
@@ -17,8 +24,8 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -40,7 +47,13 @@ pub(crate) struct RequestInfo {
 
 #[derive(Debug, Default)]
 struct Registry {
-    slots: Vec<Option<RequestInfo>>,
+    /// The description behind each entry site, by the site's slot.
+    entries: Vec<Option<RequestInfo>>,
+    /// The entry sites, by slot: leaked once each, reused.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    // only the HTTP layer describes requests
+    sites: Vec<&'static Site>,
+    /// Slots whose entry is empty and whose site no guard holds.
     free: Vec<u32>,
 }
 
@@ -89,13 +102,64 @@ pub(crate) struct Core {
     requests: Mutex<Registry>,
     /// Connections whose response bytes wait for a slow peer (`lameduck::serve`).
     pub(crate) stalls: crate::stall::Stalls,
+    /// The site of guards taken outside the HTTP layer; set by [`Core::leak`].
+    plain: OnceLock<&'static Site>,
 }
 
 const NO_SLOT: u32 = u32::MAX;
 
+/// Where a guard counts; leaked, so that a guard is one `&'static` reference. See the module
+/// docs.
+#[derive(Debug)]
+pub(crate) struct Site {
+    core: &'static Core,
+    /// The HTTP layer's tag: bit 0 set for an HTTP/1.x request, the layer's options index
+    /// above (see `http::options`); 0 outside the layer. Fixed for a plain site; an entry site
+    /// takes the tag of the guard it describes when it is handed out.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))] // read by the HTTP layer only
+    tag: AtomicU32,
+    /// An entry site's slot in the registry; `NO_SLOT` for a plain site.
+    slot: u32,
+}
+
+impl Site {
+    /// A plain site for `core`'s guards with `tag` (see [`Site`]), to be leaked by the caller.
+    pub(crate) fn new(core: &'static Core, tag: u32) -> Site {
+        Site {
+            core,
+            tag: AtomicU32::new(tag),
+            slot: NO_SLOT,
+        }
+    }
+
+    /// Takes a guard without the draining-time bookkeeping: returns it with `true` if the drain
+    /// has started, and the caller records the activity itself (the HTTP layer does it out of
+    /// line, to keep its inlined path small).
+    #[inline]
+    pub(crate) fn enter(&'static self) -> (InFlightGuard, bool) {
+        let draining = self.core.counter.enter();
+        (InFlightGuard { site: self }, draining)
+    }
+
+    /// The coordinator's hot-path block.
+    #[inline]
+    #[cfg(feature = "http")] // the `http` feature's layer only
+    pub(crate) fn core(&self) -> &'static Core {
+        self.core
+    }
+
+    /// The HTTP layer's tag (see [`Site`]).
+    #[cfg(feature = "http")] // the `http` feature's layer only
+    pub(crate) fn tag(&self) -> u32 {
+        // Relaxed: a plain site's tag never changes; an entry site's was set under the
+        // registry's lock before its holder got the site.
+        self.tag.load(Ordering::Relaxed)
+    }
+}
+
 impl Core {
     pub(crate) fn leak() -> &'static Core {
-        Box::leak(Box::new(Core {
+        let core: &'static Core = Box::leak(Box::new(Core {
             counter: Counter::new(),
             zero: Notify::new(),
             base: Instant::now(),
@@ -108,7 +172,16 @@ impl Core {
             serving_since: AtomicU64::new(0),
             requests: Mutex::new(Registry::default()),
             stalls: crate::stall::Stalls::default(),
-        }))
+            plain: OnceLock::new(),
+        }));
+        let _ = core.plain.set(Box::leak(Box::new(Site::new(core, 0))));
+        core
+    }
+
+    /// The site of guards taken outside the HTTP layer.
+    #[inline]
+    pub(crate) fn plain(&self) -> &'static Site {
+        self.plain.get().expect("Core::leak sets the plain site")
     }
 
     /// Frees what a drain accumulated (per-peer connection counts, traffic-path counts, the
@@ -130,9 +203,13 @@ impl Core {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()),
         ));
-        drop(std::mem::take(
-            &mut *self.requests.lock().unwrap_or_else(|e| e.into_inner()),
-        ));
+        let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        // The sites stay (leaked, and maybe still held by a guard); their descriptions go.
+        // An emptied entry is not put on the free list: its site may still have a holder.
+        for entry in &mut reg.entries {
+            *entry = None;
+        }
+        reg.free = Vec::new();
     }
 
     /// Counts a new connection in the arrival ring (Serving or not): one relaxed atomic
@@ -179,52 +256,21 @@ impl Core {
         (v != 0).then(|| self.base + Duration::from_nanos(v - 1))
     }
 
-    /// Takes a guard. Returns it with `true` if the drain has started.
-    #[inline]
-    pub(crate) fn enter(&'static self) -> (InFlightGuard, bool) {
-        let draining = self.counter.enter();
-        if draining {
-            self.record_activity();
-        }
-        (
-            InFlightGuard {
-                core: self,
-                slot: NO_SLOT,
-                #[cfg(feature = "http")]
-                tag: 0,
-            },
-            draining,
-        )
-    }
-
     /// Takes a guard that is not an arrival: no activity is recorded for the propagation
     /// policy (a response waiting for its reader, a connection being polled).
     #[inline]
     #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn hold(&'static self) -> InFlightGuard {
-        self.counter.enter();
-        InFlightGuard {
-            core: self,
-            slot: NO_SLOT,
-            tag: 0,
-        }
+        self.plain().enter().0
     }
 
-    /// Takes a guard without the draining-time bookkeeping: the caller learns whether the drain
-    /// has started and, if so, must call [`record_activity`](Self::record_activity) itself (the
-    /// HTTP layer does it out of line, to keep its inlined path small).
-    #[inline]
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn enter_tagged(&'static self, tag: u32) -> (InFlightGuard, bool) {
-        let draining = self.counter.enter();
-        (
-            InFlightGuard {
-                core: self,
-                slot: NO_SLOT,
-                tag,
-            },
-            draining,
-        )
+    /// [`record_activity`](Self::record_activity) for a request that arrived while draining,
+    /// out of line (the HTTP layer's cold path).
+    #[cfg(feature = "http")] // the `http` feature's layer only
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn note_request_activity(&self) {
+        self.record_activity();
     }
 
     pub(crate) fn record_activity(&self) {
@@ -341,26 +387,47 @@ impl Core {
     /// The requests registered as in flight while draining.
     pub(crate) fn registered_requests(&self) -> Vec<RequestInfo> {
         let reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        reg.slots.iter().flatten().cloned().collect()
+        reg.entries.iter().flatten().cloned().collect()
     }
 
+    /// Registers a request for the straggler list: the entry site a guard with `tag` moves to
+    /// (see [`InFlightGuard::adopt`]). Only called while draining.
     #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    fn register(&self, info: RequestInfo) -> u32 {
+    pub(crate) fn register(&'static self, info: RequestInfo, tag: u32) -> &'static Site {
         let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = reg.free.pop() {
-            reg.slots[i as usize] = Some(info);
-            i
-        } else {
-            reg.slots.push(Some(info));
-            (reg.slots.len() - 1) as u32
-        }
+        let site = match reg.free.pop() {
+            Some(slot) => {
+                reg.entries[slot as usize] = Some(info);
+                reg.sites[slot as usize]
+            }
+            None => {
+                let slot = u32::try_from(reg.entries.len())
+                    .ok()
+                    .filter(|&s| s != NO_SLOT)
+                    .expect("fewer than 2^32 requests described at once");
+                reg.entries.push(Some(info));
+                let site: &'static Site = Box::leak(Box::new(Site {
+                    core: self,
+                    tag: AtomicU32::new(0),
+                    slot,
+                }));
+                reg.sites.push(site);
+                site
+            }
+        };
+        // Relaxed: the lock orders this store before any use of the site by its new holder.
+        site.tag.store(tag, Ordering::Relaxed);
+        site
     }
 
+    /// The guard holding the entry site at `slot` is gone.
     fn unregister(&self, slot: u32) {
         let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = reg.slots.get_mut(slot as usize) {
-            *s = None;
-            reg.free.push(slot);
+        // An entry emptied at Done stays off the free list (see `release_drain_state`).
+        if let Some(entry) = reg.entries.get_mut(slot as usize) {
+            if entry.take().is_some() {
+                reg.free.push(slot);
+            }
         }
     }
 }
@@ -375,40 +442,56 @@ impl Core {
 /// Not `Clone`: a clone would count the same work twice or release it early.
 #[must_use = "the work counts as in flight only while the guard lives"]
 pub struct InFlightGuard {
-    core: &'static Core,
-    slot: u32,
-    /// Free bits in what would otherwise be padding, for the HTTP layer: the request's HTTP
-    /// version class and its layer's options (see `http::service`). Keeping them here keeps
-    /// the layer's response future and body at the inner ones + 16 bytes.
-    #[cfg(feature = "http")]
-    pub(crate) tag: u32,
+    /// One pointer: a guard is 8 bytes, so the HTTP layer's response (head, body and guard)
+    /// stays small enough to be moved without a call to `memcpy`.
+    site: &'static Site,
 }
 
 impl InFlightGuard {
     /// Registers what this guard counts, for the straggler list. Only called while draining.
     #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn describe(&mut self, info: RequestInfo) {
-        if self.slot == NO_SLOT {
-            self.slot = self.core.register(info);
+        if !self.is_described() {
+            self.site = self.site.core.register(info, self.tag());
+        }
+    }
+
+    /// Moves this guard to an entry site registered by [`Core::register`] for the request it
+    /// counts, so that its drop unregisters the entry. A guard already described keeps its own
+    /// entry, and `entry` is released at once.
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn adopt(&mut self, entry: &'static Site) {
+        if self.is_described() {
+            self.site.core.unregister(entry.slot);
+        } else {
+            self.site = entry;
         }
     }
 
     /// `true` once [`describe`](Self::describe) registered this guard.
     #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn is_described(&self) -> bool {
-        self.slot != NO_SLOT
+        self.site.slot != NO_SLOT
     }
 
     #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn core(&self) -> &'static Core {
-        self.core
+        self.site.core
+    }
+
+    /// The HTTP layer's tag of the request this guard counts (see [`Site`]).
+    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
+    pub(crate) fn tag(&self) -> u32 {
+        self.site.tag()
     }
 }
 
 impl fmt::Debug for InFlightGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlightGuard")
-            .field("in_flight", &self.core.counter.count())
+            .field("in_flight", &self.site.core.counter.count())
             .finish()
     }
 }
@@ -416,12 +499,13 @@ impl fmt::Debug for InFlightGuard {
 impl Drop for InFlightGuard {
     #[inline]
     fn drop(&mut self) {
-        if self.slot != NO_SLOT {
+        let core = self.site.core;
+        if self.site.slot != NO_SLOT {
             // Unregister before leaving, so whoever sees zero sees an empty registry.
-            self.core.unregister(self.slot);
+            core.unregister(self.site.slot);
         }
-        if self.core.counter.leave() {
-            self.core.wake_zero();
+        if core.counter.leave() {
+            core.wake_zero();
         }
     }
 }
@@ -444,7 +528,7 @@ mod tests {
         core.start_draining();
         core.note_connection(Some("127.0.0.1:1".parse().unwrap()));
         core.note_path(b"ingress", true);
-        let (mut guard, draining) = core.enter();
+        let (mut guard, draining) = core.plain().enter();
         assert!(draining);
         guard.describe(RequestInfo {
             method: "GET".into(),
@@ -465,5 +549,68 @@ mod tests {
             1,
             "the counters the report reads stay"
         );
+        // A request described after Done gets an entry of its own, which the old guard's drop
+        // (above) did not free twice.
+        let (mut late, _) = core.plain().enter();
+        late.describe(info("/late"));
+        assert_eq!(core.registered_requests().len(), 1);
+        drop(late);
+        assert!(core.registered_requests().is_empty());
+    }
+
+    #[cfg(feature = "http")]
+    fn info(path: &str) -> RequestInfo {
+        RequestInfo {
+            method: "GET".into(),
+            path: path.into(),
+            peer: None,
+            started: None,
+        }
+    }
+
+    #[cfg(feature = "http")] // describes guards, as the HTTP layer does
+    #[test]
+    fn entry_sites_are_reused_and_keep_the_tag() {
+        let core = Core::leak();
+        core.start_draining();
+        let site: &'static Site = Box::leak(Box::new(Site::new(core, 7)));
+        let describe = |n: usize| -> Vec<InFlightGuard> {
+            (0..n)
+                .map(|i| {
+                    let (mut g, draining) = site.enter();
+                    assert!(draining);
+                    g.describe(info(&format!("/{i}")));
+                    assert!(g.is_described());
+                    assert_eq!(g.tag(), 7, "an entry site carries its guard's tag");
+                    g
+                })
+                .collect()
+        };
+        let first = describe(3);
+        assert_eq!(core.registered_requests().len(), 3);
+        assert_eq!(core.counter.count(), 3);
+        drop(first);
+        assert!(core.registered_requests().is_empty());
+        assert_eq!(core.counter.count(), 0);
+
+        // Three described at once again: the same three entry sites, none leaked anew.
+        let second = describe(3);
+        assert_eq!(core.requests.lock().unwrap().sites.len(), 3);
+        // Describing twice keeps the first entry; adopting a second one releases it at once.
+        let mut g = second.into_iter().next().unwrap();
+        g.describe(info("/again"));
+        let extra = core.register(info("/extra"), 7);
+        g.adopt(extra);
+        let paths: Vec<String> = core
+            .registered_requests()
+            .into_iter()
+            .map(|r| r.path)
+            .collect();
+        assert!(paths.contains(&"/0".to_owned()), "{paths:?}");
+        assert!(!paths.contains(&"/again".to_owned()), "{paths:?}");
+        assert!(!paths.contains(&"/extra".to_owned()), "{paths:?}");
+        drop(g);
+        assert!(core.registered_requests().is_empty());
+        assert_eq!(core.counter.count(), 0);
     }
 }

@@ -166,10 +166,13 @@ impl DrainBuilder {
     ///
     /// Each build leaks one block of memory (the hot-path counters, under 2 KiB) for the life
     /// of the process, so that an in-flight guard and the tower layer are plain references
-    /// with no reference count to bump per request. Build one coordinator per process (tests
-    /// that build many pay one block each). What a drain accumulates in that block (per-peer
-    /// connection counts, traffic-path counts, the straggler registry) is freed when it
-    /// reaches [`Phase::Done`](crate::Phase::Done).
+    /// with no reference count to bump per request; so does each distinct set of layer
+    /// options (one small block, whatever the number of layers built with it), and, while
+    /// draining, 16 bytes for each request described for the straggler list at the same moment
+    /// (reused by the requests described after it). Build one coordinator per process (tests that build
+    /// many pay one block each). What a drain accumulates (per-peer connection counts,
+    /// traffic-path counts, the straggler list's descriptions) is freed when it reaches
+    /// [`Phase::Done`](crate::Phase::Done).
     ///
     /// # Errors
     ///

@@ -10,22 +10,35 @@ use pin_project_lite::pin_project;
 use crate::guard::InFlightGuard;
 
 use super::line::{Naming, Unnamed};
+use super::refusal::{Refusal, ServeAfterStop};
 
 pin_project! {
-    /// A response body that keeps its request counted as in flight until the body ends.
+    /// A response body that keeps its request counted as in flight until the body is done.
     ///
-    /// The guard is released when the inner body reports its end (`None`), fails, or this body
-    /// is dropped — which is what happens when the client disconnects mid-body, or when the
-    /// server force-closes the connection. A streaming body (server-sent events, a download)
-    /// therefore counts for as long as it streams.
+    /// The guard is released when this body is dropped. hyper — and so `axum::serve`,
+    /// [`serve`](crate::serve) and tonic — drops a response body as soon as it has ended, failed
+    /// or reported [`is_end_stream`](http_body::Body::is_end_stream), and when the client
+    /// disconnects mid-body or the server force-closes the connection. A streaming body
+    /// (server-sent events, a download) therefore counts for as long as it streams.
+    ///
+    /// Released at drop rather than on the last frame, as tower-http's `InFlightRequests`
+    /// does: hyper's HTTP/1 writer never polls a sized body for its end (it stops at
+    /// `is_end_stream`), so a check on every frame would cost every request about 25
+    /// instructions and never fire there. A server that keeps a finished body alive keeps its
+    /// request counted until it lets go of the body.
     ///
     /// Data and error types are the inner body's. Its size is the inner body's plus 16 bytes
-    /// (the guard) — 24 when the inner body type has no spare bit pattern to mark a refusal's
-    /// empty body (boxed bodies such as axum's `Body` have one) — plus the request line with
-    /// [`describe_requests`](crate::DrainLayer::describe_requests).
-    pub struct DrainBody<B, N = Unnamed> {
+    /// (the guard), plus the request line with
+    /// [`describe_requests`](crate::DrainLayer::describe_requests). With
+    /// [`refuse_after_stop`](crate::DrainLayer::refuse_after_stop), 8 more when the inner body
+    /// type has no spare bit pattern to mark a refusal's empty body (boxed bodies such as axum's
+    /// `Body` have one).
+    pub struct DrainBody<B, N = Unnamed, R = ServeAfterStop>
+    where
+        R: Refusal,
+    {
         #[pin]
-        kind: Kind<B>,
+        kind: Kind<B, R>,
         guard: Option<InFlightGuard>,
         line: N,
     }
@@ -33,17 +46,23 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<B> {
+    enum Kind<B, R>
+    where
+        R: Refusal,
+    {
         Inner {
             #[pin]
             body: B,
         },
-        // The body of a refused request (refusal mode); `B` may have no empty value.
-        Empty,
+        // The body of a refused request (refusal mode); `B` may have no empty value. The
+        // marker is uninhabited for `ServeAfterStop`, so this variant does not exist there.
+        Empty {
+            refused: R::Refused,
+        },
     }
 }
 
-impl<B, N> DrainBody<B, N> {
+impl<B, N, R: Refusal> DrainBody<B, N, R> {
     #[inline]
     pub(crate) fn new(body: B, guard: Option<InFlightGuard>, line: N) -> Self {
         Self {
@@ -53,16 +72,16 @@ impl<B, N> DrainBody<B, N> {
         }
     }
 
-    pub(crate) fn empty(guard: Option<InFlightGuard>, line: N) -> Self {
+    pub(crate) fn empty(guard: Option<InFlightGuard>, line: N, refused: R::Refused) -> Self {
         Self {
-            kind: Kind::Empty,
+            kind: Kind::Empty { refused },
             guard,
             line,
         }
     }
 }
 
-impl<B: Body, N: Naming> Body for DrainBody<B, N> {
+impl<B: Body, N: Naming, R: Refusal> Body for DrainBody<B, N, R> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -76,21 +95,9 @@ impl<B: Body, N: Naming> Body for DrainBody<B, N> {
         match this.kind.project() {
             KindProj::Inner { body } => {
                 this.line.describe_if_draining(this.guard);
-                // Inspect the inner result in place and return it as is: a frame result is ~100
-                // bytes, and taking it apart and rebuilding it costs two copies per frame.
-                let poll = body.poll_frame(cx);
-                if let Poll::Ready(frame) = &poll {
-                    if !matches!(frame, Some(Ok(_))) {
-                        // The end, or an error: the request is over.
-                        *this.guard = None;
-                    }
-                }
-                poll
+                body.poll_frame(cx)
             }
-            KindProj::Empty => {
-                *this.guard = None;
-                Poll::Ready(None)
-            }
+            KindProj::Empty { .. } => Poll::Ready(None),
         }
     }
 
@@ -98,7 +105,7 @@ impl<B: Body, N: Naming> Body for DrainBody<B, N> {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Empty => true,
+            Kind::Empty { .. } => true,
         }
     }
 
@@ -106,12 +113,12 @@ impl<B: Body, N: Naming> Body for DrainBody<B, N> {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Empty { .. } => SizeHint::with_exact(0),
         }
     }
 }
 
-impl<B, N: fmt::Debug> fmt::Debug for DrainBody<B, N> {
+impl<B, N: fmt::Debug, R: Refusal> fmt::Debug for DrainBody<B, N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DrainBody")
             .field("request", &self.line)

@@ -14,6 +14,7 @@ use crate::guard::InFlightGuard;
 use super::body::DrainBody;
 use super::line::{Naming, Unnamed};
 use super::options::{options, tag_options, TAG_HTTP1};
+use super::refusal::{Refusal, ServeAfterStop};
 
 pin_project! {
     /// The response future of [`DrainService`](crate::DrainService).
@@ -24,11 +25,15 @@ pin_project! {
     ///
     /// The inner future plus 16 bytes (the guard, which also carries the request's HTTP version
     /// and the layer's options), plus the request line with
-    /// [`describe_requests`](crate::DrainLayer::describe_requests).
+    /// [`describe_requests`](crate::DrainLayer::describe_requests). A layer that never refuses
+    /// (the default, [`ServeAfterStop`]) has no refused state to carry.
     #[must_use = "futures do nothing unless polled"]
-    pub struct ResponseFuture<F, N = Unnamed> {
+    pub struct ResponseFuture<F, N = Unnamed, R = ServeAfterStop>
+    where
+        R: Refusal,
+    {
         #[pin]
-        state: State<F>,
+        state: State<F, R>,
         guard: Option<InFlightGuard>,
         line: N,
     }
@@ -36,17 +41,23 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, R>
+    where
+        R: Refusal,
+    {
         Called {
             #[pin]
             fut: F,
         },
-        // Refusal mode, after `stopped_accepting`: the inner service was not called.
-        Refused,
+        // Refusal mode, after `stopped_accepting`: the inner service was not called. The
+        // marker is uninhabited for `ServeAfterStop`, so this variant does not exist there.
+        Refused {
+            refused: R::Refused,
+        },
     }
 }
 
-impl<F, N> ResponseFuture<F, N> {
+impl<F, N, R: Refusal> ResponseFuture<F, N, R> {
     #[inline(always)]
     pub(crate) fn called(fut: F, guard: InFlightGuard, line: N) -> Self {
         Self {
@@ -56,41 +67,46 @@ impl<F, N> ResponseFuture<F, N> {
         }
     }
 
-    pub(crate) fn refused(guard: InFlightGuard, line: N) -> Self {
+    pub(crate) fn refused(guard: InFlightGuard, line: N, refused: R::Refused) -> Self {
         Self {
-            state: State::Refused,
+            state: State::Refused { refused },
             guard: Some(guard),
             line,
         }
     }
 }
 
-impl<F, N, B, E> Future for ResponseFuture<F, N>
+impl<F, N, R, B, E> Future for ResponseFuture<F, N, R>
 where
     F: Future<Output = Result<Response<B>, E>>,
     N: Naming,
+    R: Refusal,
 {
-    type Output = Result<Response<DrainBody<B, N>>, E>;
+    type Output = Result<Response<DrainBody<B, N, R>>, E>;
 
     // Always inlined: out of line, the response (~150 bytes) is returned through memory and
     // copied again by the caller, which measured ~120 instructions per request.
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // Draining: the whole poll goes out of line. Checked before the inner poll, so that
-        // the hot path never branches on the response (a branch that consumed it in two ways
-        // measured two more copies of it per request). A drain that starts during the very
-        // poll that completes the response is seen by the body's next request instead.
-        if self
-            .guard
-            .as_ref()
-            .is_some_and(|g| g.core().counter.is_draining())
-        {
-            return self.poll_draining(cx);
-        }
         let this = self.project();
         match this.state.project() {
             StateProj::Called { fut } => {
-                let res = match ready!(fut.poll(cx)) {
+                // One call of the inner poll and one place that builds the output, whatever
+                // the phase: two calls (or two builders) would each write a response of their
+                // own, which the caller then copies into one place. While draining, two cold
+                // calls around the inner poll name the request and mark the response.
+                let draining = match this.guard {
+                    Some(g) if g.core().counter.is_draining() => {
+                        this.line.describe(g);
+                        Some(g.tag())
+                    }
+                    _ => None,
+                };
+                let mut polled = fut.poll(cx);
+                if let Some(tag) = draining {
+                    mark_polled(&mut polled, tag);
+                }
+                let res = match ready!(polled) {
                     Ok(res) => res,
                     Err(e) => {
                         // No body will carry the guard: the request is over.
@@ -101,52 +117,32 @@ where
                 let guard = this.guard.take();
                 Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, *this.line))))
             }
-            StateProj::Refused => Poll::Ready(Ok(refusal(this.guard.take(), *this.line))),
+            StateProj::Refused { refused } => {
+                Poll::Ready(Ok(refusal(this.guard.take(), *this.line, *refused)))
+            }
         }
     }
 }
 
-impl<F, N, B, E> ResponseFuture<F, N>
-where
-    F: Future<Output = Result<Response<B>, E>>,
-    N: Naming,
-{
-    /// `poll` once the drain has started: names the request (with `describe_requests`) and
-    /// marks the response. Cold: never reached while Serving.
-    #[cold]
-    #[inline(never)]
-    fn poll_draining(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Response<DrainBody<B, N>>, E>> {
-        let this = self.project();
-        match this.state.project() {
-            StateProj::Called { fut } => {
-                this.line.describe_if_draining(this.guard);
-                let mut res = match ready!(fut.poll(cx)) {
-                    Ok(res) => res,
-                    Err(e) => {
-                        *this.guard = None;
-                        return Poll::Ready(Err(e));
-                    }
-                };
-                let guard = this.guard.take();
-                if let Some(g) = &guard {
-                    mark_draining(&mut res, g.tag);
-                }
-                Poll::Ready(Ok(res.map(|body| DrainBody::new(body, guard, *this.line))))
-            }
-            StateProj::Refused => Poll::Ready(Ok(refusal(this.guard.take(), *this.line))),
-        }
+/// Marks a response that is ready while draining. Cold: never reached while Serving.
+#[cold]
+#[inline(never)]
+fn mark_polled<B, E>(polled: &mut Poll<Result<Response<B>, E>>, tag: u32) {
+    if let Poll::Ready(Ok(res)) = polled {
+        mark_draining(res, tag);
     }
 }
 
 /// The `503` of refusal mode.
 #[cold]
 #[inline(never)]
-fn refusal<B, N>(guard: Option<InFlightGuard>, line: N) -> Response<DrainBody<B, N>> {
-    let tag = guard.as_ref().map_or(0, |g| g.tag);
-    let mut res = Response::new(DrainBody::empty(guard, line));
+fn refusal<B, N, R: Refusal>(
+    guard: Option<InFlightGuard>,
+    line: N,
+    refused: R::Refused,
+) -> Response<DrainBody<B, N, R>> {
+    let tag = guard.as_ref().map_or(0, InFlightGuard::tag);
+    let mut res = Response::new(DrainBody::empty(guard, line, refused));
     *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     let h = res.headers_mut();
     if let Some(v) = options(tag_options(tag)).and_then(|o| o.refuse_retry_after.clone()) {
@@ -181,7 +177,7 @@ fn mark_draining<B>(res: &mut Response<B>, tag: u32) {
     }
 }
 
-impl<F, N: fmt::Debug> fmt::Debug for ResponseFuture<F, N> {
+impl<F, N: fmt::Debug, R: Refusal> fmt::Debug for ResponseFuture<F, N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
             .field("request", &self.line)

@@ -1,7 +1,7 @@
 //! [`WatchedIo`]: a connection's socket that counts a pending write as in-flight work.
 //!
-//! A response's guard is released when its body's last frame is handed to hyper, which is not
-//! when its bytes have left: hyper buffers them, and a slow reader keeps them in the socket's
+//! A response's guard is released when hyper drops its body, right after taking the last
+//! frame, which is not when its bytes have left: hyper buffers them, and a slow reader keeps them in the socket's
 //! send queue. Under [`serve`](super::serve) every connection's socket is wrapped in a
 //! [`WatchedIo`], so that a connection whose writes are pending counts as in flight and is named
 //! as a `response` straggler at the quiesce deadline.

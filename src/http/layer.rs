@@ -2,10 +2,10 @@
 //!
 //! # Invariants
 //!
-//! * The layer and its service hold no reference count: the coordinator's hot block is a
-//!   `&'static Core`, and the options are an index into a process-wide table of leaked,
-//!   deduplicated option sets. Cloning either is a copy, so the per-request clones axum makes
-//!   cost nothing but the copy.
+//! * The layer and its service hold no reference count: one `&'static` entry of a
+//!   process-wide table of leaked, deduplicated option sets, which also holds the two sites
+//!   the layer's guards count at (see `http::options`). Cloning either is a copy, so the
+//!   per-request clones axum makes cost nothing but the copy.
 //! * The options are read only while draining; the table is locked only then (and when a layer
 //!   is built).
 
@@ -17,11 +17,11 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use tower_layer::Layer;
 
-use crate::guard::Core;
 use crate::Drain;
 
 use super::line::{Naming, RequestLine, Unnamed};
-use super::options::{options, register, Options};
+use super::options::{register, LayerEntry, Options};
+use super::refusal::{Refusal, RefuseAfterStop, ServeAfterStop};
 use super::service::DrainService;
 
 impl Drain {
@@ -44,9 +44,8 @@ impl Drain {
     /// ```
     pub fn layer(&self) -> DrainLayer {
         DrainLayer {
-            core: self.core(),
-            opts: register(Options::new(self.downgrade())),
-            naming: PhantomData,
+            entry: register(Options::new(self.downgrade()), self.core()),
+            mode: PhantomData,
         }
     }
 }
@@ -61,10 +60,11 @@ impl Drain {
 ///
 /// * **Always**: takes an in-flight guard in `call`, keeps it in the response future, and moves
 ///   it into the response body ([`DrainBody`](crate::DrainBody)); the request counts until the
-///   body ends, errors or is dropped. A streaming body is in flight for as long as it streams.
-///   While Serving this is *all* it does: one atomic operation on the way in, one on the way out,
-///   one relaxed load each time the response future is polled; no lock, no allocation, no
-///   reference count. The response future and body are the inner ones plus 16 bytes.
+///   server drops the body, which hyper does as soon as the body has ended or failed, or the
+///   client went away. A streaming body is in flight for as long as it streams. While Serving
+///   this is *all* it does: one atomic operation on the way in, one on the way out, one relaxed
+///   load each time the response future is polled; no lock, no allocation, no reference count.
+///   The response future and body are the inner ones plus 16 bytes.
 /// * **While draining**:
 ///   * HTTP/1.x responses get `Connection: close`, so pooled connections move off one by one and
 ///     the client knows (never on HTTP/2, where the header is illegal and GOAWAY does the job;
@@ -84,8 +84,8 @@ impl Drain {
 ///
 /// # What the layer can and cannot see
 ///
-/// A request counts until its response body's last frame is handed to the server (or the body
-/// is dropped). The layer does not see the socket: bytes the server still holds for a client
+/// A request counts until the server drops its response body, right after taking its last
+/// frame (or when the client goes away). The layer does not see the socket: bytes the server still holds for a client
 /// that reads slowly are not counted, so under `axum::serve` or another server a drain can
 /// report zero in flight while a large response is still being written. Under
 /// [`serve`](crate::serve) the connection counts them instead (until the kernel has accepted
@@ -116,32 +116,33 @@ impl Drain {
 ///   phase and the instance in a response header, so a client can tell it was served by a
 ///   draining process.
 /// * [`refuse_after_stop`](Self::refuse_after_stop): after `stopped_accepting`, answer `503` +
-///   `Retry-After` + `Connection: close` instead of serving.
+///   `Retry-After` + `Connection: close` instead of serving. The layer's second type parameter
+///   says which ([`ServeAfterStop`](crate::http::ServeAfterStop), the default, or
+///   [`RefuseAfterStop`](crate::http::RefuseAfterStop)), so a layer that never refuses carries
+///   no refusal state and no refusal check.
 ///
 /// The layer is `Copy`: the options live in a process-wide table (each distinct set of options
 /// is kept for the life of the process, like the coordinator's counter), read only while
 /// draining. Build layers at startup, not per request.
-pub struct DrainLayer<N = Unnamed> {
-    core: &'static Core,
-    opts: u32,
-    naming: PhantomData<fn() -> N>,
+pub struct DrainLayer<N = Unnamed, R = ServeAfterStop> {
+    /// The layer's options and the sites its guards count at (see `http::options`).
+    entry: &'static LayerEntry,
+    mode: PhantomData<fn() -> (N, R)>,
 }
 
-impl<N> Clone for DrainLayer<N> {
+impl<N, R> Clone for DrainLayer<N, R> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<N> Copy for DrainLayer<N> {}
+impl<N, R> Copy for DrainLayer<N, R> {}
 
-impl<N> DrainLayer<N> {
+impl<N, R> DrainLayer<N, R> {
     fn with_options(mut self, f: impl FnOnce(&mut Options)) -> Self {
-        let mut o = options(self.opts)
-            .cloned()
-            .expect("a layer's options are registered when it is built");
+        let mut o = self.entry.options.clone();
         f(&mut o);
-        self.opts = register(o);
+        self.entry = register(o, self.entry.sites[0].core());
         self
     }
 
@@ -177,11 +178,10 @@ impl<N> DrainLayer<N> {
     /// # let _: Router = app;
     /// # }
     /// ```
-    pub fn describe_requests(self) -> DrainLayer<RequestLine> {
+    pub fn describe_requests(self) -> DrainLayer<RequestLine, R> {
         DrainLayer {
-            core: self.core,
-            opts: self.opts,
-            naming: PhantomData,
+            entry: self.entry,
+            mode: PhantomData,
         }
     }
 
@@ -249,29 +249,34 @@ impl<N> DrainLayer<N> {
     /// # Ok(()) }
     /// # }
     /// ```
-    pub fn refuse_after_stop(self, retry_after: Duration) -> Self {
+    pub fn refuse_after_stop(self, retry_after: Duration) -> DrainLayer<N, RefuseAfterStop> {
         let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-        self.with_options(|o| o.refuse_retry_after = Some(HeaderValue::from(secs.max(1))))
+        let layer =
+            self.with_options(|o| o.refuse_retry_after = Some(HeaderValue::from(secs.max(1))));
+        DrainLayer {
+            entry: layer.entry,
+            mode: PhantomData,
+        }
     }
 }
 
-impl<S, N: Naming> Layer<S> for DrainLayer<N> {
-    type Service = DrainService<S, N>;
+impl<S, N: Naming, R: Refusal> Layer<S> for DrainLayer<N, R> {
+    type Service = DrainService<S, N, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        DrainService::new(inner, self.core, self.opts)
+        DrainService::new(inner, &self.entry.sites)
     }
 }
 
-impl<N> fmt::Debug for DrainLayer<N> {
+impl<N, R> fmt::Debug for DrainLayer<N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("DrainLayer");
-        if let Some(o) = options(self.opts) {
-            d.field("phase_header", &o.phase_header)
-                .field("instance_header", &o.instance_header)
-                .field("refuse_retry_after", &o.refuse_retry_after);
-        }
+        let o = &self.entry.options;
+        d.field("phase_header", &o.phase_header)
+            .field("instance_header", &o.instance_header)
+            .field("refuse_retry_after", &o.refuse_retry_after);
         d.field("naming", &std::any::type_name::<N>())
+            .field("refusal", &std::any::type_name::<R>())
             .finish_non_exhaustive()
     }
 }

@@ -22,13 +22,15 @@ use crate::guard::{InFlightGuard, RequestInfo};
 use super::conn::ConnMeta;
 
 pub(crate) mod sealed {
-    use super::{InFlightGuard, Method};
+    use super::InFlightGuard;
 
     pub trait Sealed: Copy + Send + Sync + Unpin + 'static {
         /// What travels with a request that arrived while Serving.
-        fn capture(method: &Method, path: &str) -> Self;
-        /// Describes the guard from the capture if the drain has started and nobody described
-        /// it yet.
+        fn capture<B>(req: &http::Request<B>) -> Self;
+        /// Describes the guard from the capture if nobody described it yet (the drain has
+        /// started: only the draining paths call this).
+        fn describe(&self, guard: &mut InFlightGuard);
+        /// [`describe`](Self::describe) if the drain has started.
         fn describe_if_draining(&self, guard: &mut Option<InFlightGuard>);
     }
 }
@@ -50,9 +52,14 @@ pub struct Unnamed;
 
 impl sealed::Sealed for Unnamed {
     #[inline(always)]
-    fn capture(_: &Method, _: &str) -> Self {
+    fn capture<B>(_: &http::Request<B>) -> Self {
+        // Nothing read: not even the path, whose char-boundary check the compiler could not
+        // drop, and no reference to the request that would keep it in memory.
         Unnamed
     }
+
+    #[inline(always)]
+    fn describe(&self, _: &mut InFlightGuard) {}
 
     #[inline(always)]
     fn describe_if_draining(&self, _: &mut Option<InFlightGuard>) {}
@@ -79,8 +86,15 @@ pub struct RequestLine {
 
 impl sealed::Sealed for RequestLine {
     #[inline]
-    fn capture(method: &Method, path: &str) -> Self {
-        Self::new(method, path)
+    fn capture<B>(req: &http::Request<B>) -> Self {
+        Self::new(req.method(), req.uri().path())
+    }
+
+    #[inline]
+    fn describe(&self, guard: &mut InFlightGuard) {
+        if !guard.is_described() {
+            self.describe_cold(guard);
+        }
     }
 
     /// One relaxed load while Serving.
@@ -147,13 +161,8 @@ impl fmt::Debug for RequestLine {
     }
 }
 
-/// Describes a request that arrived while draining, from the request itself.
-pub(crate) fn describe_now(
-    guard: &mut InFlightGuard,
-    method: &Method,
-    path: &str,
-    meta: Option<&ConnMeta>,
-) {
+/// What is known of a request that arrived while draining, from the request itself.
+pub(crate) fn request_info(method: &Method, path: &str, meta: Option<&ConnMeta>) -> RequestInfo {
     let mut end = path.len().min(LONG_PATH);
     while !path.is_char_boundary(end) {
         end -= 1;
@@ -162,12 +171,12 @@ pub(crate) fn describe_now(
     if end < path.len() {
         p.push('…');
     }
-    guard.describe(RequestInfo {
+    RequestInfo {
         method: method.as_str().to_owned(),
         path: p,
         peer: meta.and_then(ConnMeta::peer),
         started: Some(Instant::now()),
-    });
+    }
 }
 
 #[cfg(test)]

@@ -3,9 +3,11 @@
 //!
 //! # Invariants
 //!
-//! * A layer holds an index into a process-wide table of leaked, deduplicated option sets, not
-//!   a reference count, so copying a layer or a service costs nothing but the copy.
-//! * The table is written when a layer is built and read only while draining.
+//! * A layer holds a `&'static` entry of a process-wide table of leaked, deduplicated option
+//!   sets, not a reference count, so copying a layer or a service costs nothing but the copy.
+//! * Each entry has the two sites its layer's guards count at (HTTP/1.x and the rest), whose
+//!   tag is the entry's index and the version bit: a guard finds its layer's options by index.
+//! * The table is written when a layer is built and read by index only while draining.
 
 use std::fmt;
 use std::sync::RwLock;
@@ -13,10 +15,11 @@ use std::sync::RwLock;
 use http::{HeaderName, HeaderValue};
 
 use crate::drain::WeakDrain;
+use crate::guard::{Core, Site};
 use crate::Drain;
 
 /// Bit 0 of a guard's tag: the request is HTTP/1.x, so `Connection: close` may be added while
-/// draining. The bits above hold the layer's options index.
+/// draining. The bits above hold the layer's options index (see [`LayerEntry`]).
 pub(crate) const TAG_HTTP1: u32 = 1;
 
 /// The options index kept in a guard's tag.
@@ -58,24 +61,41 @@ impl Options {
     }
 }
 
-/// Every distinct set of options a layer was built with; a layer holds `index + 1`.
-static OPTIONS: RwLock<Vec<&'static Options>> = RwLock::new(Vec::new());
+/// One distinct set of options, and the sites of its layer's guards.
+#[derive(Debug)]
+pub(crate) struct LayerEntry {
+    pub(crate) options: Options,
+    /// Where the layer's guards count: `[HTTP/1.x, HTTP/2 and later]`.
+    pub(crate) sites: [Site; 2],
+}
 
-/// Largest option index: the guard's tag keeps it in 31 bits (see `http::service`).
+/// Every distinct set of options a layer was built with; an entry's tag index is its
+/// position + 1.
+static OPTIONS: RwLock<Vec<&'static LayerEntry>> = RwLock::new(Vec::new());
+
+/// Largest option index: the guard's tag keeps it in 31 bits.
 const MAX_OPTIONS: usize = (u32::MAX >> 1) as usize;
 
-/// The index (from 1) of `opts` in the table, adding it if no equal set is there yet.
-pub(super) fn register(opts: Options) -> u32 {
+/// The table's entry for `opts` (counting at `core`), added if no equal set is there yet.
+pub(super) fn register(opts: Options, core: &'static Core) -> &'static LayerEntry {
     let mut table = OPTIONS.write().unwrap_or_else(|e| e.into_inner());
-    if let Some(i) = table.iter().position(|o| o.same(&opts)) {
-        return i as u32 + 1;
+    if let Some(e) = table.iter().find(|e| e.options.same(&opts)) {
+        return e;
     }
     assert!(
         table.len() < MAX_OPTIONS,
         "lameduck: too many distinct drain layer option sets; build layers once, at startup"
     );
-    table.push(Box::leak(Box::new(opts)));
-    table.len() as u32
+    let index = table.len() as u32 + 1;
+    let entry: &'static LayerEntry = Box::leak(Box::new(LayerEntry {
+        options: opts,
+        sites: [
+            Site::new(core, index << 1 | TAG_HTTP1),
+            Site::new(core, index << 1),
+        ],
+    }));
+    table.push(entry);
+    entry
 }
 
 /// The options at `index` (from 1); `None` for 0.
@@ -85,7 +105,7 @@ pub(crate) fn options(index: u32) -> Option<&'static Options> {
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .get(i)
-        .copied()
+        .map(|e| &e.options)
 }
 
 impl fmt::Debug for Options {

@@ -109,7 +109,12 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   flight, so slowloris connections cannot hold it open.
 ///
 /// `serve` does not count requests itself: wrap the service with [`Drain::layer`]. The
-/// returned future resolves to `Ok(())`; it never fails on accept errors.
+/// returned future resolves to `()`; it never fails on accept errors.
+///
+/// An `axum::Router` passed as it is, or wrapped in the drain layer, gets its state once, as
+/// `axum::serve` gives it (feature `axum`); until then axum builds every handler, and applies
+/// every `Router::layer`, anew for each request. A router wrapped in another service of your
+/// own is yours to prepare: `router.with_state(())` before wrapping it.
 ///
 /// An upgraded connection (WebSocket) leaves hyper, and the connection count, when it is
 /// upgraded; see [`DrainLayer`](crate::DrainLayer#upgraded-connections) for keeping it counted.
@@ -155,7 +160,7 @@ where
     Serve {
         setup: Some(Setup {
             listener,
-            service,
+            service: with_state(service),
             drain: drain.clone(),
             keep_listening: false,
             header_read_timeout: None,
@@ -163,6 +168,43 @@ where
         }),
         running: None,
     }
+}
+
+/// Gives an `axum::Router` handed to [`serve`] its state, as `axum::serve` does once (through
+/// `into_make_service`): until then axum builds each handler into a route, and applies each
+/// `Router::layer` to it, anew on every request (measured: 3 allocations and ~700 instructions
+/// per request for a router with the drain layer). The router as it is and the router inside a
+/// `DrainService` are recognised; any other service is left as it is, and a router wrapped in a
+/// service of the caller's is the caller's to prepare (`router.with_state(())`).
+#[cfg(feature = "axum")]
+fn with_state<S: 'static>(mut service: S) -> S {
+    use super::{RefuseAfterStop, RequestLine, Unnamed};
+    use crate::DrainService;
+    use axum::Router;
+
+    fn give(router: &mut Router) {
+        *router = router.clone().with_state(());
+    }
+    let any = &mut service as &mut dyn std::any::Any;
+    // The router as it is, or wrapped in the drain layer (the guides' other placement).
+    if let Some(r) = any.downcast_mut::<Router>() {
+        give(r);
+    } else if let Some(s) = any.downcast_mut::<DrainService<Router>>() {
+        give(s.get_mut());
+    } else if let Some(s) = any.downcast_mut::<DrainService<Router, RequestLine>>() {
+        give(s.get_mut());
+    } else if let Some(s) = any.downcast_mut::<DrainService<Router, Unnamed, RefuseAfterStop>>() {
+        give(s.get_mut());
+    } else if let Some(s) = any.downcast_mut::<DrainService<Router, RequestLine, RefuseAfterStop>>()
+    {
+        give(s.get_mut());
+    }
+    service
+}
+
+#[cfg(not(feature = "axum"))]
+fn with_state<S>(service: S) -> S {
+    service
 }
 
 /// The future returned by [`serve`]; resolves when every connection is gone.

@@ -7,50 +7,57 @@ use std::task::{Context, Poll};
 use http::{Request, Response, Version};
 use tower_service::Service;
 
-use crate::guard::{Core, InFlightGuard};
+use crate::guard::{Core, InFlightGuard, Site};
 use crate::Phase;
 
 use super::body::DrainBody;
 use super::conn::ConnMeta;
 use super::future::ResponseFuture;
-use super::line::{describe_now, Naming, Unnamed};
-use super::options::options;
+use super::line::{request_info, Naming, Unnamed};
+use super::options::{options, tag_options};
+use super::refusal::{Refusal, ServeAfterStop};
 
 /// Counts each request as in flight until its response body ends; see
 /// [`DrainLayer`](crate::DrainLayer) for the behaviour while draining.
 ///
 /// Built by [`DrainLayer`](crate::DrainLayer). The service's error type is the inner service's:
 /// the middleware never fails a request (refusal, when enabled, is a `503` response).
-pub struct DrainService<S, N = Unnamed> {
+pub struct DrainService<S, N = Unnamed, R = ServeAfterStop> {
     inner: S,
-    /// A plain `&'static` reference, so cloning the service (axum clones it per request) costs
-    /// no reference count.
-    core: &'static Core,
-    /// The layer's options, by index (see `layer.rs`); read only while draining.
-    opts: u32,
-    naming: PhantomData<fn() -> N>,
+    /// Where the guards count: `[HTTP/1.x, HTTP/2 and later]`, in the layer's leaked entry
+    /// (see `http::options`). A plain `&'static` reference, so cloning the service (axum
+    /// clones it per request) costs no reference count.
+    sites: &'static [Site; 2],
+    mode: PhantomData<fn() -> (N, R)>,
 }
 
-impl<S: Clone, N> Clone for DrainService<S, N> {
+impl<S: Clone, N, R> Clone for DrainService<S, N, R> {
     #[inline]
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            core: self.core,
-            opts: self.opts,
-            naming: PhantomData,
+            sites: self.sites,
+            mode: PhantomData,
         }
     }
 }
 
-impl<S, N> DrainService<S, N> {
-    pub(crate) fn new(inner: S, core: &'static Core, opts: u32) -> Self {
+impl<S, N, R> DrainService<S, N, R> {
+    pub(crate) fn new(inner: S, sites: &'static [Site; 2]) -> Self {
         Self {
             inner,
-            core,
-            opts,
-            naming: PhantomData,
+            sites,
+            mode: PhantomData,
         }
+    }
+
+    fn core(&self) -> &'static Core {
+        self.sites[0].core()
+    }
+
+    /// The layer's options index (see `http::options`).
+    fn opts(&self) -> u32 {
+        tag_options(self.sites[0].tag())
     }
 
     /// The wrapped service.
@@ -69,20 +76,15 @@ impl<S, N> DrainService<S, N> {
     }
 }
 
-/// HTTP/1.x only: `Connection` is a hop-by-hop header that HTTP/2 and HTTP/3 forbid.
-#[inline]
-fn is_http1(v: Version) -> bool {
-    v == Version::HTTP_11 || v == Version::HTTP_10 || v == Version::HTTP_09
-}
-
-impl<S, N, ReqBody, ResBody> Service<Request<ReqBody>> for DrainService<S, N>
+impl<S, N, R, ReqBody, ResBody> Service<Request<ReqBody>> for DrainService<S, N, R>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     N: Naming,
+    R: Refusal,
 {
-    type Response = Response<DrainBody<ResBody, N>>;
+    type Response = Response<DrainBody<ResBody, N, R>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, N>;
+    type Future = ResponseFuture<S::Future, N, R>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -92,67 +94,112 @@ where
     #[inline]
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         // The guard is taken here, held by the future, moved into the body, and released when
-        // the body ends, errors or is dropped (see `DrainBody`).
-        let tag = self.opts << 1 | u32::from(is_http1(req.version()));
-        let (guard, draining) = self.core.enter_tagged(tag);
-        if draining {
-            // Out of line: the inlined path stays small enough for the callers (axum's
-            // wrappers) to be inlined around it, which saves moves of the whole future.
-            return self.call_draining(guard, req);
+        // the body is dropped (see `DrainBody`).
+        let site = &self.sites[usize::from(req.version() >= Version::HTTP_2)];
+        let (mut guard, draining) = site.enter();
+        if let Some(refused) = R::REFUSED {
+            // Refusal mode only (`R` decides at compile time): the inner service may not be
+            // called at all.
+            if draining {
+                return self.call_refusing(guard, req, refused);
+            }
         }
         // A copy of the request line with `describe_requests`, nothing otherwise.
-        let line = N::capture(req.method(), req.uri().path());
-        ResponseFuture::called(self.inner.call(req), guard, line)
+        let line = N::capture(&req);
+        // One place builds the future whatever the phase; while draining, the inner call goes
+        // through a cold function that also does the accounting. The request is moved, never
+        // lent, and the guard stays here, so the hot path hands the request to the inner
+        // service without a copy and keeps the guard in registers.
+        let mut entry = None;
+        let fut = if draining {
+            // A call before the request is moved: without it, the compiler hoists the move of
+            // the request into the cold call's argument above the branch, and the hot path
+            // pays for a copy it does not use.
+            self.core().note_request_activity();
+            self.call_draining(req, guard.tag(), &mut entry)
+        } else {
+            self.inner.call(req)
+        };
+        if let Some(entry) = entry {
+            guard.adopt(entry);
+        }
+        ResponseFuture::called(fut, guard, line)
     }
 }
 
-impl<S, N: Naming> DrainService<S, N> {
-    /// `call` for a request that arrived while draining.
+impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
+    /// The inner call for a request that arrived while draining, with its accounting; `entry`
+    /// receives the request's entry in the straggler list, registered once the inner call has
+    /// returned (a panicking inner service leaves nothing registered).
     #[cold]
     #[inline(never)]
     fn call_draining<ReqBody, ResBody>(
         &mut self,
-        mut guard: InFlightGuard,
         req: Request<ReqBody>,
-    ) -> ResponseFuture<S::Future, N>
+        tag: u32,
+        entry: &mut Option<&'static Site>,
+    ) -> S::Future
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     {
-        self.core.record_activity();
-        let line = N::capture(req.method(), req.uri().path());
-        if self.while_draining(&mut guard, &req) {
-            return ResponseFuture::refused(guard, line);
-        }
-        ResponseFuture::called(self.inner.call(req), guard, line)
+        let meta = self.note_arrival(&req);
+        let info = request_info(req.method(), req.uri().path(), meta);
+        let fut = self.inner.call(req);
+        *entry = Some(self.core().register(info, tag));
+        fut
     }
 
-    /// Accounting for a request that arrived while draining. Returns `true` if the request must
-    /// be refused.
-    fn while_draining<B>(&self, guard: &mut InFlightGuard, req: &Request<B>) -> bool {
+    /// `call` for a request that arrived while draining, in refusal mode.
+    #[cold]
+    #[inline(never)]
+    fn call_refusing<ReqBody, ResBody>(
+        &mut self,
+        mut guard: InFlightGuard,
+        req: Request<ReqBody>,
+        refused: R::Refused,
+    ) -> ResponseFuture<S::Future, N, R>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    {
+        self.core().record_activity();
+        let line = N::capture(&req);
+        let meta = self.note_arrival(&req);
+        if self.refuses() {
+            return ResponseFuture::refused(guard, line, refused);
+        }
+        let info = request_info(req.method(), req.uri().path(), meta);
+        let fut = self.inner.call(req);
+        guard.describe(info);
+        ResponseFuture::called(fut, guard, line)
+    }
+
+    /// Refusal mode: `true` once the drain stopped accepting.
+    fn refuses(&self) -> bool {
+        options(self.opts()).is_some_and(|o| {
+            o.drain()
+                .is_some_and(|d| d.phase() >= Phase::StoppedAccepting)
+        })
+    }
+
+    /// Accounting for a request that arrived while draining (refused or not): new or reused
+    /// connection, traffic path. Returns the request's connection, if known.
+    fn note_arrival<'r, B>(&self, req: &'r Request<B>) -> Option<&'r ConnMeta> {
         let meta = conn_meta(req);
-        let on_new = meta.is_some_and(|m| m.is_new_since_drain(self.core));
+        let core = self.core();
+        let on_new = meta.is_some_and(|m| m.is_new_since_drain(core));
         if on_new {
             let m = meta.expect("on_new implies a ConnMeta");
             // Under axum::serve nobody saw the accept: count the connection on its first
             // request after the drain. Under lameduck::serve the accept loop already did.
             if m.claim_record() {
-                self.core.note_connection(m.peer());
+                core.note_connection(m.peer());
             }
         }
-        self.core.note_request(on_new);
+        core.note_request(on_new);
         if let Some(label) = req.headers().get(TRAFFIC_PATH_HEADER) {
-            self.core.note_path(label.as_bytes(), on_new);
+            core.note_path(label.as_bytes(), on_new);
         }
-        if let Some(o) = options(self.opts) {
-            if o.refuse_retry_after.is_some()
-                && o.drain()
-                    .is_some_and(|d| d.phase() >= Phase::StoppedAccepting)
-            {
-                return true;
-            }
-        }
-        describe_now(guard, req.method(), req.uri().path(), meta);
-        false
+        meta
     }
 }
 
@@ -175,11 +222,11 @@ fn conn_meta<B>(req: &Request<B>) -> Option<&ConnMeta> {
     None
 }
 
-impl<S: fmt::Debug, N> fmt::Debug for DrainService<S, N> {
+impl<S: fmt::Debug, N, R> fmt::Debug for DrainService<S, N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DrainService")
             .field("inner", &self.inner)
-            .field("options", &options(self.opts))
+            .field("options", &options(self.opts()))
             .finish_non_exhaustive()
     }
 }
