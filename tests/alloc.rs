@@ -489,8 +489,8 @@ mod serve_router {
             under_axum as f64 / N as f64,
             under_ours as f64 / N as f64
         );
-        // Equal in a quiet run (measured: 22.00 against 22.00; 25.00 without the state); a few of slack for hyper's read
-        // buffer. Building the handler per request would add 3 per request.
+        // Equal in a quiet run (measured: 22.00 against 22.00; 25.00 without the state): a few
+        // of slack for hyper's read buffer; building the handler per request adds 3 per request.
         assert!(
             under_ours <= under_axum + N / 10,
             "lameduck::serve {under_ours} against axum::serve {under_axum} for {N} requests"
