@@ -154,8 +154,8 @@ impl<N, R> DrainLayer<N, R> {
     /// The trade-off: the copy costs no allocation and no lock, but every request pays for it,
     /// and the response future and body grow by 88 bytes, which axum and hyper move several
     /// times per request: about 200 instructions per request (+223 under `Router::layer` and
-    /// +180 around the router, measured: more than the layer's whole counting cost there, 381
-    /// and 132; see BENCHMARKS.md). Requests that arrive *while draining* are named either way,
+    /// +180 around the router, measured, on top of the layer's own 381 and 132; see
+    /// BENCHMARKS.md). Requests that arrive *while draining* are named either way,
     /// from the request itself, with their peer and age. Turn it on when long requests or streams are expected to outlive the drain and
     /// their names matter more than the per-request cost.
     ///
