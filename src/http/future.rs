@@ -85,7 +85,7 @@ where
     type Output = Result<Response<DrainBody<B, N, R>>, E>;
 
     // Always inlined: out of line, the response (~150 bytes) is returned through memory and
-    // copied again by the caller, which measured ~120 instructions per request.
+    // copied again by the caller (BENCHMARKS.md, "Where the cost went").
     #[inline(always)]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();

@@ -153,11 +153,10 @@ impl<N, R> DrainLayer<N, R> {
     ///
     /// The trade-off: the copy costs no allocation and no lock, but every request pays for it,
     /// and the response future and body grow by 88 bytes, which axum and hyper move several
-    /// times per request: about 200 instructions per request (+223 under `Router::layer` and
-    /// +180 around the router, measured, on top of the layer's own 381 and 132; see
-    /// BENCHMARKS.md). Requests that arrive *while draining* are named either way,
-    /// from the request itself, with their peer and age. Turn it on when long requests or streams are expected to outlive the drain and
-    /// their names matter more than the per-request cost.
+    /// times per request (BENCHMARKS.md has the measured cost, variant `lameduck-named`).
+    /// Requests that arrive *while draining* are named either way, from the request itself,
+    /// with their peer and age. Turn it on when long requests or streams are expected to
+    /// outlive the drain and their names matter more than the per-request cost.
     ///
     /// With it on, a request that started before the drain is named on the first poll of its
     /// response future or body after the drain started, its age is reported as the drain's age
