@@ -208,6 +208,7 @@ async fn bodies_that_never_come_do_not_hold_the_exit() {
             assert!(drain.start(Trigger::Api));
             let report = within("run returns", drain.run()).await;
             let took = started.elapsed();
+            eprintln!("{n} pending bodies, token {token}: run returned {took:?} after the trigger");
             assert_eq!(report.exit_code, 0);
             // Done at ~0.1 s; a held exit lasts until the hard deadline (9 s).
             assert!(
