@@ -4,8 +4,8 @@
 //! # Invariants
 //!
 //! * Nothing changes state before every check of a request passed: route, method, body size,
-//!   token, query. Only a `/drain` request that passed all of them calls
-//!   [`Drain::start`](crate::Drain::start).
+//!   the body's arrival in time (`/drain`), token, query. Only a `/drain` request that passed
+//!   all of them calls [`Drain::start`](crate::Drain::start).
 //! * No handler can fail: every outcome is a response, and every refusal is a 4xx whose
 //!   one-line body says what to change. Client input quoted in a message is shortened and
 //!   stripped of control characters.
