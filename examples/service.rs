@@ -267,8 +267,15 @@ async fn run(args: Args) -> i32 {
             .layer()
             .phase_header(HeaderName::from_static("x-lameduck-phase")),
     );
-    // `with_state(())` prepares the routes once instead of per request.
-    let server = tokio::spawn(lameduck::serve(listener, app.with_state(()), &drain));
+    // `with_state(())` prepares the routes once instead of per request. The header-read
+    // timeout bounds clients that never finish a request head (and idle keep-alive
+    // connections): 75 s, above the 60 s for which proxies commonly pool idle connections.
+    // The connection bound defaults to the descriptor limit less a reserve, which keeps
+    // descriptors for the admin port above whatever arrives here.
+    let server = tokio::spawn(
+        lameduck::serve(listener, app.with_state(()), &drain)
+            .header_read_timeout(lameduck::http::SUGGESTED_HEADER_READ_TIMEOUT),
+    );
     let report = drain.run().await;
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
     report.exit_code

@@ -502,3 +502,86 @@ async fn every_waiting_drain_caller_is_answered_before_the_process_exits() {
     .await;
     assert_eq!(status.code(), Some(0));
 }
+
+// ---- the main port at a low descriptor limit ----
+
+/// The example service under `ulimit -n <limit>`, stdout piped (its READY line) and its
+/// addresses; `sh` sets the limit, then execs the service.
+fn service_with_fd_limit(limit: u32) -> (Service, std::net::SocketAddr, std::net::SocketAddr) {
+    use std::io::BufRead;
+
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+        .arg(service_bin())
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .env_remove("LAMEDUCK_ADMIN_TOKEN")
+        .env_remove("LAMEDUCK_GRACE_PERIOD")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let service = Service(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    let addr = |key: &str| -> std::net::SocketAddr {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no READY line: {line:?}"))
+            .parse()
+            .unwrap()
+    };
+    let (listen, admin) = (addr("listen="), addr("admin="));
+    (service, listen, admin)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_heads_on_the_main_port_do_not_starve_the_admin_port_of_descriptors() {
+    let (service, listen, admin) = service_with_fd_limit(1024);
+    within("service ready", async {
+        while raw_get(admin, "/readyz").await.map(|a| a.0) != Some(200) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // More half-sent request heads than the process has descriptors (bounded: 1,100). Once
+    // the service stops accepting and its accept queue is full, connecting times out: no
+    // more can get in, so the flood stops there.
+    let mut loris = Vec::with_capacity(1100);
+    let mut queue_full = false;
+    for _ in 0..1100 {
+        match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(listen)).await {
+            Ok(Ok(mut s)) => {
+                s.write_all(b"GET / HTTP/1.1\r\nhost: test\r\nx-slow: ")
+                    .await
+                    .unwrap();
+                loris.push(s);
+            }
+            Ok(Err(e)) => panic!("connect: {e}"),
+            Err(_) => {
+                queue_full = true;
+                break;
+            }
+        }
+    }
+    // Settled: the service has taken in every connection it is going to (a request on the
+    // main port queues behind the half heads, so it cannot say; the admin port can).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = loris.len();
+
+    // kubelet's readiness probe, 1 s timeout each.
+    for i in 0..5 {
+        let answer = tokio::time::timeout(Duration::from_secs(1), raw_get(admin, "/readyz")).await;
+        assert!(
+            matches!(answer, Ok(Some((200, _)))),
+            "readyz {i} with {held} half heads on the main port at a 1,024 descriptor limit \
+             (accept queue full: {queue_full}): {answer:?}"
+        );
+    }
+    drop(loris);
+    drop(service);
+}

@@ -340,3 +340,77 @@ async fn http2_connection_opened_during_the_drain_keeps_serving_until_stopped_ac
     assert_eq!(report.after_flip.requests_on_new_connections, 5);
     within("serve returns", server).await.unwrap();
 }
+
+/// Messages of the events emitted on this thread, for a synchronisation point.
+#[derive(Clone, Default)]
+struct Messages(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Messages {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message<'a>(&'a mut String);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    *self.0 = format!("{v:?}");
+                }
+            }
+        }
+        let mut m = String::new();
+        event.record(&mut Message(&mut m));
+        self.0.lock().unwrap().push(m);
+    }
+}
+
+// Current-thread runtime: the accept loop's events reach this thread's subscriber.
+#[tokio::test]
+async fn at_the_connection_bound_serve_waits_and_accepts_once_a_connection_closes() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let messages = Messages::default();
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(messages.clone()));
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
+    let (listener, addr) = bind().await;
+    let app = app(&drain, Probe::default()).layer(drain.layer());
+    let server = tokio::spawn(
+        lameduck::serve(listener, app, &drain)
+            .max_connections(2)
+            // The app reads `ConnMeta` on every request.
+            .conn_meta_on_every_request(),
+    );
+
+    let (mut first, first_conn) = h1(addr).await;
+    let (mut second, _second_conn) = h1(addr).await;
+    for c in [&mut first, &mut second] {
+        assert_eq!(text(send1(c, "/conn").await).await.0, StatusCode::OK);
+    }
+    // The synchronisation point: the accept loop says it waits for a connection to close.
+    eventually("the bound reached", || {
+        messages
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|m| m.contains("connection bound reached"))
+    })
+    .await;
+    assert_eq!(drain.connections(), 2);
+
+    // A third client connects (the kernel queues it) and is served once the first leaves.
+    let (mut third, _third_conn) = h1(addr).await;
+    let answer = tokio::spawn(async move { text(send1(&mut third, "/conn").await).await.0 });
+    drop(first);
+    within("first connection closed", first_conn)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        within("the third client's answer", answer).await.unwrap(),
+        StatusCode::OK
+    );
+    assert_eq!(drain.connections(), 2);
+
+    assert!(drain.start(Trigger::Api));
+    drop(second);
+    drained_clean(&drain, server).await;
+}

@@ -51,6 +51,8 @@ pub(super) struct AdminState {
     pub(super) drain: Drain,
     pub(super) token: Token,
     pub(super) body_limit: usize,
+    /// How long `/drain` waits for its request body; past it, `408`.
+    pub(super) body_read_timeout: Duration,
     #[cfg(feature = "prometheus")]
     pub(super) prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
@@ -65,6 +67,8 @@ pub(super) enum Refusal {
         allow: &'static str,
     },
     TooLarge(String),
+    /// The request body did not arrive in time.
+    BodyTimeout(String),
     Unauthorized(String),
     BadRequest(String),
 }
@@ -79,6 +83,13 @@ impl IntoResponse for Refusal {
                 res
             }
             Refusal::TooLarge(message) => text(StatusCode::PAYLOAD_TOO_LARGE, message),
+            Refusal::BodyTimeout(message) => {
+                let mut res = text(StatusCode::REQUEST_TIMEOUT, message);
+                // The rest of the body may still come: the connection cannot be reused.
+                res.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                res
+            }
             Refusal::Unauthorized(message) => {
                 let mut res = text(StatusCode::UNAUTHORIZED, message);
                 res.headers_mut().insert(
@@ -92,6 +103,18 @@ impl IntoResponse for Refusal {
     }
 }
 
+/// What a route does with a request body.
+#[derive(Clone, Copy)]
+enum BodyUse {
+    /// Never read: probes answer at once, whatever the client is still sending (kubelet sends
+    /// no body; a client that announces one and never sends it must not delay the answer).
+    /// A declared length over the limit is still refused.
+    Ignore,
+    /// Read and dropped, bounded in size and time (`/drain`, which changes state: a request
+    /// that does not arrive in full is refused, not acted upon).
+    Read,
+}
+
 impl AdminState {
     /// Method and body checks shared by every route; returns the request head.
     async fn admit(
@@ -100,6 +123,7 @@ impl AdminState {
         route: &str,
         allowed: &[Method],
         allow: &'static str,
+        body_use: BodyUse,
     ) -> Result<Parts, Refusal> {
         let (parts, body) = req.into_parts();
         if !allowed.contains(&parts.method) {
@@ -111,27 +135,38 @@ impl AdminState {
                 allow,
             });
         }
-        self.read_body(body).await?;
+        if body.size_hint().lower() > self.body_limit as u64 {
+            return Err(self.too_large());
+        }
+        match body_use {
+            // Dropped unread: hyper answers, then closes the connection instead of reading on.
+            BodyUse::Ignore => drop(body),
+            BodyUse::Read => self.read_body(body).await?,
+        }
         Ok(parts)
     }
 
-    /// Reads and drops the body, refusing it past the limit; a declared length over the limit
-    /// is refused without reading.
+    fn too_large(&self) -> Refusal {
+        Refusal::TooLarge(format!(
+            "request body over the admin limit of {} bytes: \
+             admin routes take no body, parameters go in the query string",
+            self.body_limit
+        ))
+    }
+
+    /// Reads and drops the body, refusing it past the size limit or when it has not arrived
+    /// within the body-read timeout.
     async fn read_body(&self, body: Body) -> Result<(), Refusal> {
-        let too_large = || {
-            Refusal::TooLarge(format!(
-                "request body over the admin limit of {} bytes: \
-                 admin routes take no body, parameters go in the query string",
-                self.body_limit
-            ))
-        };
-        if body.size_hint().lower() > self.body_limit as u64 {
-            return Err(too_large());
-        }
-        match Limited::new(body, self.body_limit).collect().await {
-            Ok(_) => Ok(()),
-            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-            Err(_) => Err(bad_request("could not read the request body")),
+        let read = Limited::new(body, self.body_limit).collect();
+        match tokio::time::timeout(self.body_read_timeout, read).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(self.too_large()),
+            Ok(Err(_)) => Err(bad_request("could not read the request body")),
+            Err(_) => Err(Refusal::BodyTimeout(format!(
+                "the request body did not arrive within {} ms: \
+                 admin routes take no body, send none",
+                self.body_read_timeout.as_millis()
+            ))),
         }
     }
 
@@ -189,7 +224,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 pub(super) async fn livez(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
-    let parts = s.admit(req, "/livez", PROBE_METHODS, "GET, HEAD").await?;
+    let parts = s
+        .admit(req, "/livez", PROBE_METHODS, "GET, HEAD", BodyUse::Ignore)
+        .await?;
     let params = Params::parse(parts.uri.query(), "/livez", &["verbose"]).map_err(bad_request)?;
     // Always alive while the process runs: a failing liveness probe during a drain would make
     // kubelet restart the container and lose the work being drained.
@@ -201,7 +238,9 @@ pub(super) async fn livez(State(s): State<Arc<AdminState>>, req: Request) -> Out
 }
 
 pub(super) async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
-    let parts = s.admit(req, "/readyz", PROBE_METHODS, "GET, HEAD").await?;
+    let parts = s
+        .admit(req, "/readyz", PROBE_METHODS, "GET, HEAD", BodyUse::Ignore)
+        .await?;
     let params = Params::parse(parts.uri.query(), "/readyz", &["verbose"]).map_err(bad_request)?;
     let verbose = params.flag("verbose").map_err(bad_request)?;
     let caller = crate::readiness::Caller::from_user_agent(
@@ -233,13 +272,17 @@ pub(super) async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Ou
 }
 
 pub(super) async fn status(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
-    let parts = s.admit(req, "/status", PROBE_METHODS, "GET, HEAD").await?;
+    let parts = s
+        .admit(req, "/status", PROBE_METHODS, "GET, HEAD", BodyUse::Ignore)
+        .await?;
     Params::parse(parts.uri.query(), "/status", &[]).map_err(bad_request)?;
     Ok(status_json(StatusCode::OK, &s.drain))
 }
 
 pub(super) async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
-    let parts = s.admit(req, "/drain", DRAIN_METHODS, "GET, POST").await?;
+    let parts = s
+        .admit(req, "/drain", DRAIN_METHODS, "GET, POST", BodyUse::Read)
+        .await?;
     s.authorize(&parts.headers)?;
     let params =
         Params::parse(parts.uri.query(), "/drain", &["wait", "timeout"]).map_err(bad_request)?;
@@ -301,7 +344,9 @@ pub(super) async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Out
 
 #[cfg(feature = "prometheus")]
 pub(super) async fn prometheus_metrics(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
-    let parts = s.admit(req, "/metrics", PROBE_METHODS, "GET, HEAD").await?;
+    let parts = s
+        .admit(req, "/metrics", PROBE_METHODS, "GET, HEAD", BodyUse::Ignore)
+        .await?;
     Params::parse(parts.uri.query(), "/metrics", &[]).map_err(bad_request)?;
     let Some(handle) = &s.prometheus else {
         // Unreachable: the route is only added with a handle.

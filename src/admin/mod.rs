@@ -17,10 +17,13 @@
 //! # Bad input changes nothing
 //!
 //! Requests are checked in this order, and nothing is started before every check passed:
-//! unknown route → `404`; method not allowed → `405` with `Allow`; body over the limit
-//! (default 1 KiB; bodies are read and ignored, parameters live in the query string) → `413`;
-//! `/drain` without the right bearer token → `401`; unknown, duplicate, empty or malformed
-//! query parameter, or a bad value → `400` naming it.
+//! unknown route → `404`; method not allowed → `405` with `Allow`; body declared over the
+//! limit (default 1 KiB; parameters live in the query string) → `413`; `/drain` only, which
+//! reads its body before acting: a body over the limit → `413`, one that has not arrived
+//! within the header-read timeout (5 s) → `408`; `/drain` without the right bearer token →
+//! `401`; unknown, duplicate, empty or malformed query parameter, or a bad value → `400`
+//! naming it. Probes and `/status` never read a body: a client that announces one and never
+//! sends it gets its answer at once, and the connection is closed after it.
 //!
 //! # The token
 //!
@@ -37,9 +40,12 @@
 //! `/drain?wait=drained` request counted as in-flight work would wait for itself.
 //!
 //! [`AdminBuilder::serve`] is built for hostile networks: an HTTP/1 header-read timeout (5 s)
-//! and a connection cap (64) that evicts the oldest connection with no request in progress, so
-//! slowloris connections cannot lock the probes out; and [`Drain::run`] does not return before
-//! every `/drain?wait=…` caller got its answer, fully written (bounded by the hard deadline).
+//! and a connection cap (64) that evicts the connection that owes least (idle, or a head or a
+//! body still arriving; never one whose client's bytes are not read yet), so slowloris
+//! connections, bodies that never come and connection floods cannot lock the probes out; and
+//! [`Drain::run`] does not return before every `/drain?wait=…` caller got its answer, fully
+//! written (bounded by the hard deadline), while connections that owe nothing close at once
+//! and never hold the exit.
 //! The router alone ([`Drain::admin_router`]) can be served by `axum::serve` too, without the
 //! timeout and the cap; `run` then waits until each `/drain` answer is handed to axum, not
 //! until it is written.

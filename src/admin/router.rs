@@ -4,8 +4,8 @@
 //! # Invariants
 //!
 //! * Nothing changes state before every check of a request passed: route, method, body size,
-//!   token, query. Only a `/drain` request that passed all of them calls
-//!   [`Drain::start`](crate::Drain::start).
+//!   the body's arrival in time (`/drain`), token, query. Only a `/drain` request that passed
+//!   all of them calls [`Drain::start`](crate::Drain::start).
 //! * No handler can fail: every outcome is a response, and every refusal is a 4xx whose
 //!   one-line body says what to change. Client input quoted in a message is shortened and
 //!   stripped of control characters.
@@ -109,8 +109,11 @@ impl AdminBuilder {
         self
     }
 
-    /// The largest request body read, in bytes (default 1 KiB); larger ones get `413`. Bodies
-    /// are ignored: parameters go in the query string.
+    /// The largest request body accepted, in bytes (default 1 KiB); larger ones get `413`.
+    /// Bodies are ignored: parameters go in the query string. Probes and `/status` never read
+    /// theirs (a declared length over the limit still gets `413`); `/drain` reads its body
+    /// before acting, bounded by this size and by the
+    /// [`header_read_timeout`](Self::header_read_timeout).
     pub fn body_limit(mut self, bytes: usize) -> Self {
         self.body_limit = bytes;
         self
@@ -142,16 +145,21 @@ impl AdminBuilder {
 
     /// How long [`serve`](Self::serve) lets an HTTP/1 client take to send a complete request
     /// head (default 5 s: probes send theirs at once). It also closes keep-alive connections
-    /// idle that long. Has no effect on [`router`](Self::router) served elsewhere.
+    /// idle that long.
+    ///
+    /// The same bound applies to the body of a `/drain` request, wherever the router is served:
+    /// a body that has not arrived in full by then is refused with `408` and nothing starts.
+    /// Probes and `/status` never read a body, so a body that never comes cannot delay them.
     pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
         self.header_read_timeout = timeout;
         self
     }
 
     /// The most connections [`serve`](Self::serve) keeps open (default 64; at least 1). At the
-    /// cap a new connection evicts the oldest one with no request in progress; it is refused
-    /// only when every open connection is busy. Has no effect on [`router`](Self::router)
-    /// served elsewhere.
+    /// cap a new connection evicts one that owes no answer: an idle keep-alive connection
+    /// first, then one whose request head (or `/drain` body) is still arriving, oldest first,
+    /// never one whose client's bytes have not been read yet. It is refused only when every
+    /// open connection is busy. Has no effect on [`router`](Self::router) served elsewhere.
     pub fn max_connections(mut self, max: usize) -> Self {
         self.max_connections = max.max(1);
         self
@@ -162,11 +170,14 @@ impl AdminBuilder {
     ///
     /// * an HTTP/1 header-read timeout ([`header_read_timeout`](Self::header_read_timeout),
     ///   5 s) and a connection cap ([`max_connections`](Self::max_connections), 64) whose
-    ///   eviction of the oldest idle connection keeps probes answering under a slowloris;
+    ///   eviction of connections that owe no answer keeps probes answering under a slowloris,
+    ///   bodies that never come, and connection floods;
     /// * every `/drain?wait=…` caller gets its answer, fully written, before
     ///   [`Drain::run`](crate::Drain::run) returns (bounded by the hard deadline). With
     ///   `axum::serve`, `run` waits until the answers are handed to the server, but the server
-    ///   may still be writing them when the process exits.
+    ///   may still be writing them when the process exits. Connections that owe nothing (idle,
+    ///   or a head or a body still arriving) close when `run` is about to return, and never
+    ///   hold it.
     ///
     /// The future resolves (`Ok`) when `run` is about to return; accept errors are logged and
     /// retried with a short back-off, never returned. HTTP/1.1 and HTTP/2 (h2c) are served.
@@ -224,6 +235,7 @@ impl AdminBuilder {
             drain: self.drain,
             token,
             body_limit: self.body_limit,
+            body_read_timeout: self.header_read_timeout,
             #[cfg(feature = "prometheus")]
             prometheus: self.prometheus,
         });

@@ -1,27 +1,37 @@
 //! [`AdminBuilder::serve`]: the admin listener's own accept loop, built to answer probes under
-//! a slowloris and to answer every `/drain` caller before the process exits.
+//! a slowloris or a connection flood, and to answer every `/drain` caller before the process
+//! exits.
 //!
 //! # Invariants
 //!
 //! * At most `max_connections` connections are open. A new connection at the cap evicts the
-//!   oldest connection with no request in progress (idle keep-alive, or a request head still
-//!   arriving); only when every open connection is busy is the new one refused (closed at
-//!   once). So a flood of slow or silent connections cannot lock kubelet's probes out, and an
-//!   answer being computed or written is never cut to make room.
-//! * HTTP/1 request heads must arrive within the header-read timeout.
+//!   connection that owes least: an idle keep-alive connection first, then one that has not
+//!   delivered a request head (silent, a head still arriving), oldest first; only when every
+//!   open connection is busy is the new one refused (closed at once). So a flood of slow or
+//!   silent connections cannot lock kubelet's probes out, and an answer being computed or
+//!   written is never cut to make room.
+//! * *Busy* means an answer is owed: from the handler's call until its response body is handed
+//!   to hyper, except while the handler waits for the request body (a client that withholds
+//!   its body is owed nothing yet). Probes never read a body, so they are busy from their call.
+//! * A connection whose client may have sent bytes its task has not read yet (just accepted,
+//!   or woken by its socket since its last poll) is never evicted: under a flood the accept
+//!   loop can run ahead of the connection tasks, and a probe whose head has arrived must be
+//!   read before anything can judge it idle. When only such connections stand in the way, the
+//!   accept loop waits for them to be polled (at most 1 s, then the newest is refused).
+//! * HTTP/1 request heads must arrive within the header-read timeout, `/drain` bodies too.
 //! * Every connection task runs as owed work of the drain's exit holds: when
 //!   [`Drain::run`](crate::Drain::run) is about to return, the listener closes, connections
-//!   with no request in progress close, and busy ones finish their response (hyper's graceful
-//!   shutdown writes it out) before `run` returns.
+//!   that owe nothing (idle, a head or a body still arriving) close at once, and busy ones
+//!   finish their response (hyper's graceful shutdown writes it out) before `run` returns.
 
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -33,6 +43,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -93,50 +104,116 @@ impl fmt::Debug for AdminServe {
 /// One open admin connection, as the cap sees it.
 struct Slot {
     accepted: Instant,
-    /// Requests whose response has not been fully handed to hyper yet.
-    busy: AtomicUsize,
+    /// Low half: requests whose response has not been fully handed to hyper yet (answers
+    /// owed). High half: how many of those are waiting for their request body, which owes the
+    /// client nothing yet. One word, so that one load sees both.
+    owed: AtomicU64,
     /// Requests started on the connection so far.
     started: AtomicUsize,
+    /// Wake-ups of the connection's task by its socket (or its timers), counting acceptance
+    /// as the first.
+    wakes: AtomicU64,
+    /// The count of wake-ups the task had seen when its last poll of the connection ended.
+    /// While it is behind `wakes`, the client may have sent bytes not read yet (a complete head
+    /// makes the connection busy in the poll that reads it).
+    read: AtomicU64,
     evict: CancellationToken,
 }
 
+const OWED: u64 = 1;
+const READING: u64 = 1 << 32;
+
 impl Slot {
+    fn new() -> Self {
+        Self {
+            accepted: Instant::now(),
+            owed: AtomicU64::new(0),
+            started: AtomicUsize::new(0),
+            wakes: AtomicU64::new(1),
+            read: AtomicU64::new(0),
+            evict: CancellationToken::new(),
+        }
+    }
+
+    /// The client may have sent bytes that the connection's task has not read yet.
+    fn is_unread(&self) -> bool {
+        // `read` first: it never passes `wakes`, so a wake-up between the loads only makes the
+        // answer `true`. Acquire: pairs with the Release in `Watched::poll`, so the state the
+        // poll left (busy) is seen with it.
+        let read = self.read.load(Ordering::Acquire);
+        self.wakes.load(Ordering::Acquire) != read
+    }
+
+    /// An answer is being computed or written: the connection is neither evicted nor closed at
+    /// exit before it is out.
     fn is_busy(&self) -> bool {
-        self.busy.load(Ordering::Acquire) != 0
+        // Acquire: pairs with the Release of `Busy` and `Reading`, so a request that started
+        // (or finished its body) is seen by the cap's eviction check.
+        let v = self.owed.load(Ordering::Acquire);
+        (v & (READING - 1)) > (v >> 32)
     }
 }
 
+/// How a connection at the cap can make room.
+enum Admission {
+    Admitted,
+    /// Every connection is busy: the new one is refused.
+    Refused,
+    /// Nothing can be evicted before some connection has read what its client sent.
+    Wait,
+}
+
+/// How long the accept loop waits for connections to read what their clients sent before it
+/// gives up on the newest connection.
+const FRESH_WAIT: Duration = Duration::from_secs(1);
+
 #[derive(Default)]
-struct Slots(Mutex<Vec<Arc<Slot>>>);
+struct Slots {
+    open: Mutex<Vec<Arc<Slot>>>,
+    /// A connection read what its client sent, or closed: room may have appeared.
+    changed: Notify,
+}
 
 impl Slots {
-    /// Makes room for `slot`: `false` when every open connection is busy.
-    fn admit(&self, slot: &Arc<Slot>, cap: usize) -> bool {
-        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+    /// Makes room for `slot`, evicting the connection that owes least: first an idle
+    /// keep-alive connection (it had its answers), then one that has not delivered a request
+    /// head, oldest first. Never a busy one, and never one whose task has not yet read what
+    /// its client sent: a probe in a flood of silent connections has its head read before
+    /// anything can evict it, however long its task waits for a thread.
+    fn admit(&self, slot: &Arc<Slot>, cap: usize) -> Admission {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if open.len() >= cap {
-            let oldest_idle = open
+            let mut unread = false;
+            let victim = open
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| !s.is_busy())
-                .min_by_key(|(_, s)| s.accepted)
+                .filter(|(_, s)| {
+                    let u = s.is_unread();
+                    unread |= u;
+                    !u && !s.is_busy()
+                })
+                .min_by_key(|(_, s)| (s.started.load(Ordering::Acquire) == 0, s.accepted))
                 .map(|(i, _)| i);
-            match oldest_idle {
+            match victim {
                 Some(i) => {
                     let evicted = open.swap_remove(i);
                     evicted.evict.cancel();
                 }
-                None => return false,
+                None if unread => return Admission::Wait,
+                None => return Admission::Refused,
             }
         }
         open.push(Arc::clone(slot));
-        true
+        Admission::Admitted
     }
 
     fn remove(&self, slot: &Arc<Slot>) {
-        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = open.iter().position(|s| Arc::ptr_eq(s, slot)) {
             open.swap_remove(i);
         }
+        drop(open);
+        self.changed.notify_one();
     }
 }
 
@@ -187,13 +264,21 @@ async fn run(
                 continue;
             }
         };
-        let slot = Arc::new(Slot {
-            accepted: Instant::now(),
-            busy: AtomicUsize::new(0),
-            started: AtomicUsize::new(0),
-            evict: CancellationToken::new(),
-        });
-        if !slots.admit(&slot, cap) {
+        let slot = Arc::new(Slot::new());
+        let give_up = Instant::now() + FRESH_WAIT;
+        let admitted = loop {
+            match slots.admit(&slot, cap) {
+                Admission::Admitted => break true,
+                Admission::Refused => break false,
+                Admission::Wait => tokio::select! {
+                    biased;
+                    () = exiting.cancelled() => return Ok(()),
+                    () = slots.changed.notified() => {}
+                    () = tokio::time::sleep_until(give_up) => break false,
+                },
+            }
+        };
+        if !admitted {
             tracing::warn!(
                 max_connections = cap,
                 "lameduck: admin connection refused: every admin connection is busy"
@@ -226,6 +311,7 @@ async fn serve_conn(
     let counted = Arc::clone(&slot);
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let busy = Busy::new(Arc::clone(&counted));
+        let req = req.map(|body| Reading::new(body, Arc::clone(&counted)));
         let mut router = router.clone();
         async move {
             let res = tower_service::Service::call(&mut router, req).await?;
@@ -239,10 +325,21 @@ async fn serve_conn(
     });
     let conn = builder.serve_connection(TokioIo::new(stream), svc);
     let mut conn = pin!(conn);
+    let wake = Arc::new(ReadWake {
+        slot: Arc::clone(&slot),
+        task: Mutex::new(None),
+    });
+    let waker = Waker::from(Arc::clone(&wake));
     let mut shutting_down = false;
     loop {
+        let watched = Watched {
+            conn: conn.as_mut(),
+            wake: &wake,
+            waker: &waker,
+            slots: &slots,
+        };
         tokio::select! {
-            res = conn.as_mut() => {
+            res = watched => {
                 if let Err(e) = res {
                     tracing::debug!(error = %e, "lameduck: admin connection ended with an error");
                 }
@@ -254,11 +351,11 @@ async fn serve_conn(
             }
             () = exiting.cancelled(), if !shutting_down => {
                 shutting_down = true;
-                if slot.started.load(Ordering::Acquire) == 0 {
-                    // Never delivered a request head: nothing is owed.
+                if !slot.is_busy() {
+                    // Nothing owed: idle, or a head or a body still arriving.
                     break;
                 }
-                // Idle: closes now. Busy: finishes the answer (and writes it out), then closes.
+                // Busy: finishes the answer (and writes it out), then closes.
                 conn.as_mut().graceful_shutdown();
             }
         }
@@ -266,13 +363,73 @@ async fn serve_conn(
     slots.remove(&slot);
 }
 
+/// The waker the connection is polled with: marks the slot `unread` when the socket (or a
+/// timer of the connection) wakes the task, then wakes the task.
+struct ReadWake {
+    slot: Arc<Slot>,
+    task: Mutex<Option<Waker>>,
+}
+
+impl Wake for ReadWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Release: pairs with the eviction check's Acquire.
+        self.slot.wakes.fetch_add(1, Ordering::Release);
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = &*task {
+            w.wake_by_ref();
+        }
+    }
+}
+
+/// Polls the connection with its [`ReadWake`], records the wake-ups it has seen once the poll
+/// ended (a wake-up during the poll stays unread), and tells the accept loop when a
+/// connection it may be waiting for has read.
+struct Watched<'a, F> {
+    conn: Pin<&'a mut F>,
+    wake: &'a Arc<ReadWake>,
+    waker: &'a Waker,
+    slots: &'a Slots,
+}
+
+impl<F: Future> Future for Watched<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        {
+            let mut task = self.wake.task.lock().unwrap_or_else(|e| e.into_inner());
+            match &*task {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => *task = Some(cx.waker().clone()),
+            }
+        }
+        let slot = &self.wake.slot;
+        let seen = slot.wakes.load(Ordering::Acquire);
+        let waker = self.waker;
+        let r = self.conn.as_mut().poll(&mut Context::from_waker(waker));
+        // Release: whoever sees this count sees what the poll did (a request made busy).
+        let slot = &self.wake.slot;
+        let was_unread = slot.read.swap(seen, Ordering::AcqRel) != seen;
+        if was_unread {
+            // What the client sent is read (a complete head made the connection busy): the
+            // accept loop may be waiting for this. One waiter; a stored permit only makes it
+            // check once more.
+            self.slots.changed.notify_one();
+        }
+        r
+    }
+}
+
 /// Counts one admin request as in progress on its connection until dropped.
 struct Busy(Arc<Slot>);
 
 impl Busy {
     fn new(slot: Arc<Slot>) -> Self {
-        // Release/Acquire: the cap's eviction check must not miss a request that started.
-        slot.busy.fetch_add(1, Ordering::Release);
+        // Release: the cap's eviction check must not miss a request that started.
+        slot.owed.fetch_add(OWED, Ordering::Release);
         slot.started.fetch_add(1, Ordering::Release);
         Self(slot)
     }
@@ -280,7 +437,72 @@ impl Busy {
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.busy.fetch_sub(1, Ordering::Release);
+        self.0.owed.fetch_sub(OWED, Ordering::Release);
+    }
+}
+
+/// A request body that, while a handler waits for it, takes its request out of the busy
+/// count: a client that sent a head and withholds its body is owed nothing yet, so it can be
+/// evicted at the cap and closed at exit.
+struct Reading {
+    inner: Incoming,
+    slot: Arc<Slot>,
+    waiting: bool,
+}
+
+impl Reading {
+    fn new(inner: Incoming, slot: Arc<Slot>) -> Self {
+        Self {
+            inner,
+            slot,
+            waiting: false,
+        }
+    }
+
+    fn set_waiting(&mut self, waiting: bool) {
+        if self.waiting != waiting {
+            self.waiting = waiting;
+            // Release: pairs with the eviction check's Acquire.
+            if waiting {
+                self.slot.owed.fetch_add(READING, Ordering::Release);
+            } else {
+                self.slot.owed.fetch_sub(READING, Ordering::Release);
+            }
+        }
+    }
+}
+
+impl http_body::Body for Reading {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        let waiting = match &r {
+            Poll::Pending => true,
+            Poll::Ready(Some(Ok(_))) => !this.inner.is_end_stream(),
+            Poll::Ready(_) => false,
+        };
+        this.set_waiting(waiting);
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.set_waiting(false);
     }
 }
 

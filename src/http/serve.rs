@@ -44,6 +44,7 @@ use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -54,6 +55,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -104,9 +106,24 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   [`Drain::in_flight`] read by an HTTP/1 handler then includes its own connection): the
 ///   instant a body's last frame is handed over and the instant its bytes fail to go out are
 ///   one poll apart, and nothing may look finished in between.
-/// * Bounds HTTP/1 header reads ([`Serve::header_read_timeout`], default 75 s) and closes
-///   connections that never delivered a complete request head once the drain has nothing in
-///   flight, so slowloris connections cannot hold it open.
+/// * Bounds open connections ([`Serve::max_connections`]; by default from the process's
+///   descriptor limit, keeping a reserve for the admin port, files and outgoing connections):
+///   at the bound it stops accepting until a connection closes, and new connections wait in
+///   the kernel's accept queue. So a flood of connections on this port cannot take the last
+///   file descriptor from the admin port's probes, or from the app.
+/// * Bounds HTTP/1 header reads only when asked ([`Serve::header_read_timeout`]: no limit by
+///   default; set [`SUGGESTED_HEADER_READ_TIMEOUT`], 75 s, when the port faces clients you do
+///   not trust — otherwise connections that stall their request head hold their descriptor,
+///   up to the bound, until they go away), and closes connections that never delivered a
+///   complete request head once the drain has nothing in flight, so slowloris connections
+///   cannot hold the drain open.
+///
+/// # What to set
+///
+/// On a port that untrusted clients reach, set [`Serve::header_read_timeout`] (the
+/// [`SUGGESTED_HEADER_READ_TIMEOUT`] fits most proxy chains; see the setter). The connection
+/// bound needs no setting unless the app itself holds many descriptors (large pools, many
+/// files): then give [`Serve::max_connections`] a number that leaves them room.
 ///
 /// `serve` does not count requests itself: wrap the service with [`Drain::layer`]. The
 /// returned future resolves to `()`; it never fails on accept errors.
@@ -164,6 +181,7 @@ where
             drain: drain.clone(),
             keep_listening: false,
             header_read_timeout: None,
+            max_connections: MaxConnections::FromLimit,
             conn_meta_always: false,
         }),
         running: None,
@@ -225,7 +243,15 @@ struct Setup<S> {
     drain: Drain,
     keep_listening: bool,
     header_read_timeout: Option<Duration>,
+    max_connections: MaxConnections,
     conn_meta_always: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MaxConnections {
+    /// From the descriptor limit, read when serving starts.
+    FromLimit,
+    Given(usize),
 }
 
 // `Serve` never pins `S` or the listener in place: they are moved into the boxed future on the
@@ -277,6 +303,35 @@ impl<S> Serve<S> {
     pub fn header_read_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         if let Some(setup) = &mut self.setup {
             setup.header_read_timeout = timeout.into();
+        }
+        self
+    }
+
+    /// The most connections open at once (at least 1). At the bound the accept loop stops
+    /// accepting until one closes; new connections wait in the kernel's accept queue (the
+    /// listener's backlog) meanwhile, and are not refused. Upgraded connections (WebSocket)
+    /// leave the count when they are upgraded, as they leave hyper.
+    ///
+    /// The default comes from the process's soft descriptor limit (`RLIMIT_NOFILE`, read from
+    /// `/proc/self/limits` when serving starts): the limit less a reserve of a quarter of it
+    /// (at least 128 descriptors, at most half the limit) for the admin port, files and the
+    /// app's own outgoing connections — 768 connections at the common limit of 1,024. Where
+    /// the limit cannot be read (not Linux) or is unlimited, there is no default bound.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(drain: lameduck::Drain, app: axum::Router) -> std::io::Result<()> {
+    /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+    /// lameduck::serve(listener, app, &drain)
+    ///     .header_read_timeout(lameduck::http::SUGGESTED_HEADER_READ_TIMEOUT)
+    ///     .max_connections(10_000) // after raising the descriptor limit well above that
+    ///     .await;
+    /// # Ok(()) }
+    /// ```
+    pub fn max_connections(mut self, max: usize) -> Self {
+        if let Some(setup) = &mut self.setup {
+            setup.max_connections = MaxConnections::Given(max.max(1));
         }
         self
     }
@@ -376,8 +431,15 @@ where
         drain,
         keep_listening,
         header_read_timeout,
+        max_connections,
         conn_meta_always,
     } = setup;
+    let bound = match max_connections {
+        MaxConnections::Given(n) => Some(n),
+        MaxConnections::FromLimit => descriptor_limit().map(bound_for_limit),
+    };
+    // One permit per open connection, held by its task.
+    let permits = bound.map(|n| Arc::new(Semaphore::new(n)));
     drain.mark_started();
     drain.note_server(crate::report::ServerReport {
         header_read_timeout_ms: header_read_timeout.map(|t| t.as_millis() as u64),
@@ -404,7 +466,34 @@ where
     let mut backoff = MIN_BACKOFF;
     {
         let mut closes = pin!(listener_closes(&drain, keep_listening));
+        let mut at_bound = false;
         loop {
+            let permit = match &permits {
+                None => None,
+                Some(p) => match Arc::clone(p).try_acquire_owned() {
+                    Ok(permit) => {
+                        at_bound = false;
+                        Some(permit)
+                    }
+                    Err(_) => {
+                        // Once per episode at the bound, not once per connection.
+                        if !at_bound {
+                            at_bound = true;
+                            tracing::warn!(
+                                max_connections = bound,
+                                "lameduck: connection bound reached; not accepting until a connection closes"
+                            );
+                        }
+                        tokio::select! {
+                            biased;
+                            () = closes.as_mut() => break,
+                            permit = Arc::clone(p).acquire_owned() => {
+                                Some(permit.expect("the semaphore is never closed"))
+                            }
+                        }
+                    }
+                },
+            };
             let accepted = tokio::select! {
                 biased;
                 () = closes.as_mut() => break,
@@ -417,7 +506,14 @@ where
                     let meta = ConnMeta::new(Some(peer), Some(after_drain));
                     let conn = ConnTask::new(drain.core(), meta, tokens.clone());
                     let svc = TowerToHyperService::new(service.clone());
-                    tracker.spawn(conn.run(builder.clone(), stream, svc));
+                    let run = conn.run(builder.clone(), stream, svc);
+                    match permit {
+                        None => tracker.spawn(run),
+                        Some(permit) => tracker.spawn(async move {
+                            run.await;
+                            drop(permit);
+                        }),
+                    };
                 }
                 Err(e) if is_per_connection(&e) => {
                     tracing::debug!(error = %e, "lameduck: accept: connection failed before it was accepted");
@@ -452,6 +548,29 @@ where
     }
 }
 
+/// The process's soft limit on open file descriptors, when it can be read and is not unlimited.
+fn descriptor_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    soft_nofile(&limits)
+}
+
+/// The soft value of the `Max open files` line of a `/proc/<pid>/limits` text.
+fn soft_nofile(limits: &str) -> Option<usize> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The default connection bound for a descriptor limit: the limit less a reserve of a quarter
+/// of it, at least 128, at most half of it.
+fn bound_for_limit(limit: usize) -> usize {
+    let reserve = (limit / 4).max(128).min(limit / 2);
+    (limit - reserve).max(1)
+}
+
 /// Errors that concern one connection attempt, not the listener: retry at once.
 fn is_per_connection(e: &io::Error) -> bool {
     matches!(
@@ -460,4 +579,30 @@ fn is_per_connection(e: &io::Error) -> bool {
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_soft_descriptor_limit_is_read() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             63448                63448                processes \n\
+                      Max open files            1024                 1048576              files     \n";
+        assert_eq!(soft_nofile(limits), Some(1024));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(soft_nofile(unlimited), None);
+        assert_eq!(soft_nofile(""), None);
+    }
+
+    #[test]
+    fn the_default_bound_keeps_a_reserve() {
+        assert_eq!(bound_for_limit(1024), 768);
+        assert_eq!(bound_for_limit(1 << 20), 786_432);
+        assert_eq!(bound_for_limit(256), 128);
+        assert_eq!(bound_for_limit(100), 50);
+        assert_eq!(bound_for_limit(1), 1);
+    }
 }

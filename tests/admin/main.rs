@@ -6,6 +6,7 @@
 mod common;
 
 mod drain;
+mod flood;
 mod fuzz;
 mod prestop;
 mod probes;
