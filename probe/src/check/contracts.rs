@@ -16,6 +16,8 @@ use crate::record::{Failure, Outcome, Record};
 const LISTED: usize = 20;
 /// Allowance for the service to notice the trigger before its answers are expected to change.
 const NOTICE_MS: f64 = 100.0;
+/// The last stretch before the exit, when listeners may already be closing.
+const EXITING_MS: f64 = 100.0;
 
 /// A contract's verdict.
 ///
@@ -88,10 +90,10 @@ impl Contract {
 /// `t+12 ms` / `t-800 ms` for an absolute time.
 pub(crate) fn at(unix_ms: f64, t0: f64) -> String {
     let d = (unix_ms - t0).round();
-    if d < 0.0 {
+    if d <= -1.0 {
         format!("t-{:.0} ms", -d)
     } else {
-        format!("t+{d:.0} ms")
+        format!("t+{:.0} ms", d.abs())
     }
 }
 
@@ -184,7 +186,7 @@ pub(super) fn readiness(o: &Observed, expect_serving: bool) -> Contract {
     };
     let mut evidence = Vec::new();
     // Stable: after the first 200, only 200 until the stop.
-    let before: Vec<_> = o.ready_polls.iter().filter(|p| p.start < t0).collect();
+    let before: Vec<_> = o.ready_polls.iter().filter(|p| p.end < t0).collect();
     let flaps: Vec<_> = before.iter().filter(|p| p.status != Some(200)).collect();
     evidence.push(format!(
         "{} polls before the stop, {} not 200",
@@ -316,7 +318,10 @@ pub(super) fn liveness(o: &Observed) -> Contract {
             "the service never started",
         );
     };
-    let alive_until = o.exited_at.unwrap_or(f64::INFINITY);
+    // A poll that ends just before the exit may meet a listener already closing: kubelet
+    // restarts only after `failureThreshold` (default 3) failures in a row, so the last
+    // poll interval before the exit is not held against the service.
+    let alive_until = o.exited_at.map_or(f64::INFINITY, |e| e - EXITING_MS);
     let draining: Vec<_> = o
         .live_polls
         .iter()
