@@ -262,6 +262,32 @@ fn lameduck_default_passes_every_contract() {
 }
 
 #[test]
+fn lameduck_behind_a_prestop_hook_over_http2_passes_every_contract() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("lameduck-prestop-h2");
+    let (mut service, mut flags) = service_setup(&dir);
+    service.extend(["--grace-period".into(), "12s".into()]);
+    // The admin URL is the readiness URL's authority: the hook of examples/k8s.
+    let ready = flags[3].clone();
+    let drain = ready.replace("/readyz", "/drain?wait=drained");
+    flags.extend([
+        "--grace-period".into(),
+        "12s".into(),
+        "--http".into(),
+        "2".into(),
+        "--prestop-http".into(),
+        drain,
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&service));
+    for c in run.json["contracts"].as_array().unwrap() {
+        assert_eq!(c["verdict"], "pass", "{}: {}", c["name"], run.table());
+    }
+    assert!(run.summary("keepalive_close").contains("GOAWAY"), "{}", run.table());
+    let prestop = run.json["prestop"].as_str().unwrap();
+    assert!(prestop.contains(": 200 (httpGet"), "{prestop}");
+}
+
+#[test]
 fn fixed_sleep_keeps_serving_but_never_tells_keepalive_clients() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("fixed-sleep");

@@ -637,17 +637,20 @@ pub(super) fn in_flight(o: &Observed) -> Contract {
                 || (r.outcome == Outcome::Failed && r.failure != Some(Failure::Connect))
         })
         .collect();
-    let running_at_signal = o
-        .records
-        .iter()
-        .filter(|r| {
-            r.start_unix_ms.is_some_and(|s| s < sent) && end_unix(r).is_none_or(|e| e > sent)
-        })
-        .count();
+    // Running when the stop began (t+0) or when the signal went (after a preStop hook).
+    let running_at = |when: f64| {
+        o.records
+            .iter()
+            .filter(|r| {
+                r.start_unix_ms.is_some_and(|s| s < when) && end_unix(r).is_none_or(|e| e > when)
+            })
+            .count()
+    };
+    let (at_stop, at_signal) = (running_at(t0), running_at(sent));
+    let running = at_stop.max(at_signal);
     let mut evidence = vec![format!(
-        "{} requests sent, {} running when {} was sent, {} lost",
+        "{} requests sent, {at_stop} running at t+0, {at_signal} when {} was sent, {} lost",
         o.records.len(),
-        running_at_signal,
         o.signal_name,
         destroyed.len()
     )];
@@ -669,12 +672,12 @@ pub(super) fn in_flight(o: &Observed) -> Contract {
         )
         .with(evidence);
     }
-    if running_at_signal == 0 {
+    if running == 0 {
         return Contract::new(
             NAME,
             TITLE,
             Verdict::NotMeasured,
-            "nothing was in flight at the stop signal (raise --slow-rate or --slow)",
+            "nothing was in flight at the stop or the stop signal (raise --slow-rate or --slow)",
         )
         .with(evidence);
     }
@@ -682,7 +685,7 @@ pub(super) fn in_flight(o: &Observed) -> Contract {
         NAME,
         TITLE,
         Verdict::Pass,
-        format!("all {running_at_signal} requests running at the stop signal completed, none lost"),
+        format!("all {running} requests running at the stop completed, none lost"),
     )
     .with(evidence)
 }
@@ -722,9 +725,25 @@ pub(super) fn keepalive_close(o: &Observed) -> Contract {
         .collect();
     let from = at(told, t0);
     if o.http == HttpVersion::Http2 {
-        // One shared connection: a graceful GOAWAY shows as requests moved to a new connection
-        // before anything was sent, or a new connection with nothing lost on the old one.
-        let moved = kept.iter().any(|r| r.rerouted > 0 || !r.reused);
+        // One shared connection: a graceful GOAWAY to the one open when the service was told
+        // shows as later requests moved to another connection (before anything was sent, or
+        // at their lease), with nothing lost on the old one. Connections opened during the
+        // drain may stay open until the service stops accepting.
+        let told_exact = o.told_at.unwrap_or(t0);
+        let open_at_told = o
+            .records
+            .iter()
+            .filter(|r| {
+                r.mode == ConnectionMode::KeepAlive
+                    && r.start_unix_ms.is_some_and(|s| s < told_exact)
+            })
+            .filter_map(|r| r.conn)
+            .next_back();
+        let moved = o.records.iter().any(|r| {
+            r.mode == ConnectionMode::KeepAlive
+                && r.start_unix_ms.is_some_and(|s| s >= told_exact)
+                && (r.rerouted > 0 || (r.conn.is_some() && r.conn != open_at_told))
+        });
         let mut evidence = vec![format!(
             "{} requests on the shared HTTP/2 connection from {from}, {} lost",
             kept.len(),

@@ -26,7 +26,7 @@ impl CheckReport {
             out,
             "times are from t+0, the stop (preStop start, else the stop signal)\n"
         );
-        let _ = writeln!(out, "{:<17}{:<14}{}", "contract", "verdict", "why");
+        let _ = writeln!(out, "{:<17}{:<14}why", "contract", "verdict");
         for c in &self.contracts {
             let _ = writeln!(out, "{:<17}{:<14}{}", c.name, c.verdict.label(), c.summary);
         }
