@@ -282,9 +282,44 @@ fn lameduck_behind_a_prestop_hook_over_http2_passes_every_contract() {
     for c in run.json["contracts"].as_array().unwrap() {
         assert_eq!(c["verdict"], "pass", "{}: {}", c["name"], run.table());
     }
-    assert!(run.summary("keepalive_close").contains("GOAWAY"), "{}", run.table());
+    assert!(
+        run.summary("keepalive_close").contains("GOAWAY"),
+        "{}",
+        run.table()
+    );
     let prestop = run.json["prestop"].as_str().unwrap();
     assert!(prestop.contains(": 200 (httpGet"), "{prestop}");
+}
+
+#[test]
+fn a_mesh_rewritten_kubelet_probe_with_the_header_stays_serving_through_the_window() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("rewritten-probe");
+    let (service, mut flags) = service_setup(&dir);
+    flags.extend([
+        "--grace-period".into(),
+        "30s".into(),
+        "--probe-header".into(),
+        "User-Agent: Go-http-client/1.1".into(),
+        "--probe-header".into(),
+        "K-Kubelet-Probe: queue".into(),
+        "--expect-readiness".into(),
+        "serving".into(),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&service));
+    assert_eq!(run.verdict("readiness"), "pass", "{}", run.table());
+    assert_eq!(run.out.status.code(), Some(0), "{}", run.table());
+    // The service's report says how it classified the probe.
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let sources = report["probe_sources"]["sources"].as_array().unwrap();
+    let kubelet = sources
+        .iter()
+        .find(|s| s["header"] == "K-Kubelet-Probe")
+        .unwrap_or_else(|| panic!("{sources:?}"));
+    assert_eq!(kubelet["classified_as"], "kubelet");
+    assert_eq!(kubelet["user_agent"], "Go-http-client/1.1");
+    assert!(kubelet["while_draining"].as_u64().unwrap() > 0, "{kubelet}");
 }
 
 #[test]
