@@ -35,7 +35,12 @@ fn main() -> ExitCode {
         Ok(Command::Check(args)) => return check_main(&args),
         Err(e) => {
             eprintln!("lameduck-probe: {e}");
-            eprintln!("run lameduck-probe --help for the flags");
+            match std::env::args().nth(1).as_deref() {
+                Some(sub @ ("check" | "correlate")) => {
+                    eprintln!("run lameduck-probe {sub} --help for the flags")
+                }
+                _ => eprintln!("run lameduck-probe --help for the flags"),
+            }
             return ExitCode::from(2);
         }
     };

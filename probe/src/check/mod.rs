@@ -441,8 +441,10 @@ pub async fn run_check(args: &CheckArgs) -> Result<CheckReport, CheckError> {
         }
     };
     service.kill();
-    if let Ok(Ok(result)) = result {
-        observed.records = result.records;
+    match result {
+        Ok(Ok(result)) => observed.records = result.records,
+        Ok(Err(e)) => return Err(error(format!("the traffic could not start: {e}"))),
+        Err(e) => return Err(error(format!("the traffic task failed: {e}"))),
     }
     observed.ready_polls = std::mem::take(&mut *ready_polls.lock().expect("polls lock"));
     observed.live_polls = std::mem::take(&mut *live_polls.lock().expect("polls lock"));
