@@ -20,7 +20,7 @@ use crate::driver::{Driver, Status};
 use crate::exit::ExitHolds;
 use crate::guard::{Core, InFlightGuard};
 use crate::phase::{unix_ms_now, Event, Phase, Trigger};
-use crate::readiness::{Caller, Readiness, ReadinessState, ReadinessWhileDraining};
+use crate::readiness::{Caller, ProbeCaller, Readiness, ReadinessState, ReadinessWhileDraining};
 use crate::report::DrainReport;
 use crate::signal::{Receipt, Signals};
 
@@ -366,7 +366,25 @@ impl Drain {
         } else {
             None
         };
-        self.inner.readiness.evaluate(phase, caller, evidence)
+        self.inner
+            .readiness
+            .evaluate(phase, caller, caller.describe(), evidence)
+    }
+
+    /// Readiness as a classified `/readyz` caller sees it; the caller is counted in the table
+    /// of probe sources.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
+    pub(crate) fn readiness_for_probe(&self, probe: &ProbeCaller) -> Readiness {
+        let phase = self.phase();
+        self.inner.readiness.record(probe, phase == Phase::Draining);
+        let evidence = if phase >= Phase::Draining {
+            self.inner.driver.evidence_now()
+        } else {
+            None
+        };
+        self.inner
+            .readiness
+            .evaluate(phase, probe.caller(), &probe.describe(), evidence)
     }
 
     /// A token that fires at `drain_started`: readiness flips, cancel-on-drain work stops

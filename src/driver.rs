@@ -34,7 +34,7 @@ use crate::guard::{Core, Site};
 use crate::link::Link;
 use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::Policy;
-use crate::readiness::ReadinessWhileDraining;
+use crate::readiness::{ReadinessWhileDraining, SourceTable};
 use crate::report::{DrainReport, ServerReport, Sinks};
 use crate::tasks::{TaskContext, Tasks};
 
@@ -76,6 +76,7 @@ pub(crate) struct Settings {
     pub(crate) budget: Budget,
     pub(crate) policy: Policy,
     pub(crate) readiness: ReadinessWhileDraining,
+    pub(crate) probe_sources: Arc<SourceTable>,
     pub(crate) sinks: Sinks,
     pub(crate) hurry_lead: Duration,
     pub(crate) proxy_label: Option<String>,
@@ -142,6 +143,8 @@ pub(crate) struct Driver {
     pub(crate) budget: Budget,
     policy: Policy,
     readiness: ReadinessWhileDraining,
+    /// Who called `/readyz` and how each was classified (the readiness part writes it).
+    probe_sources: Arc<SourceTable>,
     sinks: Sinks,
     hurry_lead: Duration,
     proxy_label: Option<String>,
@@ -178,6 +181,7 @@ impl Driver {
             budget,
             policy,
             readiness,
+            probe_sources,
             sinks,
             hurry_lead,
             proxy_label,
@@ -188,6 +192,7 @@ impl Driver {
             budget,
             policy,
             readiness,
+            probe_sources,
             sinks,
             hurry_lead,
             proxy_label,

@@ -162,7 +162,10 @@ pub use http::{
 pub use link::{DeletionBudget, EndpointSliceEvidence};
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
-pub use readiness::{Readiness, ReadinessWhileDraining};
+pub use readiness::{
+    ProbeClass, ProbeSource, ProbeSources, Readiness, ReadinessWhileDraining, KNATIVE_PROBE_HEADER,
+    PROBE_HEADER,
+};
 pub use report::{
     Advice, AdviceLevel, AdviceRule, AfterFlipReport, BudgetReport, DrainReport, Outcome,
     PathCount, PeerCount, PodInfo, PolicyKind, PolicyReport, ServerReport, SignalReceipt,

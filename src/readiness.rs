@@ -7,6 +7,8 @@
 //!   never held while a check runs: checks are user code.
 //! * A gate only ever goes from closed to open; a gate dropped unopened stays closed.
 
+mod sources;
+
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -14,6 +16,8 @@ use serde::{Deserialize, Serialize};
 use crate::evidence::EvidenceReport;
 use crate::phase::Phase;
 use crate::ConfigError;
+pub(crate) use sources::{ProbeCaller, SourceTable};
+pub use sources::{ProbeClass, ProbeSource, ProbeSources, KNATIVE_PROBE_HEADER, PROBE_HEADER};
 
 /// What `/readyz` says while draining: a policy, because neither answer is right everywhere.
 ///
@@ -35,12 +39,21 @@ use crate::ConfigError;
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ReadinessWhileDraining {
-    /// By caller (the default): a probe whose `User-Agent` starts with `kube-probe/` —
-    /// kubelet's HTTP and gRPC probes — gets [`ServingUntilStop`](Self::ServingUntilStop),
-    /// which keeps kube-proxy's all-terminating fallback; every other caller gets
-    /// [`NotReady`](Self::NotReady). An external checker that sends kubelet's User-Agent is
-    /// taken for kubelet. [`Drain::readiness`](crate::Drain::readiness) and `/status` answer
-    /// as for other callers.
+    /// By caller (the default): kubelet's probe gets
+    /// [`ServingUntilStop`](Self::ServingUntilStop), which keeps kube-proxy's all-terminating
+    /// fallback; every other caller gets [`NotReady`](Self::NotReady).
+    ///
+    /// `/readyz` takes a caller for kubelet's probe when, in this order: it sends
+    /// `X-Lameduck-Probe: kubelet` ([`PROBE_HEADER`], set in the probe's `httpHeaders`, which
+    /// survives a mesh that rewrites probes), or Knative's `K-Kubelet-Probe` header
+    /// ([`KNATIVE_PROBE_HEADER`]), or a `User-Agent` starting with `kube-probe/` (kubelet's
+    /// own). `X-Lameduck-Probe: load-balancer` and the `User-Agent`s of known load-balancer
+    /// checkers (`GoogleHC/`, `ELB-HealthChecker/`, `Envoy/HC`, …) are classed as load
+    /// balancers; they and everyone else see "not ready" from the trigger. An external checker
+    /// that sends kubelet's `User-Agent` or the header is taken for kubelet. `/status` and the
+    /// report list the sources seen and how each was classified ([`ProbeSources`]).
+    /// [`Drain::readiness`](crate::Drain::readiness) and `/status` answer as for other callers;
+    /// gRPC health goes by `User-Agent` only.
     #[default]
     Auto,
     /// 503 from the trigger on, for every caller (the convention of kube-apiserver). Load
@@ -113,7 +126,7 @@ pub(crate) enum Caller {
 }
 
 impl Caller {
-    #[cfg_attr(not(any(feature = "admin", feature = "grpc")), allow(dead_code))] // used by the admin router and gRPC health
+    #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // used by gRPC health
     pub(crate) fn from_user_agent(ua: Option<&[u8]>) -> Self {
         match ua {
             Some(ua) if ua.starts_with(b"kube-probe/") => Caller::Kubelet,
@@ -121,7 +134,7 @@ impl Caller {
         }
     }
 
-    fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             Caller::Kubelet => "kubelet's probe (User-Agent kube-probe/)",
             Caller::Other => "not kubelet's probe",
@@ -165,6 +178,8 @@ struct Registry {
 pub(crate) struct ReadinessState {
     policy: ReadinessWhileDraining,
     registry: Mutex<Registry>,
+    /// Shared with the driver, which reads it into `/status` and the report.
+    sources: Arc<SourceTable>,
 }
 
 impl std::fmt::Debug for ReadinessState {
@@ -176,10 +191,11 @@ impl std::fmt::Debug for ReadinessState {
 }
 
 impl ReadinessState {
-    pub(crate) fn new(policy: ReadinessWhileDraining) -> Self {
+    pub(crate) fn new(policy: ReadinessWhileDraining, sources: Arc<SourceTable>) -> Self {
         Self {
             policy,
             registry: Mutex::new(Registry::default()),
+            sources,
         }
     }
 
@@ -219,12 +235,19 @@ impl ReadinessState {
         self.lock().checks.push(Check { name, f });
     }
 
-    /// Readiness in `phase` as `caller` sees it, with `evidence` (what the propagation policy
-    /// waits on or went on) as an informational line while draining.
+    /// Counts a `/readyz` caller in the table of probe sources.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
+    pub(crate) fn record(&self, probe: &ProbeCaller, draining: bool) {
+        self.sources.record(probe, draining);
+    }
+
+    /// Readiness in `phase` as `caller` (described as `who`) sees it, with `evidence` (what
+    /// the propagation policy waits on or went on) as an informational line while draining.
     pub(crate) fn evaluate(
         &self,
         phase: Phase,
         caller: Caller,
+        who: &str,
         evidence: Option<EvidenceReport>,
     ) -> Readiness {
         type Gates = Vec<(String, bool)>;
@@ -254,7 +277,7 @@ impl ReadinessState {
         let phase_ready = phase == Phase::Starting || ready_in(phase, policy, caller);
         // Under `auto`, say which semantics applied and why.
         let why = if policy == ReadinessWhileDraining::Auto {
-            format!("policy auto, {}", caller.describe())
+            format!("policy auto, {who}")
         } else {
             format!("policy {}", policy.as_str())
         };

@@ -13,7 +13,7 @@ use crate::closers::CloserResult;
 use crate::evidence::EvidenceReport;
 use crate::guard::Core;
 use crate::phase::{Event, EventKind, Trigger};
-use crate::readiness::ReadinessWhileDraining;
+use crate::readiness::{ProbeSources, ReadinessWhileDraining};
 use crate::tasks::TaskEnd;
 
 mod advice;
@@ -415,6 +415,11 @@ pub struct DrainReport {
     #[cfg_attr(not(feature = "http"), doc = "[serve-fn]: crate#feature-flags")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerReport>,
+    /// Who called `/readyz` and how each caller was classified — kubelet's probe, a load
+    /// balancer, anyone else — with counts (bounded; see
+    /// [`ReadinessWhileDraining::Auto`]): a mesh that rewrites kubelet's probe shows here.
+    #[serde(default, skip_serializing_if = "ProbeSources::is_empty")]
+    pub probe_sources: ProbeSources,
 }
 
 /// The accept loop's own timeouts (the report's `server`), recorded by

@@ -208,7 +208,11 @@ async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_a
     for other in [None, Some("HAProxy"), Some("GoogleHC/1.0")] {
         let (status, body) = readyz(addr, other).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{other:?}: {body}");
-        assert!(body.contains("not kubelet's probe"), "{body}");
+        if other == Some("GoogleHC/1.0") {
+            assert!(body.contains("a load balancer's checker"), "{body}");
+        } else {
+            assert!(body.contains("not kubelet's probe"), "{body}");
+        }
         assert!(body.contains("readyz check failed: draining"), "{body}");
     }
     assert_eq!(
@@ -221,6 +225,99 @@ async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_a
     let (status, body) = readyz(addr, kubelet).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     within("the drain", drain.drained()).await;
+}
+
+/// `GET path` on the admin router with `headers`; status and body.
+async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (StatusCode, String) {
+    let (mut sender, _conn) = h1(addr).await;
+    let mut req = Request::builder().uri(path).header("host", "admin");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    sender.ready().await.unwrap();
+    let res = sender
+        .send_request(req.body(Empty::new()).unwrap())
+        .await
+        .unwrap();
+    let (status, _, body) = text(res).await;
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_auto_knows_kubelet_by_probe_header_when_a_mesh_rewrites_its_user_agent() {
+    let _serial = serial().await;
+    let drain = common::drain(secs(30), Propagation::fixed(secs(2)));
+    drain.mark_started();
+    let (listener, addr) = bind().await;
+    let admin = drain.admin().without_token().router();
+    tokio::spawn(async move { axum::serve(listener, admin).await.unwrap() });
+    // What a mesh's agent forwards: kubelet's probe with its own User-Agent, and the probe's
+    // `httpHeaders`.
+    let rewritten = ("user-agent", "Go-http-client/1.1");
+    let knative = [rewritten, ("k-kubelet-probe", "queue")];
+    let own = [rewritten, ("x-lameduck-probe", "kubelet")];
+    assert_eq!(get_with(addr, "/readyz", &knative).await.0, StatusCode::OK);
+
+    assert!(drain.start(Trigger::Api));
+    for headers in [&knative[..], &own[..]] {
+        let (status, body) = get_with(addr, "/readyz?verbose", headers).await;
+        assert_eq!(status, StatusCode::OK, "{headers:?}: {body}");
+        assert!(
+            body.contains("policy auto, kubelet's probe (header"),
+            "{body}"
+        );
+    }
+    // The same rewritten User-Agent without the header is not kubelet: 503 from the trigger.
+    let (status, body) = get_with(addr, "/readyz?verbose", &[rewritten]).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (status, body) = get_with(
+        addr,
+        "/readyz?verbose",
+        &[("user-agent", "ELB-HealthChecker/2.0")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("a load balancer's checker"), "{body}");
+
+    // `/status` says who asked and how each was classified.
+    let (status, body) = get_with(addr, "/status", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let rows = json["probe_sources"]["sources"].as_array().expect(&body);
+    let row = |header: Option<&str>, agent: &str| {
+        rows.iter()
+            .find(|r| r["user_agent"] == agent && r["header"].as_str() == header)
+            .unwrap_or_else(|| panic!("no row {header:?} {agent}: {body}"))
+    };
+    let k = row(Some("K-Kubelet-Probe"), "Go-http-client/1.1");
+    assert_eq!(k["classified_as"], "kubelet");
+    assert_eq!(
+        (k["requests"].as_u64(), k["while_draining"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(
+        row(Some("X-Lameduck-Probe: kubelet"), "Go-http-client/1.1")["classified_as"],
+        "kubelet"
+    );
+    assert_eq!(row(None, "Go-http-client/1.1")["classified_as"], "other");
+    assert_eq!(
+        row(None, "ELB-HealthChecker/2.0")["classified_as"],
+        "load_balancer"
+    );
+
+    within("stopped_accepting", drain.reached(Phase::StoppedAccepting)).await;
+    assert_eq!(
+        get_with(addr, "/readyz", &knative).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let report = within("the drain", drain.drained()).await;
+    let kubelet_rows: Vec<_> = report
+        .probe_sources
+        .sources
+        .iter()
+        .filter(|s| s.classified_as == lameduck::ProbeClass::Kubelet)
+        .collect();
+    assert_eq!(kubelet_rows.len(), 2, "{}", report.to_json());
 }
 
 #[test]

@@ -26,6 +26,12 @@ pub enum Command {
     Correlate(Box<crate::correlate::CorrelateArgs>),
     /// Print [`correlate_usage`](crate::correlate::correlate_usage) and exit 0.
     CorrelateHelp,
+    /// `check`: start a service, stop it as kubelet would, judge its shutdown.
+    #[cfg(unix)]
+    Check(Box<crate::check::CheckArgs>),
+    /// Print [`check_usage`](crate::check::check_usage) and exit 0.
+    #[cfg(unix)]
+    CheckHelp,
 }
 
 /// A probe run from the command line.
@@ -52,6 +58,11 @@ impl CliError {
         CliError {
             message: message.into(),
         }
+    }
+
+    #[cfg(unix)]
+    pub(crate) fn from_message(message: String) -> Self {
+        CliError::new(message)
     }
 
     /// The message, without a trailing hint.
@@ -82,7 +93,7 @@ impl From<ConfigError> for CliError {
     version,
     about = "lameduck-probe: send tagged requests at a service during a rolling restart and tell which\nones failed, on which connection, answered by which instance in which drain phase.",
     help_template = "{about}\n\nUSAGE:\n    {usage}\n\n{all-args}{after-help}",
-    override_usage = "lameduck-probe --target HOST:PORT [OPTIONS]\n    lameduck-probe correlate --probe FILE --report [NAME=]FILE... [--events FILE] [--svg FILE]",
+    override_usage = "lameduck-probe --target HOST:PORT [OPTIONS]\n    lameduck-probe correlate --probe FILE --report [NAME=]FILE... [--events FILE] [--svg FILE]\n    lameduck-probe check --target HOST:PORT --ready URL [OPTIONS] -- COMMAND [ARGS...]",
     after_help = AFTER_HELP,
     next_line_help = false,
     args_override_self = true,
@@ -198,6 +209,7 @@ at the start or --out not writable.
 Ctrl-C stops sending and waits for running requests (--drain-wait); a second Ctrl-C stops
 waiting. Either way the summary so far is printed.
 `lameduck-probe correlate --help`: join the records with drain reports into a diagnosis.
+`lameduck-probe check --help`: start a service, stop it as kubelet would, judge its shutdown.
 ";
 
 /// The `--help` text.
@@ -232,6 +244,10 @@ where
     let args: Vec<String> = args.into_iter().map(Into::into).collect();
     if args.first().map(String::as_str) == Some("correlate") {
         return crate::correlate::parse_correlate(&args[1..]);
+    }
+    #[cfg(unix)]
+    if args.first().map(String::as_str) == Some("check") {
+        return crate::check::parse_check(&args[1..]);
     }
     let argv = std::iter::once("lameduck-probe".to_owned()).chain(args);
     let flags = match RunFlags::try_parse_from(argv) {

@@ -41,6 +41,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(unix)]
+pub mod check;
 pub mod cli;
 mod config;
 mod conn;

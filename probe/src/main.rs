@@ -26,9 +26,21 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Ok(Command::Correlate(args)) => return correlate_main(&args),
+        #[cfg(unix)]
+        Ok(Command::CheckHelp) => {
+            print!("{}", lameduck_probe::check::check_usage());
+            return ExitCode::SUCCESS;
+        }
+        #[cfg(unix)]
+        Ok(Command::Check(args)) => return check_main(&args),
         Err(e) => {
             eprintln!("lameduck-probe: {e}");
-            eprintln!("run lameduck-probe --help for the flags");
+            match std::env::args().nth(1).as_deref() {
+                Some(sub @ ("check" | "correlate")) => {
+                    eprintln!("run lameduck-probe {sub} --help for the flags")
+                }
+                _ => eprintln!("run lameduck-probe --help for the flags"),
+            }
             return ExitCode::from(2);
         }
     };
@@ -127,4 +139,45 @@ fn correlate_main(args: &CorrelateArgs) -> ExitCode {
         let _ = writeln!(stdout, "picture                 {}", path.display());
     }
     ExitCode::SUCCESS
+}
+
+/// `lameduck-probe check`: runs the check, prints the table, writes JSON and JUnit.
+#[cfg(unix)]
+fn check_main(args: &lameduck_probe::check::CheckArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lameduck-probe check: cannot start the async runtime: {e}");
+            return ExitCode::from(3);
+        }
+    };
+    let report = match runtime.block_on(lameduck_probe::check::run_check(args)) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("lameduck-probe check: {e}");
+            return ExitCode::from(3);
+        }
+    };
+    print!("{}", report.table());
+    let mut code = if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    };
+    for (path, text) in [
+        (&args.json, report.to_json()),
+        (&args.junit, report.junit()),
+    ] {
+        if let Some(path) = path {
+            if let Err(e) = std::fs::write(path, text) {
+                eprintln!("lameduck-probe check: writing {}: {e}", path.display());
+                code = ExitCode::from(3);
+            }
+        }
+    }
+    code
 }

@@ -152,6 +152,10 @@ pub struct Record {
     /// succeeded on retry keeps `outcome: failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<Retry>,
+    /// `true` when the response said `Connection: close` (HTTP/1.1): the server told this
+    /// keep-alive client to move off the connection.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub connection_close: bool,
 }
 
 /// The retry of a failed request: sent once, on a new connection, with the id
@@ -185,6 +189,10 @@ pub struct Retry {
     /// The `x-lameduck-phase` response header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn is_zero(n: &u32) -> bool {

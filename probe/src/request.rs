@@ -48,6 +48,8 @@ pub(crate) struct Seen {
     pub(crate) phase: Option<String>,
     pub(crate) bytes: u64,
     pub(crate) rerouted: u32,
+    /// The response said `Connection: close`.
+    pub(crate) told_close: bool,
 }
 
 /// Runs one request to its end. `Err` says where it failed and why.
@@ -83,6 +85,7 @@ pub(crate) async fn exchange(
         seen.instance = header_text(response.headers(), INSTANCE_HEADER);
         seen.phase = header_text(response.headers(), PHASE_HEADER);
         let server_keeps_it = !says_close(response.headers());
+        seen.told_close = !server_keeps_it;
         let mut body = response.into_body();
         while let Some(frame) = body.frame().await {
             match frame {

@@ -643,6 +643,7 @@ async fn one_request(kind: Kind, shared: Arc<Shared>, permit: OwnedSemaphorePerm
         start_unix_ms: None,
         proxy_label: shared.config.proxy_label.clone(),
         retry,
+        connection_close: seen.told_close,
     };
     if record.served_by_draining() {
         if record.reused {

@@ -243,13 +243,14 @@ pub(super) async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Ou
         .await?;
     let params = Params::parse(parts.uri.query(), "/readyz", &["verbose"]).map_err(bad_request)?;
     let verbose = params.flag("verbose").map_err(bad_request)?;
-    let caller = crate::readiness::Caller::from_user_agent(
-        parts
-            .headers
-            .get(header::USER_AGENT)
-            .map(HeaderValue::as_bytes),
+    // Who asks decides what `auto` answers: probe headers first, then the User-Agent.
+    let get = |name: &str| parts.headers.get(name).map(HeaderValue::as_bytes);
+    let probe = crate::readiness::ProbeCaller::classify(
+        get(header::USER_AGENT.as_str()),
+        get(crate::readiness::KNATIVE_PROBE_HEADER),
+        get(crate::readiness::PROBE_HEADER),
     );
-    let r = s.drain.readiness_for(caller);
+    let r = s.drain.readiness_for_probe(&probe);
     let code = if r.ready {
         StatusCode::OK
     } else {

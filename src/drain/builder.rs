@@ -14,7 +14,7 @@ use crate::exit::ExitHolds;
 use crate::guard::Core;
 use crate::phase::{unix_ms_now, Trigger};
 use crate::propagation::Propagation;
-use crate::readiness::{ReadinessState, ReadinessWhileDraining};
+use crate::readiness::{ReadinessState, ReadinessWhileDraining, SourceTable};
 use crate::report::Sinks;
 use crate::signal::{Signals, STOP_SIGNAL_ENV};
 
@@ -222,9 +222,12 @@ impl DrainBuilder {
                 .map(|v| v.trim().to_owned())
                 .filter(|v| !v.is_empty())
         });
+        // Written by the readiness part (`/readyz`), read by the driver (`/status`, report).
+        let probe_sources = Arc::new(SourceTable::default());
         let settings = Settings {
             budget,
             policy,
+            probe_sources: probe_sources.clone(),
             readiness: self.readiness,
             sinks: self.sinks,
             hurry_lead,
@@ -252,7 +255,7 @@ impl DrainBuilder {
         driver.observe();
         Ok(Drain {
             inner: Arc::new(Inner {
-                readiness: ReadinessState::new(self.readiness),
+                readiness: ReadinessState::new(self.readiness, probe_sources),
                 driver,
                 signals,
                 exit: ExitHolds::default(),

@@ -100,6 +100,7 @@ impl Driver {
             sink_errors: Vec::new(),
             proxy_label: self.proxy_label.clone(),
             server,
+            probe_sources: self.probe_sources.snapshot(),
         };
         report.budget.deletion = self.deadlines_report(origin);
         report.advice = crate::advice::advise(&report);

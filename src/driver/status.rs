@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::Driver;
 use crate::evidence::EvidenceReport;
 use crate::phase::{Event, Phase, Trigger};
-use crate::readiness::ReadinessWhileDraining;
+use crate::readiness::{ProbeSources, ReadinessWhileDraining};
 use crate::report::BudgetReport;
 
 /// The most events `/status` (and `/drain`) carry; the rest are counted in
@@ -44,6 +44,10 @@ pub struct Status {
     /// expects to commit on); once committed, the evidence it went on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<EvidenceReport>,
+    /// Who called `/readyz` so far and how each caller was classified (bounded; see
+    /// [`ReadinessWhileDraining::Auto`]).
+    #[serde(default, skip_serializing_if = "ProbeSources::is_empty")]
+    pub probe_sources: ProbeSources,
 }
 
 impl Driver {
@@ -79,6 +83,7 @@ impl Driver {
             timeline,
             timeline_omitted,
             evidence: self.evidence_now(),
+            probe_sources: self.probe_sources.snapshot(),
         }
     }
 }

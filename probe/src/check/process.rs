@@ -1,0 +1,305 @@
+//! The service under check: started (optionally as PID 1 of a new PID namespace), its output
+//! kept (bounded), its signal disposition read from `/proc`, signalled and reaped.
+//!
+//! Invariants: the command runs in a process group of its own, and the group is SIGKILLed
+//! when the [`Service`] is dropped, so nothing it started outlives the check. In a PID
+//! namespace, `unshare --kill-child` also takes the namespace down with `unshare`.
+
+use std::collections::VecDeque;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+
+/// Lines of the service's output kept per stream (the newest).
+const KEPT_LINES: usize = 200;
+/// Longest line kept; a drain report is a few kilobytes.
+const MAX_LINE: usize = 256 * 1024;
+
+/// What the service wrote, bounded.
+#[derive(Debug, Default)]
+pub(crate) struct Output {
+    pub(crate) stdout: VecDeque<String>,
+    pub(crate) stderr: VecDeque<String>,
+    /// The last stderr line that looks like a lameduck drain report.
+    pub(crate) report_line: Option<String>,
+}
+
+/// How the signalled process treats the stop signal, from `/proc/<pid>/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Disposition {
+    /// The process's name (`Name:`).
+    pub name: String,
+    /// Its pid as the checker sees it.
+    pub pid: u32,
+    /// `true` when it is PID 1 of its PID namespace (last `NSpid:` field).
+    pub pid1: bool,
+    /// The signal is in `SigCgt`: a handler is installed.
+    pub caught: bool,
+    /// The signal is in `SigIgn`.
+    pub ignored: bool,
+    /// The signal is in `SigBlk` (blocked by the main thread).
+    pub blocked: bool,
+}
+
+/// How the service ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitView {
+    /// Its exit code, when it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, when one did.
+    pub signal: Option<i32>,
+    /// `true` when the checker SIGKILLed it at the grace period.
+    pub killed_at_grace: bool,
+}
+
+/// A started service.
+#[derive(Debug)]
+pub(crate) struct Service {
+    child: Child,
+    /// The process the stop signal goes to: the command itself, or PID 1 of the namespace.
+    target: u32,
+    pgid: Pid,
+    output: Arc<Mutex<Output>>,
+}
+
+impl Service {
+    /// Starts `command`; with `pid_namespace` as PID 1 of a new PID namespace (`unshare --pid
+    /// --fork`: root, or unprivileged user namespaces, which are then used).
+    pub(crate) async fn spawn(command: &[String], pid_namespace: bool) -> Result<Service, String> {
+        let (program, args) = command
+            .split_first()
+            .ok_or_else(|| "no command given after --".to_owned())?;
+        let mut cmd = if pid_namespace {
+            let mut c = Command::new("unshare");
+            if !nix::unistd::geteuid().is_root() {
+                // Without root a PID namespace needs a user namespace of its own.
+                c.args(["--user", "--map-root-user"]);
+            }
+            c.args(["--pid", "--fork", "--kill-child", "--"])
+                .arg(program);
+            c
+        } else {
+            Command::new(program)
+        };
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|e| {
+            if pid_namespace {
+                format!("cannot start unshare (util-linux) for --pid-namespace: {e}")
+            } else {
+                format!("cannot start {program:?}: {e}")
+            }
+        })?;
+        let pid = child
+            .id()
+            .ok_or_else(|| "the command exited at once".to_owned())?;
+        let output = Arc::new(Mutex::new(Output::default()));
+        if let Some(out) = child.stdout.take() {
+            tokio::spawn(keep_lines(out, output.clone(), false));
+        }
+        if let Some(err) = child.stderr.take() {
+            tokio::spawn(keep_lines(err, output.clone(), true));
+        }
+        let target = if pid_namespace {
+            namespace_init(pid).await.ok_or_else(|| {
+                "unshare did not start the command in a new PID namespace (it needs root or \
+                 unprivileged user namespaces)"
+                    .to_owned()
+            })?
+        } else {
+            pid
+        };
+        Ok(Service {
+            child,
+            target,
+            pgid: Pid::from_raw(pid as i32),
+            output,
+        })
+    }
+
+    /// The pid the stop signal goes to.
+    pub(crate) fn target(&self) -> u32 {
+        self.target
+    }
+
+    pub(crate) fn output(&self) -> Arc<Mutex<Output>> {
+        self.output.clone()
+    }
+
+    /// `Some` once the command has exited.
+    pub(crate) fn try_exit(&mut self) -> Option<ExitView> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(view(status, false)),
+            _ => None,
+        }
+    }
+
+    /// Waits for the exit until `deadline`; then SIGKILLs the process (and its group) and
+    /// reaps it.
+    pub(crate) async fn wait_or_kill(&mut self, deadline: tokio::time::Instant) -> ExitView {
+        match tokio::time::timeout_at(deadline, self.child.wait()).await {
+            Ok(Ok(status)) => view(status, false),
+            Ok(Err(_)) | Err(_) => {
+                self.kill();
+                let status = self.child.wait().await;
+                match status {
+                    Ok(status) => view(status, true),
+                    Err(_) => ExitView {
+                        code: None,
+                        signal: Some(Signal::SIGKILL as i32),
+                        killed_at_grace: true,
+                    },
+                }
+            }
+        }
+    }
+
+    /// Sends `sig` to the target process.
+    pub(crate) fn signal(&self, sig: Signal) -> Result<(), String> {
+        signal::kill(Pid::from_raw(self.target as i32), sig)
+            .map_err(|e| format!("kill -{} {}: {e}", sig.as_str(), self.target))
+    }
+
+    /// SIGKILL to the target and the whole process group.
+    pub(crate) fn kill(&self) {
+        let _ = signal::kill(Pid::from_raw(self.target as i32), Signal::SIGKILL);
+        let _ = signal::killpg(self.pgid, Signal::SIGKILL);
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // Whatever the command started (a shell's children) goes with it.
+        let _ = signal::killpg(self.pgid, Signal::SIGKILL);
+    }
+}
+
+fn view(status: std::process::ExitStatus, killed: bool) -> ExitView {
+    ExitView {
+        code: status.code(),
+        signal: status.signal(),
+        killed_at_grace: killed,
+    }
+}
+
+/// PID 1 of the namespace `unshare` (pid `parent`) created: its only child.
+async fn namespace_init(parent: u32) -> Option<u32> {
+    for _ in 0..100 {
+        if let Some(pid) = first_child(parent) {
+            return Some(pid);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+fn first_child(parent: u32) -> Option<u32> {
+    let path = format!("/proc/{parent}/task/{parent}/children");
+    if let Ok(text) = std::fs::read_to_string(path) {
+        return text.split_whitespace().next()?.parse().ok();
+    }
+    // Kernels without the children file: scan for the parent pid.
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        if field(&status, "PPid:") == Some(parent.to_string().as_str()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(str::trim)
+}
+
+/// Reads how process `pid` treats `sig` (Linux `/proc`); `Err` says why it could not.
+pub(crate) fn disposition(pid: u32, sig: Signal) -> Result<Disposition, String> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    parse_disposition(&status, pid, sig as i32)
+}
+
+pub(crate) fn parse_disposition(status: &str, pid: u32, sig: i32) -> Result<Disposition, String> {
+    let bit = |name: &str| -> Result<bool, String> {
+        let hex = field(status, name).ok_or_else(|| format!("no {name} line"))?;
+        let mask = u64::from_str_radix(hex, 16).map_err(|e| format!("{name} {hex:?}: {e}"))?;
+        Ok(mask >> (sig - 1) & 1 == 1)
+    };
+    Ok(Disposition {
+        name: field(status, "Name:").unwrap_or("?").to_owned(),
+        pid,
+        pid1: field(status, "NSpid:")
+            .and_then(|l| l.split_whitespace().last())
+            .is_some_and(|p| p == "1"),
+        caught: bit("SigCgt:")?,
+        ignored: bit("SigIgn:")?,
+        blocked: bit("SigBlk:")?,
+    })
+}
+
+async fn keep_lines(stream: impl AsyncRead + Unpin, output: Arc<Mutex<Output>>, stderr: bool) {
+    let mut reader = BufReader::new(stream);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        buf.truncate(MAX_LINE);
+        let line = String::from_utf8_lossy(&buf).trim_end().to_owned();
+        let mut out = output.lock().expect("output lock");
+        if stderr && line.starts_with('{') && line.contains("\"timeline\"") {
+            out.report_line = Some(line.clone());
+        }
+        let lines = if stderr {
+            &mut out.stderr
+        } else {
+            &mut out.stdout
+        };
+        if lines.len() == KEPT_LINES {
+            lines.pop_front();
+        }
+        lines.push_back(line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_sigterm_from_the_masks() {
+        let status = "Name:\tsh\nNSpid:\t4242\t1\nSigBlk:\t0000000000000000\n\
+                      SigIgn:\t0000000000000004\nSigCgt:\t0000000000010002\n";
+        let d = parse_disposition(status, 4242, 15).unwrap();
+        assert!(!d.caught && !d.ignored && d.pid1, "{d:?}");
+        let d = parse_disposition(status, 4242, 2).unwrap();
+        assert!(d.caught, "SIGINT is bit 1 of SigCgt: {d:?}");
+        let d = parse_disposition(status, 4242, 3).unwrap();
+        assert!(d.ignored, "SIGQUIT is bit 2 of SigIgn: {d:?}");
+        let d = parse_disposition(status, 4242, 17).unwrap();
+        assert!(d.caught, "SIGCHLD is bit 16: {d:?}");
+    }
+}

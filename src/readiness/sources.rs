@@ -1,0 +1,321 @@
+//! Who asks `/readyz`: each caller classified from its headers, and a bounded table of the
+//! sources seen, for `/status` and the report.
+//!
+//! # Invariants
+//!
+//! * The table holds at most [`MAX_SOURCES`] rows; callers beyond them are only counted, so a
+//!   caller that varies its `User-Agent` cannot grow memory.
+//! * The table's lock is held for one lookup and one increment, never across an await or user
+//!   code.
+
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::Caller;
+
+/// The header a probe's `httpHeaders` can set to say who it is, whatever its `User-Agent`
+/// became on the way (a mesh that rewrites probes): `X-Lameduck-Probe: kubelet` or
+/// `X-Lameduck-Probe: load-balancer`.
+pub const PROBE_HEADER: &str = "x-lameduck-probe";
+
+/// Knative's header for kubelet's probes (any non-empty value): its queue-proxy rewrites the
+/// probe and marks it so.
+pub const KNATIVE_PROBE_HEADER: &str = "k-kubelet-probe";
+
+/// Rows kept in the table of probe sources.
+pub(crate) const MAX_SOURCES: usize = 16;
+
+/// Longest `User-Agent` product kept in a row.
+const MAX_AGENT: usize = 40;
+
+/// The `User-Agent` prefixes of load balancers' and service discovery's health checkers that
+/// probe the Pod directly.
+const LOAD_BALANCER_AGENTS: &[&str] = &[
+    "GoogleHC/",
+    "ELB-HealthChecker/",
+    "Amazon-Route53-Health-Check-Service",
+    "Envoy/HC",
+    "Consul Health Check",
+];
+
+/// How a readiness caller was classified.
+///
+/// In JSON: `kubelet`, `load_balancer`, `other`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ProbeClass {
+    /// kubelet's probe: under [`Auto`](super::ReadinessWhileDraining::Auto) it sees "ready"
+    /// until `stopped_accepting`.
+    Kubelet,
+    /// A load balancer's health checker, known by its `User-Agent` or said by the header: it
+    /// sees "not ready" from the trigger.
+    LoadBalancer,
+    /// Anyone else (a monitor, a person, an unrecognised checker): "not ready" from the
+    /// trigger.
+    Other,
+}
+
+/// One caller, classified: what [`ReadinessWhileDraining::Auto`](super::ReadinessWhileDraining::Auto)
+/// goes on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ProbeCaller {
+    class: ProbeClass,
+    rule: &'static str,
+    header: Option<&'static str>,
+    agent: String,
+}
+
+impl ProbeCaller {
+    /// Classifies by, in order: `X-Lameduck-Probe` (`kubelet` or `load-balancer`),
+    /// `K-Kubelet-Probe` (any non-empty value), `User-Agent: kube-probe/…`, a known load
+    /// balancer's `User-Agent`; anything else is [`ProbeClass::Other`].
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
+    pub(crate) fn classify(
+        user_agent: Option<&[u8]>,
+        knative: Option<&[u8]>,
+        lameduck: Option<&[u8]>,
+    ) -> Self {
+        let agent = agent_product(user_agent);
+        let said = lameduck.map(|v| v.trim_ascii());
+        let (class, rule, header) = if said.is_some_and(|v| v.eq_ignore_ascii_case(b"kubelet")) {
+            (
+                ProbeClass::Kubelet,
+                "header X-Lameduck-Probe: kubelet",
+                Some("X-Lameduck-Probe: kubelet"),
+            )
+        } else if said.is_some_and(|v| v.eq_ignore_ascii_case(b"load-balancer")) {
+            (
+                ProbeClass::LoadBalancer,
+                "header X-Lameduck-Probe: load-balancer",
+                Some("X-Lameduck-Probe: load-balancer"),
+            )
+        } else if knative.is_some_and(|v| !v.trim_ascii().is_empty()) {
+            (
+                ProbeClass::Kubelet,
+                "header K-Kubelet-Probe (Knative)",
+                Some("K-Kubelet-Probe"),
+            )
+        } else if user_agent.is_some_and(|ua| ua.starts_with(b"kube-probe/")) {
+            (ProbeClass::Kubelet, "User-Agent kube-probe/", None)
+        } else if user_agent.is_some_and(|ua| {
+            LOAD_BALANCER_AGENTS
+                .iter()
+                .any(|p| ua.starts_with(p.as_bytes()))
+        }) {
+            (
+                ProbeClass::LoadBalancer,
+                "User-Agent of a known load-balancer checker",
+                None,
+            )
+        } else {
+            (
+                ProbeClass::Other,
+                "no probe header, User-Agent not kubelet's",
+                None,
+            )
+        };
+        ProbeCaller {
+            class,
+            rule,
+            header,
+            agent,
+        }
+    }
+
+    /// What the readiness rule needs: kubelet's probe or anyone else.
+    pub(crate) fn caller(&self) -> Caller {
+        match self.class {
+            ProbeClass::Kubelet => Caller::Kubelet,
+            ProbeClass::LoadBalancer | ProbeClass::Other => Caller::Other,
+        }
+    }
+
+    /// For `/readyz?verbose`: `kubelet's probe (header K-Kubelet-Probe (Knative))`.
+    pub(crate) fn describe(&self) -> String {
+        let who = match self.class {
+            ProbeClass::Kubelet => "kubelet's probe",
+            ProbeClass::LoadBalancer => "a load balancer's checker",
+            ProbeClass::Other => "not kubelet's probe",
+        };
+        format!("{who} ({})", self.rule)
+    }
+}
+
+/// The product of a `User-Agent` (`kube-probe/1.31` → `kube-probe/1.31`, cut at the first
+/// space and at [`MAX_AGENT`] characters), printable ASCII only; `(none)` when absent.
+fn agent_product(ua: Option<&[u8]>) -> String {
+    let Some(ua) = ua else {
+        return "(none)".to_owned();
+    };
+    let first = ua.split(|b| *b == b' ').next().unwrap_or_default();
+    let text: String = first
+        .iter()
+        .take(MAX_AGENT)
+        .map(|&b| if b.is_ascii_graphic() { b as char } else { '?' })
+        .collect();
+    if text.is_empty() {
+        "(empty)".to_owned()
+    } else {
+        text
+    }
+}
+
+/// One kind of caller `/readyz` saw, and how it was classified.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ProbeSource {
+    /// The `User-Agent`'s first product (`kube-probe/1.31`, `GoogleHC/1.0`), at most 40
+    /// printable characters; `(none)` when absent.
+    pub user_agent: String,
+    /// The probe header that decided, when one did (`K-Kubelet-Probe`,
+    /// `X-Lameduck-Probe: kubelet`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// How it was classified.
+    pub classified_as: ProbeClass,
+    /// The rule that classified it.
+    pub rule: String,
+    /// Calls seen.
+    pub requests: u64,
+    /// Of those, calls while draining (before `stopped_accepting` they are answered by class
+    /// under [`Auto`](super::ReadinessWhileDraining::Auto)).
+    pub while_draining: u64,
+}
+
+/// The probe sources `/readyz` saw: at most 16 rows in order of first call, and
+/// the calls beyond them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ProbeSources {
+    /// One row per (user agent, header, class).
+    pub sources: Vec<ProbeSource>,
+    /// Calls from sources that did not fit in the table.
+    #[serde(default)]
+    pub unlisted_requests: u64,
+}
+
+impl ProbeSources {
+    /// `true` when no caller was seen.
+    pub fn is_empty(&self) -> bool {
+        self.sources.is_empty() && self.unlisted_requests == 0
+    }
+}
+
+/// The coordinator's table of probe sources, shared by the readiness part (which writes it)
+/// and the driver (which reads it into `/status` and the report).
+#[derive(Debug, Default)]
+pub(crate) struct SourceTable {
+    seen: Mutex<ProbeSources>,
+}
+
+impl SourceTable {
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
+    pub(crate) fn record(&self, caller: &ProbeCaller, draining: bool) {
+        // Every write is one push or one increment: a panic elsewhere leaves the table whole.
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = &mut *seen;
+        let header = caller.header.map(str::to_owned);
+        let full = seen.sources.len() >= MAX_SOURCES;
+        let row = seen.sources.iter_mut().find(|s| {
+            s.classified_as == caller.class && s.user_agent == caller.agent && s.header == header
+        });
+        match row {
+            Some(row) => {
+                row.requests += 1;
+                row.while_draining += u64::from(draining);
+            }
+            None if !full => seen.sources.push(ProbeSource {
+                user_agent: caller.agent.clone(),
+                header,
+                classified_as: caller.class,
+                rule: caller.rule.to_owned(),
+                requests: 1,
+                while_draining: u64::from(draining),
+            }),
+            None => seen.unlisted_requests += 1,
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> ProbeSources {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(ua: Option<&str>, knative: Option<&str>, lameduck: Option<&str>) -> ProbeClass {
+        ProbeCaller::classify(
+            ua.map(str::as_bytes),
+            knative.map(str::as_bytes),
+            lameduck.map(str::as_bytes),
+        )
+        .class
+    }
+
+    #[test]
+    fn headers_win_over_a_rewritten_user_agent() {
+        assert_eq!(
+            class(Some("Go-http-client/1.1"), Some("queue"), None),
+            ProbeClass::Kubelet
+        );
+        assert_eq!(
+            class(Some("Go-http-client/1.1"), None, Some("kubelet")),
+            ProbeClass::Kubelet
+        );
+        assert_eq!(
+            class(Some("Go-http-client/1.1"), None, Some(" Kubelet ")),
+            ProbeClass::Kubelet
+        );
+        assert_eq!(
+            class(Some("kube-probe/1.31"), None, Some("load-balancer")),
+            ProbeClass::LoadBalancer
+        );
+        assert_eq!(
+            class(Some("kube-probe/1.31"), None, None),
+            ProbeClass::Kubelet
+        );
+        assert_eq!(
+            class(Some("Go-http-client/1.1"), Some(""), None),
+            ProbeClass::Other
+        );
+        assert_eq!(
+            class(Some("Go-http-client/1.1"), None, Some("maybe")),
+            ProbeClass::Other
+        );
+        assert_eq!(class(None, None, None), ProbeClass::Other);
+    }
+
+    #[test]
+    fn known_checkers_are_load_balancers() {
+        for ua in ["GoogleHC/1.0", "ELB-HealthChecker/2.0", "Envoy/HC"] {
+            assert_eq!(
+                class(Some(ua), None, None),
+                ProbeClass::LoadBalancer,
+                "{ua}"
+            );
+        }
+        assert_eq!(class(Some("curl/8.5.0"), None, None), ProbeClass::Other);
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_counts_the_rest() {
+        let table = SourceTable::default();
+        for i in 0..(MAX_SOURCES + 5) {
+            let ua = format!("agent-{i}/1");
+            table.record(
+                &ProbeCaller::classify(Some(ua.as_bytes()), None, None),
+                false,
+            );
+        }
+        let kube = ProbeCaller::classify(Some(b"kube-probe/1.31"), None, None);
+        table.record(&kube, true);
+        let seen = table.snapshot();
+        assert_eq!(seen.sources.len(), MAX_SOURCES);
+        assert_eq!(seen.unlisted_requests, 6);
+        assert_eq!(agent_product(Some(b"a\x01b c")), "a?b");
+    }
+}
