@@ -48,8 +48,9 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 ///
 /// With the `kube` feature and an `EndpointWatch` started, the EndpointSlice is the
 /// authoritative step: no commit before every slice that lists the Pod shows it not ready,
-/// plus the proxy allowance; strong arrival evidence still adds its `T_conf`, weak evidence no
-/// longer waits to `max`. A Pod deletion with a shorter grace than `grace_period` shrinks
+/// plus the proxy allowance; strong arrival evidence still adds its `T_conf`. Weak evidence no
+/// longer waits to `max` when the allowance was measured or set; the unmeasured default is
+/// only a floor. A Pod deletion with a shorter grace than `grace_period` shrinks
 /// `max` with the other deadlines.
 ///
 /// `max` is clamped to the quiesce deadline when it is left at its default; an explicit `max`
