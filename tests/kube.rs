@@ -867,6 +867,12 @@ async fn the_proxy_allowance_is_measured_at_startup_and_reported() {
         slice.allowance_ms
     );
     assert!(done.at_ms < 10_000, "max ended propagation: {r:?}");
+    let a = r
+        .advice
+        .iter()
+        .find(|a| a.rule == AdviceRule::EndpointSlice)
+        .expect("the endpoint_slice advice");
+    assert!(a.message.contains("(measured)"), "{}", a.message);
 }
 
 #[tokio::test]
