@@ -15,7 +15,9 @@
 //!   one relaxed load.
 //! - What it cannot see: a proxy whose clients did not connect in the window. The delay also
 //!   includes the client's own wait for its next connection, so on sparse traffic it is an
-//!   overestimate (safe: the drain waits longer, never past `max`).
+//!   overestimate (safe: the drain waits longer, never past `max`). Only `lameduck::serve`'s
+//!   accept loop reports connections here; under `axum::serve` nothing is measured and the
+//!   default applies, as a floor.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -201,7 +203,7 @@ impl Startup {
         } else {
             Some(format!(
                 "no new connection came within {} s of the slices listing this Pod ready, \
-                 before the trigger",
+                 before the trigger (connections are seen by lameduck::serve's accept loop)",
                 WINDOW.as_secs()
             ))
         };
