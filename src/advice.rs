@@ -117,11 +117,12 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
                 slice.and_then(|s| s.allowed_at_ms).unwrap_or(stopped_ms),
                 format!(
                     "committed on the EndpointSlice: {} showed {} at {} ms after the trigger, plus \
-                     the proxy allowance of {}; silent for {} at the commit",
+                     the proxy allowance of {} ({}); silent for {} at the commit",
                     slice.map_or_else(|| "the slices".to_owned(), |s| s.slices.join(", ")),
                     slice.map_or("ready=false", |s| s.condition.as_str()),
                     slice.and_then(|s| s.changed_at_ms).unwrap_or(0),
                     secs(slice.map_or(0, |s| s.allowance_ms)),
+                    slice.map_or("default", |s| s.allowance_source.as_str()),
                     secs(e.silence_ms)
                 ),
             ))

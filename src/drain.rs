@@ -151,6 +151,10 @@ impl Drain {
         let draining = core.counter.is_draining();
         if draining {
             core.note_connection(peer);
+        } else {
+            // The startup measurement of the proxies' delay (feature `kube`); one relaxed
+            // load once it is over.
+            self.inner.driver.link().note_startup_connection(peer);
         }
         draining
     }

@@ -159,7 +159,9 @@ pub use guard::InFlightGuard;
 pub use http::{
     serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
 };
-pub use link::{DeletionBudget, EndpointSliceEvidence};
+pub use link::{
+    AllowanceSource, DeletionBudget, EndpointSliceEvidence, PeerDelay, StartupMeasurement,
+};
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
 pub use readiness::{

@@ -14,8 +14,13 @@
 //! - One std mutex, never held across an await or while calling out; every write bumps the
 //!   generation so a waiting driver re-reads.
 
+mod startup;
+
 use std::sync::Mutex;
 use std::time::Duration;
+
+use startup::Startup;
+pub use startup::{AllowanceSource, PeerDelay, StartupMeasurement};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -44,8 +49,12 @@ pub(crate) enum Hold {
     None,
     /// Slice evidence is coming or the slices still route here: no commit yet.
     Pending,
-    /// The slices stopped routing here; proxies are allowed until then.
+    /// The slices stopped routing here; proxies are allowed until then, by an allowance that
+    /// was measured or configured: proof enough to commit on.
     Until(Instant),
+    /// The slices stopped routing here, but the allowance is the unmeasured default: no commit
+    /// before this instant, and not before the arrival evidence alone would commit either.
+    Floor(Instant),
 }
 
 /// The routing state of this Pod's endpoint across the slices that list it.
@@ -85,7 +94,9 @@ const EARLY_LIMIT: usize = 16;
 
 struct State {
     source: Source,
+    /// The configured allowance, or the default when not `configured`.
     allowance: Duration,
+    configured: bool,
     routing: Routing,
     kill: Option<Kill>,
     early: Vec<Early>,
@@ -94,6 +105,8 @@ struct State {
 pub(crate) struct Link {
     state: Mutex<State>,
     generation: watch::Sender<u64>,
+    /// Lock order: `state`, then `startup`'s own lock, never the other way.
+    startup: Startup,
 }
 
 impl std::fmt::Debug for Link {
@@ -115,11 +128,13 @@ impl Link {
             state: Mutex::new(State {
                 source,
                 allowance: Duration::ZERO,
+                configured: false,
                 routing: Routing::default(),
                 kill: None,
                 early: Vec::new(),
             }),
             generation: watch::channel(0).0,
+            startup: Startup::default(),
         }
     }
 
@@ -156,15 +171,46 @@ impl Link {
     }
 
     #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
-    pub(crate) fn set_source(&self, source: Source, allowance: Option<Duration>) {
+    pub(crate) fn set_source(&self, source: Source) {
+        self.lock().source = source;
+        self.bump();
+    }
+
+    /// The proxy allowance: `configured` by the user, or the default used when nothing is
+    /// measured at startup (measuring starts now).
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    pub(crate) fn set_allowance(&self, allowance: Duration, configured: bool) {
         {
             let mut st = self.lock();
-            st.source = source;
-            if let Some(a) = allowance {
-                st.allowance = a;
-            }
+            st.allowance = allowance;
+            st.configured = configured;
         }
+        self.startup.arm();
         self.bump();
+    }
+
+    /// The startup measurement of this Pod's proxy delay (feature `kube`).
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    pub(crate) fn startup(&self) -> &Startup {
+        &self.startup
+    }
+
+    /// A new connection accepted before the trigger: a sample of the proxies' delay while
+    /// the startup measurement runs, one relaxed load otherwise.
+    #[inline]
+    pub(crate) fn note_startup_connection(&self, peer: Option<std::net::SocketAddr>) {
+        self.startup.note(peer);
+    }
+
+    /// The allowance in force and where it came from.
+    fn allowance(&self, st: &State) -> (Duration, AllowanceSource) {
+        if st.configured {
+            return (st.allowance, AllowanceSource::Configured);
+        }
+        match self.startup.measured() {
+            Some(m) => (m, AllowanceSource::Measured),
+            None => (st.allowance, AllowanceSource::Default),
+        }
     }
 
     #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
@@ -224,7 +270,10 @@ impl Link {
             Source::Connecting => Hold::Pending,
             Source::Watching if st.routing.slices.is_empty() => Hold::None,
             Source::Watching => match st.routing.unrouted_since {
-                Some((at, _)) => Hold::Until(at + st.allowance),
+                Some((at, _)) => match self.allowance(&st) {
+                    (a, AllowanceSource::Default) => Hold::Floor(at + a),
+                    (a, _) => Hold::Until(at + a),
+                },
                 None => Hold::Pending,
             },
         }
@@ -253,15 +302,33 @@ impl Link {
     pub(crate) fn evidence(&self, origin: Instant, origin_unix_ms: u64) -> EndpointSliceEvidence {
         let st = self.lock();
         let r = &st.routing;
+        let (allowance, allowance_source) = self.allowance(&st);
+        let allowance_note = match allowance_source {
+            AllowanceSource::Measured => format!(
+                "measured: the largest delay from the slices listing this Pod ready to a \
+                 peer's first new connection, at startup ({} peers)",
+                self.startup.report().peers.len()
+            ),
+            AllowanceSource::Configured => "configured: EndpointWatch::proxy_allowance".to_owned(),
+            AllowanceSource::Default => format!(
+                "default: DEFAULT_PROXY_ALLOWANCE ({} ms: kube-proxy's minSyncPeriod of 1 s \
+                 plus its rule write), not measured; a floor only: the commit also waits for \
+                 what the arrival evidence alone would commit on",
+                st.allowance.as_millis()
+            ),
+        };
         EndpointSliceEvidence {
             condition: r.condition.to_owned(),
             slices: r.slices.clone(),
             changed_at_ms: r
                 .unrouted_since
                 .map(|(_, unix)| unix as i64 - origin_unix_ms as i64),
-            allowance_ms: st.allowance.as_millis() as u64,
+            allowance_ms: allowance.as_millis() as u64,
+            allowance_source,
+            allowance_note,
+            startup: self.startup.report(),
             allowed_at_ms: r.unrouted_since.map(|(at, _)| {
-                (at + st.allowance)
+                (at + allowance)
                     .saturating_duration_since(origin)
                     .as_millis() as u64
             }),
@@ -291,6 +358,17 @@ pub struct EndpointSliceEvidence {
     pub changed_at_ms: Option<i64>,
     /// The proxy allowance added to it, in milliseconds.
     pub allowance_ms: u64,
+    /// Where the allowance came from: `measured` at startup, `configured`, or the `default`
+    /// (then only a floor: the commit also waits for the arrival evidence).
+    #[serde(default)]
+    pub allowance_source: AllowanceSource,
+    /// One sentence: how the allowance was measured, or which default was used and why.
+    #[serde(default)]
+    pub allowance_note: String,
+    /// This Pod's own delay at startup, from the slices listing it ready to each peer's first
+    /// new connection, or why there is none.
+    #[serde(default)]
+    pub startup: StartupMeasurement,
     /// `changed_at + allowance`, in milliseconds after the trigger (0 if before it): the
     /// earliest commit the slices allow.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -48,8 +48,9 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 ///
 /// With the `kube` feature and an `EndpointWatch` started, the EndpointSlice is the
 /// authoritative step: no commit before every slice that lists the Pod shows it not ready,
-/// plus the proxy allowance; strong arrival evidence still adds its `T_conf`, weak evidence no
-/// longer waits to `max`. A Pod deletion with a shorter grace than `grace_period` shrinks
+/// plus the proxy allowance; strong arrival evidence still adds its `T_conf`. Weak evidence no
+/// longer waits to `max` when the allowance was measured or set; the unmeasured default is
+/// only a floor. A Pod deletion with a shorter grace than `grace_period` shrinks
 /// `max` with the other deadlines.
 ///
 /// `max` is clamped to the quiesce deadline when it is left at its default; an explicit `max`
@@ -353,7 +354,9 @@ impl Policy {
     pub(crate) fn waiting_on(&self, evidence: &Evidence, hold: Hold) -> EvidenceKind {
         match *self {
             Policy::Fixed(_) => EvidenceKind::Fixed,
-            Policy::Quiet { .. } if hold != Hold::None => EvidenceKind::EndpointSlice,
+            Policy::Quiet { .. } if matches!(hold, Hold::Pending | Hold::Until(_)) => {
+                EvidenceKind::EndpointSlice
+            }
             Policy::Quiet { .. } if evidence.weak().is_none() => EvidenceKind::Confidence,
             Policy::Quiet { floor: Some(_), .. } => EvidenceKind::Floor,
             Policy::Quiet { .. } => EvidenceKind::Max,
@@ -418,10 +421,18 @@ impl Policy {
                     EvidenceKind::EndpointSlice,
                 ),
                 Hold::Pending => (max_at, EvidenceKind::EndpointSlice),
-                Hold::None => match floor {
-                    Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Floor),
-                    _ => (conf_at, EvidenceKind::Confidence),
-                },
+                // An unmeasured allowance is a floor, not proof: what the arrival evidence
+                // alone would commit on, and not before the slices plus the allowance.
+                Hold::None | Hold::Floor(_) => {
+                    let alone = match floor {
+                        Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Floor),
+                        _ => (conf_at, EvidenceKind::Confidence),
+                    };
+                    match hold {
+                        Hold::Floor(at) if at > alone.0 => (at, EvidenceKind::EndpointSlice),
+                        _ => alone,
+                    }
+                }
             };
             let ready_at = (last + quiet).max(origin + min).max(conf_at);
             if hold != Hold::Pending && now >= ready_at {

@@ -19,8 +19,8 @@ use hyper::body::Frame;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use lameduck::{
-    AdviceRule, Drain, DrainReport, EndpointWatch, EventKind, EvidenceKind, MaxReason, Propagation,
-    ReadinessWhileDraining, Trigger,
+    AdviceRule, AllowanceSource, Drain, DrainReport, EndpointWatch, EventKind, EvidenceKind,
+    MaxReason, Propagation, ReadinessWhileDraining, Trigger,
 };
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -789,4 +789,209 @@ async fn serving_until_stop_names_its_own_condition_and_without_a_deletion_waits
         r.advice
     );
     assert!(events(&r, EventKind::EndpointChanged).is_empty());
+}
+
+/// Sets `web-0`'s readiness as kubelet's probe would, and lets the controller publish it.
+fn set_ready(cluster: &Cluster, ready: bool) {
+    cluster.with(|m| {
+        m.pods.get_mut(POD).unwrap().ready = ready;
+        m.sync();
+    });
+}
+
+/// One request on a new HTTP/1.1 connection to the served port: a routing decision.
+async fn one_connection(addr: SocketAddr) {
+    let (mut sender, _conn) = common::h1(addr).await;
+    let res = common::send1(&mut sender, "/conn").await;
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_proxy_allowance_is_measured_at_startup_and_reported() {
+    let cluster = Cluster::start().await;
+    set_ready(&cluster, false);
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100))
+            .min(Duration::from_millis(100))
+            .max(Duration::from_secs(10)),
+        ReadinessWhileDraining::Auto,
+    );
+    let (addr, server) = common::start_serve(&d, common::Probe::default()).await;
+    // No `proxy_allowance`: measured.
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(cluster.client())
+        .start(&d)
+        .unwrap();
+    cluster.watching().await;
+    // Kubelet's probe passes, the controller lists the Pod ready; the first connection
+    // through the proxies comes 600 ms later.
+    set_ready(&cluster, true);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    one_connection(addr).await;
+    d.start(Trigger::Api);
+    cluster.delete_pod(30);
+    let r = common::drained_clean(&d, server).await;
+
+    let ev = r.propagation.evidence.as_ref().unwrap();
+    let slice = ev.endpoint_slice.as_ref().expect("slice evidence");
+    assert_eq!(
+        slice.allowance_source,
+        AllowanceSource::Measured,
+        "{slice:?}"
+    );
+    assert_eq!(slice.startup.peers.len(), 1, "{slice:?}");
+    let peer = &slice.startup.peers[0];
+    assert_eq!(peer.peer, "127.0.0.1");
+    // From when the watch saw the listing (a few ms after it) to the connection.
+    assert!(
+        (400..3000).contains(&peer.delay_ms),
+        "measured {} ms for a 600 ms delay",
+        peer.delay_ms
+    );
+    assert_eq!(slice.allowance_ms, peer.delay_ms);
+    assert_eq!(slice.startup.unmeasured, None);
+    assert!(slice.allowance_note.starts_with("measured"), "{slice:?}");
+    // One connection is no rate (weak evidence), but a measured allowance is proof enough:
+    // the slices end propagation at their change plus the measured delay, long before max.
+    assert!(ev.weak.is_some(), "{ev:?}");
+    assert_eq!(ev.kind, EvidenceKind::EndpointSlice, "{ev:?}");
+    let changed = slice.changed_at_ms.unwrap();
+    let done = r.event(EventKind::PropagationDone).unwrap();
+    assert!(
+        done.at_ms as i64 >= changed + slice.allowance_ms as i64,
+        "committed at {} ms, before the slice change ({changed} ms) + {} ms",
+        done.at_ms,
+        slice.allowance_ms
+    );
+    assert!(done.at_ms < 10_000, "max ended propagation: {r:?}");
+    let a = r
+        .advice
+        .iter()
+        .find(|a| a.rule == AdviceRule::EndpointSlice)
+        .expect("the endpoint_slice advice");
+    assert!(a.message.contains("(measured)"), "{}", a.message);
+}
+
+#[tokio::test]
+async fn without_a_measurement_the_default_allowance_is_named_with_its_source() {
+    // `web-0` is ready from the start: the watch's first list already shows it routed, so
+    // nothing at startup can be measured.
+    let cluster = Cluster::start().await;
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100))
+            .min(Duration::from_millis(100))
+            .max(Duration::from_millis(2600)),
+        ReadinessWhileDraining::Auto,
+    );
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(cluster.client())
+        .start(&d)
+        .unwrap();
+    cluster.watching().await;
+    d.start(Trigger::Api);
+    cluster.delete_pod(30);
+    let r = finished(&d).await;
+
+    let ev = r.propagation.evidence.as_ref().unwrap();
+    let slice = ev.endpoint_slice.as_ref().expect("slice evidence");
+    assert_eq!(
+        slice.allowance_source,
+        AllowanceSource::Default,
+        "{slice:?}"
+    );
+    assert_eq!(
+        slice.allowance_ms,
+        lameduck::DEFAULT_PROXY_ALLOWANCE.as_millis() as u64
+    );
+    assert!(
+        slice
+            .allowance_note
+            .starts_with("default: DEFAULT_PROXY_ALLOWANCE (2000 ms: kube-proxy's minSyncPeriod"),
+        "{}",
+        slice.allowance_note
+    );
+    assert!(slice.startup.peers.is_empty());
+    assert_eq!(
+        slice.startup.unmeasured.as_deref(),
+        Some("the slices already listed this Pod ready when the watch first read them")
+    );
+    let json = serde_json::to_value(slice).unwrap();
+    assert_eq!(json["allowance_source"], "default");
+}
+
+#[tokio::test]
+async fn sparse_traffic_and_the_default_allowance_do_not_commit_before_the_arrival_evidence() {
+    let cluster = Cluster::start().await;
+    set_ready(&cluster, false);
+    let max = Duration::from_millis(3500);
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100))
+            .min(Duration::from_millis(100))
+            .max(max),
+        ReadinessWhileDraining::Auto,
+    );
+    let (addr, server) = common::start_serve(&d, common::Probe::default()).await;
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(cluster.client())
+        .start(&d)
+        .unwrap();
+    cluster.watching().await;
+    // Sparse traffic from one client that reached the Pod before any slice listed it (its
+    // IP, not the Service): it says nothing about the proxies, so nothing is measured.
+    one_connection(addr).await;
+    set_ready(&cluster, true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    one_connection(addr).await;
+    d.start(Trigger::Api);
+    cluster.delete_pod(30);
+    let r = common::drained_clean(&d, server).await;
+
+    let ev = r.propagation.evidence.as_ref().unwrap();
+    let slice = ev.endpoint_slice.as_ref().expect("slice evidence");
+    assert_eq!(
+        slice.allowance_source,
+        AllowanceSource::Default,
+        "{slice:?}"
+    );
+    assert_eq!(slice.startup.peers_left_out, 1, "{slice:?}");
+    assert!(
+        slice
+            .startup
+            .unmeasured
+            .as_deref()
+            .unwrap()
+            .starts_with("every peer that connected after the slices listed this Pod ready"),
+        "{slice:?}"
+    );
+    // The slices changed at once and the default 2 s passed long before max; the arrival
+    // evidence alone (two connections, too little to tell) would wait to max, and so does
+    // the drain: an assumed allowance is a floor, not proof.
+    let changed = slice.changed_at_ms.unwrap();
+    assert!(changed + 2000 < max.as_millis() as i64 - 500, "{slice:?}");
+    assert!(ev.weak.is_some(), "{ev:?}");
+    assert_eq!(ev.kind, EvidenceKind::Max, "{ev:?}");
+    assert_eq!(ev.max_reason, Some(MaxReason::NotEnoughEvidence));
+    // `max` as this deletion left it (its timestamp is in whole seconds, so a little less).
+    let max_ms = r
+        .budget
+        .deletion
+        .as_ref()
+        .map_or(max.as_millis() as u64, |d| d.max_ms);
+    assert!(max_ms > changed as u64 + 2500, "max {max_ms} ms");
+    let done = r.event(EventKind::PropagationDone).unwrap();
+    assert!(
+        done.at_ms >= max_ms,
+        "committed at {} ms on the default allowance (slices at {changed} ms), before max \
+         ({max_ms} ms)",
+        done.at_ms
+    );
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{CommandFactory, Parser};
 
-use crate::config::{ConfigError, ConnectionMode, HttpVersion, ProbeConfig};
+use crate::config::{ConfigError, ConnectionMode, HttpVersion, OnOff, ProbeConfig};
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -172,6 +172,9 @@ struct RunFlags {
     /// Retry a failure once on a new connection; it still counts
     #[arg(long, help_heading = "LOAD")]
     retry_idempotent: bool,
+    /// Send for ON, pause for OFF, again and again (a poller; 200ms/2800ms: bursts)
+    #[arg(long, value_name = "ON/OFF", value_parser = parse_on_off, help_heading = "LOAD")]
+    on_off: Option<OnOff>,
 
     /// How long to send [default: 30s]
     #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "TIME AND LIMITS")]
@@ -271,6 +274,7 @@ where
         max_in_flight => max_in_flight, max_idle => max_idle,
     );
     config.host = flags.host;
+    config.on_off = flags.on_off;
     config.proxy_label = flags.proxy_label;
     let out = match flags.out {
         Some(path) if path.is_empty() => return Err(CliError::new("--out needs a file name")),
@@ -352,6 +356,17 @@ fn parse_count(value: &str) -> Result<usize, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{value:?} is not a whole number"))
+}
+
+/// Parses `ON/OFF`, two durations: `5s/5s`, `200ms/2800ms`.
+fn parse_on_off(text: &str) -> Result<OnOff, String> {
+    let (on, off) = text
+        .split_once('/')
+        .ok_or_else(|| format!("{text:?} is not ON/OFF, e.g. 5s/5s or 200ms/2800ms"))?;
+    Ok(OnOff {
+        on: parse_duration(on)?,
+        off: parse_duration(off)?,
+    })
 }
 
 /// Parses a duration written with units: `1500ms`, `30s`, `2m`, `1h`, `0.5s`, `1m30s`.

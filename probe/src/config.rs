@@ -209,6 +209,28 @@ pub struct ProbeConfig {
     /// succeeded on retry" apart, so a retried request never passes for a plain success.
     /// Default `false`: every failure a client without retries would see is counted.
     pub retry_idempotent: bool,
+    /// Send only in the first `on` of every `on + off`, counted from the start of the run:
+    /// a client that works, then pauses (a poller, a batch job; with a short `on`, periodic
+    /// bursts). Each kind keeps its rate while on and sends nothing while off. Default `None`:
+    /// steady.
+    pub on_off: Option<OnOff>,
+}
+
+/// Work for `on`, pause for `off`, again and again: [`ProbeConfig::on_off`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnOff {
+    /// How long each sending phase lasts (more than zero).
+    pub on: Duration,
+    /// How long each pause lasts.
+    pub off: Duration,
+}
+
+impl OnOff {
+    /// Whether `elapsed` since the start of the run falls in a sending phase.
+    pub fn sending(&self, elapsed: Duration) -> bool {
+        let period = (self.on + self.off).as_nanos();
+        period == 0 || elapsed.as_nanos() % period < self.on.as_nanos()
+    }
 }
 
 impl ProbeConfig {
@@ -237,6 +259,7 @@ impl ProbeConfig {
             progress: false,
             proxy_label: None,
             retry_idempotent: false,
+            on_off: None,
         }
     }
 
@@ -333,6 +356,10 @@ impl ProbeConfig {
             self.connect_timeout,
             Duration::from_millis(1),
         )?;
+        if let Some(o) = self.on_off {
+            check_duration(Setting::OnOff, o.on, Duration::from_millis(1))?;
+            check_duration(Setting::OnOff, o.off, Duration::ZERO)?;
+        }
         if self.slow_rate > 0.0 {
             check_duration(Setting::Slow, self.slow, Duration::ZERO)?;
         }
@@ -511,6 +538,7 @@ enum Setting {
     ConnectTimeout,
     MaxInFlight,
     MaxIdle,
+    OnOff,
 }
 
 impl Setting {
@@ -550,6 +578,7 @@ impl Setting {
             Setting::ConnectTimeout => ("connect_timeout", "--connect-timeout"),
             Setting::MaxInFlight => ("max_in_flight", "--max-in-flight"),
             Setting::MaxIdle => ("max_idle", "--max-idle"),
+            Setting::OnOff => ("on_off", "--on-off"),
         }
     }
 }

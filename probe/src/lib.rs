@@ -55,7 +55,7 @@ mod summary;
 mod svg;
 
 pub use config::{
-    ConfigError, ConnectionMode, HttpVersion, Kind, ProbeConfig, MAX_DURATION,
+    ConfigError, ConnectionMode, HttpVersion, Kind, OnOff, ProbeConfig, MAX_DURATION,
     MAX_PLANNED_REQUESTS, MAX_RATE,
 };
 pub use latency::{LatencyRow, Window};

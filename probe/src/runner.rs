@@ -540,6 +540,12 @@ async fn schedule(
         if tokio::time::Instant::now() >= deadline {
             return;
         }
+        // Ticks keep coming while off and are skipped, so each phase starts on the beat.
+        if let Some(o) = shared.config.on_off {
+            if !o.sending(shared.origin.elapsed()) {
+                continue;
+            }
+        }
         let stats = &shared.handle.inner.stats;
         match permits.clone().try_acquire_owned() {
             Ok(permit) => {

@@ -67,6 +67,7 @@ fn defaults_and_every_flag() {
     assert!(run.config.progress);
     assert!(!run.config.allow_unreachable_start);
     assert!(!run.config.retry_idempotent);
+    assert_eq!(run.config.on_off, None);
     assert_eq!(run.out, None);
 
     let run = run_args(&[
@@ -111,6 +112,8 @@ fn defaults_and_every_flag() {
         "--proxy-label",
         "kube-proxy ipvs 1.31",
         "--retry-idempotent",
+        "--on-off",
+        "200ms/2800ms",
     ]);
     let c = &run.config;
     assert_eq!(c.target, "http://svc.ns.svc:80");
@@ -134,6 +137,13 @@ fn defaults_and_every_flag() {
     assert!(!c.progress);
     assert_eq!(c.proxy_label.as_deref(), Some("kube-proxy ipvs 1.31"));
     assert!(c.retry_idempotent);
+    assert_eq!(
+        c.on_off,
+        Some(lameduck_probe::OnOff {
+            on: Duration::from_millis(200),
+            off: Duration::from_millis(2800),
+        })
+    );
     assert_eq!(
         run.out.as_deref(),
         Some(std::path::Path::new("probe.jsonl"))

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{closed_port, server};
 use lameduck_probe::{
-    ConnectionMode, Failure, HttpVersion, Kind, Outcome, Probe, ProbeConfig, ProbeResult, Record,
-    Window,
+    ConnectionMode, Failure, HttpVersion, Kind, OnOff, Outcome, Probe, ProbeConfig, ProbeResult,
+    Record, Window,
 };
 
 /// Upper bound for one probe run in these tests; only hit when something is broken.
@@ -128,6 +128,41 @@ async fn fresh_connections_are_new_for_every_request() {
         result.records.len() as u64
     );
     assert_eq!(result.summary.on_reused_connection.total, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_off_sends_only_in_its_on_phases_on_fresh_connections() {
+    let srv = server("a").await;
+    let mut c = config(srv.addr);
+    c.connections = ConnectionMode::Fresh;
+    c.short_rate = 100.0;
+    c.slow_rate = 0.0;
+    c.duration = Duration::from_millis(1900);
+    // Bursts: 100 ms of sending every 600 ms, so 4 bursts of about 10 in 1.9 s.
+    c.on_off = Some(OnOff {
+        on: Duration::from_millis(100),
+        off: Duration::from_millis(500),
+    });
+    let result = run(c).await;
+    let seen = srv.state.seen_by_id();
+
+    assert_counts_match(&result, &seen);
+    assert!(result.summary.is_clean(), "{}", result.summary.table());
+    let n = result.records.len();
+    assert!((30..=50).contains(&n), "{n} requests in 4 bursts of ~10");
+    let mut phases = HashSet::new();
+    for r in &result.records {
+        // Scheduled in an on phase; a busy machine may start one a little late.
+        let in_period = r.start_ms % 600.0;
+        assert!(
+            in_period < 100.0 + 200.0,
+            "sent at {} ms, in a pause",
+            r.start_ms
+        );
+        phases.insert((r.start_ms / 600.0) as u64);
+    }
+    assert_eq!(phases.len(), 4, "every burst sent: {phases:?}");
+    assert_eq!(result.summary.connections_opened, n as u64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -117,6 +117,8 @@ pub(super) struct Model {
     /// Per watched kind, why its last list failed (cleared by its next complete list).
     failures: BTreeMap<&'static str, String>,
     first_sync_done: bool,
+    /// A slice listed this Pod ready at some point.
+    listed_seen: bool,
 }
 
 impl Model {
@@ -138,6 +140,7 @@ impl Model {
             unrouted_since: None,
             failures: BTreeMap::new(),
             first_sync_done: false,
+            listed_seen: false,
         }
     }
 
@@ -267,7 +270,7 @@ impl Model {
         };
         tracing::warn!(what, reason = %reason, "lameduck: the Kubernetes API is not usable as evidence");
         self.failures.insert(what, reason.clone());
-        drain.link().set_source(Source::Unavailable(reason), None);
+        drain.link().set_source(Source::Unavailable(reason));
     }
 
     fn conditions_in(&self, slice: &Slice) -> Option<Conditions> {
@@ -314,6 +317,7 @@ impl Model {
         let now = Instant::now();
         let unix = unix_ms_now();
         let record = self.first_sync_done;
+        let first_sync = !self.first_sync_done;
         let mut names: BTreeSet<String> = self.slices.keys().cloned().collect();
         names.extend(self.mine.keys().cloned());
         for name in names {
@@ -369,6 +373,19 @@ impl Model {
                 .flatten()
                 .is_some_and(|c| c.ready && !(self.accepts_terminating && c.terminating))
         });
+        // The startup measurement starts when a slice first lists this Pod ready; a Pod
+        // already listed at the first sync (a restarted container, a late watch) has no start.
+        if routed && !self.listed_seen {
+            self.listed_seen = true;
+            if first_sync {
+                drain.link().startup().unmeasurable(
+                    "the slices already listed this Pod ready when the watch first read them"
+                        .to_owned(),
+                );
+            } else {
+                drain.link().startup().listed(now);
+            }
+        }
         match (routed, self.unrouted_since) {
             (false, None) if !relevant.is_empty() => self.unrouted_since = Some((now, unix)),
             (true, Some(_)) => self.unrouted_since = None,
@@ -390,8 +407,8 @@ impl Model {
             },
         });
         match self.failures.values().next() {
-            Some(why) => link.set_source(Source::Unavailable(why.clone()), None),
-            None if !link.is_watching() => link.set_source(Source::Watching, None),
+            Some(why) => link.set_source(Source::Unavailable(why.clone())),
+            None if !link.is_watching() => link.set_source(Source::Watching),
             None => {}
         }
     }

@@ -20,7 +20,8 @@ use crate::link::Source;
 use crate::{Drain, Phase};
 
 /// The default proxy allowance: time granted to proxies after the EndpointSlice shows this
-/// endpoint not ready, before propagation may commit.
+/// endpoint not ready, before propagation may commit, when nothing was measured at startup
+/// and nothing set. A floor, not proof: see [`EndpointWatch::proxy_allowance`].
 ///
 /// 2 s: kube-proxy applies a slice change at most once per `minSyncPeriod` (1 s by default,
 /// iptables and nftables modes) and its rule write takes well under a second on a cluster of
@@ -89,7 +90,8 @@ pub struct EndpointWatch {
     pod: Option<String>,
     namespace: Option<String>,
     client: Option<Client>,
-    allowance: Duration,
+    /// `None`: measured at startup, else the default.
+    allowance: Option<Duration>,
     api_timeout: Duration,
 }
 
@@ -119,7 +121,7 @@ impl EndpointWatch {
             pod: var("POD_NAME"),
             namespace: var("POD_NAMESPACE"),
             client: None,
-            allowance: DEFAULT_PROXY_ALLOWANCE,
+            allowance: None,
             api_timeout: DEFAULT_API_TIMEOUT,
         }
     }
@@ -143,9 +145,19 @@ impl EndpointWatch {
     }
 
     /// Time granted to the proxies after the slices show the endpoint not ready, before the
-    /// drain may commit (default [`DEFAULT_PROXY_ALLOWANCE`], 2 s).
+    /// drain may commit, instead of measuring it.
+    ///
+    /// Unset, the allowance is **measured** at startup: from the moment the watch first sees
+    /// a slice list this Pod ready to the first new connection of each peer that had not
+    /// connected before (the proxies starting to route here), the largest of those delays.
+    /// With no such connection before the trigger, [`DEFAULT_PROXY_ALLOWANCE`] (2 s) is used
+    /// as a floor only: the drain then also waits for what the arrival evidence alone would
+    /// commit on (to `max` on sparse traffic), since an assumed 2 s is no proof. A value set
+    /// here is trusted like a measurement. The report's
+    /// [`EndpointSliceEvidence::allowance_source`](crate::EndpointSliceEvidence::allowance_source)
+    /// says which it was, and `startup` has the measurement.
     pub fn proxy_allowance(mut self, d: Duration) -> Self {
-        self.allowance = d;
+        self.allowance = Some(d);
         self
     }
 
@@ -181,11 +193,15 @@ impl EndpointWatch {
                      or give it to EndpointWatch",
                     if p.is_none() { "name" } else { "namespace" }
                 );
-                link.set_source(Source::Unavailable(message.clone()), None);
+                link.set_source(Source::Unavailable(message.clone()));
                 return Err(KubeError { message });
             }
         };
-        link.set_source(Source::Connecting, Some(self.allowance));
+        link.set_allowance(
+            self.allowance.unwrap_or(DEFAULT_PROXY_ALLOWANCE),
+            self.allowance.is_some(),
+        );
+        link.set_source(Source::Connecting);
         let drain = drain.clone();
         tokio::spawn(async move {
             let done = drain.reached(Phase::Done);
@@ -204,19 +220,13 @@ impl EndpointWatch {
             None => match tokio::time::timeout(self.api_timeout, Client::try_default()).await {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => {
-                    link.set_source(
-                        Source::Unavailable(format!("no Kubernetes client: {e}")),
-                        None,
-                    );
+                    link.set_source(Source::Unavailable(format!("no Kubernetes client: {e}")));
                     return;
                 }
                 Err(_) => {
-                    link.set_source(
-                        Source::Unavailable(
-                            "no Kubernetes client: its config timed out".to_owned(),
-                        ),
-                        None,
-                    );
+                    link.set_source(Source::Unavailable(
+                        "no Kubernetes client: its config timed out".to_owned(),
+                    ));
                     return;
                 }
             },
@@ -262,7 +272,6 @@ impl EndpointWatch {
                                 "unreachable: the Kubernetes API did not answer within {} ms",
                                 self.api_timeout.as_millis()
                             )),
-                            None,
                         );
                     }
                     continue;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lameduck_probe::{ConnectionMode, HttpVersion, Probe, ProbeConfig, ProbeResult};
+use lameduck_probe::{ConnectionMode, HttpVersion, OnOff, Probe, ProbeConfig, ProbeResult};
 use serde::Serialize;
 
 use crate::cluster::{unix_ms, Cluster, ControlPlane, Event, Kubelet, PreStop, ServerCmd};
@@ -70,6 +70,12 @@ pub enum Shape {
     Pool,
     /// Fresh connections only, at the cell's rate (short and slow).
     Fresh,
+    /// Fresh connections only, short requests at the cell's rate for 5 s, then a 5 s pause,
+    /// over and over: a poller or batch client whose silences come while routing is unchanged.
+    OnOff,
+    /// Fresh connections only, short requests at the cell's rate for 200 ms every 3 s (at
+    /// 100/s, bursts of 20): a cron-like caller or a pool reconnecting in waves.
+    Bursts,
 }
 
 impl Shape {
@@ -78,6 +84,33 @@ impl Shape {
         match self {
             Shape::Pool => "pool",
             Shape::Fresh => "fresh",
+            Shape::OnOff => "onoff",
+            Shape::Bursts => "bursts",
+        }
+    }
+
+    /// Send phase and pause of the dependent shapes; `None` for steady ones.
+    pub fn on_off(self) -> Option<OnOff> {
+        let ms = Duration::from_millis;
+        match self {
+            Shape::Pool | Shape::Fresh => None,
+            Shape::OnOff => Some(OnOff {
+                on: ms(5000),
+                off: ms(5000),
+            }),
+            Shape::Bursts => Some(OnOff {
+                on: ms(200),
+                off: ms(2800),
+            }),
+        }
+    }
+
+    /// The new-connection rate (per second, while sending) these cells use by default.
+    pub fn default_rate(self) -> f64 {
+        match self {
+            Shape::Pool | Shape::Fresh => 50.0,
+            Shape::OnOff => 10.0,
+            Shape::Bursts => 100.0,
         }
     }
 }
@@ -88,7 +121,11 @@ impl std::str::FromStr for Shape {
         match s {
             "pool" => Ok(Shape::Pool),
             "fresh" => Ok(Shape::Fresh),
-            _ => Err(format!("shape: expected pool or fresh, got {s:?}")),
+            "onoff" => Ok(Shape::OnOff),
+            "bursts" => Ok(Shape::Bursts),
+            _ => Err(format!(
+                "shape: expected pool, fresh, onoff or bursts, got {s:?}"
+            )),
         }
     }
 }
@@ -545,6 +582,12 @@ async fn clients(
         Shape::Fresh => {
             fresh.short_rate = config.new_conn_rate * 0.8;
             fresh.slow_rate = config.new_conn_rate * 0.2;
+        }
+        Shape::OnOff | Shape::Bursts => {
+            // Short requests only: every connection is one routing decision, nothing else.
+            fresh.label = config.shape.as_str().to_owned();
+            fresh.short_rate = config.new_conn_rate;
+            fresh.on_off = config.shape.on_off();
         }
     }
     configs.push(fresh);

@@ -11,13 +11,16 @@ const USAGE: &str = "\
 usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines] COMMAND
 commands:
   cell [--server lameduck|naive|graceful|sleep5] [--backend iptables|nftables]
-       [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh] [--evict]
-       [--replicas N] [--grace DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook]
+       [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh|onoff|bursts] [--evict]
+       [--replicas N] [--grace DUR] [--warmup DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook]
   matrix     sync delay x rate x shape x backend x server, and the single-replica eviction
   table      every server, iptables, 1 s sync, pool, dense
   eviction   the single-replica eviction for every server
+  bursty     on/off and burst clients (fresh connections), kube-proxy 6 s and 1 s behind,
+             eviction (deleted where a pause begins) and rolling update
   sweep      remove namespaces left by runs that were killed
-DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary.";
+--rate is per second while sending (default 50; onoff 10, 5 s on, 5 s off; bursts 100,
+200 ms every 3 s). DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary.";
 
 fn fail(msg: &str) -> ! {
     eprintln!("lameduck-testbed: {msg}\n{USAGE}");
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
         "matrix" => matrix::full(),
         "table" => matrix::baseline_table(),
         "eviction" => matrix::eviction(),
+        "bursty" => matrix::bursty(),
         other => fail(&format!("unknown command {other:?}")),
     };
     let service_bin = service_bin.unwrap_or_else(|| {
@@ -150,6 +154,7 @@ fn main() -> ExitCode {
 
 fn parse_cell(args: Vec<String>) -> CellConfig {
     let mut c = CellConfig::new(cell::Server::Lameduck);
+    let mut rate_given = false;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -162,12 +167,14 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--sync-delay" => c.sync_delay = dur("--sync-delay", &value()),
             "--slice-delay" => c.slice_delay = dur("--slice-delay", &value()),
             "--rate" => {
+                rate_given = true;
                 c.new_conn_rate = match value().parse::<f64>() {
                     Ok(r) if r > 0.0 && r <= 1000.0 => r,
                     _ => fail("--rate: expected new connections per second in (0, 1000]"),
                 }
             }
             "--shape" => c.shape = value().parse().unwrap_or_else(|e: String| fail(&e)),
+            "--warmup" => c.warmup = dur("--warmup", &value()),
             "--evict" => c.rollout = cell::Rollout::Evict,
             "--replicas" => {
                 c.replicas = match value().parse::<usize>() {
@@ -182,6 +189,9 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--exec-hook" => c.exec_hook = true,
             other => fail(&format!("unknown cell flag {other:?}")),
         }
+    }
+    if !rate_given {
+        c.new_conn_rate = c.shape.default_rate();
     }
     c
 }

@@ -11,7 +11,8 @@ pub const DENSE: f64 = 50.0;
 pub const SPARSE: f64 = 0.5;
 
 /// sync delay × new-connection rate × client shape × backend × server, then the single
-/// replica eviction for every server (iptables, 1 s sync, pool, dense).
+/// replica eviction for every server (iptables, 1 s sync, pool, dense), then the
+/// [`bursty`] cells on both backends.
 pub fn full() -> Vec<CellConfig> {
     let mut cells = Vec::new();
     // 1 s first, then the slow proxy, then the fast one: a cut-short run keeps the most telling.
@@ -32,6 +33,49 @@ pub fn full() -> Vec<CellConfig> {
         }
     }
     cells.extend(eviction());
+    for backend in [Backend::Iptables, Backend::Nftables] {
+        cells.extend(bursty_on(backend));
+    }
+    cells
+}
+
+/// A kube-proxy slower than the estimator's typical silence: 6 s behind the slice change.
+pub const SLOW_SYNC_MS: u64 = 6000;
+
+/// Clients whose silences come while routing is unchanged — on/off (5 s on, 5 s off) and
+/// periodic bursts (20 connections in 200 ms every 3 s), fresh connections only — behind
+/// kube-proxy 6 s and 1 s behind the slice change, rolling update and single-replica
+/// eviction, every server but `graceful`, iptables.
+///
+/// The warm-up ends where a pause begins, so the eviction's deletion comes at the worst
+/// phase: the silence that follows is the client's own, and the next send phase starts while
+/// kube-proxy still routes to the old Pod. (In a rolling update the old Pod is deleted once
+/// its replacement is ready, so the phase is wherever that lands, and its removal may ride
+/// along a sync already pending for the replacement.)
+pub fn bursty() -> Vec<CellConfig> {
+    bursty_on(Backend::Iptables)
+}
+
+fn bursty_on(backend: Backend) -> Vec<CellConfig> {
+    let mut cells = Vec::new();
+    for sync in [SLOW_SYNC_MS, 1000] {
+        for shape in [Shape::OnOff, Shape::Bursts] {
+            for rollout in [Rollout::Evict, Rollout::Rolling] {
+                for server in [Server::Lameduck, Server::Naive, Server::Sleep5] {
+                    let mut c = CellConfig::new(server);
+                    c.backend = backend;
+                    c.sync_delay = Duration::from_millis(sync);
+                    c.shape = shape;
+                    c.new_conn_rate = shape.default_rate();
+                    c.rollout = rollout;
+                    if let Some(o) = shape.on_off() {
+                        c.warmup = o.on;
+                    }
+                    cells.push(c);
+                }
+            }
+        }
+    }
     cells
 }
 

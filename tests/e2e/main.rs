@@ -147,6 +147,47 @@ fn diagnose(dir: &Path, result: &ProbeResult, drained: &[(Instance, i32)]) {
     }
 }
 
+/// Prints each drain's time, deletion (the `preStop` call) → exit, with the rule its report
+/// says committed propagation, then the median: the rollout's speed beside its 0 lost.
+fn print_drain_times(proxy: &str, drained: &[(Instance, i32)]) {
+    let mut times = Vec::new();
+    for (inst, _) in drained {
+        let events = inst.events.lock().unwrap().clone();
+        let at = |what: &str| {
+            events
+                .iter()
+                .find(|e| e.event.starts_with(what))
+                .map(|e| e.unix_ms)
+        };
+        let (Some(deleted), Some(exit)) = (at("deleted"), at("exit")) else {
+            panic!("{}: no deletion or exit noted: {events:?}", inst.name);
+        };
+        let drain_ms = exit - deleted;
+        times.push(drain_ms);
+        let report = inst.report();
+        let rule = report
+            .event(EventKind::PropagationDone)
+            .and_then(|e| e.detail.clone())
+            .unwrap_or_else(|| "no propagation_done".to_owned());
+        eprintln!(
+            "drain {proxy} {}: {:.1} s deletion → exit; {rule}",
+            inst.name,
+            drain_ms / 1000.0
+        );
+    }
+    times.sort_by(f64::total_cmp);
+    let median = match times.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => times[n / 2],
+        n => (times[n / 2 - 1] + times[n / 2]) / 2.0,
+    };
+    eprintln!(
+        "drain {proxy}: median {:.1} s over {} drains",
+        median / 1000.0,
+        times.len()
+    );
+}
+
 fn assert_clean(result: &ProbeResult) {
     let s = &result.summary;
     eprintln!("{}", s.table());
@@ -247,6 +288,7 @@ fn haproxy_rolling_update_loses_nothing() {
         );
     }
     let result = probe.join().expect("probe thread");
+    print_drain_times("haproxy", &drained);
     assert_clean(&result);
     for (inst, code) in &drained {
         let report = inst.report();
@@ -316,6 +358,7 @@ fn nginx_pooling_proxy_rolling_update_loses_nothing() {
         std::thread::sleep(Duration::from_millis(1500));
     }
     let result = probe.join().expect("probe thread");
+    print_drain_times("nginx", &drained);
     assert_clean(&result);
     for (inst, code) in &drained {
         let report = inst.report();

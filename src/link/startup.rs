@@ -1,0 +1,280 @@
+//! This Pod's own proxy delay, measured at startup (feature `kube`): from the moment the
+//! watch first saw a slice list this Pod ready to the first new connection from each peer
+//! that had not connected before. The proxies that took that long to start routing here run
+//! the same programming, in reverse, when the Pod leaves, so the largest of these delays is
+//! the allowance the drain grants them.
+//!
+//! Invariants:
+//! - Only connections accepted before the trigger count (the accept hook calls this only
+//!   while not draining); each peer counts once, with its first connection after the listing.
+//! - A peer that connected before the listing reached this Pod another way (its IP, a Service
+//!   that publishes not-ready addresses, a port-forward): it says nothing about the proxies
+//!   and is left out.
+//! - Bounded: at most [`BEFORE_LIMIT`] peers remembered before the listing, [`PEER_LIMIT`]
+//!   delays, within [`WINDOW`] of the listing; then measuring stops and each connection costs
+//!   one relaxed load.
+//! - What it cannot see: a proxy whose clients did not connect in the window. The delay also
+//!   includes the client's own wait for its next connection, so on sparse traffic it is an
+//!   overestimate (safe: the drain waits longer, never past `max`). Only `lameduck::serve`'s
+//!   accept loop reports connections here; under `axum::serve` nothing is measured and the
+//!   default applies, as a floor.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// Peers remembered before the listing (to leave them out after it).
+const BEFORE_LIMIT: usize = 64;
+/// Peers measured at most.
+pub(crate) const PEER_LIMIT: usize = 16;
+/// Connections later than this after the listing are not the proxies catching up.
+pub(crate) const WINDOW: Duration = Duration::from_secs(60);
+
+/// Where the proxy allowance came from: [`EndpointSliceEvidence::allowance_source`](crate::EndpointSliceEvidence::allowance_source).
+///
+/// In JSON: `measured`, `configured`, `default`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AllowanceSource {
+    /// This Pod's own delay at startup, from the slice listing it ready to the first new
+    /// connection of each peer: the largest of them. Proof enough to commit on.
+    Measured,
+    /// Set with [`EndpointWatch::proxy_allowance`](crate::EndpointWatch::proxy_allowance):
+    /// the operator knows the proxies. Proof enough to commit on.
+    Configured,
+    /// Nothing measured, nothing set: `DEFAULT_PROXY_ALLOWANCE` (2 s). Only a floor: the
+    /// commit also waits for what the arrival evidence alone would have committed on.
+    #[default]
+    Default,
+}
+
+impl AllowanceSource {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AllowanceSource::Measured => "measured",
+            AllowanceSource::Configured => "configured",
+            AllowanceSource::Default => "default",
+        }
+    }
+}
+
+/// One peer's delay from the slice listing this Pod ready to its first new connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerDelay {
+    /// The peer's IP address.
+    pub peer: String,
+    /// Milliseconds after the watch saw the slice list this Pod ready.
+    pub delay_ms: u64,
+}
+
+/// The startup measurement behind a measured allowance (feature `kube`): part of
+/// [`EndpointSliceEvidence`](crate::EndpointSliceEvidence).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartupMeasurement {
+    /// Per peer, its first new connection after the listing (at most 16 peers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<PeerDelay>,
+    /// Peers left out because they connected before any slice listed this Pod ready: they
+    /// came another way (its IP, a port-forward), not through the proxies.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub peers_left_out: u64,
+    /// Why there is no measurement, when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmeasured: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+#[derive(Default)]
+struct State {
+    listed_at: Option<Instant>,
+    before: Vec<IpAddr>,
+    left_out: Vec<IpAddr>,
+    delays: Vec<(IpAddr, Duration)>,
+    unmeasurable: Option<String>,
+}
+
+#[derive(Default)]
+pub(crate) struct Startup {
+    /// Cheap gate for the accept hook: `false` once nothing more can be measured.
+    measuring: AtomicBool,
+    state: Mutex<State>,
+}
+
+impl Startup {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The watch started: peers are remembered from now on.
+    pub(crate) fn arm(&self) {
+        // Relaxed: a connection that misses the flag by a few nanoseconds is one the watch
+        // could not have placed before or after the listing anyway.
+        self.measuring.store(true, Ordering::Relaxed);
+    }
+
+    /// The watch saw a slice list this Pod ready for the first time.
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // called by the `kube` watch
+    pub(crate) fn listed(&self, at: Instant) {
+        let mut st = self.lock();
+        if st.listed_at.is_none() && st.unmeasurable.is_none() {
+            st.listed_at = Some(at);
+        }
+    }
+
+    /// The slices already listed this Pod ready when the watch first read them.
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // called by the `kube` watch
+    pub(crate) fn unmeasurable(&self, why: String) {
+        let mut st = self.lock();
+        if st.listed_at.is_none() && st.unmeasurable.is_none() {
+            st.unmeasurable = Some(why);
+            self.measuring.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A new connection was accepted before the trigger.
+    #[inline]
+    pub(crate) fn note(&self, peer: Option<SocketAddr>) {
+        if !self.measuring.load(Ordering::Relaxed) {
+            return;
+        }
+        self.note_slow(peer);
+    }
+
+    #[cold]
+    fn note_slow(&self, peer: Option<SocketAddr>) {
+        let Some(ip) = peer.map(|p| p.ip()) else {
+            return;
+        };
+        let now = Instant::now();
+        let mut st = self.lock();
+        match st.listed_at {
+            None => {
+                if st.before.len() < BEFORE_LIMIT && !st.before.contains(&ip) {
+                    st.before.push(ip);
+                }
+            }
+            Some(at) => {
+                let delay = now.saturating_duration_since(at);
+                if delay > WINDOW {
+                    self.measuring.store(false, Ordering::Relaxed);
+                } else if st.before.contains(&ip) {
+                    if !st.left_out.contains(&ip) {
+                        st.left_out.push(ip);
+                    }
+                } else if !st.delays.iter().any(|(p, _)| *p == ip) {
+                    st.delays.push((ip, delay));
+                    if st.delays.len() == PEER_LIMIT {
+                        self.measuring.store(false, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The largest delay measured, if any.
+    pub(crate) fn measured(&self) -> Option<Duration> {
+        self.lock().delays.iter().map(|(_, d)| *d).max()
+    }
+
+    /// The measurement for the report.
+    pub(crate) fn report(&self) -> StartupMeasurement {
+        let st = self.lock();
+        let unmeasured = if !st.delays.is_empty() {
+            None
+        } else if let Some(why) = &st.unmeasurable {
+            Some(why.clone())
+        } else if st.listed_at.is_none() {
+            Some("the watch has not seen a slice list this Pod ready".to_owned())
+        } else if !st.left_out.is_empty() {
+            Some(
+                "every peer that connected after the slices listed this Pod ready had \
+                 connected before, so not through the proxies"
+                    .to_owned(),
+            )
+        } else {
+            Some(format!(
+                "no new connection came within {} s of the slices listing this Pod ready, \
+                 before the trigger (connections are seen by lameduck::serve's accept loop)",
+                WINDOW.as_secs()
+            ))
+        };
+        StartupMeasurement {
+            peers: st
+                .delays
+                .iter()
+                .map(|(ip, d)| PeerDelay {
+                    peer: ip.to_string(),
+                    delay_ms: d.as_millis() as u64,
+                })
+                .collect(),
+            peers_left_out: st.left_out.len() as u64,
+            unmeasured,
+        }
+    }
+}
+
+#[cfg(all(test, not(lameduck_loom)))]
+mod tests {
+    use super::*;
+
+    fn peer(s: &str) -> Option<SocketAddr> {
+        Some(format!("{s}:40000").parse().unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_new_peer_counts_once_and_earlier_peers_are_left_out() {
+        let s = Startup::default();
+        s.arm();
+        s.note(peer("10.0.0.1"));
+        s.listed(Instant::now());
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        s.note(peer("10.0.0.1"));
+        s.note(peer("10.0.0.2"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        s.note(peer("10.0.0.2"));
+        s.note(peer("10.0.0.3"));
+        assert_eq!(s.measured(), Some(Duration::from_millis(1200)));
+        let r = s.report();
+        assert_eq!(r.peers_left_out, 1);
+        assert_eq!(
+            r.peers
+                .iter()
+                .map(|p| (p.peer.as_str(), p.delay_ms))
+                .collect::<Vec<_>>(),
+            [("10.0.0.2", 700), ("10.0.0.3", 1200)]
+        );
+        assert_eq!(r.unmeasured, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_after_the_window_and_nothing_when_already_listed() {
+        let s = Startup::default();
+        s.arm();
+        s.listed(Instant::now());
+        tokio::time::sleep(WINDOW + Duration::from_millis(1)).await;
+        s.note(peer("10.0.0.2"));
+        assert_eq!(s.measured(), None);
+        assert!(s
+            .report()
+            .unmeasured
+            .unwrap()
+            .starts_with("no new connection"));
+
+        let s = Startup::default();
+        s.arm();
+        s.unmeasurable("already listed".into());
+        s.listed(Instant::now());
+        s.note(peer("10.0.0.2"));
+        assert_eq!(s.measured(), None);
+        assert_eq!(s.report().unmeasured.as_deref(), Some("already listed"));
+    }
+}
