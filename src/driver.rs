@@ -11,7 +11,9 @@
 //!   ([`Driver::push`], [`Driver::set_phase`]): one log line per event, and the observers
 //!   (metrics) see each of them.
 //! * The final report is written by exactly one of the driver and the watchdog thread: each
-//!   claims the `emission` flag with a compare-exchange before writing.
+//!   claims the `emission` flag with a compare-exchange before writing. Under `run` the
+//!   watchdog stays armed until the report's last write (after Done) is over, so no sink can
+//!   hold the exit past it.
 //! * The `state` mutex is never held across an `.await`, never taken on the request path,
 //!   and never held while another part's lock is taken, so it cannot deadlock.
 //! * Phases only move forward; each transition is published on a `watch` channel.
@@ -157,6 +159,8 @@ pub(crate) struct Driver {
     forced: AtomicBool,
     /// `EMIT_*`: who writes the final report (the loser of the swap backs off).
     emission: AtomicU8,
+    /// `run`'s last write of the report is over: the watchdog stands down.
+    released: AtomicBool,
     terminate_seen: Notify,
     pub(crate) tasks: Tasks,
     pub(crate) closers: Closers,
@@ -198,6 +202,7 @@ impl Driver {
             link: Link::new(),
             forced: AtomicBool::new(false),
             emission: AtomicU8::new(EMIT_NONE),
+            released: AtomicBool::new(false),
             terminate_seen: Notify::new(),
             tasks: Tasks::default(),
             closers: Closers::default(),

@@ -46,10 +46,13 @@ impl Driver {
         self.note_quiesce(self.deadlines(now).quiesce);
         if watchdog {
             // Only a process that installed the handlers owns its exit.
+            // The watchdog acts half a margin past the hard deadline and writes for a quarter
+            // more: the process is gone a quarter of the margin before SIGKILL.
             exit::arm_watchdog(
                 Arc::clone(self),
                 now.into_std(),
                 self.budget.watchdog_deadline(),
+                self.budget.safety_margin / 4,
             );
         }
         tracing::info!(
