@@ -289,6 +289,7 @@ impl Drain {
     pub fn startup_gate(&self, name: impl Into<String>) -> StartupGate {
         let name = name.into();
         let index = self.inner.readiness.add_gate(name.clone());
+        self.inner.driver.note_startup_gate();
         if self.phase() != Phase::Starting {
             tracing::warn!(gate = %name, "lameduck: startup gate created after startup; it only affects readiness reporting");
         }

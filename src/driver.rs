@@ -110,6 +110,11 @@ struct Lifecycle {
     report: Option<DrainReport>,
     /// The arrival-rate evidence taken at the trigger.
     evidence: Option<Evidence>,
+    /// A startup gate exists: while Starting, the process says it is not ready.
+    gated: bool,
+    /// The first trigger came while a startup gate held the process in Starting: it was
+    /// never ready.
+    never_served: bool,
     /// What the propagation commit went on, once it committed.
     committed: Option<EvidenceReport>,
     /// The accept loop's timeouts, when `serve` runs the accept loop.
@@ -306,6 +311,11 @@ impl Driver {
     }
 
     // ---- before the trigger ----
+
+    /// A startup gate was created: Starting now means "not ready yet", not "nobody said".
+    pub(crate) fn note_startup_gate(&self) {
+        self.lock().gated = true;
+    }
 
     /// Starting → Serving (once).
     pub(crate) fn mark_serving(&self) {

@@ -21,6 +21,9 @@ impl Driver {
         unix_ms: u64,
         from_signal: bool,
     ) -> bool {
+        // Phases only move forward, so Starting now means never Serving before. Read before
+        // the state lock: that lock is never held while another part's is taken.
+        let was_starting = self.phase() == Phase::Starting;
         let watchdog = {
             let mut st = self.lock();
             if let Some(origin) = st.origin {
@@ -41,6 +44,9 @@ impl Driver {
                 st.timeline.push(e);
             }
             st.evidence = Some(self.policy.evidence_at(self.core, now));
+            // Without a gate, Starting may only mean nobody called `mark_started` (an accept
+            // loop of the application's own): then the proxies' view is unknown, so wait.
+            st.never_served = was_starting && st.gated;
             st.signals_installed
         };
         self.note_quiesce(self.deadlines(now).quiesce);
