@@ -16,6 +16,11 @@
 //! `exit_code` are used; unknown fields and event names are kept as they are. A file holding
 //! several JSON lines (a captured stderr) uses the last line that has a `timeline`.
 //!
+//! Times must be plausible: finite milliseconds since the epoch up to [`MAX_UNIX_MS`], offsets
+//! inside a run up to [`MAX_RUN_MS`]; anything else is refused with the file and line before
+//! anything is drawn. Names are printed with their control characters escaped
+//! ([`printable`]).
+//!
 //! External events (`--events FILE`) are JSON lines `{"unix_ms": .., "instance": "..",
 //! "event": ".."}` for what no report can know: the Pod's deletion (`deleted`), its endpoint
 //! leaving the Service (`endpoint_removed`), a proxy reloading its upstreams (`proxy_updated`),
