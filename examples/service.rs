@@ -254,6 +254,9 @@ async fn run(args: Args) -> i32 {
             return 2;
         }
     };
+    // Before READY: a SIGTERM right after it must drain, not kill (`run` would install them
+    // only later).
+    drain.install_signals();
     ready(&listener, &admin);
     // The admin listener is not behind the drain layer and lives until the process exits;
     // `run` returns only once every `/drain` caller has its answer.
