@@ -261,8 +261,10 @@ impl Sinks {
         if !text.is_empty() {
             let wait = step_deadline(until, STDERR_WAIT).saturating_duration_since(Instant::now());
             if let Err(e) = stderr_bounded(text, wait) {
-                // The file is the durable sink: rewrite it so it names the stalled stderr.
-                if let (Some(path), false) = (&self.file, out.file_failed) {
+                // The file is the durable sink: rewrite it so it names the stalled stderr, if
+                // there is time left (a rewrite cut halfway would only leave a temporary file).
+                let time_left = Instant::now() + LATE_SINK_WAIT < until;
+                if let (Some(path), false, true) = (&self.file, out.file_failed, time_left) {
                     let mut r = report.clone();
                     out.apply_to(&mut r);
                     r.sink_errors.push(e.clone());
