@@ -8,8 +8,8 @@
 //!   [`SINK_WAIT`] and by the deadline. A thread stuck in the kernel (a pipe nobody reads, a
 //!   hung network file system) is left behind, and the process exits past it; a sink that
 //!   stalled once is skipped afterwards instead of piling up threads behind it.
-//! * A file that is not a regular file (a FIFO, `/dev/stderr`, a device), and anything under
-//!   `/dev` or `/proc`, is written in place and without blocking: opened with `O_NONBLOCK` (a
+//! * A file that is not a regular file (a FIFO, `/dev/stderr`, a device), a link under `/dev`
+//!   and anything under `/proc` are written in place and without blocking: opened with `O_NONBLOCK` (a
 //!   FIFO with no reader fails at once instead of waiting for one), then written until the
 //!   deadline.
 //! * A regular file is replaced through a temporary file created exclusively (`O_EXCL`, so
@@ -311,11 +311,12 @@ fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 /// Whether `path` must be written in place: it exists and is not a regular file (a FIFO, a
-/// device, `/dev/stderr` on a pipe), or it lives under `/dev` or `/proc`, where a temporary
-/// file has no business and renaming over a link (`/dev/stdout`) would replace it.
+/// device, `/dev/stderr` on a pipe), or it is a link under `/dev` (`/dev/stdout` to a file)
+/// or anything under `/proc`, where renaming over the link would replace it.
 fn in_place(path: &Path) -> bool {
-    let special = path.starts_with("/dev") || path.starts_with("/proc");
-    special || std::fs::metadata(path).is_ok_and(|m| !m.is_file())
+    let link_in_dev = path.starts_with("/dev")
+        && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    link_in_dev || path.starts_with("/proc") || std::fs::metadata(path).is_ok_and(|m| !m.is_file())
 }
 
 /// Writes the report to `path`; see the [module docs](self). `rename` is
