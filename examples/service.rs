@@ -139,7 +139,7 @@ fn main() {
         // The preStop exec hook: ask our own admin port to drain, exit 0/1.
         match lameduck::prestop_blocking(args.admin, lameduck::PrestopOptions::from_env()) {
             Ok(status) => {
-                println!("drained: phase {}", status.phase);
+                say(&format!("drained: phase {}", status.phase));
                 std::process::exit(0)
             }
             Err(e) => {
@@ -254,11 +254,10 @@ async fn run(args: Args) -> i32 {
             return 2;
         }
     };
-    println!(
-        "READY listen={} admin={}",
-        listener.local_addr().unwrap(),
-        admin.local_addr().unwrap()
-    );
+    // Before READY: a SIGTERM right after it must drain, not kill (`run` would install them
+    // only later).
+    drain.install_signals();
+    ready(&listener, &admin);
     // The admin listener is not behind the drain layer and lives until the process exits;
     // `run` returns only once every `/drain` caller has its answer.
     tokio::spawn(drain.admin().serve(admin));
@@ -289,11 +288,7 @@ async fn naive(args: Args) -> i32 {
     let admin = tokio::net::TcpListener::bind(args.admin)
         .await
         .expect("admin");
-    println!(
-        "READY listen={} admin={}",
-        listener.local_addr().unwrap(),
-        admin.local_addr().unwrap()
-    );
+    ready(&listener, &admin);
     let probes = Router::new()
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }));
@@ -321,11 +316,7 @@ async fn fixed_sleep(args: Args, sleep: Duration) -> i32 {
     let admin = tokio::net::TcpListener::bind(args.admin)
         .await
         .expect("admin");
-    println!(
-        "READY listen={} admin={}",
-        listener.local_addr().unwrap(),
-        admin.local_addr().unwrap()
-    );
+    ready(&listener, &admin);
     let stopping = Arc::new(AtomicBool::new(false));
     let flag = stopping.clone();
     let probes = Router::new().route("/livez", get(|| async { "ok" })).route(
@@ -362,4 +353,25 @@ async fn fixed_sleep(args: Args, sleep: Duration) -> i32 {
         Ok(Ok(())) => 0,
         _ => 1,
     }
+}
+
+/// The READY line the tests and scripts wait for.
+fn ready(listener: &tokio::net::TcpListener, admin: &tokio::net::TcpListener) {
+    let addr = |l: &tokio::net::TcpListener| {
+        l.local_addr()
+            .map_or_else(|e| format!("? ({e})"), |a| a.to_string())
+    };
+    say(&format!(
+        "READY listen={} admin={}",
+        addr(listener),
+        addr(admin)
+    ));
+}
+
+/// A line on stdout. A closed stdout (the log pipe went away) is not a reason to stop
+/// serving: `println!` would panic there, this ignores it.
+fn say(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }

@@ -83,6 +83,18 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
                 ),
             ));
         }
+        (EvidenceKind::NeverServed, _) => out.push(advice(
+            Info,
+            Rule::NeverServed,
+            stopped_ms,
+            format!(
+                "the drain started while the process was still starting (never ready): no proxy \
+                 routed here, so it stopped accepting after {} instead of waiting for propagation \
+                 (max {})",
+                secs(stopped_ms),
+                secs(p.max_ms)
+            ),
+        )),
         (EvidenceKind::Confidence, _) => out.push(advice(
             Info,
             Rule::Confidence,

@@ -293,6 +293,7 @@ impl Drain {
     pub fn startup_gate(&self, name: impl Into<String>) -> StartupGate {
         let name = name.into();
         let index = self.inner.readiness.add_gate(name.clone());
+        self.inner.driver.note_startup_gate();
         if self.phase() != Phase::Starting {
             tracing::warn!(gate = %name, "lameduck: startup gate created after startup; it only affects readiness reporting");
         }
@@ -519,7 +520,15 @@ impl Drain {
                 .wait_for_stop_signal(&mut report, self.inner.signals.stop())
                 .await;
         }
-        self.inner.exit.settle(self.hard_deadline()).await;
+        let settle = self.inner.exit.settle(self.hard_deadline());
+        match driver.settle_cap() {
+            // Admin answers get what is left before the report's last write, which the
+            // watchdog waits for no longer than half the safety margin past the hard deadline.
+            Some(cap) => {
+                let _ = tokio::time::timeout_at(cap, settle).await;
+            }
+            None => settle.await,
+        }
         driver.finish(report).await
     }
 

@@ -11,7 +11,9 @@
 //!   ([`Driver::push`], [`Driver::set_phase`]): one log line per event, and the observers
 //!   (metrics) see each of them.
 //! * The final report is written by exactly one of the driver and the watchdog thread: each
-//!   claims the `emission` flag with a compare-exchange before writing.
+//!   claims the `emission` flag with a compare-exchange before writing. Under `run` the
+//!   watchdog stays armed until the report's last write (after Done) is over, so no sink can
+//!   hold the exit past it.
 //! * The `state` mutex is never held across an `.await`, never taken on the request path,
 //!   and never held while another part's lock is taken, so it cannot deadlock.
 //! * Phases only move forward; each transition is published on a `watch` channel.
@@ -109,6 +111,11 @@ struct Lifecycle {
     report: Option<DrainReport>,
     /// The arrival-rate evidence taken at the trigger.
     evidence: Option<Evidence>,
+    /// A startup gate exists: while Starting, the process says it is not ready.
+    gated: bool,
+    /// The first trigger came while a startup gate held the process in Starting: it was
+    /// never ready.
+    never_served: bool,
     /// What the propagation commit went on, once it committed.
     committed: Option<EvidenceReport>,
     /// The accept loop's timeouts, when `serve` runs the accept loop.
@@ -160,6 +167,8 @@ pub(crate) struct Driver {
     forced: AtomicBool,
     /// `EMIT_*`: who writes the final report (the loser of the swap backs off).
     emission: AtomicU8,
+    /// `run`'s last write of the report is over: the watchdog stands down.
+    released: AtomicBool,
     terminate_seen: Notify,
     pub(crate) tasks: Tasks,
     pub(crate) closers: Closers,
@@ -203,6 +212,7 @@ impl Driver {
             link: Link::new(),
             forced: AtomicBool::new(false),
             emission: AtomicU8::new(EMIT_NONE),
+            released: AtomicBool::new(false),
             terminate_seen: Notify::new(),
             tasks: Tasks::default(),
             closers: Closers::default(),
@@ -306,6 +316,11 @@ impl Driver {
     }
 
     // ---- before the trigger ----
+
+    /// A startup gate was created: Starting now means "not ready yet", not "nobody said".
+    pub(crate) fn note_startup_gate(&self) {
+        self.lock().gated = true;
+    }
 
     /// Starting → Serving (once).
     pub(crate) fn mark_serving(&self) {

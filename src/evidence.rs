@@ -201,7 +201,7 @@ impl Estimate {
 /// What the propagation policy went on when it committed (or, while draining, what it waits
 /// for).
 ///
-/// In JSON: `confidence`, `floor`, `max`, `fixed`, `cut`, `endpoint_slice`.
+/// In JSON: `confidence`, `floor`, `max`, `fixed`, `cut`, `endpoint_slice`, `never_served`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -222,6 +222,9 @@ pub enum EvidenceKind {
     /// allowance passed and the quiet window held: [`EvidenceReport::endpoint_slice`] has the
     /// numbers.
     EndpointSlice,
+    /// The process was never ready (the drain started while it was Starting): nothing
+    /// routed here, nothing to wait for.
+    NeverServed,
 }
 
 impl EvidenceKind {
@@ -314,6 +317,11 @@ impl EvidenceReport {
     /// One line for `/readyz?verbose` and the `propagation_done` event: the evidence and its
     /// numbers.
     pub(crate) fn describe(&self) -> String {
+        if self.kind == EvidenceKind::NeverServed {
+            return "never_served: the drain started before the process was ever ready; no \
+                    proxy routed here, nothing to wait for"
+                .to_owned();
+        }
         if self.kind == EvidenceKind::Fixed {
             // A set delay reads no evidence: saying what evidence was missing would be noise
             // (a worker with no HTTP was told to use `serve`).

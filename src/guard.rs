@@ -67,18 +67,9 @@ pub(crate) struct AfterFlip {
     /// Nanoseconds since `Core::base` + 1 of the last new connection; 0 = none.
     pub(crate) last_new_connection: AtomicU64,
     pub(crate) peers: Mutex<HashMap<IpAddr, u64>>,
-    /// Requests by traffic-path label (`x-traffic-path`): (label, on new, on reused), at most
-    /// [`MAX_PATHS`] labels in arrival order, then `other`.
-    pub(crate) paths: Mutex<Vec<(String, u64, u64)>>,
+    /// Requests by traffic-path label (`x-traffic-path`), the most frequent kept.
+    pub(crate) paths: Mutex<crate::path_counts::PathCounts>,
 }
-
-/// Distinct traffic-path labels kept; later ones count as `other`, so a client cannot grow
-/// the report.
-#[cfg(feature = "http")]
-pub(crate) const MAX_PATHS: usize = 16;
-/// Longest label kept; a longer one counts as `other`.
-#[cfg(feature = "http")]
-const MAX_PATH_LABEL: usize = 64;
 
 /// The hot-path block, leaked once per coordinator (`size_of::<Core>()` is checked below).
 #[derive(Debug)]
@@ -322,35 +313,11 @@ impl Core {
     /// draining (the layer's cold path), so a short lock is fine.
     #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn note_path(&self, label: &[u8], on_new_connection: bool) {
-        let label = std::str::from_utf8(label)
-            .ok()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && l.len() <= MAX_PATH_LABEL && l != &"other");
-        let mut paths = self
-            .after_flip
+        self.after_flip
             .paths
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let key = match label {
-            Some(l) if paths.iter().any(|(k, _, _)| k == l) => l,
-            Some(l) if paths.iter().filter(|(k, _, _)| k != "other").count() < MAX_PATHS => {
-                paths.push((l.to_owned(), 0, 0));
-                l
-            }
-            _ => {
-                if !paths.iter().any(|(k, _, _)| k == "other") {
-                    paths.push(("other".to_owned(), 0, 0));
-                }
-                "other"
-            }
-        };
-        if let Some(entry) = paths.iter_mut().find(|(k, _, _)| k == key) {
-            if on_new_connection {
-                entry.1 += 1;
-            } else {
-                entry.2 += 1;
-            }
-        }
+            .unwrap_or_else(|e| e.into_inner())
+            .note(label, on_new_connection);
     }
 
     pub(crate) fn wake_zero(&self) {
@@ -539,7 +506,7 @@ mod tests {
         assert_eq!(core.registered_requests().len(), 1);
         core.release_drain_state();
         assert!(core.after_flip.peers.lock().unwrap().is_empty());
-        assert!(core.after_flip.paths.lock().unwrap().is_empty());
+        assert!(core.after_flip.paths.lock().unwrap().counts().is_empty());
         assert!(core.registered_requests().is_empty());
         // The described guard's slot is gone; dropping it only leaves the counter.
         drop(guard);

@@ -120,6 +120,7 @@ mod kube;
 mod link;
 mod loom;
 mod names;
+mod path_counts;
 mod phase;
 mod propagation;
 mod readiness;

@@ -94,7 +94,7 @@ impl fmt::Display for Trigger {
 
 /// Why the drain stopped accepting.
 ///
-/// In JSON: `quiet`, `max`, `fixed`, `forced`.
+/// In JSON: `quiet`, `max`, `fixed`, `forced`, `never_served`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -108,6 +108,10 @@ pub enum CommitReason {
     /// The drain was forced (a second signal, a SIGQUIT that is not the stop signal,
     /// [`Drain::force`](crate::Drain::force)).
     Forced,
+    /// The drain started while the process was still Starting: it was never ready, so no
+    /// proxy routed here and there was nothing to wait for (a Service with
+    /// `publishNotReadyAddresses` is the exception: it is for peer discovery).
+    NeverServed,
 }
 
 impl CommitReason {

@@ -163,8 +163,10 @@ pub struct AfterFlipReport {
     pub peers: Vec<PeerCount>,
     /// The same requests by the route they took, from the `x-traffic-path` request header
     /// (the rollout probe sets it; a proxy can too): which path still sent work after the
-    /// drain started. At most 16 labels in order of first arrival, then `other`; empty when no
-    /// request carried the header.
+    /// drain started. The 16 most frequent labels over the drain, most requests first, then
+    /// `other` (a client sending many labels cannot push the busy ones out: a label with more
+    /// than 1/16 of the labelled requests is always kept, counted exactly from when it was
+    /// kept); empty when no request carried the header.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathCount>,
 }
@@ -203,11 +205,12 @@ impl AfterFlipReport {
                 .paths
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .iter()
+                .counts()
+                .into_iter()
                 .map(|(path, on_new, on_reused)| PathCount {
-                    path: path.clone(),
-                    requests_on_new_connections: *on_new,
-                    requests_on_reused_connections: *on_reused,
+                    path,
+                    requests_on_new_connections: on_new,
+                    requests_on_reused_connections: on_reused,
                 })
                 .collect(),
         }
@@ -217,7 +220,8 @@ impl AfterFlipReport {
 /// Requests after the drain started that came by one route (`x-traffic-path`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PathCount {
-    /// The label, or `other` past the first 16.
+    /// The label, or `other` for the labels not kept (and what they had before they were
+    /// dropped).
     pub path: String,
     /// Requests on connections opened after the drain started: this route still routed here.
     pub requests_on_new_connections: u64,

@@ -108,7 +108,10 @@ impl std::str::FromStr for StopSignal {
 /// Signals are received on a plain thread (not on the runtime), so the budget counts from
 /// their receipt even when the runtime is starved; and once a signal has started the drain, a
 /// watchdog thread writes a `forced` report (cause `runtime starved`) and exits with code 1
-/// if the drain is not done half a safety margin past the hard deadline.
+/// if the drain is not done half a safety margin past the hard deadline. Under
+/// [`Drain::run`](crate::Drain::run) it stays armed until the report's last write is over:
+/// a drain that is done but whose last write is stuck exits then with the drain's own code.
+/// The watchdog's own writes end a quarter of the margin later, before SIGKILL.
 ///
 /// # Examples
 ///

@@ -855,3 +855,39 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
     assert!(largest < 4096, "largest body {largest} bytes");
     drain.force();
 }
+
+/// SIGTERM while the process is still starting (a startup gate never opened): it was never
+/// ready, so no proxy routed here and there is no propagation to wait for.
+#[tokio::test(start_paused = true)]
+async fn a_drain_before_the_process_ever_served_stops_accepting_at_once() {
+    let drain = quiet_builder()
+        .grace_period(Duration::from_secs(30))
+        .propagation(Propagation::quiet(ms(1000)).max(Duration::from_secs(15)))
+        .build()
+        .unwrap();
+    let _warm_up = drain.startup_gate("warm-up");
+    drain.mark_started();
+    assert_eq!(drain.phase(), Phase::Starting);
+    let t0 = Instant::now();
+    assert!(drain.start(Trigger::Sigterm));
+    let report = drain.drained().await;
+    assert!(t0.elapsed() < ms(100), "{:?}", t0.elapsed());
+    let stop = report
+        .timeline
+        .iter()
+        .find(|e| e.event == EventKind::StoppedAccepting)
+        .unwrap();
+    assert_eq!(stop.reason, Some(CommitReason::NeverServed), "{stop:?}");
+    assert_eq!(stop.at_ms, 0);
+    let says: Vec<&str> = report.advice.iter().map(|a| a.message.as_str()).collect();
+    assert!(
+        says.iter().all(|m| !m.contains("served for only")),
+        "{says:?}"
+    );
+    let rule = report
+        .advice
+        .iter()
+        .find(|a| a.rule.as_str() == "never_served")
+        .unwrap_or_else(|| panic!("{says:?}"));
+    assert!(rule.message.contains("never ready"), "{}", rule.message);
+}

@@ -1,5 +1,6 @@
 //! Per-route accounting over real sockets: while draining, the layer splits the after-drain
-//! counts by the `x-traffic-path` request header, bounded to 16 labels plus `other`.
+//! counts by the `x-traffic-path` request header, bounded to the 16 most frequent labels plus
+//! `other`.
 
 mod common;
 
@@ -58,8 +59,8 @@ async fn after_drain_counts_are_split_by_traffic_path() {
                 let mut fresh = TcpStream::connect(addr).unwrap();
                 assert!(get_on(&mut fresh, path).contains("200"));
             }
-            // Twenty more distinct labels: 16 are kept in all, the rest is `other`.
-            for i in 0..20 {
+            // Thirteen more distinct labels, once each: 16 in all, each kept.
+            for i in 0..13 {
                 let mut fresh = TcpStream::connect(addr).unwrap();
                 let label = format!("route-{i}");
                 assert!(get_on(&mut fresh, Some(&label)).contains("200"));
@@ -81,9 +82,8 @@ async fn after_drain_counts_are_split_by_traffic_path() {
     assert_eq!(find("ingress").requests_on_new_connections, 0);
     assert_eq!(find("service").requests_on_new_connections, 2);
     assert_eq!(find("pod-ip").requests_on_new_connections, 1);
-    // ingress, service, pod-ip and 13 of the 20 routes; 7 routes fall into `other`.
     assert_eq!(paths.iter().filter(|c| c.path != "other").count(), 16);
-    assert_eq!(find("other").requests_on_new_connections, 7);
+    assert!(paths.iter().all(|c| c.path != "other"), "{paths:?}");
     // The unlabelled request is in the totals only.
     let labelled: u64 = paths
         .iter()
@@ -92,4 +92,62 @@ async fn after_drain_counts_are_split_by_traffic_path() {
     let total = report.after_flip.requests_on_new_connections
         + report.after_flip.requests_on_reused_connections;
     assert_eq!(labelled + 1, total);
+}
+
+/// Sends one request with `label` on a new connection to `addr`.
+fn once(addr: std::net::SocketAddr, label: &str) {
+    let mut fresh = TcpStream::connect(addr).unwrap();
+    assert!(get_on(&mut fresh, Some(label)).contains("200"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_labels_sent_first_do_not_push_the_real_routes_into_other() {
+    let drain = drain(secs(30), Propagation::fixed(secs(3)));
+    let (listener, addr) = bind().await;
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(drain.layer());
+    let server = tokio::spawn(lameduck::serve(listener, app.with_state(()), &drain));
+    within("serving", drain.reached(Phase::Serving)).await;
+    drain.start(Trigger::Api);
+
+    let sent = tokio::task::spawn_blocking(move || {
+        // A client squats the table: 16 junk labels before any real route.
+        for i in 0..16 {
+            once(addr, &format!("junk-{i}"));
+        }
+        // The real routes, three requests each.
+        for _ in 0..3 {
+            for route in ["ingress", "service", "pod-ip"] {
+                once(addr, route);
+            }
+        }
+        // And it keeps churning: twenty more junk labels, once each.
+        for i in 16..36 {
+            once(addr, &format!("junk-{i}"));
+        }
+    })
+    .await;
+    sent.unwrap();
+    let report = within("the drain", drain.drained()).await;
+    within("serve returns", server).await.unwrap();
+    let paths = &report.after_flip.paths;
+    for route in ["ingress", "service", "pod-ip"] {
+        let c = paths
+            .iter()
+            .find(|c| c.path == route)
+            .unwrap_or_else(|| panic!("{route} squatted out of {paths:?}"));
+        assert_eq!(c.requests_on_new_connections, 3, "{c:?}");
+    }
+    // Still bounded, and nothing lost: every labelled request is in a label or in `other`.
+    assert!(paths.iter().filter(|c| c.path != "other").count() <= 16);
+    let labelled: u64 = paths.iter().map(|c| c.requests_on_new_connections).sum();
+    assert_eq!(labelled, 16 + 9 + 20);
+    // The most frequent first.
+    assert!(
+        paths[..3]
+            .iter()
+            .all(|c| c.requests_on_new_connections == 3),
+        "{paths:?}"
+    );
 }

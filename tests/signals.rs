@@ -17,7 +17,7 @@ const TERMINATION_LOG_ENV: &str = "LAMEDUCK_TEST_TERMINATION_LOG";
 
 /// Child side: build a coordinator, announce readiness, run, exit with the report's code.
 fn child_main(scenario: &str) -> ! {
-    let rt = if scenario == "starved" {
+    let rt = if scenario.starts_with("starved") {
         // Two workers, both blocked below: the drain's driver can never run.
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -51,11 +51,22 @@ fn child_main(scenario: &str) -> ! {
         let mut held = None;
         match scenario {
             "idle" | "prestop" | "stop-quit-env" | "stop-quit-builder" | "report-file" => {}
+            "report-file-closers" => {
+                // A report of about 3 KiB: a 4 KiB pipe takes it once, not twice.
+                for i in 0..4 {
+                    drain.on_close(format!("closer-{i}-{}", "x".repeat(120)), || async {
+                        Ok::<(), std::io::Error>(())
+                    });
+                }
+            }
             "stuck-task" => {
                 drain.spawn("stuck-task", std::future::pending::<()>());
             }
             "stuck-request" => held = Some(drain.enter()),
-            "starved" => {
+            "starved" | "starved-stalled-stderr" => {
+                if scenario == "starved-stalled-stderr" {
+                    stall_stderr();
+                }
                 // Handlers that block their worker thread (synchronous I/O, a busy loop).
                 let blocked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
                 for _ in 0..2 {
@@ -74,18 +85,7 @@ fn child_main(scenario: &str) -> ! {
                 }
                 assert_eq!(blocked.load(std::sync::atomic::Ordering::SeqCst), 2);
             }
-            "stalled-stderr" => {
-                // A log reader that stopped reading: this thread fills the pipe and then
-                // blocks in the middle of a write, holding stderr's lock.
-                std::thread::spawn(|| {
-                    let chunk = vec![b'x'; 64 * 1024];
-                    let mut err = std::io::stderr().lock();
-                    for _ in 0..64 {
-                        let _ = std::io::Write::write_all(&mut err, &chunk);
-                    }
-                });
-                std::thread::sleep(Duration::from_millis(200));
-            }
+            "stalled-stderr" => stall_stderr(),
             other => panic!("unknown scenario {other}"),
         }
         drain.install_signals();
@@ -101,6 +101,19 @@ fn child_main(scenario: &str) -> ! {
         report.exit_code
     });
     std::process::exit(code)
+}
+
+/// A log reader that stopped reading: a thread fills the pipe and then blocks in the middle
+/// of a write, holding stderr's lock.
+fn stall_stderr() {
+    std::thread::spawn(|| {
+        let chunk = vec![b'x'; 64 * 1024];
+        let mut err = std::io::stderr().lock();
+        for _ in 0..64 {
+            let _ = std::io::Write::write_all(&mut err, &chunk);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
 }
 
 struct Proc {
@@ -477,6 +490,8 @@ fn a_report_file_that_cannot_be_written_is_said_and_exits_1() {
             err.contains(&expected) && err.contains(why),
             "{path}: {err}"
         );
+        // Said once, though the report is written twice under `run` (at Done, at the exit).
+        assert_eq!(err.matches(&expected).count(), 1, "{path}: {err}");
         assert!(
             report.sink_errors.iter().any(|e| e.contains(path)),
             "{:?}",
@@ -530,4 +545,251 @@ fn the_report_file_is_replaced_atomically_with_the_final_report() {
     );
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&tlog);
+}
+
+/// The grace period every child gets (see `child_main`): kubelet's SIGKILL would come then.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// Waits (bounded) for the child to exit without reading its pipes first (a test whose child
+/// has a stalled stderr); returns the exit code and the time it took.
+fn wait_unread(p: &mut Proc, limit: Duration) -> (Option<i32>, Duration) {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = p.child.try_wait().unwrap() {
+            return (status.code(), start.elapsed());
+        }
+        if start.elapsed() > limit {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+            panic!("the child did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A FIFO at `path` whose reader never reads, full but for `room` bytes. The returned file is
+/// that reader (and the writer that filled it): keep it open for the test.
+fn stalled_fifo(path: &std::path::Path, room: usize) -> std::fs::File {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    assert!(Command::new("mkfifo").arg(path).status().unwrap().success());
+    // Read and write: opening does not wait for another end, and the FIFO has a reader.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .unwrap();
+    let page = [b'#'; 4096];
+    // Bounded: a pipe holds at most 1 MiB (64 KiB by default).
+    for _ in 0..=256 {
+        match f.write(&page) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("filling the FIFO: {e}"),
+        }
+    }
+    let mut freed = vec![0; room];
+    f.read_exact(&mut freed).unwrap();
+    f
+}
+
+#[test]
+fn a_report_file_on_a_stalled_pipe_does_not_hold_the_exit() {
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let path = report_path("stalled.fifo");
+    // Room for the first write only, as a log pipe whose reader stopped.
+    let reader = stalled_fifo(&path, 4096);
+    let p = spawn_with(
+        "a_report_file_on_a_stalled_pipe_does_not_hold_the_exit",
+        "report-file-closers",
+        &[(REPORT_ENV, path.to_str().unwrap())],
+    );
+    kill(&p, "-TERM");
+    let (code, took, report, err) = wait_stderr(p, Duration::from_secs(20));
+    assert!(took < GRACE, "exited {took:?} after SIGTERM: {err}");
+    assert!(report.to_json().len() > 2048, "{}", report.to_json().len());
+    // The report still reached stderr, naming the stalled file; the drain itself was clean.
+    assert_eq!(report.outcome, Outcome::Clean);
+    assert!(
+        report
+            .sink_errors
+            .iter()
+            .any(|e| e.contains("stalled.fifo")),
+        "{:?}",
+        report.sink_errors
+    );
+    assert_eq!(code, 1, "the report file failed: {err}");
+    assert_exit_event(&report, 1);
+    drop(reader);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_report_fifo_without_a_reader_is_said_and_the_report_reaches_stderr() {
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let path = report_path("unread.fifo");
+    let _ = std::fs::remove_file(&path);
+    assert!(Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success());
+    let p = spawn_with(
+        "a_report_fifo_without_a_reader_is_said_and_the_report_reaches_stderr",
+        "report-file",
+        &[(REPORT_ENV, path.to_str().unwrap())],
+    );
+    kill(&p, "-TERM");
+    let (code, took, report, err) = wait_stderr(p, Duration::from_secs(20));
+    assert!(took < GRACE, "exited {took:?} after SIGTERM: {err}");
+    assert_eq!(code, 1);
+    assert_exit_event(&report, 1);
+    assert!(
+        err.contains("unread.fifo") && err.contains("no process reads"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn the_watchdog_exits_inside_the_grace_period_with_stderr_stalled() {
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let path = report_path("starved-stalled.json");
+    let _ = std::fs::remove_file(&path);
+    let mut p = spawn_with(
+        "the_watchdog_exits_inside_the_grace_period_with_stderr_stalled",
+        "starved-stalled-stderr",
+        &[(REPORT_ENV, path.to_str().unwrap())],
+    );
+    kill(&p, "-TERM");
+    let (code, took) = wait_unread(&mut p, Duration::from_secs(20));
+    assert!(took < GRACE, "exited {took:?} after SIGTERM");
+    assert_eq!(code, Some(1));
+    // The file is the sink that works: it holds the watchdog's report.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let report: DrainReport = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(report.outcome, Outcome::Forced);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_symlink_planted_at_the_temporary_name_is_not_followed() {
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let path = report_path("planted.json");
+    let victim = report_path("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let _ = std::fs::remove_file(&path);
+    let p = spawn_with(
+        "a_symlink_planted_at_the_temporary_name_is_not_followed",
+        "report-file",
+        &[(REPORT_ENV, path.to_str().unwrap())],
+    );
+    // The names an attacker can guess: the file's name and the process id.
+    let dir = path.parent().unwrap();
+    let planted: Vec<_> = [
+        format!(".planted.json.{}.tmp", p.child.id()),
+        format!(".planted.json.{}", p.child.id()),
+        "planted.json.tmp".to_owned(),
+        ".planted.json.tmp".to_owned(),
+    ]
+    .into_iter()
+    .map(|n| dir.join(n))
+    .collect();
+    for link in &planted {
+        let _ = std::fs::remove_file(link);
+        std::os::unix::fs::symlink(&victim, link).unwrap();
+    }
+    kill(&p, "-TERM");
+    let (code, took, stderr_report) = wait(p, Duration::from_secs(20));
+    assert!(took < GRACE, "exited {took:?} after SIGTERM");
+    assert_eq!(code, 0);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(meta.is_file(), "the report is a regular file: {meta:?}");
+    let file_report: DrainReport =
+        serde_json::from_str(std::fs::read_to_string(&path).unwrap().trim()).unwrap();
+    assert_eq!(file_report, stderr_report);
+    for link in &planted {
+        let _ = std::fs::remove_file(link);
+    }
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&victim);
+}
+
+/// A file bind-mounted over another, as a Kubernetes `subPath` file mount; unmounted on drop,
+/// also when the test fails.
+struct BindMount {
+    target: std::path::PathBuf,
+}
+
+impl BindMount {
+    /// `None` (said on stderr) where mounting is not allowed, unless `LAMEDUCK_E2E=require`.
+    fn new(source: &std::path::Path, target: &std::path::Path) -> Option<Self> {
+        let out = Command::new("mount")
+            .arg("--bind")
+            .arg(source)
+            .arg(target)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(BindMount {
+                target: target.to_owned(),
+            }),
+            other => {
+                let why =
+                    format!("this test needs root to bind-mount a file (mount --bind): {other:?}");
+                if std::env::var("LAMEDUCK_E2E").as_deref() == Ok("require") {
+                    panic!("{why}");
+                }
+                eprintln!("SKIPPED: {why}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.target).status();
+    }
+}
+
+#[test]
+fn a_bind_mounted_report_file_is_written_in_place() {
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let source = report_path("mounted-source.json");
+    let target = report_path("mounted.json");
+    std::fs::write(&source, "the previous report\n").unwrap();
+    std::fs::write(&target, "").unwrap();
+    let Some(mount) = BindMount::new(&source, &target) else {
+        return;
+    };
+    let p = spawn_with(
+        "a_bind_mounted_report_file_is_written_in_place",
+        "report-file",
+        &[(REPORT_ENV, target.to_str().unwrap())],
+    );
+    kill(&p, "-TERM");
+    let (code, took, stderr_report, err) = wait_stderr(p, Duration::from_secs(20));
+    assert!(took < GRACE, "exited {took:?} after SIGTERM");
+    assert_eq!(code, 0, "{err}");
+    // Written through the mount: the volume's file holds the final report, whole.
+    let text = std::fs::read_to_string(&source).unwrap();
+    let file_report: DrainReport = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(file_report, stderr_report);
+    assert_exit_event(&file_report, 0);
+    drop(mount);
+    let _ = std::fs::remove_file(&source);
+    let _ = std::fs::remove_file(&target);
 }

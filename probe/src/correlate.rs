@@ -16,6 +16,11 @@
 //! `exit_code` are used; unknown fields and event names are kept as they are. A file holding
 //! several JSON lines (a captured stderr) uses the last line that has a `timeline`.
 //!
+//! Times must be plausible: finite milliseconds since the epoch up to [`MAX_UNIX_MS`], offsets
+//! inside a run up to [`MAX_RUN_MS`]; anything else is refused with the file and line before
+//! anything is drawn. Names are printed with their control characters escaped
+//! ([`printable`]).
+//!
 //! External events (`--events FILE`) are JSON lines `{"unix_ms": .., "instance": "..",
 //! "event": ".."}` for what no report can know: the Pod's deletion (`deleted`), its endpoint
 //! leaving the Service (`endpoint_removed`), a proxy reloading its upstreams (`proxy_updated`),
@@ -130,9 +135,56 @@ pub struct CorrelateError {
 }
 
 impl CorrelateError {
+    /// The message may quote the input (a serde error names an unknown value): it is printed
+    /// with its control characters escaped.
     fn new(message: String) -> Self {
-        CorrelateError { message }
+        CorrelateError {
+            message: printable(&message).into_owned(),
+        }
     }
+}
+
+/// The latest wall-clock time accepted, in ms since the Unix epoch (the year 2286): anything
+/// later is a broken clock or a hostile file, and would make every scale meaningless.
+pub const MAX_UNIX_MS: f64 = 1e13;
+
+/// The longest offset accepted inside one probe run (`start_ms`, `end_ms`), in ms: 115 days.
+pub const MAX_RUN_MS: f64 = 1e10;
+
+/// `Err` with what is wrong when `value` is not a time in `0..=max` ms.
+fn plausible(field: &str, value: f64, max: f64) -> Result<(), String> {
+    if value.is_finite() && (0.0..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} {value:e} is not a plausible time (finite milliseconds, 0 to {max:e})"
+        ))
+    }
+}
+
+/// `text` with its control characters (C0, DEL, C1) and bidirectional overrides written as
+/// `\xHH` / `\u{HHHH}`, so a hostile name cannot drive the terminal (OSC, CSI) or break a
+/// line. Borrowed when there is nothing to escape.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    fn hostile(c: char) -> bool {
+        c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    }
+    if !text.chars().any(hostile) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if hostile(c) && (c as u32) < 0x100 => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if hostile(c) => {
+                let _ = write!(out, "\\u{{{:04x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 impl fmt::Display for CorrelateError {
@@ -239,6 +291,11 @@ impl ReportView {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| source.to_owned()),
         };
+        for e in &mirror.timeline {
+            plausible("unix_ms", e.unix_ms as f64, MAX_UNIX_MS).map_err(|why| {
+                CorrelateError::new(format!("{source}: event {}: {why}", e.event))
+            })?;
+        }
         let timeline = mirror
             .timeline
             .into_iter()
@@ -290,18 +347,19 @@ pub fn parse_events(text: &str, source: &str) -> Result<Vec<ExternalEvent>, Corr
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str::<ExternalMirror>(l)
-                .map(|m| ExternalEvent {
-                    unix_ms: m.unix_ms,
-                    instance: m.instance,
-                    event: m.event,
-                })
-                .map_err(|e| {
-                    CorrelateError::new(format!(
-                        "{source} line {}: {e}; each line must be {{\"unix_ms\": <ms>, \"instance\": \"<name>\", \"event\": \"<what>\"}}",
-                        i + 1
-                    ))
-                })
+            let m = serde_json::from_str::<ExternalMirror>(l).map_err(|e| {
+                CorrelateError::new(format!(
+                    "{source} line {}: {e}; each line must be {{\"unix_ms\": <ms>, \"instance\": \"<name>\", \"event\": \"<what>\"}}",
+                    i + 1
+                ))
+            })?;
+            plausible("unix_ms", m.unix_ms, MAX_UNIX_MS)
+                .map_err(|why| CorrelateError::new(format!("{source} line {}: {why}", i + 1)))?;
+            Ok(ExternalEvent {
+                unix_ms: m.unix_ms,
+                instance: m.instance,
+                event: m.event,
+            })
         })
         .collect()
 }
@@ -329,6 +387,18 @@ pub fn parse_records(text: &str, source: &str) -> Result<Vec<Record>, CorrelateE
                 "{source} line {}: the record has no start_unix_ms; it was written by an older probe, run the probe again",
                 i + 1
             )));
+        }
+        let times = [
+            ("start_unix_ms", r.start_unix_ms, MAX_UNIX_MS),
+            ("start_ms", Some(r.start_ms), MAX_RUN_MS),
+            ("end_ms", r.end_ms, MAX_RUN_MS),
+        ];
+        for (field, value, max) in times {
+            if let Some(v) = value {
+                plausible(field, v, max).map_err(|why| {
+                    CorrelateError::new(format!("{source} line {}: {why}", i + 1))
+                })?;
+            }
         }
         records.push(r);
     }
@@ -789,7 +859,7 @@ impl Correlation {
             self.origin_unix_ms as u64,
             self.proxy_label
                 .as_deref()
-                .map(|p| format!(", through {p}"))
+                .map(|p| format!(", through {}", printable(p)))
                 .unwrap_or_default()
         );
         let off = |t: f64| format!("{:>9.0}", t - self.origin_unix_ms);
@@ -798,19 +868,27 @@ impl Correlation {
             let source = inst
                 .report
                 .as_ref()
-                .map(|r| format!("report {}", r.source))
+                .map(|r| format!("report {}", printable(&r.source)))
                 .unwrap_or_else(|| "no report".to_owned());
             let _ = writeln!(
                 out,
                 "{} ({source}): answered {}, {} while draining, {} failure(s) put down to it",
-                inst.instance, inst.answered, inst.draining, inst.failed
+                printable(&inst.instance),
+                inst.answered,
+                inst.draining,
+                inst.failed
             );
             for row in &inst.rows {
                 let at = row
                     .unix_ms
                     .map(off)
                     .unwrap_or_else(|| format!("{:>9}", "-"));
-                let _ = writeln!(out, "  {:<22}{at}  {}", row.what, row.note);
+                let _ = writeln!(
+                    out,
+                    "  {:<22}{at}  {}",
+                    printable(&row.what),
+                    printable(&row.note)
+                );
             }
         }
         let _ = writeln!(out);
@@ -830,10 +908,10 @@ impl Correlation {
                 "  {} {:<15} {:<24} {} ({}): {}",
                 off(f.unix_ms),
                 f.class.as_str(),
-                f.id,
-                f.instance.as_deref().unwrap_or("-"),
-                f.why,
-                f.error
+                printable(&f.id),
+                printable(f.instance.as_deref().unwrap_or("-")),
+                printable(&f.why),
+                printable(&f.error)
             );
         }
         if self.failures.len() > TABLE_FAILURES {

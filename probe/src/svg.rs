@@ -20,11 +20,16 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 50.0;
 const LANE: f64 = 66.0;
 const LEGEND: f64 = 70.0;
+/// More ticks than `nice_step` ever gives: the bound of the tick loop.
+const MAX_TICKS: u32 = 32;
 /// The lane of requests that no instance answered.
 pub(crate) const NO_INSTANCE: &str = "(no answer)";
 
+/// Markup-escaped, with control characters (which XML 1.0 forbids, or which show as nothing)
+/// written out visibly as in the terminal table.
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
+    crate::correlate::printable(s)
+        .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
@@ -116,10 +121,13 @@ impl Correlation {
                 .filter(|r| r.outcome == Outcome::Failed)
                 .count()
         );
-        // Second ticks along the top.
+        // Second ticks along the top: at most about 12 (the inputs were checked to be
+        // plausible times; the count is bounded whatever they are).
         let step = nice_step(span);
-        let mut tick = 0.0;
-        while tick <= span {
+        for tick in (0..=MAX_TICKS)
+            .map(|k| k as f64 * step)
+            .take_while(|t| t.is_finite() && *t <= span)
+        {
             let tx = x(t0 + tick);
             let _ = writeln!(
                 out,
@@ -128,7 +136,6 @@ impl Correlation {
                 TOP - 2.0,
                 tick / 1000.0
             );
-            tick += step;
         }
 
         for (li, lane) in lanes.iter().enumerate() {

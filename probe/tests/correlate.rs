@@ -281,6 +281,7 @@ async fn correlate_classifies_every_failure_and_draws_every_request() {
     // and connection in the class; the report's and the events' moments as lines.
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+    well_formed(&svg).unwrap_or_else(|e| panic!("{e}"));
     let lanes = lanes(&svg);
     let mut drawn = 0;
     for (name, group) in &lanes {
@@ -406,4 +407,347 @@ fn a_report_written_by_the_service_is_read() {
     let table = c.table();
     assert!(table.contains("sigterm started the drain"), "{table}");
     assert!(table.contains("drain done, exit code 0"), "{table}");
+}
+
+/// Runs the probe binary with `args`, killed if it has not exited within `limit`; returns
+/// its exit code, stdout and stderr.
+fn run_bounded(args: &[&str], limit: Duration) -> (Option<i32>, String, String) {
+    use std::io::Read as _;
+    let mut child = Process::new(env!("CARGO_BIN_EXE_lameduck-probe"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read on threads: a large output must not block the child while it is watched.
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("correlate {args:?} did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let lossy = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    (
+        status.code(),
+        lossy(out.join().unwrap()),
+        lossy(err.join().unwrap()),
+    )
+}
+
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "lameduck-probe-correlate-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const A_RECORD: &str = r#"{"id":"r-1","kind":"short","label":"l","mode":"fresh","start_ms":0.0,"end_ms":10.0,"status":200,"outcome":"ok","reused":false,"conn":1,"bytes":2,"instance":"web-1","start_unix_ms":1764556801000.0}"#;
+const A_REPORT: &str = r#"{"timeline":[{"event":"drain_started","at_ms":0,"unix_ms":1764556801100},{"event":"done","at_ms":500,"unix_ms":1764556801600}],"pod":{"name":"web-1"}}"#;
+
+#[test]
+fn times_no_clock_can_have_are_refused_before_anything_loops_on_them() {
+    let dir = scratch_dir("extreme");
+    let svg = dir.join("out.svg");
+    let s = svg.display().to_string();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let records = write("records.jsonl", &format!("{A_RECORD}\n"));
+    let report = write("web-1.json", A_REPORT);
+    let huge_end = write(
+        "huge-end.jsonl",
+        &format!(
+            "{}\n",
+            A_RECORD.replace(r#""end_ms":10.0"#, r#""end_ms":1.79e308"#)
+        ),
+    );
+    let negative = write(
+        "negative.jsonl",
+        &format!(
+            "{}\n",
+            A_RECORD.replace(
+                r#""start_unix_ms":1764556801000.0"#,
+                r#""start_unix_ms":-5.0"#
+            )
+        ),
+    );
+    let far_report = write(
+        "far.json",
+        &A_REPORT.replace("1764556801600", "18446744073709551615"),
+    );
+    let events = write(
+        "events.jsonl",
+        "{\"unix_ms\": 1.7976e308, \"instance\": \"web-1\", \"event\": \"exit\"}\n",
+    );
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "--probe", &records, "--report", &report, "--events", &events,
+            ],
+            "events.jsonl line 1: unix_ms",
+        ),
+        (
+            &["--probe", &huge_end, "--report", &report],
+            "huge-end.jsonl line 1: end_ms",
+        ),
+        (
+            &["--probe", &negative, "--report", &report],
+            "negative.jsonl line 1: start_unix_ms",
+        ),
+        (
+            &["--probe", &records, "--report", &far_report],
+            "far.json: event done: unix_ms",
+        ),
+    ];
+    for (args, says) in cases {
+        let mut argv = vec!["correlate"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&["--svg", &s]);
+        let (code, _, err) = run_bounded(&argv, Duration::from_secs(10));
+        assert_eq!(code, Some(3), "{args:?}: {err}");
+        assert!(err.contains(says), "{says:?} in {err}");
+        assert!(err.contains("not a plausible"), "{err}");
+    }
+    // The same inputs with plausible times draw.
+    let (code, _, err) = run_bounded(
+        &[
+            "correlate",
+            "--probe",
+            &records,
+            "--report",
+            &report,
+            "--svg",
+            &s,
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    well_formed(&std::fs::read_to_string(&svg).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn hostile_names_reach_neither_the_terminal_nor_the_svg_raw() {
+    let dir = scratch_dir("hostile");
+    // An OSC title change, a CSI colour, a bell, a C1 CSI and a \x01 in names of every kind.
+    let osc = "\\u001b]0;pwned\\u0007";
+    let csi = "\\u001b[31m";
+    let record = A_RECORD
+        .replace(r#""id":"r-1""#, &format!(r#""id":"r{csi}1""#))
+        .replace(
+            r#""instance":"web-1""#,
+            &format!(r#""instance":"web{osc}1\u0001""#),
+        )
+        .replace(
+            r#""outcome":"ok""#,
+            r#""outcome":"failed","failure":"request","error":"boom\u0001\u009b2J""#,
+        );
+    let report = A_REPORT
+        .replace(
+            r#""event":"done""#,
+            &format!(r#""event":"done{osc}","detail":"x\u0001{csi}""#),
+        )
+        .replace(r#""name":"web-1""#, &format!(r#""name":"web{osc}1\u0001""#));
+    std::fs::write(dir.join("records.jsonl"), format!("{record}\n")).unwrap();
+    std::fs::write(dir.join("report.json"), &report).unwrap();
+    std::fs::write(
+        dir.join("events.jsonl"),
+        format!("{{\"unix_ms\": 1764556801300, \"instance\": \"web{osc}1\\u0001\", \"event\": \"proxy{csi}\\u0001\"}}\n"),
+    )
+    .unwrap();
+    let p = |n: &str| dir.join(n).display().to_string();
+    let (code, out, err) = run_bounded(
+        &[
+            "correlate",
+            "--probe",
+            &p("records.jsonl"),
+            "--report",
+            &p("report.json"),
+            "--events",
+            &p("events.jsonl"),
+            "--svg",
+            &p("out.svg"),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    // The names are there, escaped: no control character reaches the terminal.
+    assert!(out.contains("web\\x1b]0;pwned\\x071\\x01"), "{out}");
+    assert!(out.contains("proxy\\x1b[31m\\x01"), "{out}");
+    let raw: Vec<char> = out
+        .chars()
+        .filter(|c| c.is_control() && *c != '\n')
+        .collect();
+    assert!(raw.is_empty(), "{raw:?} in {out}");
+    let svg = std::fs::read_to_string(dir.join("out.svg")).unwrap();
+    well_formed(&svg).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        svg.contains("proxy\\x1b[31m\\x01"),
+        "the name is kept, escaped"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A small XML 1.0 well-formedness check, enough for the probe's SVG: legal characters only,
+/// tags nested and matched, attributes quoted and unique, `&` only in known references, one
+/// root element.
+fn well_formed(xml: &str) -> Result<(), String> {
+    fn legal(c: char) -> bool {
+        matches!(c, '\t' | '\n' | '\r' | ' '..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
+    }
+    fn name_char(c: char) -> bool {
+        c.is_alphanumeric() || matches!(c, '_' | ':' | '-' | '.')
+    }
+    /// Checks the references in character data or an attribute value.
+    fn refs(text: &str, at: usize) -> Result<(), String> {
+        let mut rest = text;
+        while let Some(i) = rest.find('&') {
+            let tail = &rest[i + 1..];
+            let end = tail
+                .find(';')
+                .ok_or(format!("unterminated reference at {at}"))?;
+            let r = &tail[..end];
+            let ok = match r.strip_prefix('#') {
+                Some(n) => {
+                    let code = match n.strip_prefix('x') {
+                        Some(h) => u32::from_str_radix(h, 16).ok(),
+                        None => n.parse().ok(),
+                    };
+                    code.and_then(char::from_u32).is_some_and(legal)
+                }
+                None => matches!(r, "amp" | "lt" | "gt" | "quot" | "apos"),
+            };
+            if !ok {
+                return Err(format!("bad reference &{r}; at {at}"));
+            }
+            rest = &tail[end + 1..];
+        }
+        Ok(())
+    }
+    if let Some((i, c)) = xml.char_indices().find(|(_, c)| !legal(*c)) {
+        return Err(format!("illegal character {c:?} at byte {i}"));
+    }
+    let mut stack: Vec<&str> = Vec::new();
+    let mut roots = 0;
+    let mut i = 0;
+    let b = xml.as_bytes();
+    while i < xml.len() {
+        if b[i] != b'<' {
+            let end = xml[i..].find('<').map_or(xml.len(), |n| i + n);
+            let text = &xml[i..end];
+            if text.contains('>') && text.contains("]]>") {
+                return Err(format!("]]> in text at {i}"));
+            }
+            if stack.is_empty() && !text.trim().is_empty() {
+                return Err(format!("text outside the root at {i}"));
+            }
+            refs(text, i)?;
+            i = end;
+            continue;
+        }
+        let rest = &xml[i..];
+        if let Some(r) = rest.strip_prefix("<?") {
+            i += 2 + r.find("?>").ok_or("unterminated <?")? + 2;
+            continue;
+        }
+        if let Some(r) = rest.strip_prefix("<!--") {
+            i += 4 + r.find("-->").ok_or("unterminated comment")? + 3;
+            continue;
+        }
+        if let Some(r) = rest.strip_prefix("</") {
+            let end = r.find('>').ok_or("unterminated end tag")?;
+            let name = r[..end].trim_end();
+            match stack.pop() {
+                Some(open) if open == name => {}
+                other => return Err(format!("</{name}> closes {other:?} at {i}")),
+            }
+            i += 2 + end + 1;
+            continue;
+        }
+        // A start tag: a name, then name="value" pairs, then > or />.
+        let mut j = i + 1;
+        let name_end = xml[j..]
+            .find(|c: char| !name_char(c))
+            .map_or(xml.len(), |n| j + n);
+        let name = &xml[j..name_end];
+        if name.is_empty() {
+            return Err(format!("a tag without a name at {i}"));
+        }
+        j = name_end;
+        let mut seen: Vec<&str> = Vec::new();
+        let self_closing = loop {
+            let ws = xml[j..].len() - xml[j..].trim_start().len();
+            j += ws;
+            let r = &xml[j..];
+            if r.starts_with("/>") {
+                j += 2;
+                break true;
+            }
+            if r.starts_with('>') {
+                j += 1;
+                break false;
+            }
+            if ws == 0 {
+                return Err(format!("no space before an attribute at {j}"));
+            }
+            let an_end = r.find(|c: char| !name_char(c)).unwrap_or(r.len());
+            let an = &r[..an_end];
+            if an.is_empty() || seen.contains(&an) {
+                return Err(format!("bad or repeated attribute {an:?} at {j}"));
+            }
+            seen.push(an);
+            let after = &r[an_end..];
+            let q = after
+                .strip_prefix('=')
+                .and_then(|v| v.chars().next())
+                .filter(|q| *q == '"' || *q == '\'')
+                .ok_or(format!("attribute {an} not quoted at {j}"))?;
+            let value_start = j + an_end + 2;
+            let len = xml[value_start..]
+                .find(q)
+                .ok_or(format!("unterminated value of {an}"))?;
+            let value = &xml[value_start..value_start + len];
+            if value.contains('<') {
+                return Err(format!("< in the value of {an} at {j}"));
+            }
+            refs(value, value_start)?;
+            j = value_start + len + 1;
+        };
+        if stack.is_empty() {
+            roots += 1;
+        }
+        if !self_closing {
+            stack.push(name);
+        }
+        i = j;
+    }
+    match (stack.last(), roots) {
+        (Some(open), _) => Err(format!("<{open}> never closed")),
+        (None, 1) => Ok(()),
+        (None, n) => Err(format!("{n} root elements")),
+    }
 }

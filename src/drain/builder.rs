@@ -95,10 +95,14 @@ impl DrainBuilder {
 
     /// Also write the final report (one JSON line) to this file.
     ///
-    /// The file is replaced atomically (a temporary file in the same directory, synced, then
-    /// renamed), so a crash leaves the previous report or the new one, never a truncated file;
-    /// a device or FIFO (`/dev/stdout`) is written in place. If it cannot be written, the
-    /// error is said on stderr, recorded in the report's `sink_errors`, and the exit code is 1.
+    /// The file is replaced atomically (a temporary file created exclusively, under an
+    /// unpredictable name, in the same directory, synced, then renamed), so a crash leaves the
+    /// previous report or the new one, never a truncated file. A device, FIFO or pipe
+    /// (`/dev/stderr`) is written in place without blocking (a FIFO nobody reads is an error,
+    /// not a hang), and so is a bind-mounted file (a Kubernetes `subPath` mount), which cannot
+    /// be renamed over. Every write is bounded in time: a stalled reader cannot hold the exit.
+    /// If it cannot be written, the error is said on stderr, recorded in the report's
+    /// `sink_errors`, and the exit code is 1.
     pub fn report_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.sinks.file = Some(path.into());
         self

@@ -96,16 +96,31 @@ impl Driver {
         let emitted = self.emit_off_runtime(&report, true).await;
         emitted.apply_to(&mut report);
         self.lock().report = Some(report.clone());
+        // Release: the watchdog that reads it sees the report stored above.
+        self.released.store(true, Ordering::Release);
         report
     }
 
     /// Called on the watchdog thread once the hard deadline (plus half the safety margin) has
-    /// passed: if the drain is not Done, the runtime is starved. Writes a `forced` report with
-    /// what is known and exits the process with code 1.
-    fn watchdog_fire(&self) {
-        if self.phase() == Phase::Done {
+    /// passed, with `until` for its own writes (a quarter of the margin later, still before
+    /// SIGKILL). If the drain is not Done, the runtime is starved: writes a `forced` report
+    /// with what is known and exits the process with code 1. If it is Done but `run` has not
+    /// finished its last write (a sink or the runtime is stuck), exits with the drain's code.
+    fn watchdog_fire(&self, until: std::time::Instant) {
+        // Acquire: pairs with `finish`; `run` returned, the application owns its exit.
+        if self.released.load(Ordering::Acquire) {
             return;
         }
+        let (owned_by_run, code) = {
+            let st = self.lock();
+            (st.owned_by_run, st.report.as_ref().map(|r| r.exit_code))
+        };
+        if self.phase() == Phase::Done && !owned_by_run {
+            // `drained` without `run`: the report was written before Done; the rest is the
+            // application's.
+            return;
+        }
+        let wait = until.saturating_duration_since(std::time::Instant::now());
         // AcqRel: whoever wins writes; the driver checks the same flag before writing.
         if self
             .emission
@@ -117,12 +132,17 @@ impl Driver {
             )
             .is_err()
         {
-            // The driver is writing the report and has not finished by now: exit anyway.
+            // The driver is writing the report (at Done, or for the last time at the exit)
+            // and has not finished by now: exit anyway, with the drain's code once it is known.
+            let code = code.unwrap_or(1);
             let _ = stderr_bounded(
-                "lameduck: the drain report was still being written at the hard deadline; exiting with code 1\n".to_owned(),
-                STDERR_WAIT,
+                format!(
+                    "lameduck: the drain report was still being written at the hard deadline; \
+                     exiting with code {code}\n"
+                ),
+                wait,
             );
-            std::process::exit(1);
+            std::process::exit(code);
         }
         let Some(origin) = self.origin() else {
             return;
@@ -150,14 +170,21 @@ impl Driver {
         let mut e = Event::new(EventKind::Exit, used, unix_ms);
         e.code = Some(1);
         report.timeline.push(e);
-        let _ = self.sinks.emit(&report, true);
+        let _ = self.sinks.emit(&report, true, until);
         std::process::exit(1);
     }
 }
 
-/// Arms the watchdog: at `origin + at`, unless the drain is Done, it writes a `forced` report
-/// and exits the process with code 1. A plain thread, so a starved runtime cannot delay it.
-pub(super) fn arm_watchdog(driver: Arc<Driver>, origin: std::time::Instant, at: Duration) {
+/// Arms the watchdog: at `origin + at`, unless the drain is Done (and, under `run`, its last
+/// write is over), it writes a `forced` report and exits the process with code 1; its own
+/// writes are bounded by `writes` (a share of the safety margin). A plain thread, so a
+/// starved runtime cannot delay it.
+pub(super) fn arm_watchdog(
+    driver: Arc<Driver>,
+    origin: std::time::Instant,
+    at: Duration,
+    writes: Duration,
+) {
     let Some(fire_at) = origin.checked_add(at) else {
         // Unreachable with a validated budget (at most 24 h); never arm a wrong deadline.
         return;
@@ -172,7 +199,7 @@ pub(super) fn arm_watchdog(driver: Arc<Driver>, origin: std::time::Instant, at: 
                 }
                 std::thread::sleep(fire_at - now);
             }
-            driver.watchdog_fire();
+            driver.watchdog_fire(fire_at + writes);
         });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "lameduck: cannot start the watchdog thread");

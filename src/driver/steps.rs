@@ -63,13 +63,19 @@ impl Driver {
 
     /// Step 1: waits for the propagation policy (or the force), records what it went on.
     async fn propagate(&self, origin: Instant) -> CommitReason {
-        let evidence = self
-            .lock()
-            .evidence
-            .expect("the evidence is taken with the origin");
-        let (reason, kind) = tokio::select! {
+        let (evidence, never_served) = {
+            let st = self.lock();
+            let evidence = st.evidence.expect("the evidence is taken with the origin");
+            (evidence, st.never_served)
+        };
+        let (reason, kind) = if never_served {
+            // Never ready, so never in any proxy's endpoints: nothing to wait for.
+            (CommitReason::NeverServed, EvidenceKind::NeverServed)
+        } else {
+            tokio::select! {
             r = self.policy.commit(self.core, origin, evidence, &self.link, || self.deadlines(origin).max_at) => r,
             () = self.tokens.force.cancelled() => (CommitReason::Forced, EvidenceKind::Cut),
+            }
         };
         let mut committed = evidence.report(kind, crate::propagation::silence(self.core, origin));
         self.endpoint_evidence(&mut committed, origin);

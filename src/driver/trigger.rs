@@ -21,6 +21,9 @@ impl Driver {
         unix_ms: u64,
         from_signal: bool,
     ) -> bool {
+        // Phases only move forward, so Starting now means never Serving before. Read before
+        // the state lock: that lock is never held while another part's is taken.
+        let was_starting = self.phase() == Phase::Starting;
         let watchdog = {
             let mut st = self.lock();
             if let Some(origin) = st.origin {
@@ -41,15 +44,21 @@ impl Driver {
                 st.timeline.push(e);
             }
             st.evidence = Some(self.policy.evidence_at(self.core, now));
+            // Without a gate, Starting may only mean nobody called `mark_started` (an accept
+            // loop of the application's own): then the proxies' view is unknown, so wait.
+            st.never_served = was_starting && st.gated;
             st.signals_installed
         };
         self.note_quiesce(self.deadlines(now).quiesce);
         if watchdog {
             // Only a process that installed the handlers owns its exit.
+            // The watchdog acts half a margin past the hard deadline and writes for a quarter
+            // more: the process is gone a quarter of the margin before SIGKILL.
             exit::arm_watchdog(
                 Arc::clone(self),
                 now.into_std(),
                 self.budget.watchdog_deadline(),
+                self.budget.safety_margin / 4,
             );
         }
         tracing::info!(

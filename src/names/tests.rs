@@ -122,6 +122,7 @@ fn phase_trigger_reason_and_event_names_are_documented() {
         CommitReason::Max,
         CommitReason::Fixed,
         CommitReason::Forced,
+        CommitReason::NeverServed,
     ];
     check(src, "pub enum CommitReason", &reasons, |v| {
         v.as_str().to_owned()
@@ -216,6 +217,7 @@ fn advice_names_are_documented() {
             R::GraceHeadroom,
             R::GraceUsed,
             R::StopSignalMissing,
+            R::NeverServed,
             R::EndpointSlice,
             R::EndpointSliceStillRouting,
             R::PublishNotReadyAddresses,
@@ -235,6 +237,7 @@ fn evidence_names_are_documented() {
         EvidenceKind::Fixed,
         EvidenceKind::Cut,
         EvidenceKind::EndpointSlice,
+        EvidenceKind::NeverServed,
     ];
     check(src, "pub enum EvidenceKind", &kinds, |v| {
         v.as_str().to_owned()

@@ -70,6 +70,9 @@ pub enum AdviceRule {
     GraceUsed,
     /// `stop_signal_missing`: the stop signal did not come after a `preStop` drain.
     StopSignalMissing,
+    /// `never_served`: the drain started while the process was still starting (never
+    /// ready), so it did not wait for propagation.
+    NeverServed,
     /// `endpoint_slice`: the commit went on the EndpointSlice (feature `kube`): when the
     /// slices stopped routing here, plus the proxy allowance.
     EndpointSlice,

@@ -402,3 +402,69 @@ fn haproxy_with_a_naive_server_loses_requests() {
         "a naive shutdown lost nothing: the test could not fail"
     );
 }
+
+/// Whoever started the service closed its stdout before the READY line (a log pipe gone): the
+/// line is a message, not a reason to die, and the service still drains on SIGTERM.
+#[test]
+fn the_example_keeps_serving_when_its_stdout_is_closed() {
+    use std::io::{Read as _, Write as _};
+    use std::process::{Command, Stdio};
+    let dir = scratch("closed-stdout");
+    let (listen, admin) = (free_port(), free_port());
+    let report = dir.join("report.json");
+    // A socket whose peer is already gone: every write to it fails with EPIPE.
+    let (stdout, peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    drop(peer);
+    let mut child = Command::new(procs::service_bin())
+        .args(["--listen", &format!("127.0.0.1:{listen}")])
+        .args(["--admin", &format!("127.0.0.1:{admin}")])
+        .args(["--report-file", report.to_str().unwrap()])
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(stdout)))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let readyz = || -> Option<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", admin)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(b"GET /readyz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .ok()?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).ok()?;
+        Some(answer)
+    };
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+            panic!("the service exited ({status}) with its stdout closed: {err}");
+        }
+        if readyz().is_some_and(|a| a.starts_with("HTTP/1.1 200")) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(40) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the service did not exit after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+    let text = std::fs::read_to_string(&report).unwrap();
+    let report: lameduck::DrainReport = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(report.outcome, Outcome::Clean);
+}

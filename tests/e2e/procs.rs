@@ -47,7 +47,7 @@ pub(crate) fn scratch(name: &str) -> PathBuf {
 }
 
 /// The `service` example, built by `cargo test` next to this test binary.
-fn service_bin() -> PathBuf {
+pub(crate) fn service_bin() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
     let bin = profile_dir.join("examples").join("service");
