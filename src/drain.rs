@@ -31,8 +31,6 @@ mod kube;
 mod metrics;
 mod work;
 
-#[cfg(feature = "http")]
-pub(crate) use builder::note_connect_info;
 pub use builder::{DrainBuilder, PROXY_LABEL_ENV};
 
 pub(crate) struct Inner {

@@ -6,7 +6,7 @@
 //!   response future, drain the body, drop it), and its future and body stay small;
 //! * `lameduck::serve` adds no allocation per request while Serving: N keep-alive requests
 //!   over one loopback connection allocate what a bare hyper-util accept loop allocates;
-//! * `lameduck::axum::serve` costs one allocation per request over hand-wired `axum::serve`.
+//! * `lameduck::axum_serve` costs one allocation per request over hand-wired `axum::serve`.
 //!
 //! Only the current thread's allocations are counted: tests run in parallel, and each drives
 //! its client and server on one current-thread runtime.
@@ -238,8 +238,8 @@ mod layer {
     fn future_and_body_are_the_inner_ones_plus_8_bytes() {
         use std::mem::size_of;
 
-        use lameduck::http::future::ResponseFuture;
-        use lameduck::http::{RefuseAfterStop, Unnamed};
+        use lameduck::server::future::ResponseFuture;
+        use lameduck::server::{RefuseAfterStop, Unnamed};
         use lameduck::{DrainBody, InFlightGuard};
 
         // A guard is one pointer.
@@ -270,7 +270,7 @@ mod layer {
         );
         // The opt-in request line is what makes them bigger.
         assert!(
-            size_of::<ResponseFuture<Fut, lameduck::http::RequestLine>>()
+            size_of::<ResponseFuture<Fut, lameduck::server::RequestLine>>()
                 > size_of::<ResponseFuture<Fut>>() + 64
         );
     }
@@ -367,9 +367,9 @@ mod layer {
     }
 }
 
-// ---- `lameduck::axum::serve` against hand-wired `axum::serve` ----
+// ---- `lameduck::axum_serve` against hand-wired `axum::serve` ----
 
-/// What `lameduck::axum::serve` costs per request in allocations, against `axum::serve` with
+/// What `lameduck::axum_serve` costs per request in allocations, against `axum::serve` with
 /// `into_make_service_with_connect_info::<ConnMeta>()` (the guide's manual wiring): the same
 /// router, the same client, N requests on one keep-alive connection, all on one thread. The
 /// difference is the `ConnectInfo<SocketAddr>` bridge: one extension insert per request.
@@ -425,12 +425,12 @@ mod axum_serve {
         let manual_allocs = per_n_requests(manual_addr).await;
 
         let (listener, one_call_addr) = bind().await;
-        let one_call = tokio::spawn(lameduck::axum::serve(listener, router(&drain), &drain));
+        let one_call = tokio::spawn(lameduck::axum_serve(listener, router(&drain), &drain));
         let one_call_allocs = per_n_requests(one_call_addr).await;
 
         println!(
             "allocations per request: axum::serve + ConnectInfo<ConnMeta> {:.2}, \
-             lameduck::axum::serve {:.2}",
+             lameduck::axum_serve {:.2}",
             manual_allocs as f64 / N as f64,
             one_call_allocs as f64 / N as f64
         );
@@ -464,7 +464,7 @@ mod serve_router {
     use axum::routing::get;
     use common::bind;
 
-    // The same router, client and count as `lameduck::axum::serve`'s check above.
+    // The same router, client and count as `lameduck::axum_serve`'s check above.
     use super::axum_serve::{per_n_requests, router, N};
 
     #[tokio::test(flavor = "current_thread")]

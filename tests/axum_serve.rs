@@ -186,7 +186,7 @@ fn connect_info_app(drain: &Drain) -> axum::Router {
 async fn one_call_serve_gives_both_connect_infos_counts_new_and_reused_and_ends_after_stop() {
     let drain = drain(secs(6), Propagation::fixed(ms(1500)));
     let (listener, addr) = bind().await;
-    let server = tokio::spawn(lameduck::axum::serve(
+    let server = tokio::spawn(lameduck::axum_serve(
         listener,
         connect_info_app(&drain),
         &drain,
@@ -235,7 +235,7 @@ async fn one_call_serve_gives_both_connect_infos_counts_new_and_reused_and_ends_
     // The server future ends only after stopped_accepting.
     assert!(!server.is_finished());
     drop((b, c));
-    within("lameduck::axum::serve returns", server)
+    within("lameduck::axum_serve returns", server)
         .await
         .unwrap()
         .unwrap();
@@ -256,11 +256,11 @@ async fn one_call_serve_is_bounded_by_the_deadline() {
     let (listener, addr) = bind().await;
     // Naming a request that started before the trigger is opt-in.
     let app = app(&drain, Probe::default()).layer(drain.layer().describe_requests());
-    let server = tokio::spawn(lameduck::axum::serve(listener, app, &drain));
+    let server = tokio::spawn(lameduck::axum_serve(listener, app, &drain));
 
     let reader = endless_stream_then_trigger(&drain, addr).await;
 
-    within("lameduck::axum::serve bounded by the deadline", server)
+    within("lameduck::axum_serve bounded by the deadline", server)
         .await
         .unwrap()
         .unwrap();

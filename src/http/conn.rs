@@ -48,7 +48,7 @@ pub(crate) struct ConnShared {
 ///
 /// [`serve`](crate::serve) attaches one to every request that arrives while draining, and to
 /// every request in every phase with
-/// [`Serve::conn_meta_on_every_request`](crate::http::Serve::conn_meta_on_every_request) (read
+/// [`Serve::conn_meta_on_every_request`](crate::server::Serve::conn_meta_on_every_request) (read
 /// it with `req.extensions().get::<ConnMeta>()`, or `Extension<ConnMeta>` in axum): inserting
 /// it costs every request an allocation, which `serve` does not make while Serving unless
 /// asked. Apps that keep `axum::serve` get it through `ConnectInfo<ConnMeta>`:
@@ -82,30 +82,30 @@ pub struct ConnMeta {
 }
 
 impl ConnMeta {
-    /// Metadata for a connection accepted now from `peer`, for custom accept loops: attach
-    /// [`for_request`](Self::for_request) to each of its requests.
+    /// Metadata for a connection `drain`'s server accepted now from `peer`, for custom accept
+    /// loops: attach [`for_request`](Self::for_request) to each of its requests.
     ///
     /// The [hyper guide](crate::guide::hyper) shows a complete loop.
     ///
-    /// Call it once per accepted connection: it counts the connection in the arrival rate of
-    /// new connections (one atomic operation), the evidence the default
-    /// [`Propagation`](crate::Propagation) policy weighs silence by. The count goes to the
-    /// coordinator built last in the process — `axum::serve`'s and a custom loop's hooks cannot
-    /// name one, and a process builds one.
+    /// Call it once per accepted connection: it counts the connection in `drain`'s arrival rate
+    /// of new connections (one atomic operation), the evidence the default
+    /// [`Propagation`](crate::Propagation) policy weighs silence by. Only `drain`'s: two
+    /// coordinators in one process never see each other's connections.
     ///
     /// # Examples
     ///
     /// ```
-    /// use lameduck::ConnMeta;
+    /// use lameduck::{ConnMeta, Drain};
     ///
-    /// let conn = ConnMeta::accepted(Some("10.0.0.7:51234".parse().unwrap()));
+    /// let drain = Drain::builder().build().unwrap();
+    /// let conn = ConnMeta::accepted(&drain, Some("10.0.0.7:51234".parse().unwrap()));
     /// let first = conn.for_request(); // insert into the request's extensions
     /// let second = conn.for_request();
     /// assert_eq!((first.request_index(), second.request_index()), (Some(0), Some(1)));
     /// assert_eq!(first.id(), second.id());
     /// ```
-    pub fn accepted(peer: Option<SocketAddr>) -> Self {
-        crate::drain::note_connect_info();
+    pub fn accepted(drain: &crate::Drain, peer: Option<SocketAddr>) -> Self {
+        note_accepted(drain.core());
         Self::new(peer, None)
     }
 
@@ -232,17 +232,30 @@ impl
 {
     /// Called by axum once per accepted connection: the per-connection part is allocated here,
     /// and axum clones the value into each of the connection's requests.
-    /// Through [`ConnMeta::accepted`] it also counts the connection in the arrival rate, the
-    /// propagation policy's evidence.
+    ///
+    /// axum's hook cannot name a coordinator, so a connection made here is counted in no
+    /// arrival rate: the layer still tells new connections from reused ones, but the
+    /// propagation policy has no rate to weigh silence by (evidence `no_connection_data`).
+    /// [`lameduck::axum_serve`](crate::axum_serve) makes its `ConnMeta` with its coordinator
+    /// and counts them.
     fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        ConnMeta::accepted(Some(*stream.remote_addr()))
+        ConnMeta::new(Some(*stream.remote_addr()), None)
     }
 }
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::extract::connect_info::Connected<SocketAddr> for ConnMeta {
+    /// Counted in no arrival rate, as for a `TcpListener` above.
     fn connect_info(peer: SocketAddr) -> Self {
-        ConnMeta::accepted(Some(peer))
+        ConnMeta::new(Some(peer), None)
     }
+}
+
+/// A connection accepted by a server other than [`serve`](crate::serve) (`axum_serve`, a
+/// custom loop): counts it in `core`'s arrival rate, observed from the coordinator's build on
+/// (the server runs from then on, and slots before Serving are left out anyway).
+pub(crate) fn note_accepted(core: &Core) {
+    core.arrivals.observe_from(1);
+    core.note_arrival();
 }

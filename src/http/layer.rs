@@ -117,8 +117,8 @@ impl Drain {
 ///   draining process.
 /// * [`refuse_after_stop`](Self::refuse_after_stop): after `stopped_accepting`, answer `503` +
 ///   `Retry-After` + `Connection: close` instead of serving. The layer's second type parameter
-///   says which ([`ServeAfterStop`](crate::http::ServeAfterStop), the default, or
-///   [`RefuseAfterStop`](crate::http::RefuseAfterStop)), so a layer that never refuses carries
+///   says which ([`ServeAfterStop`](crate::server::ServeAfterStop), the default, or
+///   [`RefuseAfterStop`](crate::server::RefuseAfterStop)), so a layer that never refuses carries
 ///   no refusal state and no refusal check.
 ///
 /// The layer is `Copy`: the options live in a process-wide table (each distinct set of options
@@ -227,7 +227,7 @@ impl<N, R> DrainLayer<N, R> {
     /// (HTTP/1.x) `Connection: close` instead of calling the inner service.
     ///
     /// Only for clients known to retry: a refused request is lost for clients that do not.
-    /// Pair it with [`Serve::keep_listening_after_stop`](crate::http::Serve::keep_listening_after_stop)
+    /// Pair it with [`Serve::keep_listening_after_stop`](crate::server::Serve::keep_listening_after_stop)
     /// so late clients get an answer instead of a refused connection.
     ///
     /// # Examples

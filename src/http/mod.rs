@@ -24,7 +24,7 @@ pub mod future;
 mod io;
 mod layer;
 mod line;
-mod options;
+pub(crate) mod options;
 mod refusal;
 mod serve;
 mod service;
@@ -32,9 +32,15 @@ mod stream;
 
 pub use body::DrainBody;
 pub use conn::ConnMeta;
+#[cfg(feature = "axum")]
+pub(crate) use conn::note_accepted;
 pub use layer::DrainLayer;
 pub use line::{Naming, RequestLine, Unnamed};
 pub use refusal::{Refusal, RefuseAfterStop, ServeAfterStop};
 pub use serve::{serve, Serve, SUGGESTED_HEADER_READ_TIMEOUT};
 pub use service::DrainService;
 pub use stream::{EndOnStop, StreamStop};
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use crate::axum::AxumServe;
