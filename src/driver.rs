@@ -374,6 +374,12 @@ impl Driver {
     }
 
     /// The committed evidence, or while draining the evidence the policy waits on.
+    /// The propagation policy's settings, as the report gives them.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // read by the admin router's /drain
+    pub(crate) fn policy_report(&self) -> crate::report::PolicyReport {
+        self.policy.report()
+    }
+
     pub(crate) fn evidence_now(&self) -> Option<EvidenceReport> {
         let (evidence, committed, origin) = {
             let st = self.lock();

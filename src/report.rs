@@ -21,6 +21,52 @@ mod sinks;
 mod summary;
 
 pub use advice::{Advice, AdviceLevel, AdviceRule};
+
+/// The evidence in JSON, without what a `fixed` policy did not measure: a set delay reads no
+/// arrival rate, so its `weak`, `epsilon_ppm`, slot counts and the like would only mislead.
+pub(crate) mod evidence_json {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::evidence::{EvidenceKind, EvidenceReport};
+
+    /// What a `fixed` policy's evidence says.
+    #[derive(Serialize)]
+    struct Fixed {
+        kind: EvidenceKind,
+        silence_ms: u64,
+    }
+
+    pub(crate) fn serialize<S: Serializer>(
+        e: &Option<EvidenceReport>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match e {
+            Some(e) if e.kind == EvidenceKind::Fixed => Some(Fixed {
+                kind: e.kind,
+                silence_ms: e.silence_ms,
+            })
+            .serialize(s),
+            e => e.serialize(s),
+        }
+    }
+
+    /// Reads both shapes: the numbers a fixed policy's JSON leaves out read as zero.
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<EvidenceReport>, D::Error> {
+        let Some(mut v) = Option::<serde_json::Value>::deserialize(d)? else {
+            return Ok(None);
+        };
+        if let Some(map) = v.as_object_mut() {
+            for key in ["slot_ms", "slots_observed", "empty_slots", "epsilon_ppm", "silence_ms"] {
+                map.entry(key).or_insert(serde_json::Value::from(0u64));
+            }
+        }
+        serde_json::from_value(v)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}
 pub(crate) use sinks::{log_report, stderr_bounded, Emitted, Sinks, STDERR_WAIT};
 
 /// Kubernetes keeps at most this many bytes of a container's termination message.
@@ -130,8 +176,13 @@ pub struct PolicyReport {
     pub min_ms: u64,
     /// The latest commit (for `fixed`, the delay).
     pub max_ms: u64,
-    /// The evidence the commit went on, with its numbers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The evidence the commit went on, with its numbers. A `fixed` policy reads none: its
+    /// evidence is only `kind` and `silence_ms`, the rest is left out of the JSON.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "evidence_json"
+    )]
     pub evidence: Option<EvidenceReport>,
 }
 
