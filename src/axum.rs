@@ -118,6 +118,9 @@ pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> AxumServe 
     AxumServe {
         inner: Box::pin(async move {
             drain.mark_started();
+            // From now on every accepted connection counts in the arrival rate, as under
+            // `lameduck::serve`: an idle server has a rate of zero, not no data.
+            drain.core().observe_arrivals();
             tokio::select! {
                 result = server => {
                     // axum 0.8 retries accept errors itself and has no other error to return;

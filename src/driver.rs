@@ -375,7 +375,7 @@ impl Driver {
 
     /// The committed evidence, or while draining the evidence the policy waits on.
     /// The propagation policy's settings, as the report gives them.
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // read by the admin router's /drain
+    #[cfg(feature = "admin")] // read by the admin router's /drain
     pub(crate) fn policy_report(&self) -> crate::report::PolicyReport {
         self.policy.report()
     }

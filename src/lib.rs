@@ -188,7 +188,7 @@ pub use tasks::{TaskContext, TaskEnd, TaskResult};
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use admin::{prestop, prestop_blocking, AdminBuilder, PrestopError, PrestopOptions};
 
-// Compile-checks the README's Rust examples.
+// Compile-checks the README's Rust examples (the first is an axum service with the admin port).
 #[doc = include_str!("../README.md")]
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "admin"))]
 pub struct ReadmeDoctests;

@@ -81,7 +81,9 @@ pub const TERMINATION_LOG_LIMIT: usize = 4096;
 pub enum Outcome {
     /// Everything finished inside the budget and every closer succeeded. Exit code 0.
     Clean,
-    /// The quiesce deadline cut stragglers. Exit code 1.
+    /// The quiesce deadline cut stragglers. Exit code 1 — also when every cut task's recovery
+    /// action reported `ok`: its work was handed back, but it did not end inside the budget,
+    /// and the next drain will cut it again (the `tasks_cut` advice says what to change).
     DeadlineExceeded,
     /// A closer failed, panicked or timed out. Exit code 1.
     CloserFailed,

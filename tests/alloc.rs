@@ -528,4 +528,47 @@ mod serve_router {
         ours.abort();
         around.abort();
     }
+
+    /// `lameduck::serve(..).connect_info()` attaches what `axum_serve` attaches (the two
+    /// `ConnectInfo`s) and costs what it costs; without it `serve` costs nothing for them.
+    #[tokio::test(flavor = "current_thread")]
+    async fn connect_info_under_serve_costs_what_it_costs_under_axum_serve() {
+        let drain = common::drain(
+            Duration::from_secs(30),
+            Propagation::fixed(Duration::from_secs(1)),
+        );
+        drain.mark_started();
+
+        let (listener, plain_addr) = bind().await;
+        let plain = tokio::spawn(lameduck::serve(listener, router(&drain), &drain));
+        let without = per_n_requests(plain_addr).await;
+
+        let (listener, with_addr) = bind().await;
+        let with = tokio::spawn(lameduck::serve(listener, router(&drain), &drain).connect_info());
+        let with_connect_info = per_n_requests(with_addr).await;
+
+        let (listener, one_call_addr) = bind().await;
+        let one_call = tokio::spawn(lameduck::axum_serve(listener, router(&drain), &drain));
+        let under_axum_serve = per_n_requests(one_call_addr).await;
+
+        println!(
+            "allocations per request, client and server: lameduck::serve {:.2}, \
+             with connect_info {:.2}, lameduck::axum_serve {:.2}",
+            without as f64 / N as f64,
+            with_connect_info as f64 / N as f64,
+            under_axum_serve as f64 / N as f64
+        );
+        // The extension map and a box per value: at least 2 per request more.
+        assert!(
+            with_connect_info >= without + 2 * N,
+            "connect_info {with_connect_info} against {without} for {N} requests"
+        );
+        assert!(
+            with_connect_info <= under_axum_serve + N / 10,
+            "connect_info {with_connect_info} against axum_serve {under_axum_serve} for {N} requests"
+        );
+        plain.abort();
+        with.abort();
+        one_call.abort();
+    }
 }

@@ -46,12 +46,25 @@ pub(crate) struct ConnShared {
 /// Facts about the connection a request arrived on: a process-unique id, when it was accepted,
 /// the peer address, and the request's index on the connection.
 ///
-/// [`serve`](crate::serve) attaches one to every request that arrives while draining, and to
-/// every request in every phase with
-/// [`Serve::conn_meta_on_every_request`](crate::server::Serve::conn_meta_on_every_request) (read
-/// it with `req.extensions().get::<ConnMeta>()`, or `Extension<ConnMeta>` in axum): inserting
-/// it costs every request an allocation, which `serve` does not make while Serving unless
-/// asked. Apps that keep `axum::serve` get it through `ConnectInfo<ConnMeta>`:
+/// axum handlers read it the same way under both serve functions, as `ConnectInfo<ConnMeta>`:
+/// [`axum_serve`][axum-serve] always attaches it, [`serve`](crate::serve) with
+/// [`Serve::connect_info`][connect-info] (and, for services that are not
+/// axum routers, as a plain extension with
+/// [`Serve::conn_meta_on_every_request`](crate::server::Serve::conn_meta_on_every_request):
+/// `req.extensions().get::<ConnMeta>()`). Either costs every request an allocation, which
+/// `serve` does not make unless asked: by default it attaches one only to requests that arrive
+/// while draining, for the layer. Apps that keep `axum::serve` get it through
+/// `ConnectInfo<ConnMeta>` too — but axum's hook cannot name a coordinator, so those
+/// connections count in no arrival rate (see the [axum guide][axum-guide]):
+///
+#[cfg_attr(
+    feature = "axum",
+    doc = "[axum-serve]: crate::axum_serve\n[connect-info]: crate::server::Serve::connect_info\n[axum-guide]: crate::guide::axum"
+)]
+#[cfg_attr(
+    not(feature = "axum"),
+    doc = "[axum-serve]: crate#feature-flags\n[connect-info]: crate#feature-flags\n[axum-guide]: crate#feature-flags"
+)]
 ///
 /// ```no_run
 /// # #[cfg(feature = "admin")] {
@@ -65,8 +78,8 @@ pub(crate) struct ConnShared {
 /// # async fn run(drain: lameduck::Drain) -> std::io::Result<()> {
 /// let app = Router::new().route("/", get(handler)).layer(drain.layer());
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-/// axum::serve(listener, app.into_make_service_with_connect_info::<ConnMeta>()).await
-/// # }
+/// lameduck::axum_serve(listener, app, &drain).await;
+/// # Ok(()) }
 /// # }
 /// ```
 ///

@@ -36,6 +36,7 @@ pub(super) struct Tokens {
     /// request, not only while draining.
     pub(super) conn_meta_always: bool,
     /// Attach axum's `ConnectInfo<ConnMeta>` and `ConnectInfo<SocketAddr>` to every request.
+    #[cfg(feature = "axum")]
     pub(super) connect_info: bool,
 }
 
@@ -101,6 +102,7 @@ impl ConnTask {
             meta: meta.clone(),
             core: counted.0,
             always: tokens.conn_meta_always,
+            #[cfg(feature = "axum")]
             connect_info: tokens.connect_info,
         };
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
@@ -192,7 +194,7 @@ pub(super) struct ConnService<S> {
     meta: ConnMeta,
     core: &'static Core,
     always: bool,
-    #[cfg_attr(not(feature = "axum"), allow(dead_code))] // set only with the `axum` feature
+    #[cfg(feature = "axum")]
     connect_info: bool,
 }
 

@@ -76,13 +76,19 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 /// knowledge, h2c) on one port, with upgrades (WebSocket).
 ///
 /// **axum handlers that extract `ConnectInfo<SocketAddr>` or `ConnectInfo<ConnMeta>` answer
-/// 500 under `serve` unless you call [`Serve::connect_info`]** — the same opt-in as
-/// `axum::serve`'s `into_make_service_with_connect_info`, and for the same reason: it costs
-/// every request allocations. [`axum_serve`](crate::axum_serve) always attaches both; the
+/// 500 under `serve` unless you call [`Serve::connect_info`][connect-info]** — the same opt-in
+/// as `axum::serve`'s `into_make_service_with_connect_info`, and for the same reason: it costs
+/// every request allocations. [`axum_serve`][axum-serve] always attaches both; the
 /// [axum guide][which-one] puts the two side by side.
 ///
-#[cfg_attr(feature = "axum", doc = "[which-one]: crate::guide::axum#which-serve")]
-#[cfg_attr(not(feature = "axum"), doc = "[which-one]: crate#feature-flags")]
+#[cfg_attr(
+    feature = "axum",
+    doc = "[which-one]: crate::guide::axum#which-serve\n[axum-serve]: crate::axum_serve\n[connect-info]: Serve::connect_info"
+)]
+#[cfg_attr(
+    not(feature = "axum"),
+    doc = "[which-one]: crate#feature-flags\n[axum-serve]: crate#feature-flags\n[connect-info]: crate#feature-flags"
+)]
 ///
 /// * Marks startup complete ([`Drain::mark_started`]) when it starts.
 /// * Keeps accepting while Draining, and records each new connection (time, peer) as activity
@@ -114,8 +120,8 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   flight, so slowloris connections cannot hold it open.
 ///
 /// `serve` does not count requests itself: wrap the service with [`Drain::layer`]. The
-/// returned future resolves to `()`, as [`axum_serve`](crate::axum_serve)'s does: accept errors
-/// are logged and retried, never returned.
+/// returned future resolves to `()`, as [`axum_serve`][axum-serve]'s does: accept errors are
+/// logged and retried, never returned.
 ///
 /// An `axum::Router` passed as it is, or wrapped in the drain layer, gets its state once, as
 /// `axum::serve` gives it (feature `axum`); until then axum builds every handler, and applies
@@ -171,6 +177,7 @@ where
             keep_listening: false,
             header_read_timeout: None,
             conn_meta_always: false,
+            #[cfg(feature = "axum")]
             connect_info: false,
         }),
         running: None,
@@ -233,6 +240,7 @@ struct Setup<S> {
     keep_listening: bool,
     header_read_timeout: Option<Duration>,
     conn_meta_always: bool,
+    #[cfg(feature = "axum")]
     connect_info: bool,
 }
 
@@ -420,6 +428,7 @@ where
         keep_listening,
         header_read_timeout,
         conn_meta_always,
+        #[cfg(feature = "axum")]
         connect_info,
     } = setup;
     drain.mark_started();
@@ -443,6 +452,7 @@ where
         deadline: drain.deadline_exceeded(),
         closing: CancellationToken::new(),
         conn_meta_always,
+        #[cfg(feature = "axum")]
         connect_info,
     };
     let tracker = TaskTracker::new();
