@@ -39,7 +39,13 @@ fn secs(ms: u64) -> String {
 }
 
 /// What the propagation evidence says: why the drain waited as long as it did.
-fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p: &PolicyReport, seen: Seen) {
+fn evidence_advice(
+    out: &mut Vec<Advice>,
+    e: &EvidenceReport,
+    stopped_ms: u64,
+    p: &PolicyReport,
+    seen: Seen,
+) {
     use AdviceLevel::{Info, Warn};
     let rate = e.rate_per_s().unwrap_or(0.0);
     let quiet = p.quiet_ms.unwrap_or(p.min_ms);
@@ -63,7 +69,7 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
                  lameduck::axum_serve, or count a custom loop's connections with ConnMeta::accepted \
                  (axum::serve's own connect info cannot count them)"
             } else {
-                "no client connected before or during the drain"
+                "nothing arrived: no request during the drain, no connection counted before it"
             };
             out.push(advice(
                 if seen.requests { Warn } else { Info },

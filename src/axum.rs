@@ -1,4 +1,6 @@
-//! One call to serve an axum [`Router`] under the drain: [`serve`].
+//! One call to serve an axum [`Router`] under the drain: [`serve`], public as
+//! `lameduck::axum_serve` (a public module named `axum` would shadow the `axum` crate under
+//! `use lameduck::*;`).
 //!
 //! `axum::serve(listener, app)` alone stops at the wrong moment (whatever future it is given),
 //! waits for every connection forever, and attaches no [`ConnMeta`], so the drain cannot tell
@@ -9,8 +11,8 @@
 //! # Invariants
 //!
 //! * One [`ConnMeta`] per accepted connection, made by its `Connected` implementation (the same
-//!   path as `into_make_service_with_connect_info::<ConnMeta>()`), so whatever that path
-//!   records about a new connection is recorded here too.
+//!   path as `into_make_service_with_connect_info::<ConnMeta>()`), and counted in the arrival
+//!   rate of the coordinator given to [`serve`] — which that path, unable to name one, cannot.
 //! * Every request carries `ConnectInfo<ConnMeta>` and `ConnectInfo<SocketAddr>`.
 //! * The future resolves at the latest at the quiesce deadline.
 
@@ -44,9 +46,10 @@ use crate::{ConnMeta, Drain};
 ///   requests on new versus reused connections and new connections feed the propagation
 ///   policy. Handlers read it with `ConnectInfo<ConnMeta>`; `ConnectInfo<SocketAddr>`
 ///   extractors keep working too (see the cost below).
-/// * Resolves when every connection has finished, or at the quiesce deadline
-///   ([`Drain::deadline_exceeded`]) at the latest, so a stuck connection cannot hold the process
-///   past its budget: whatever is still running then is named in the report's stragglers.
+/// * Resolves to `()`, as [`lameduck::serve`](crate::serve) does, when every connection has
+///   finished, or at the quiesce deadline ([`Drain::deadline_exceeded`]) at the latest, so a
+///   stuck connection cannot hold the process past its budget: whatever is still running then
+///   is named in the report's stragglers.
 ///
 /// It does not count requests itself: add [`Drain::layer`] to the router, as with
 /// [`lameduck::serve`](crate::serve).
@@ -65,7 +68,9 @@ use crate::{ConnMeta, Drain};
 /// GOAWAY at `stopped_accepting` rather than at the trigger, [`Drain::connections`] stays 0,
 /// and connections still busy at the deadline are not force-closed — the future resolves and
 /// they end with the process, which exits once the report is written. Use
-/// [`lameduck::serve`](crate::serve) (it takes the same router) when that matters.
+/// [`lameduck::serve`](crate::serve) (it takes the same router; add
+/// [`connect_info`](crate::server::Serve::connect_info) for `ConnectInfo` extractors) when that
+/// matters. The [axum guide](crate::guide::axum#which-serve) puts the two side by side.
 ///
 /// # Examples
 ///

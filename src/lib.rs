@@ -152,9 +152,17 @@ pub mod drain_metrics;
 #[cfg(feature = "metrics")]
 use self::drain_metrics as metrics;
 
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use self::axum::serve as axum_serve;
 #[cfg(feature = "kube")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kube")))]
 pub use self::kube::{EndpointWatch, KubeError, DEFAULT_PROXY_ALLOWANCE};
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use self::server::{
+    serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
+};
 pub use action::ActionResult;
 pub use advice::advise;
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
@@ -164,14 +172,6 @@ pub use driver::{Status, STATUS_TIMELINE_LIMIT};
 pub use error::ConfigError;
 pub use evidence::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
 pub use guard::InFlightGuard;
-#[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub use self::server::{
-    serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
-};
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use self::axum::serve as axum_serve;
 pub use link::{DeletionBudget, EndpointSliceEvidence};
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;

@@ -58,7 +58,13 @@ pub(crate) mod evidence_json {
             return Ok(None);
         };
         if let Some(map) = v.as_object_mut() {
-            for key in ["slot_ms", "slots_observed", "empty_slots", "epsilon_ppm", "silence_ms"] {
+            for key in [
+                "slot_ms",
+                "slots_observed",
+                "empty_slots",
+                "epsilon_ppm",
+                "silence_ms",
+            ] {
                 map.entry(key).or_insert(serde_json::Value::from(0u64));
             }
         }

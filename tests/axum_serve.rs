@@ -235,7 +235,9 @@ async fn one_call_serve_gives_both_connect_infos_counts_new_and_reused_and_ends_
     // The server future ends only after stopped_accepting.
     assert!(!server.is_finished());
     drop((b, c));
-    within("lameduck::axum_serve returns", server).await.unwrap();
+    within("lameduck::axum_serve returns", server)
+        .await
+        .unwrap();
     assert!(drain.phase() >= Phase::StoppedAccepting);
     assert!(has_event(&drain, EventKind::StoppedAccepting));
 
@@ -272,9 +274,8 @@ async fn one_call_serve_is_bounded_by_the_deadline() {
 async fn serve_with_connect_info_answers_the_same_extractors_as_axum_serve() {
     let drain = drain(secs(6), Propagation::fixed(ms(300)));
     let (listener, with_addr) = bind().await;
-    let with = tokio::spawn(
-        lameduck::serve(listener, connect_info_app(&drain), &drain).connect_info(),
-    );
+    let with =
+        tokio::spawn(lameduck::serve(listener, connect_info_app(&drain), &drain).connect_info());
     let (listener, without_addr) = bind().await;
     let without = tokio::spawn(lameduck::serve(listener, connect_info_app(&drain), &drain));
 
@@ -339,8 +340,14 @@ async fn two_coordinators_in_one_process_count_only_their_own_connections() {
     };
     let (observed_a, busy_a) = busy(&first);
     let (observed_b, busy_b) = busy(&second);
-    assert!(observed_a >= 3 && observed_b >= 3, "{observed_a} {observed_b}");
-    assert!(busy_a >= 2, "the first saw its connections: {busy_a} busy slots");
+    assert!(
+        observed_a >= 3 && observed_b >= 3,
+        "{observed_a} {observed_b}"
+    );
+    assert!(
+        busy_a >= 2,
+        "the first saw its connections: {busy_a} busy slots"
+    );
     assert_eq!(busy_b, 0, "the second saw none of the first's connections");
 
     // Each layer names its own coordinator's phase, and only its own header.

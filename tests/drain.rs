@@ -873,7 +873,10 @@ async fn status_shows_both_readiness_answers_under_auto() {
     assert_eq!(s.readiness_policy, ReadinessWhileDraining::Auto);
     assert!(!s.ready && s.ready_for_kubelet, "{s:?}");
     let json = serde_json::to_value(&s).unwrap();
-    assert_eq!((json["ready"].clone(), json["ready_for_kubelet"].clone()), (false.into(), true.into()));
+    assert_eq!(
+        (json["ready"].clone(), json["ready_for_kubelet"].clone()),
+        (false.into(), true.into())
+    );
     drain.reached(Phase::StoppedAccepting).await;
     let s = drain.status();
     assert!(!s.ready && !s.ready_for_kubelet, "{s:?}");

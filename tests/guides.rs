@@ -67,17 +67,40 @@ fn the_three_first_programs_are_in_the_guides() {
     let axum = rust_blocks("src/docs/axum.md");
     program(
         &axum,
-        &["drain.admin().serve(", "spawn_cancellable(", "on_close(", "axum_serve(", "drain.run()"],
+        &[
+            "drain.admin().serve(",
+            "spawn_cancellable(",
+            "on_close(",
+            "axum_serve(",
+            "drain.run()",
+        ],
     );
     // A hyper-util accept loop of its own.
     let hyper = rust_blocks("src/docs/hyper.md");
-    program(&hyper, &["listener.accept()", "ConnMeta::accepted(", "drain.layer()", "drain.run()"]);
+    program(
+        &hyper,
+        &[
+            "listener.accept()",
+            "ConnMeta::accepted(",
+            "drain.layer()",
+            "drain.run()",
+        ],
+    );
     // A queue worker with only the admin port: no service listener, no layer.
     let worker = rust_blocks("src/docs/worker.md");
-    let w = program(&worker, &["drain.admin().serve(", "spawn_cancellable(", "drain.run()"]);
-    assert!(!w.contains("layer()"), "the worker serves no requests:\n{w}");
+    let w = program(
+        &worker,
+        &["drain.admin().serve(", "spawn_cancellable(", "drain.run()"],
+    );
+    assert!(
+        !w.contains("layer()"),
+        "the worker serves no requests:\n{w}"
+    );
     // The README's first Rust example is a whole service.
     let readme = rust_blocks("README.md");
     let first = &readme.first().expect("a Rust example").1;
-    assert!(first.contains("fn main") && first.contains("lameduck::serve("), "{first}");
+    assert!(
+        first.contains("fn main") && first.contains("lameduck::serve("),
+        "{first}"
+    );
 }

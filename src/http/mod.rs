@@ -31,9 +31,9 @@ mod service;
 mod stream;
 
 pub use body::DrainBody;
-pub use conn::ConnMeta;
 #[cfg(feature = "axum")]
 pub(crate) use conn::note_accepted;
+pub use conn::ConnMeta;
 pub use layer::DrainLayer;
 pub use line::{Naming, RequestLine, Unnamed};
 pub use refusal::{Refusal, RefuseAfterStop, ServeAfterStop};

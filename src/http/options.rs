@@ -82,7 +82,11 @@ const MAX_OPTIONS: usize = (u32::MAX >> 1) as usize;
 
 /// The table's entry for `opts` (counting at `core`), added if no equal set is there yet.
 pub(super) fn register(opts: Options, core: &'static Core) -> &'static LayerEntry {
-    let mut table = core.layer_options.0.write().unwrap_or_else(|e| e.into_inner());
+    let mut table = core
+        .layer_options
+        .0
+        .write()
+        .unwrap_or_else(|e| e.into_inner());
     if let Some(e) = table.iter().find(|e| e.options.same(&opts)) {
         return e;
     }
