@@ -392,6 +392,6 @@ impl Driver {
         let kind = self.policy.waiting_on(&evidence, self.link.hold());
         let mut report = evidence.report(kind, crate::propagation::silence(self.core, origin.at));
         self.endpoint_evidence(&mut report, origin.at);
-        Some(report)
+        Some(crate::report::evidence_json::fixed_only(report))
     }
 }

@@ -50,6 +50,26 @@ pub(crate) mod evidence_json {
         }
     }
 
+    /// A `fixed` policy's evidence as the report keeps it: its kind and the silence, nothing
+    /// it did not measure (so the report reads back from its JSON unchanged).
+    pub(crate) fn fixed_only(mut e: EvidenceReport) -> EvidenceReport {
+        if e.kind == EvidenceKind::Fixed {
+            e.max_reason = None;
+            e.weak = None;
+            e.slot_ms = 0;
+            e.slots_observed = 0;
+            e.empty_slots = 0;
+            e.p_empty_ppm = None;
+            e.rate_per_1000s = None;
+            e.epsilon_ppm = 0;
+            e.t_conf_ms = None;
+            e.floor_ms = None;
+            e.endpoint_slice = None;
+            e.endpoint_slice_unused = None;
+        }
+        e
+    }
+
     /// Reads both shapes: the numbers a fixed policy's JSON leaves out read as zero.
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,

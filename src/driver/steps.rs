@@ -76,6 +76,7 @@ impl Driver {
         };
         let mut committed = evidence.report(kind, crate::propagation::silence(self.core, origin));
         self.endpoint_evidence(&mut committed, origin);
+        let committed = crate::report::evidence_json::fixed_only(committed);
         let mut e = self.event(EventKind::PropagationDone);
         e.reason = Some(reason);
         // The evidence rides on its event's log line and in the timeline.
