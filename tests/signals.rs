@@ -572,10 +572,13 @@ fn a_drain_call_that_waits_on_weak_evidence_says_so_on_stderr() {
         &[(ADMIN_PORT_ENV, &port.to_string())],
     );
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    // Gives up waiting after 300 ms (504); the drain goes on.
-    conn.write_all(b"GET /drain?timeout=300ms HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
+    // Gives up waiting after 300 ms (504); the drain goes on.
+    conn.write_all(
+        b"GET /drain?timeout=300ms HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
     let mut head = [0u8; 12];
     conn.read_exact(&mut head).unwrap();
     assert_eq!(&head, b"HTTP/1.1 504");
@@ -587,5 +590,8 @@ fn a_drain_call_that_waits_on_weak_evidence_says_so_on_stderr() {
         .lines()
         .find(|l| l.starts_with("lameduck: /drain (wait=drained)"))
         .unwrap_or_else(|| panic!("no line about the wait: {err}"));
-    assert!(line.contains("waits for max") && line.contains("/drain?wait=none"), "{line}");
+    assert!(
+        line.contains("waits for max") && line.contains("/drain?wait=none"),
+        "{line}"
+    );
 }
