@@ -31,9 +31,11 @@ pub(crate) mod evidence_json {
 
     /// What a `fixed` policy's evidence says.
     #[derive(Serialize)]
-    struct Fixed {
+    struct Fixed<'a> {
         kind: EvidenceKind,
         silence_ms: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        endpoint_slice_unused: Option<&'a str>,
     }
 
     pub(crate) fn serialize<S: Serializer>(
@@ -44,6 +46,7 @@ pub(crate) mod evidence_json {
             Some(e) if e.kind == EvidenceKind::Fixed => Some(Fixed {
                 kind: e.kind,
                 silence_ms: e.silence_ms,
+                endpoint_slice_unused: e.endpoint_slice_unused.as_deref(),
             })
             .serialize(s),
             e => e.serialize(s),
@@ -51,7 +54,8 @@ pub(crate) mod evidence_json {
     }
 
     /// A `fixed` policy's evidence as the report keeps it: its kind and the silence, nothing
-    /// it did not measure (so the report reads back from its JSON unchanged).
+    /// it did not measure (so the report reads back from its JSON unchanged), and why a started
+    /// `EndpointWatch` failed, if it did.
     pub(crate) fn fixed_only(mut e: EvidenceReport) -> EvidenceReport {
         if e.kind == EvidenceKind::Fixed {
             e.max_reason = None;
@@ -65,7 +69,12 @@ pub(crate) mod evidence_json {
             e.t_conf_ms = None;
             e.floor_ms = None;
             e.endpoint_slice = None;
-            e.endpoint_slice_unused = None;
+            // A watch that was started and failed is worth keeping whatever the policy; a
+            // build without the feature, or no watch, is a choice.
+            e.endpoint_slice_unused = e.endpoint_slice_unused.filter(|why| {
+                !why.starts_with("the kube feature is not built")
+                    && !why.starts_with("no EndpointWatch was started")
+            });
         }
         e
     }
@@ -205,7 +214,8 @@ pub struct PolicyReport {
     /// The latest commit (for `fixed`, the delay).
     pub max_ms: u64,
     /// The evidence the commit went on, with its numbers. A `fixed` policy reads none: its
-    /// evidence is only `kind` and `silence_ms`, the rest is left out of the JSON.
+    /// evidence is only `kind`, `silence_ms` and, when a started `EndpointWatch` failed,
+    /// `endpoint_slice_unused`; the rest is left out of the JSON.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
