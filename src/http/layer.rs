@@ -2,8 +2,8 @@
 //!
 //! # Invariants
 //!
-//! * The layer and its service hold no reference count: one `&'static` entry of a
-//!   process-wide table of leaked, deduplicated option sets, which also holds the two sites
+//! * The layer and its service hold no reference count: one `&'static` entry of its
+//!   coordinator's table of leaked, deduplicated option sets, which also holds the two sites
 //!   the layer's guards count at (see `http::options`). Cloning either is a copy, so the
 //!   per-request clones axum makes cost nothing but the copy.
 //! * The options are read only while draining; the table is locked only then (and when a layer
@@ -121,9 +121,9 @@ impl Drain {
 ///   [`RefuseAfterStop`](crate::server::RefuseAfterStop)), so a layer that never refuses carries
 ///   no refusal state and no refusal check.
 ///
-/// The layer is `Copy`: the options live in a process-wide table (each distinct set of options
-/// is kept for the life of the process, like the coordinator's counter), read only while
-/// draining. Build layers at startup, not per request.
+/// The layer is `Copy`: the options live in a table of its coordinator's (each distinct set of
+/// options is kept for the life of the process, like the coordinator's counter), read only
+/// while draining. Build layers at startup, not per request.
 pub struct DrainLayer<N = Unnamed, R = ServeAfterStop> {
     /// The layer's options and the sites its guards count at (see `http::options`).
     entry: &'static LayerEntry,
