@@ -273,7 +273,7 @@ async fn run(args: Args) -> i32 {
     // descriptors for the admin port above whatever arrives here.
     let server = tokio::spawn(
         lameduck::serve(listener, app.with_state(()), &drain)
-            .header_read_timeout(lameduck::http::SUGGESTED_HEADER_READ_TIMEOUT),
+            .header_read_timeout(lameduck::server::SUGGESTED_HEADER_READ_TIMEOUT),
     );
     let report = drain.run().await;
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;

@@ -23,29 +23,61 @@ const MIN_TRAFFIC: u64 = 5;
 /// invites resets on reused connections.
 const PROXY_IDLE_TIMEOUT_MS: u64 = 60_000;
 
+/// What the rules check before they speak, beyond the numbers of one rule.
+#[derive(Clone, Copy)]
+struct Seen {
+    /// Any request arrived after the drain started.
+    requests: bool,
+    /// The commit was `max`'s and new connections still came within the quiet window before
+    /// it: traffic ran until `max` cut it off.
+    routed_until_cut: bool,
+}
+
 /// Seconds with one decimal, for messages.
 fn secs(ms: u64) -> String {
     format!("{:.1} s", ms as f64 / 1000.0)
 }
 
 /// What the propagation evidence says: why the drain waited as long as it did.
-fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p: &PolicyReport) {
+fn evidence_advice(
+    out: &mut Vec<Advice>,
+    e: &EvidenceReport,
+    stopped_ms: u64,
+    p: &PolicyReport,
+    seen: Seen,
+) {
     use AdviceLevel::{Info, Warn};
     let rate = e.rate_per_s().unwrap_or(0.0);
     let quiet = p.quiet_ms.unwrap_or(p.min_ms);
-    let set = "set `Propagation::assume_converged_after` to that (or lower max)";
+    // New connections still came when max cut the wait: the proxies had *not* converged, so
+    // a floor below max, or a lower max, would have cut them off sooner (rule `propagation_after_min`
+    // says where they came from).
+    let set = if seen.routed_until_cut {
+        "New connections kept coming until the cut, so the proxies had not converged: find that path \
+         before shortening the wait"
+    } else {
+        "If your proxies converge faster, set `Propagation::assume_converged_after` to that (or lower max)"
+    };
     match (e.kind, e.weak) {
         (EvidenceKind::Max, Some(WeakEvidence::NoConnectionData))
             if e.max_reason == Some(MaxReason::NotEnoughEvidence) =>
         {
+            // Requests arrived, but no connection was ever counted: the server does not count
+            // them (a wiring matter). Nothing arrived at all: an idle process, not a bug.
+            let why = if seen.requests {
+                "requests arrived but no connection was counted: serve with lameduck::serve or \
+                 lameduck::axum_serve, or count a custom loop's connections with ConnMeta::accepted \
+                 (axum::serve's own connect info cannot count them)"
+            } else {
+                "nothing arrived: no request during the drain, no connection counted before it"
+            };
             out.push(advice(
-                Warn,
+                if seen.requests { Warn } else { Info },
                 Rule::NoConnectionData,
                 stopped_ms,
                 format!(
-                    "connection data unavailable: use lameduck::serve or ConnMeta (axum's connect info), \
-                     or no client connected; without a rate, silence is not evidence, so the drain waited \
-                     {} (max). If your proxies converge faster, {set}",
+                    "{why}; without an arrival rate, silence is not evidence, so the drain waited \
+                     {} (max). {set}",
                     secs(stopped_ms)
                 ),
             ));
@@ -59,7 +91,7 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
                 stopped_ms,
                 format!(
                     "the process had served for only {} before the drain, too short to measure a rate: \
-                     waited {} (max). If your proxies converge faster, {set}",
+                     waited {} (max). {set}",
                     secs(e.slots_observed * e.slot_ms),
                     secs(stopped_ms)
                 ),
@@ -73,7 +105,7 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
                 format!(
                     "{rate:.2} new connections/s before the drain ({} of {} slots of {} ms empty): \
                      {} of silence is not evidence, confidence needed {}; waited {} (max). \
-                     If your proxies converge faster, {set}",
+                     {set}",
                     e.empty_slots,
                     e.slots_observed,
                     e.slot_ms,
@@ -204,13 +236,24 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
     let p = &r.propagation;
     let traffic = af.requests_on_new_connections + af.requests_on_reused_connections;
     let stopped = r.event(EventKind::StoppedAccepting);
+    let quiet = p.quiet_ms.unwrap_or(p.min_ms);
+    let seen = Seen {
+        requests: traffic > 0,
+        routed_until_cut: stopped.is_some_and(|e| {
+            e.reason == Some(CommitReason::Max)
+                && af
+                    .last_new_connection_ms
+                    .is_some_and(|last| last + quiet >= e.at_ms)
+        }),
+    };
 
     // Propagation. A process with no connection source at all (a worker without HTTP) and no
     // traffic has nothing to measure: saying so would be noise.
     let nothing_to_measure = traffic + af.new_connections == 0
-        && p.evidence
-            .as_ref()
-            .is_some_and(|e| e.weak == Some(WeakEvidence::NoConnectionData));
+        && (p.kind == PolicyKind::Fixed
+            || p.evidence
+                .as_ref()
+                .is_some_and(|e| e.weak == Some(WeakEvidence::NoConnectionData)));
     if nothing_to_measure {
         // Nothing arrived and nothing could have been counted.
     } else if traffic + af.new_connections < MIN_TRAFFIC {
@@ -224,7 +267,20 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
             ),
         ));
     } else if let Some(last) = af.last_new_connection_ms {
-        if p.kind == PolicyKind::Quiet && last > p.min_ms {
+        if p.kind == PolicyKind::Quiet && last > p.min_ms && seen.routed_until_cut {
+            // A min at or above `last` is a min at max: say what happened instead.
+            out.push(advice(
+                Warn,
+                Rule::PropagationAfterMin,
+                last,
+                format!(
+                    "new connections kept arriving until {last} ms after the drain started, when max \
+                     ({} ms) cut the wait: some path still routed here when the process stopped \
+                     accepting; find it (after_flip.peers) — no min or max below that was safe",
+                    p.max_ms
+                ),
+            ));
+        } else if p.kind == PolicyKind::Quiet && last > p.min_ms {
             out.push(advice(
                 Warn,
                 Rule::PropagationAfterMin,
@@ -271,9 +327,9 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
         .as_ref()
         .is_some_and(|e| e.max_reason == Some(MaxReason::NotEnoughEvidence));
     if let (Some(ev), Some(stop)) = (&p.evidence, stopped) {
-        evidence_advice(&mut out, ev, stop.at_ms, p);
+        evidence_advice(&mut out, ev, stop.at_ms, p, seen);
     }
-    if let Some(e) = stopped.filter(|_| !weak_at_max) {
+    if let Some(e) = stopped.filter(|_| !weak_at_max && !seen.routed_until_cut) {
         if e.reason == Some(CommitReason::Max) {
             out.push(advice(
                 Warn,
@@ -330,23 +386,41 @@ pub fn advise(r: &DrainReport) -> Vec<Advice> {
             ),
         ));
     }
-    let tasks_cut = r
+    let cut: Vec<_> = r
         .stragglers
         .iter()
         .filter(|s| s.kind == StragglerKind::Task)
+        .collect();
+    let recovered = cut
+        .iter()
+        .filter(|s| s.recovery == Some(ActionResult::Ok))
         .count();
-    if tasks_cut > 0 {
-        out.push(advice(
-            Warn,
-            Rule::TasksCut,
-            tasks_cut as u64,
+    if !cut.is_empty() {
+        let tasks_cut = cut.len();
+        let message = if recovered == tasks_cut {
+            // Each one used spawn_with_recovery and its recovery worked: recommending it
+            // again would be wrong; what is left is that the task did not end by itself.
             format!(
-                "{tasks_cut} background tasks were still running at the quiesce deadline: a task \
+                "{tasks_cut} background tasks were still running at the quiesce deadline and were \
+                 aborted; their recovery actions ran and reported ok, so their work was handed \
+                 back. The drain still counts as deadline_exceeded (exit 1): the tasks did not end \
+                 by themselves. Return on TaskContext::hurry (it fires hurry_lead before the \
+                 deadline), or raise grace_period"
+            )
+        } else {
+            let with = if recovered > 0 {
+                format!(" ({recovered} of them handed their work back in a recovery action)")
+            } else {
+                String::new()
+            };
+            format!(
+                "{tasks_cut} background tasks were still running at the quiesce deadline{with}: a task \
                  from spawn needs a way to finish sooner (or a longer grace_period); one from \
                  spawn_cancellable must return once its stop signal fires — these did not — or \
                  hand its work back in a recovery action (spawn_with_recovery)"
-            ),
-        ));
+            )
+        };
+        out.push(advice(Warn, Rule::TasksCut, tasks_cut as u64, message));
     }
     let panicked: Vec<&str> = r
         .tasks

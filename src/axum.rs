@@ -1,4 +1,6 @@
-//! One call to serve an axum [`Router`] under the drain: [`serve`].
+//! One call to serve an axum [`Router`] under the drain: [`serve`], public as
+//! `lameduck::axum_serve` (a public module named `axum` would shadow the `axum` crate under
+//! `use lameduck::*;`).
 //!
 //! `axum::serve(listener, app)` alone stops at the wrong moment (whatever future it is given),
 //! waits for every connection forever, and attaches no [`ConnMeta`], so the drain cannot tell
@@ -9,15 +11,14 @@
 //! # Invariants
 //!
 //! * One [`ConnMeta`] per accepted connection, made by its `Connected` implementation (the same
-//!   path as `into_make_service_with_connect_info::<ConnMeta>()`), so whatever that path
-//!   records about a new connection is recorded here too.
+//!   path as `into_make_service_with_connect_info::<ConnMeta>()`), and counted in the arrival
+//!   rate of the coordinator given to [`serve`] — which that path, unable to name one, cannot.
 //! * Every request carries `ConnectInfo<ConnMeta>` and `ConnectInfo<SocketAddr>`.
 //! * The future resolves at the latest at the quiesce deadline.
 
 use std::convert::Infallible;
 use std::fmt;
 use std::future::{ready, Future, IntoFuture, Ready};
-use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -30,6 +31,8 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tower_service::Service;
 
+use crate::guard::Core;
+use crate::http::note_accepted;
 use crate::{ConnMeta, Drain};
 
 /// Serves `router` on `listener` with `axum::serve`, wired to `drain`: the one-call integration
@@ -43,9 +46,10 @@ use crate::{ConnMeta, Drain};
 ///   requests on new versus reused connections and new connections feed the propagation
 ///   policy. Handlers read it with `ConnectInfo<ConnMeta>`; `ConnectInfo<SocketAddr>`
 ///   extractors keep working too (see the cost below).
-/// * Resolves when every connection has finished, or at the quiesce deadline
-///   ([`Drain::deadline_exceeded`]) at the latest, so a stuck connection cannot hold the process
-///   past its budget: whatever is still running then is named in the report's stragglers.
+/// * Resolves to `()`, as [`lameduck::serve`](crate::serve) does, when every connection has
+///   finished, or at the quiesce deadline ([`Drain::deadline_exceeded`]) at the latest, so a
+///   stuck connection cannot hold the process past its budget: whatever is still running then
+///   is named in the report's stragglers.
 ///
 /// It does not count requests itself: add [`Drain::layer`] to the router, as with
 /// [`lameduck::serve`](crate::serve).
@@ -64,7 +68,9 @@ use crate::{ConnMeta, Drain};
 /// GOAWAY at `stopped_accepting` rather than at the trigger, [`Drain::connections`] stays 0,
 /// and connections still busy at the deadline are not force-closed — the future resolves and
 /// they end with the process, which exits once the report is written. Use
-/// [`lameduck::serve`](crate::serve) (it takes the same router) when that matters.
+/// [`lameduck::serve`](crate::serve) (it takes the same router; add
+/// [`connect_info`](crate::server::Serve::connect_info) for `ConnectInfo` extractors) when that
+/// matters. The [axum guide](crate::guide::axum#which-serve) puts the two side by side.
 ///
 /// # Examples
 ///
@@ -96,30 +102,41 @@ use crate::{ConnMeta, Drain};
 ///     .layer(drain.layer());
 ///
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-/// let server = tokio::spawn(lameduck::axum::serve(listener, app, &drain));
+/// let server = tokio::spawn(lameduck::axum_serve(listener, app, &drain));
 ///
 /// # drain.start(Trigger::Api);
 /// let report = drain.run().await; // signals → drain → closers → report
-/// server.await??; // ended at stopped_accepting, or at the deadline at the latest
+/// server.await?; // ended at stopped_accepting, or at the deadline at the latest
 /// # assert_eq!(report.exit_code, 0);
 /// # Ok(()) }
 /// ```
-pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> Serve {
+pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> AxumServe {
     let drain = drain.clone();
     // Turns every route into its final form once, as `into_make_service*` does; a router
     // called as it is would redo that per request (three allocations more).
     let router = router.with_state(());
-    let server = axum::serve(listener, WithConnMeta { router })
+    let core = drain.core();
+    let server = axum::serve(listener, WithConnMeta { router, core })
         .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
         .into_future();
     let deadline = drain.deadline_exceeded();
-    Serve {
+    AxumServe {
         inner: Box::pin(async move {
             drain.mark_started();
+            // From now on every accepted connection counts in the arrival rate, as under
+            // `lameduck::serve`: an idle server has a rate of zero, not no data.
+            drain.core().observe_arrivals();
             tokio::select! {
-                result = server => result,
+                result = server => {
+                    // axum 0.8 retries accept errors itself and has no other error to return;
+                    // should a later one, it is said, not returned: both serve functions
+                    // resolve to `()`.
+                    if let Err(e) = result {
+                        tracing::warn!(error = %e, "lameduck: axum::serve ended with an error");
+                    }
+                }
                 // What is still running is a straggler: the report names it.
-                () = deadline.cancelled_owned() => Ok(()),
+                () = deadline.cancelled_owned() => {}
             }
         }),
     }
@@ -130,28 +147,30 @@ pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> Serve {
 ///
 /// `Send + 'static`: `.await` it or hand it to `tokio::spawn`.
 #[must_use = "futures do nothing unless polled"]
-pub struct Serve {
-    inner: Pin<Box<dyn Future<Output = io::Result<()>> + Send>>,
+pub struct AxumServe {
+    inner: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
-impl Future for Serve {
-    type Output = io::Result<()>;
+impl Future for AxumServe {
+    type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.inner.as_mut().poll(cx)
     }
 }
 
-impl fmt::Debug for Serve {
+impl fmt::Debug for AxumServe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Serve").finish_non_exhaustive()
+        f.debug_struct("AxumServe").finish_non_exhaustive()
     }
 }
 
-/// axum's per-connection factory: one [`ConnMeta`] per accepted connection.
+/// axum's per-connection factory: one [`ConnMeta`] per accepted connection, counted in the
+/// arrival rate of the coordinator `serve` was given (axum's `Connected` hook cannot name one).
 #[derive(Clone)]
 struct WithConnMeta {
     router: Router,
+    core: &'static Core,
 }
 
 impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
@@ -166,6 +185,7 @@ impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
     fn call(&mut self, stream: IncomingStream<'_, TcpListener>) -> Self::Future {
         let peer = *stream.remote_addr();
         let meta = <ConnMeta as Connected<IncomingStream<'_, TcpListener>>>::connect_info(stream);
+        note_accepted(self.core);
         ready(Ok(ConnService {
             router: self.router.clone(),
             meta,

@@ -31,8 +31,6 @@ mod kube;
 mod metrics;
 mod work;
 
-#[cfg(feature = "http")]
-pub(crate) use builder::note_connect_info;
 pub use builder::{DrainBuilder, PROXY_LABEL_ENV};
 
 pub(crate) struct Inner {
@@ -157,6 +155,42 @@ impl Drain {
             self.inner.driver.link().note_startup_connection(peer);
         }
         draining
+    }
+
+    /// Says, once per call, that a `/drain` caller is about to wait on weak evidence: the
+    /// propagation policy cannot commit before `max`, so the answer comes `max` after the
+    /// trigger. A tracing event, and one stderr line when no subscriber would print it.
+    #[cfg(feature = "admin")]
+    pub(crate) fn say_weak_wait(&self, wait: &str) {
+        if self.phase() >= Phase::StoppedAccepting {
+            return;
+        }
+        let driver = &self.inner.driver;
+        let Some(e) = driver.evidence_now() else {
+            return;
+        };
+        let (crate::EvidenceKind::Max, Some(weak)) = (e.kind, e.weak) else {
+            return;
+        };
+        let max_ms = driver.policy_report().max_ms;
+        tracing::info!(
+            wait,
+            weak = weak.as_str(),
+            max_ms,
+            "lameduck: /drain waits for the propagation max: too little traffic to measure"
+        );
+        if !tracing::dispatcher::has_been_set() {
+            let line = format!(
+                "lameduck: /drain (wait={wait}) answers when the drain is done: too little traffic to \
+                 measure propagation ({}), so it waits for max, {max_ms} ms after the trigger; \
+                 `/drain?wait=none` answers at once, `/status` shows the drain\n",
+                weak.as_str()
+            );
+            // Bounded, and off the runtime: a stalled stderr must not hold the answer.
+            tokio::task::spawn_blocking(move || {
+                crate::report::stderr_bounded(line, crate::report::STDERR_WAIT)
+            });
+        }
     }
 
     /// Answers owed to admin callers before the process exits.
@@ -481,11 +515,14 @@ impl Drain {
         self.inner.driver.timeline()
     }
 
-    /// A snapshot for `/status`.
+    /// A snapshot for `/status`, with both readiness answers: `ready` (what load balancers and
+    /// other callers get) and `ready_for_kubelet` (what kubelet's probe gets; they differ under
+    /// [`ReadinessWhileDraining::Auto`] while draining).
     pub fn status(&self) -> Status {
         let phase = self.phase();
         let ready = self.is_ready();
-        self.inner.driver.status(phase, ready)
+        let for_kubelet = self.readiness_for(Caller::Kubelet).ready;
+        self.inner.driver.status(phase, ready, for_kubelet)
     }
 
     /// The report, once the drain is Done.
@@ -504,6 +541,9 @@ impl Drain {
             .expect("the report is stored before the phase turns Done")
     }
 
+    /// Drives the whole lifecycle and returns the final report: installs the signal handlers,
+    /// marks startup complete, waits for a trigger (a signal, `/drain`, [`start`](Self::start)),
+    /// drains, and — after a `preStop` drain — waits for the stop signal before it returns.
     ///
     /// The report returned is the one written last: it ends with an `exit` event carrying the
     /// exit code, after every signal received (also the one that followed a `preStop` drain).

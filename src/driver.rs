@@ -394,6 +394,12 @@ impl Driver {
     }
 
     /// The committed evidence, or while draining the evidence the policy waits on.
+    /// The propagation policy's settings, as the report gives them.
+    #[cfg(feature = "admin")] // read by the admin router's /drain
+    pub(crate) fn policy_report(&self) -> crate::report::PolicyReport {
+        self.policy.report()
+    }
+
     pub(crate) fn evidence_now(&self) -> Option<EvidenceReport> {
         let (evidence, committed, origin) = {
             let st = self.lock();
@@ -406,6 +412,6 @@ impl Driver {
         let kind = self.policy.waiting_on(&evidence, self.link.hold());
         let mut report = evidence.report(kind, crate::propagation::silence(self.core, origin.at));
         self.endpoint_evidence(&mut report, origin.at);
-        Some(report)
+        Some(crate::report::evidence_json::fixed_only(report))
     }
 }

@@ -119,8 +119,9 @@ impl Arrivals {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum WeakEvidence {
-    /// No connection was ever counted: the service is not served by `lameduck::serve`, nor
-    /// by `axum::serve` with `ConnMeta` — or no client ever connected.
+    /// No connection was ever counted: no server counted them (`lameduck::serve`,
+    /// `lameduck::axum_serve` and `ConnMeta::accepted` do; axum's own `ConnectInfo` hook
+    /// cannot) — a worker with no HTTP, or a raw `axum::serve`.
     NoConnectionData,
     /// The process had been serving for less than 5 s before the trigger.
     TooFewSlots,
@@ -332,7 +333,7 @@ impl EvidenceReport {
         }
         let rate = match (self.rate_per_s(), self.weak) {
             (_, Some(WeakEvidence::NoConnectionData)) => {
-                "no connection data (use lameduck::serve or ConnMeta)".to_owned()
+                "no connection counted (no server counts them here)".to_owned()
             }
             (Some(r), _) => format!(
                 "{r:.2} new connections/s before the trigger ({} of {} slots empty)",

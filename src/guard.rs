@@ -95,6 +95,10 @@ pub(crate) struct Core {
     pub(crate) stalls: crate::stall::Stalls,
     /// The site of guards taken outside the HTTP layer; set by [`Core::leak`].
     plain: OnceLock<&'static Site>,
+    /// The option sets of this coordinator's drain layers, found by a guard's tag; read only
+    /// while draining.
+    #[cfg(feature = "http")]
+    pub(crate) layer_options: crate::http::options::Table,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -164,6 +168,8 @@ impl Core {
             requests: Mutex::new(Registry::default()),
             stalls: crate::stall::Stalls::default(),
             plain: OnceLock::new(),
+            #[cfg(feature = "http")]
+            layer_options: Default::default(),
         }));
         let _ = core.plain.set(Box::leak(Box::new(Site::new(core, 0))));
         core

@@ -14,7 +14,7 @@
 //! A guide whose feature this build of the docs leaves out links to the crate's
 //! [feature table](crate#feature-flags).
 //!
-#![cfg_attr(feature = "axum", doc = "[one-call]: crate::axum::serve")]
+#![cfg_attr(feature = "axum", doc = "[one-call]: crate::axum_serve")]
 #![cfg_attr(feature = "http", doc = "[serve]: crate::serve")]
 #![cfg_attr(
     not(feature = "axum"),

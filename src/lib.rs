@@ -52,13 +52,13 @@
 //!
 //! | You run | Use | Guide |
 //! |---|---|---|
-//! | axum, hyper or any tower service, and can hand over the accept loop | [`serve`] + [`Drain::layer`] | — |
-//! | axum, keeping axum's own accept loop | [`axum::serve`] + [`Drain::layer`] | [`guide::axum`] |
+//! | axum, hyper or any tower service, and can hand over the accept loop | [`serve`] + [`Drain::layer`] | [`guide::axum`] (which one) |
+//! | axum, keeping axum's own accept loop | [`axum_serve`] + [`Drain::layer`] | [`guide::axum`] |
 //! | your own hyper accept loop | [`Drain::layer`] + [`ConnMeta`] + the tokens | [`guide::hyper`] |
 //! | tonic (gRPC) | [`Drain::layer`] + [`Drain::grpc_health`] | [`guide::tonic`] |
 //! | server-sent events, WebSockets, watches | [`Drain::stream_stop`], [`StreamStop::wrap`], a guard per socket | `examples/sse.rs`, `examples/websocket.rs` |
 //! | queue consumers, pollers, cron-style workers (no HTTP) | [`Drain::spawn_cancellable`] | [`guide::worker`] |
-//! | Kubernetes probes and `preStop` | [`Drain::admin_router`] | [`guide::kubernetes`] |
+//! | Kubernetes probes and `preStop` | [`Drain::admin`]`().serve(listener)` | [`guide::kubernetes`] |
 //!
 //! Each guide opens with the `Cargo.toml` lines it needs. An item that needs a feature this
 //! build of the docs leaves out links to the table below.
@@ -68,12 +68,12 @@
 //! | Feature | Default | Enables |
 //! |---|---|---|
 //! | `http` | yes | [`DrainLayer`] (tower middleware), [`ConnMeta`], the [`serve`] accept loop and [`StreamStop`] — on hyper 1 and hyper-util |
-//! | `axum` | yes | [`axum::serve`]: `axum::serve` with [`ConnMeta`], the stop token and the deadline bound, in one call; implies `http` |
+//! | `axum` | yes | [`axum_serve`]: `axum::serve` with [`ConnMeta`], the stop token and the deadline bound, in one call; implies `http` |
 //! | `admin` | yes | the admin router (`/livez`, `/readyz`, `/drain`, `/status`) on axum, and the [`prestop`] helper; implies `axum` |
 //! | `grpc` | no | [`Drain::grpc_health`]: the standard gRPC health service (tonic-health) following the drain; implies `http` |
 //! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Drain::record_metrics`, `Drain::spawn_metrics_updater` |
 //! | `kube` | no | [`EndpointWatch`]: watches this Pod and its EndpointSlices (kube-rs 2.0, rustls on ring, k8s-openapi without a Kubernetes version of its own: your binary picks it); propagation waits for the slices plus a proxy allowance, the deletion's grace shrinks the deadlines, each endpoint change is in the timeline. Without it, the report's `endpoint_slice_unused` says so |
-//! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `metrics::prometheus_builder`; no HTTP listener or TLS of its own; implies `metrics` and `admin` |
+//! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `drain_metrics::prometheus_builder`; no HTTP listener or TLS of its own; implies `metrics` and `admin` |
 //!
 //! The defaults are what a typical axum service needs. With no features at all, the
 //! coordinator ([`Drain`], phases, budget, tasks, closers, signals, the report) is still there
@@ -88,7 +88,7 @@
 )]
 #![cfg_attr(
     not(feature = "axum"),
-    doc = "[`axum::serve`]: crate#feature-flags\n[`guide::axum`]: crate#feature-flags"
+    doc = "[`axum_serve`]: crate#feature-flags\n[`guide::axum`]: crate#feature-flags"
 )]
 #![cfg_attr(
     not(feature = "grpc"),
@@ -97,7 +97,7 @@
 #![cfg_attr(not(feature = "kube"), doc = "[`EndpointWatch`]: crate#feature-flags")]
 #![cfg_attr(
     not(feature = "admin"),
-    doc = "[`Drain::admin_router`]: crate#feature-flags\n[`prestop`]: crate#feature-flags"
+    doc = "[`Drain::admin`]: crate#feature-flags\n[`prestop`]: crate#feature-flags"
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -112,9 +112,14 @@ mod error;
 mod evidence;
 mod exit;
 mod guard;
+// Public under `server`: a module named `http` would make `use lameduck::*;` shadow the `http`
+// crate (E0659). The file keeps its name and the crate its `crate::http::…` paths.
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub mod http;
+#[path = "http/mod.rs"]
+pub mod server;
+#[cfg(feature = "http")]
+use self::server as http;
 #[cfg(feature = "kube")]
 mod kube;
 mod link;
@@ -132,20 +137,33 @@ mod tasks;
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
+// Not public: its `serve` is `axum_serve` at the root and its future `server::AxumServe`, so
+// that `use lameduck::*;` leaves the `axum` crate's name alone.
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod axum;
+mod axum;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
 pub mod guide;
+// Public as `drain_metrics`, not `metrics`: the `metrics` crate keeps its name under a glob.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub mod metrics;
+#[path = "metrics.rs"]
+pub mod drain_metrics;
+#[cfg(feature = "metrics")]
+use self::drain_metrics as metrics;
 
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use self::axum::serve as axum_serve;
 #[cfg(feature = "kube")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kube")))]
 pub use self::kube::{EndpointWatch, KubeError, DEFAULT_PROXY_ALLOWANCE};
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use self::server::{
+    serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
+};
 pub use action::ActionResult;
 pub use advice::advise;
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
@@ -155,11 +173,6 @@ pub use driver::{Status, STATUS_TIMELINE_LIMIT};
 pub use error::ConfigError;
 pub use evidence::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
 pub use guard::InFlightGuard;
-#[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub use http::{
-    serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
-};
 pub use link::{
     AllowanceSource, DeletionBudget, EndpointSliceEvidence, PeerDelay, StartupMeasurement,
 };
@@ -181,7 +194,7 @@ pub use tasks::{TaskContext, TaskEnd, TaskResult};
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use admin::{prestop, prestop_blocking, AdminBuilder, PrestopError, PrestopOptions};
 
-// Compile-checks the README's Rust examples.
+// Compile-checks the README's Rust examples (the first is an axum service with the admin port).
 #[doc = include_str!("../README.md")]
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "admin"))]
 pub struct ReadmeDoctests;

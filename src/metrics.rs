@@ -91,7 +91,7 @@
 
 ```
 # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-let handle = lameduck::metrics::prometheus_builder().install_recorder()?;
+let handle = lameduck::drain_metrics::prometheus_builder().install_recorder()?;
 let drain = lameduck::Drain::builder().build()?;
 let admin: axum::Router = drain.admin().prometheus(handle).router();
 # Ok(()) }
@@ -228,7 +228,7 @@ fn seconds(ms: u64) -> f64 {
 ///
 /// ```
 /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// let handle = lameduck::metrics::prometheus_builder().install_recorder()?;
+/// let handle = lameduck::drain_metrics::prometheus_builder().install_recorder()?;
 /// let drain = lameduck::Drain::builder().build()?;
 /// let admin: axum::Router = drain.admin().prometheus(handle).router();
 /// # Ok(()) }

@@ -21,6 +21,87 @@ mod sinks;
 mod summary;
 
 pub use advice::{Advice, AdviceLevel, AdviceRule};
+
+/// The evidence in JSON, without what a `fixed` policy did not measure: a set delay reads no
+/// arrival rate, so its `weak`, `epsilon_ppm`, slot counts and the like would only mislead.
+pub(crate) mod evidence_json {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::evidence::{EvidenceKind, EvidenceReport};
+
+    /// What a `fixed` policy's evidence says.
+    #[derive(Serialize)]
+    struct Fixed<'a> {
+        kind: EvidenceKind,
+        silence_ms: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        endpoint_slice_unused: Option<&'a str>,
+    }
+
+    pub(crate) fn serialize<S: Serializer>(
+        e: &Option<EvidenceReport>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match e {
+            Some(e) if e.kind == EvidenceKind::Fixed => Some(Fixed {
+                kind: e.kind,
+                silence_ms: e.silence_ms,
+                endpoint_slice_unused: e.endpoint_slice_unused.as_deref(),
+            })
+            .serialize(s),
+            e => e.serialize(s),
+        }
+    }
+
+    /// A `fixed` policy's evidence as the report keeps it: its kind and the silence, nothing
+    /// it did not measure (so the report reads back from its JSON unchanged), and why a started
+    /// `EndpointWatch` failed, if it did.
+    pub(crate) fn fixed_only(mut e: EvidenceReport) -> EvidenceReport {
+        if e.kind == EvidenceKind::Fixed {
+            e.max_reason = None;
+            e.weak = None;
+            e.slot_ms = 0;
+            e.slots_observed = 0;
+            e.empty_slots = 0;
+            e.p_empty_ppm = None;
+            e.rate_per_1000s = None;
+            e.epsilon_ppm = 0;
+            e.t_conf_ms = None;
+            e.floor_ms = None;
+            e.endpoint_slice = None;
+            // A watch that was started and failed is worth keeping whatever the policy; a
+            // build without the feature, or no watch, is a choice.
+            e.endpoint_slice_unused = e.endpoint_slice_unused.filter(|why| {
+                !why.starts_with("the kube feature is not built")
+                    && !why.starts_with("no EndpointWatch was started")
+            });
+        }
+        e
+    }
+
+    /// Reads both shapes: the numbers a fixed policy's JSON leaves out read as zero.
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<EvidenceReport>, D::Error> {
+        let Some(mut v) = Option::<serde_json::Value>::deserialize(d)? else {
+            return Ok(None);
+        };
+        if let Some(map) = v.as_object_mut() {
+            for key in [
+                "slot_ms",
+                "slots_observed",
+                "empty_slots",
+                "epsilon_ppm",
+                "silence_ms",
+            ] {
+                map.entry(key).or_insert(serde_json::Value::from(0u64));
+            }
+        }
+        serde_json::from_value(v)
+            .map(Some)
+            .map_err(serde::de::Error::custom)
+    }
+}
 pub(crate) use sinks::{log_report, stderr_bounded, Emitted, Sinks, STDERR_WAIT};
 
 /// Kubernetes keeps at most this many bytes of a container's termination message.
@@ -35,7 +116,9 @@ pub const TERMINATION_LOG_LIMIT: usize = 4096;
 pub enum Outcome {
     /// Everything finished inside the budget and every closer succeeded. Exit code 0.
     Clean,
-    /// The quiesce deadline cut stragglers. Exit code 1.
+    /// The quiesce deadline cut stragglers. Exit code 1 — also when every cut task's recovery
+    /// action reported `ok`: its work was handed back, but it did not end inside the budget,
+    /// and the next drain will cut it again (the `tasks_cut` advice says what to change).
     DeadlineExceeded,
     /// A closer failed, panicked or timed out. Exit code 1.
     CloserFailed,
@@ -130,8 +213,14 @@ pub struct PolicyReport {
     pub min_ms: u64,
     /// The latest commit (for `fixed`, the delay).
     pub max_ms: u64,
-    /// The evidence the commit went on, with its numbers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The evidence the commit went on, with its numbers. A `fixed` policy reads none: its
+    /// evidence is only `kind`, `silence_ms` and, when a started `EndpointWatch` failed,
+    /// `endpoint_slice_unused`; the rest is left out of the JSON.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "evidence_json"
+    )]
     pub evidence: Option<EvidenceReport>,
 }
 

@@ -246,3 +246,155 @@ fn a_server_idle_timeout_below_common_proxy_idle_timeouts_is_a_warning() {
         assert!(!rules(&r).contains(&"server_idle_timeout_short".to_owned()));
     }
 }
+
+/// Evidence that could not decide, so the wait ran to `max`.
+fn weak_at_max(weak: &str) -> lameduck::EvidenceReport {
+    from_json(serde_json::json!({
+        "kind": "max", "max_reason": "not_enough_evidence", "weak": weak,
+        "slot_ms": 250, "slots_observed": 120, "empty_slots": 118,
+        "epsilon_ppm": 1000, "silence_ms": 0
+    }))
+}
+
+fn messages(r: &DrainReport) -> Vec<String> {
+    advise(r).into_iter().map(|a| a.message).collect()
+}
+
+/// New connections kept coming until `max` cut the wait: neither "min ≥ <max>" (a min at max)
+/// nor "the proxies converge faster, set a floor or lower max" (they had not converged).
+#[test]
+fn traffic_cut_off_by_max_gets_neither_a_min_at_max_nor_a_shorter_wait() {
+    let mut r = base();
+    r.propagation.max_ms = 15_000;
+    r.propagation.evidence = Some(weak_at_max("too_sparse"));
+    r.timeline[1].reason = Some(CommitReason::Max);
+    r.timeline[1].at_ms = 15_000;
+    r.after_flip.last_new_connection_ms = Some(14_998);
+    let msgs = messages(&r);
+    assert!(
+        msgs.iter().all(|m| !m.contains("consider min")),
+        "{msgs:#?}"
+    );
+    assert!(
+        msgs.iter()
+            .all(|m| !m.contains("assume_converged_after") && !m.contains("lower max")),
+        "{msgs:#?}"
+    );
+    let a = advise(&r);
+    let after_min = a
+        .iter()
+        .find(|a| a.rule.as_str() == "propagation_after_min")
+        .expect("the late connections are named");
+    assert_eq!(after_min.observed, 14_998);
+    assert!(
+        after_min.message.contains("max (15000 ms) cut the wait"),
+        "{}",
+        after_min.message
+    );
+    // Said once: the quiet-window rule does not repeat it.
+    assert!(!rules(&r).contains(&"quiet_window_never_held".to_owned()));
+
+    // The same weak evidence without late connections still gets the floor advice.
+    r.after_flip.last_new_connection_ms = Some(900);
+    assert!(messages(&r)
+        .iter()
+        .any(|m| m.contains("assume_converged_after")));
+}
+
+/// A task cut at the deadline whose recovery reported `ok` already used `spawn_with_recovery`:
+/// the advice says why the exit code is still 1 and what is left to do (return on hurry).
+#[test]
+fn tasks_cut_with_a_recovery_that_worked_are_not_told_to_add_one() {
+    let mut r = base();
+    r.outcome = Outcome::DeadlineExceeded;
+    r.exit_code = 1;
+    r.stragglers = vec![from_json(serde_json::json!({
+        "kind": "task", "name": "orders-consumer", "age_ms": 24_000, "recovery": "ok"
+    }))];
+    let a = advise(&r);
+    let cut = a.iter().find(|a| a.rule.as_str() == "tasks_cut").unwrap();
+    assert!(
+        !cut.message.contains("spawn_with_recovery"),
+        "{}",
+        cut.message
+    );
+    assert!(cut.message.contains("reported ok"), "{}", cut.message);
+    assert!(
+        cut.message.contains("exit 1") && cut.message.contains("hurry"),
+        "{}",
+        cut.message
+    );
+
+    // Without a recovery action the advice still points at one.
+    r.stragglers = vec![from_json(serde_json::json!({
+        "kind": "task", "name": "orders-consumer", "age_ms": 24_000
+    }))];
+    let a = advise(&r);
+    let cut = a.iter().find(|a| a.rule.as_str() == "tasks_cut").unwrap();
+    assert!(
+        cut.message.contains("spawn_with_recovery"),
+        "{}",
+        cut.message
+    );
+}
+
+/// No connection data on an idle process (nothing arrived) is information, not a wiring
+/// warning; with requests arriving but no connection counted it is a wiring warning.
+#[test]
+fn no_connection_data_names_a_wiring_gap_only_when_requests_came() {
+    let mut r = base();
+    r.after_flip = from_json(serde_json::json!({
+        "new_connections": 0, "requests_on_new_connections": 0,
+        "requests_on_reused_connections": 0, "last_new_connection_ms": null, "peers": []
+    }));
+    r.propagation.evidence = Some(weak_at_max("no_connection_data"));
+    r.timeline[1].reason = Some(CommitReason::Max);
+    r.timeline[1].at_ms = 15_000;
+    let a = advise(&r);
+    let idle = a
+        .iter()
+        .find(|a| a.rule.as_str() == "no_connection_data")
+        .expect("the long wait is explained");
+    assert_eq!(idle.level, AdviceLevel::Info);
+    assert!(
+        idle.message.starts_with("nothing arrived"),
+        "{}",
+        idle.message
+    );
+    assert!(
+        !idle.message.contains("lameduck::serve"),
+        "{}",
+        idle.message
+    );
+
+    // Requests came (on connections nobody counted): that is the wiring gap.
+    r.after_flip.requests_on_reused_connections = 12;
+    let a = advise(&r);
+    let gap = a
+        .iter()
+        .find(|a| a.rule.as_str() == "no_connection_data")
+        .unwrap();
+    assert_eq!(gap.level, AdviceLevel::Warn);
+    assert!(gap.message.contains("lameduck::serve"), "{}", gap.message);
+}
+
+/// A fixed policy's report leaves out the evidence it did not read.
+#[test]
+fn a_fixed_policy_report_omits_what_it_did_not_measure() {
+    let mut r = base();
+    r.propagation = from_json(serde_json::json!({
+        "kind": "fixed", "min_ms": 0, "max_ms": 0,
+        "evidence": {
+            "kind": "fixed", "weak": "no_connection_data", "slot_ms": 250,
+            "slots_observed": 0, "empty_slots": 0, "epsilon_ppm": 1000, "silence_ms": 7
+        }
+    }));
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(
+        json["propagation"]["evidence"],
+        serde_json::json!({ "kind": "fixed", "silence_ms": 7 })
+    );
+    // And it reads back.
+    let back: DrainReport = serde_json::from_value(json).unwrap();
+    assert_eq!(back.propagation.evidence.unwrap().silence_ms, 7);
+}

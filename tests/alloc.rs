@@ -6,7 +6,7 @@
 //!   response future, drain the body, drop it), and its future and body stay small;
 //! * `lameduck::serve` adds no allocation per request while Serving: N keep-alive requests
 //!   over one loopback connection allocate what a bare hyper-util accept loop allocates;
-//! * `lameduck::axum::serve` costs one allocation per request over hand-wired `axum::serve`.
+//! * `lameduck::axum_serve` costs one allocation per request over hand-wired `axum::serve`.
 //!
 //! Only the current thread's allocations are counted: tests run in parallel, and each drives
 //! its client and server on one current-thread runtime.
@@ -238,8 +238,8 @@ mod layer {
     fn future_and_body_are_the_inner_ones_plus_8_bytes() {
         use std::mem::size_of;
 
-        use lameduck::http::future::ResponseFuture;
-        use lameduck::http::{RefuseAfterStop, Unnamed};
+        use lameduck::server::future::ResponseFuture;
+        use lameduck::server::{RefuseAfterStop, Unnamed};
         use lameduck::{DrainBody, InFlightGuard};
 
         // A guard is one pointer.
@@ -270,7 +270,7 @@ mod layer {
         );
         // The opt-in request line is what makes them bigger.
         assert!(
-            size_of::<ResponseFuture<Fut, lameduck::http::RequestLine>>()
+            size_of::<ResponseFuture<Fut, lameduck::server::RequestLine>>()
                 > size_of::<ResponseFuture<Fut>>() + 64
         );
     }
@@ -367,9 +367,9 @@ mod layer {
     }
 }
 
-// ---- `lameduck::axum::serve` against hand-wired `axum::serve` ----
+// ---- `lameduck::axum_serve` against hand-wired `axum::serve` ----
 
-/// What `lameduck::axum::serve` costs per request in allocations, against `axum::serve` with
+/// What `lameduck::axum_serve` costs per request in allocations, against `axum::serve` with
 /// `into_make_service_with_connect_info::<ConnMeta>()` (the guide's manual wiring): the same
 /// router, the same client, N requests on one keep-alive connection, all on one thread. The
 /// difference is the `ConnectInfo<SocketAddr>` bridge: one extension insert per request.
@@ -425,12 +425,12 @@ mod axum_serve {
         let manual_allocs = per_n_requests(manual_addr).await;
 
         let (listener, one_call_addr) = bind().await;
-        let one_call = tokio::spawn(lameduck::axum::serve(listener, router(&drain), &drain));
+        let one_call = tokio::spawn(lameduck::axum_serve(listener, router(&drain), &drain));
         let one_call_allocs = per_n_requests(one_call_addr).await;
 
         println!(
             "allocations per request: axum::serve + ConnectInfo<ConnMeta> {:.2}, \
-             lameduck::axum::serve {:.2}",
+             lameduck::axum_serve {:.2}",
             manual_allocs as f64 / N as f64,
             one_call_allocs as f64 / N as f64
         );
@@ -464,7 +464,7 @@ mod serve_router {
     use axum::routing::get;
     use common::bind;
 
-    // The same router, client and count as `lameduck::axum::serve`'s check above.
+    // The same router, client and count as `lameduck::axum_serve`'s check above.
     use super::axum_serve::{per_n_requests, router, N};
 
     #[tokio::test(flavor = "current_thread")]
@@ -527,5 +527,48 @@ mod serve_router {
         axum_server.abort();
         ours.abort();
         around.abort();
+    }
+
+    /// `lameduck::serve(..).connect_info()` attaches what `axum_serve` attaches (the two
+    /// `ConnectInfo`s) and costs what it costs; without it `serve` costs nothing for them.
+    #[tokio::test(flavor = "current_thread")]
+    async fn connect_info_under_serve_costs_what_it_costs_under_axum_serve() {
+        let drain = common::drain(
+            Duration::from_secs(30),
+            Propagation::fixed(Duration::from_secs(1)),
+        );
+        drain.mark_started();
+
+        let (listener, plain_addr) = bind().await;
+        let plain = tokio::spawn(lameduck::serve(listener, router(&drain), &drain));
+        let without = per_n_requests(plain_addr).await;
+
+        let (listener, with_addr) = bind().await;
+        let with = tokio::spawn(lameduck::serve(listener, router(&drain), &drain).connect_info());
+        let with_connect_info = per_n_requests(with_addr).await;
+
+        let (listener, one_call_addr) = bind().await;
+        let one_call = tokio::spawn(lameduck::axum_serve(listener, router(&drain), &drain));
+        let under_axum_serve = per_n_requests(one_call_addr).await;
+
+        println!(
+            "allocations per request, client and server: lameduck::serve {:.2}, \
+             with connect_info {:.2}, lameduck::axum_serve {:.2}",
+            without as f64 / N as f64,
+            with_connect_info as f64 / N as f64,
+            under_axum_serve as f64 / N as f64
+        );
+        // The extension map and a box per value: at least 2 per request more.
+        assert!(
+            with_connect_info >= without + 2 * N,
+            "connect_info {with_connect_info} against {without} for {N} requests"
+        );
+        assert!(
+            with_connect_info <= under_axum_serve + N / 10,
+            "connect_info {with_connect_info} against axum_serve {under_axum_serve} for {N} requests"
+        );
+        plain.abort();
+        with.abort();
+        one_call.abort();
     }
 }

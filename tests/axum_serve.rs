@@ -186,7 +186,7 @@ fn connect_info_app(drain: &Drain) -> axum::Router {
 async fn one_call_serve_gives_both_connect_infos_counts_new_and_reused_and_ends_after_stop() {
     let drain = drain(secs(6), Propagation::fixed(ms(1500)));
     let (listener, addr) = bind().await;
-    let server = tokio::spawn(lameduck::axum::serve(
+    let server = tokio::spawn(lameduck::axum_serve(
         listener,
         connect_info_app(&drain),
         &drain,
@@ -235,9 +235,8 @@ async fn one_call_serve_gives_both_connect_infos_counts_new_and_reused_and_ends_
     // The server future ends only after stopped_accepting.
     assert!(!server.is_finished());
     drop((b, c));
-    within("lameduck::axum::serve returns", server)
+    within("lameduck::axum_serve returns", server)
         .await
-        .unwrap()
         .unwrap();
     assert!(drain.phase() >= Phase::StoppedAccepting);
     assert!(has_event(&drain, EventKind::StoppedAccepting));
@@ -256,15 +255,115 @@ async fn one_call_serve_is_bounded_by_the_deadline() {
     let (listener, addr) = bind().await;
     // Naming a request that started before the trigger is opt-in.
     let app = app(&drain, Probe::default()).layer(drain.layer().describe_requests());
-    let server = tokio::spawn(lameduck::axum::serve(listener, app, &drain));
+    let server = tokio::spawn(lameduck::axum_serve(listener, app, &drain));
 
     let reader = endless_stream_then_trigger(&drain, addr).await;
 
-    within("lameduck::axum::serve bounded by the deadline", server)
+    within("lameduck::axum_serve bounded by the deadline", server)
         .await
-        .unwrap()
         .unwrap();
     assert!(has_event(&drain, EventKind::DeadlineExceeded));
     names_the_endless_stream(&within("drain done", drain.drained()).await);
     reader.abort();
+}
+
+/// `lameduck::serve` with `connect_info()` gives handlers what `axum_serve` gives them — the same
+/// two `ConnectInfo`s — and without it those extractors answer 500, as under `axum::serve`
+/// without `into_make_service_with_connect_info`.
+#[tokio::test]
+async fn serve_with_connect_info_answers_the_same_extractors_as_axum_serve() {
+    let drain = drain(secs(6), Propagation::fixed(ms(300)));
+    let (listener, with_addr) = bind().await;
+    let with =
+        tokio::spawn(lameduck::serve(listener, connect_info_app(&drain), &drain).connect_info());
+    let (listener, without_addr) = bind().await;
+    let without = tokio::spawn(lameduck::serve(listener, connect_info_app(&drain), &drain));
+
+    let (mut a, _a_conn) = h1(with_addr).await;
+    let (status, _, peer) = text(send1(&mut a, "/peer").await).await;
+    assert_eq!(status, StatusCode::OK);
+    let peer: SocketAddr = peer.parse().expect("a socket address");
+    assert_eq!(peer.ip(), with_addr.ip());
+    let (status, _, meta) = text(send1(&mut a, "/meta").await).await;
+    assert_eq!(status, StatusCode::OK);
+    // id, peer, and the request's index on its connection (the second request).
+    assert!(meta.ends_with(&format!("{peer} Some(1)")), "{meta}");
+
+    let (mut b, _b_conn) = h1(without_addr).await;
+    for path in ["/peer", "/meta"] {
+        let (status, _, body) = text(send1(&mut b, path).await).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{path}");
+        assert!(body.contains("Missing request extension"), "{body}");
+    }
+    drop((a, b));
+
+    // Both resolve to `()`, like `axum_serve`'s future.
+    assert!(drain.start(Trigger::Api));
+    let ((), ()) = within("both servers end", async {
+        (with.await.unwrap(), without.await.unwrap())
+    })
+    .await;
+}
+
+/// Two coordinators in one process each count only their own connections, built in either
+/// order: the arrival rate (the propagation evidence) of `axum_serve`'s connections goes to the
+/// coordinator that server was given, and each layer's options are its own coordinator's.
+#[tokio::test]
+async fn two_coordinators_in_one_process_count_only_their_own_connections() {
+    use http::HeaderName;
+
+    let quiet = || Propagation::quiet(ms(200)).max(secs(2));
+    let first = drain(secs(10), quiet());
+    let second = drain(secs(10), quiet()); // built last: once the process-wide target
+    let phase_a = HeaderName::from_static("x-first-phase");
+    let phase_b = HeaderName::from_static("x-second-phase");
+    let app_a = app(&first, Probe::default()).layer(first.layer().phase_header(phase_a.clone()));
+    let app_b = app(&second, Probe::default()).layer(second.layer().phase_header(phase_b.clone()));
+    let (listener, addr_a) = bind().await;
+    let server_a = tokio::spawn(lameduck::axum_serve(listener, app_a, &first));
+    let (listener, addr_b) = bind().await;
+    let server_b = tokio::spawn(lameduck::axum_serve(listener, app_b, &second));
+
+    // Three connections to the first, each in its own 250 ms slot; none to the second.
+    tokio::time::sleep(ms(300)).await;
+    for _ in 0..3 {
+        let (mut c, _conn) = h1(addr_a).await;
+        assert_eq!(send1(&mut c, "/conn").await.status(), StatusCode::OK);
+        tokio::time::sleep(ms(300)).await;
+    }
+
+    assert!(first.start(Trigger::Api));
+    assert!(second.start(Trigger::Api));
+    let busy = |d: &Drain| {
+        let e = d.status().evidence.expect("evidence while draining");
+        (e.slots_observed, e.slots_observed - e.empty_slots)
+    };
+    let (observed_a, busy_a) = busy(&first);
+    let (observed_b, busy_b) = busy(&second);
+    assert!(
+        observed_a >= 3 && observed_b >= 3,
+        "{observed_a} {observed_b}"
+    );
+    assert!(
+        busy_a >= 2,
+        "the first saw its connections: {busy_a} busy slots"
+    );
+    assert_eq!(busy_b, 0, "the second saw none of the first's connections");
+
+    // Each layer names its own coordinator's phase, and only its own header.
+    for (addr, mine, other) in [(addr_a, &phase_a, &phase_b), (addr_b, &phase_b, &phase_a)] {
+        let (mut c, _conn) = h1(addr).await;
+        let res = send1(&mut c, "/conn").await;
+        assert_eq!(res.headers()[mine], "draining");
+        assert!(!res.headers().contains_key(other));
+    }
+
+    for (d, server) in [(&first, server_a), (&second, server_b)] {
+        let report = within("drain done", d.drained()).await;
+        assert_eq!(report.outcome, Outcome::Clean);
+        within("server ends", server).await.unwrap();
+    }
+    // After the drain: the first saw one new connection, the second one too (the header check).
+    assert_eq!(first.report().unwrap().after_flip.new_connections, 1);
+    assert_eq!(second.report().unwrap().after_flip.new_connections, 1);
 }

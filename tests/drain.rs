@@ -891,3 +891,29 @@ async fn a_drain_before_the_process_ever_served_stops_accepting_at_once() {
         .unwrap_or_else(|| panic!("{says:?}"));
     assert!(rule.message.contains("never ready"), "{}", rule.message);
 }
+
+/// `/status` gives both readiness answers: under `Auto` (the default), while draining, callers
+/// other than kubelet see "not ready" and kubelet's probe still "ready" until accepting stops.
+#[tokio::test(start_paused = true)]
+async fn status_shows_both_readiness_answers_under_auto() {
+    let drain = quiet_builder()
+        .grace_period(Duration::from_secs(10))
+        .propagation(Propagation::fixed(ms(500)))
+        .build()
+        .unwrap();
+    drain.mark_started();
+    let s = drain.status();
+    assert!(s.ready && s.ready_for_kubelet);
+    assert!(drain.start(Trigger::Api));
+    let s = drain.status();
+    assert_eq!(s.readiness_policy, ReadinessWhileDraining::Auto);
+    assert!(!s.ready && s.ready_for_kubelet, "{s:?}");
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(
+        (json["ready"].clone(), json["ready_for_kubelet"].clone()),
+        (false.into(), true.into())
+    );
+    drain.reached(Phase::StoppedAccepting).await;
+    let s = drain.status();
+    assert!(!s.ready && !s.ready_for_kubelet, "{s:?}");
+}

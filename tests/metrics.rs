@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::quiet_builder;
-use lameduck::metrics::{
+use lameduck::drain_metrics::{
     BACKGROUND_TASKS, DRAIN_DURATION_SECONDS, IN_FLIGHT_REQUESTS, OBSERVED_PROPAGATION_SECONDS,
     OPEN_CONNECTIONS, PHASE, REQUESTS_AFTER_FLIP_TOTAL,
 };
@@ -437,7 +437,7 @@ mod prometheus {
 
     #[test]
     fn scraping_metrics_over_http_samples_the_drain() {
-        let recorder = lameduck::metrics::prometheus_builder().build_recorder();
+        let recorder = lameduck::drain_metrics::prometheus_builder().build_recorder();
         let handle = recorder.handle();
         let _local = metrics::set_default_local_recorder(&recorder);
         // Real sockets, so real time.

@@ -14,6 +14,8 @@ const CHILD_ENV: &str = "LAMEDUCK_SIGNAL_CHILD";
 const REPORT_ENV: &str = "LAMEDUCK_TEST_REPORT_FILE";
 /// The termination log a child writes, for the scenarios that use one.
 const TERMINATION_LOG_ENV: &str = "LAMEDUCK_TEST_TERMINATION_LOG";
+/// The admin port a child serves on, for the scenario that calls `/drain`.
+const ADMIN_PORT_ENV: &str = "LAMEDUCK_TEST_ADMIN_PORT";
 
 /// Child side: build a coordinator, announce readiness, run, exit with the report's code.
 fn child_main(scenario: &str) -> ! {
@@ -44,6 +46,10 @@ fn child_main(scenario: &str) -> ! {
         if let Ok(path) = std::env::var(TERMINATION_LOG_ENV) {
             builder = builder.termination_log(Some(path.into()));
         }
+        if scenario == "weak-drain" {
+            // The default policy: an idle process has too little traffic to measure.
+            builder = builder.propagation(Propagation::default());
+        }
         if scenario == "stop-quit-builder" {
             builder = builder.signals(Signals::default().stop_signal(StopSignal::Sigquit));
         }
@@ -58,6 +64,14 @@ fn child_main(scenario: &str) -> ! {
                         Ok::<(), std::io::Error>(())
                     });
                 }
+            }
+            #[cfg(feature = "admin")]
+            "weak-drain" => {
+                let port: u16 = std::env::var(ADMIN_PORT_ENV).unwrap().parse().unwrap();
+                let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                    .await
+                    .unwrap();
+                tokio::spawn(drain.admin().without_token().serve(listener));
             }
             "stuck-task" => {
                 drain.spawn("stuck-task", std::future::pending::<()>());
@@ -317,11 +331,16 @@ fn after_a_prestop_drain_a_missing_stop_signal_is_named_and_the_process_exits_by
         "prestop",
     );
     // No signal at all: an entrypoint that swallows SIGTERM.
+    let pid = p.child.id();
     let (code, _, report, err) = wait_stderr(p, Duration::from_secs(20));
     assert_eq!(code, 0, "the drain itself was clean");
     assert!(
         err.contains("waiting for the stop signal (SIGTERM)"),
         "no subscriber: the wait is said on stderr: {err}"
+    );
+    assert!(
+        err.contains(&format!("kill -TERM {pid}")),
+        "the line says how to end the wait: {err}"
     );
     let wait = report.stop_signal_wait.as_ref().expect("stop_signal_wait");
     assert!(!wait.arrived);
@@ -792,4 +811,49 @@ fn a_bind_mounted_report_file_is_written_in_place() {
     drop(mount);
     let _ = std::fs::remove_file(&source);
     let _ = std::fs::remove_file(&target);
+}
+
+/// A `/drain` that waits on weak evidence (an idle process: the wait runs to `max`) says so on
+/// stderr, with the way out (`?wait=none`), when the call starts waiting.
+#[cfg(feature = "admin")]
+#[test]
+fn a_drain_call_that_waits_on_weak_evidence_says_so_on_stderr() {
+    use std::io::Write;
+
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let p = spawn_with(
+        "a_drain_call_that_waits_on_weak_evidence_says_so_on_stderr",
+        "weak-drain",
+        &[(ADMIN_PORT_ENV, &port.to_string())],
+    );
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Gives up waiting after 300 ms (504); the drain goes on.
+    conn.write_all(
+        b"GET /drain?timeout=300ms HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut head = [0u8; 12];
+    conn.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 504");
+    kill(&p, "-TERM");
+    let (code, _, report, err) = wait_stderr(p, Duration::from_secs(20));
+    assert_eq!(code, 0);
+    assert_eq!(report.trigger, Some(Trigger::PreStop));
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("lameduck: /drain (wait=drained)"))
+        .unwrap_or_else(|| panic!("no line about the wait: {err}"));
+    assert!(
+        line.contains("waits for max") && line.contains("/drain?wait=none"),
+        "{line}"
+    );
 }

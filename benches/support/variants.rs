@@ -28,7 +28,7 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use lameduck::http::RequestLine;
+use lameduck::server::RequestLine;
 use lameduck::{Drain, DrainService, Propagation, Signals};
 use pin_project_lite::pin_project;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};

@@ -317,6 +317,7 @@ pub(super) async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Out
     let Some(target) = wait.phase() else {
         return Ok(status_json(StatusCode::ACCEPTED, &s.drain));
     };
+    s.drain.say_weak_wait(wait.as_str());
     // An answer is owed from now on: `Drain::run` does not return before the response body
     // holding this token is handed to the server (or the caller went away).
     let owed = s.drain.exit_holds().token();

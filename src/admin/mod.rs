@@ -7,7 +7,7 @@
 //! | Route | Methods | Answers |
 //! |---|---|---|
 //! | `/livez` | GET, HEAD | `200 ok`, always — including for the whole drain (a failing liveness probe during a drain makes kubelet restart the container and lose work). `?verbose` lists the checks. |
-//! | `/readyz` | GET, HEAD | `200 ok` when Serving; `503` with a one-line reason (`starting: waiting for cache-warmup`, `draining`, `check db failed: …`) otherwise. `?verbose` lists every check, one per line. |
+//! | `/readyz` | GET, HEAD | `200 ok` when Serving; `503` with a one-line reason (`starting: waiting for cache-warmup`, `draining`, `check db failed: …`) otherwise — except that while draining under [`ReadinessWhileDraining::Auto`](crate::ReadinessWhileDraining::Auto) (the default) kubelet's probe (`User-Agent: kube-probe/…`) is still answered `200` until accepting stops, so the EndpointSlice keeps `serving=true`. `/status` shows both answers (`ready`, `ready_for_kubelet`). `?verbose` lists every check, one per line. |
 //! | `/drain` | GET, POST | Starts the drain (trigger `prestop`; idempotent) and answers with the `/status` JSON once `wait` holds: `wait=none` → `202` at once; `wait=propagated` → `200` after `stopped_accepting`; `wait=drained` (default) → `200` when the drain is done. `timeout=<duration>` (`20s`, `1500ms`) bounds the wait: `504` with the status when it passes, and the drain goes on. |
 //! | `/status` | GET, HEAD | `200` with the [`Status`](crate::Status) JSON: phase, in-flight, connections, tasks, budget left, timeline so far. |
 //! | `/metrics` | GET, HEAD | Only with the `prometheus` feature and a handle given to `AdminBuilder::prometheus`: samples the drain's metrics (module `lameduck::metrics`) and answers `200` with the recorder's Prometheus text exposition. |

@@ -122,7 +122,7 @@ impl AdminBuilder {
     /// Serves `GET /metrics`: samples the drain's metrics
     /// ([`Drain::record_metrics`](crate::Drain::record_metrics)) and renders everything the
     /// recorder behind `handle` holds, in Prometheus text format. Give it the handle of the
-    /// recorder you installed (see [`prometheus_builder`](crate::metrics::prometheus_builder)).
+    /// recorder you installed (see [`prometheus_builder`](crate::drain_metrics::prometheus_builder)).
     /// Without a handle there is no `/metrics` route.
     ///
     /// Like `/status`, the route is open (no token): it changes nothing.
@@ -131,7 +131,7 @@ impl AdminBuilder {
     ///
     /// ```
     /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// let handle = lameduck::metrics::prometheus_builder().install_recorder()?;
+    /// let handle = lameduck::drain_metrics::prometheus_builder().install_recorder()?;
     /// let drain = lameduck::Drain::builder().build()?;
     /// let admin: axum::Router = drain.admin().prometheus(handle).router();
     /// # Ok(()) }

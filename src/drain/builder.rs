@@ -1,7 +1,7 @@
 //! [`DrainBuilder`]: the settings, validated, and the parts put together.
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -219,7 +219,6 @@ impl DrainBuilder {
             None => (window / 5).min(Duration::from_secs(5)),
         };
         let core = Core::leak();
-        set_connect_info_target(core);
         let proxy_label = self.proxy_label.or_else(|| {
             std::env::var(PROXY_LABEL_ENV)
                 .ok()
@@ -265,30 +264,5 @@ impl DrainBuilder {
                 exit: ExitHolds::default(),
             }),
         })
-    }
-}
-
-/// The coordinator whose rate `ConnMeta` counts when `axum::serve` builds it through
-/// `ConnectInfo` (axum's hook has no way to name a coordinator): the one built last. A process
-/// builds one.
-static CONNECT_INFO_TARGET: RwLock<Option<&'static Core>> = RwLock::new(None);
-
-fn set_connect_info_target(core: &'static Core) {
-    *CONNECT_INFO_TARGET
-        .write()
-        .unwrap_or_else(|e| e.into_inner()) = Some(core);
-}
-
-/// A connection accepted by `axum::serve` or a custom accept loop (`ConnMeta::accepted`).
-#[cfg_attr(not(feature = "http"), allow(dead_code))] // called by `ConnMeta` of the `http` feature
-pub(crate) fn note_connect_info() {
-    let target = *CONNECT_INFO_TARGET
-        .read()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(core) = target {
-        // Observation starts when the coordinator was built: the server runs from then on (and
-        // slots before Serving are left out anyway).
-        core.arrivals.observe_from(1);
-        core.note_arrival();
     }
 }

@@ -35,8 +35,11 @@ impl Driver {
         if !tracing::dispatcher::has_been_set() {
             let line = format!(
                 "lameduck: drained after preStop; waiting for the stop signal ({stop}) to exit, \
-                 at most {} ms\n",
-                until.saturating_duration_since(since).as_millis()
+                 at most {} ms: kubelet sends it once the hook has returned; outside Kubernetes \
+                 send it yourself (kill -{} {})\n",
+                until.saturating_duration_since(since).as_millis(),
+                stop.as_str().trim_start_matches("SIG"),
+                std::process::id()
             );
             let _ = tokio::task::spawn_blocking(move || stderr_bounded(line, STDERR_WAIT)).await;
         }

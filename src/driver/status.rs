@@ -22,6 +22,11 @@ pub struct Status {
     pub phase: Phase,
     /// Whether `/readyz` answers 200 to callers other than kubelet's probe.
     pub ready: bool,
+    /// Whether `/readyz` answers 200 to kubelet's probe (`User-Agent: kube-probe/…`). Differs
+    /// from `ready` while draining under [`ReadinessWhileDraining::Auto`], the default: kubelet
+    /// is still answered 200 until accepting stops, so the EndpointSlice keeps `serving=true`.
+    #[serde(default)]
+    pub ready_for_kubelet: bool,
     /// The first trigger, once draining.
     pub trigger: Option<Trigger>,
     /// Requests (guards) in flight.
@@ -42,7 +47,11 @@ pub struct Status {
     pub timeline_omitted: usize,
     /// While draining, the evidence the propagation policy waits on (its kind is what it
     /// expects to commit on); once committed, the evidence it went on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::report::evidence_json"
+    )]
     pub evidence: Option<EvidenceReport>,
     /// Who called `/readyz` so far and how each caller was classified (bounded; see
     /// [`ReadinessWhileDraining::Auto`]).
@@ -51,8 +60,8 @@ pub struct Status {
 }
 
 impl Driver {
-    /// The snapshot, with `ready` as the readiness part says.
-    pub(crate) fn status(&self, phase: Phase, ready: bool) -> Status {
+    /// The snapshot, with `ready` and `ready_for_kubelet` as the readiness part says.
+    pub(crate) fn status(&self, phase: Phase, ready: bool, ready_for_kubelet: bool) -> Status {
         let (trigger, timeline, timeline_omitted, origin) = {
             let st = self.lock();
             let all = &st.timeline;
@@ -71,6 +80,7 @@ impl Driver {
         Status {
             phase,
             ready,
+            ready_for_kubelet,
             trigger,
             in_flight: self.core.counter.count(),
             connections: self.connections(),

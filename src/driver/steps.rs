@@ -33,6 +33,9 @@ impl Driver {
         let outcome = if self.is_forced() {
             Outcome::Forced
         } else if deadline_hit {
+            // Exit 1 even if every cut task's recovery worked: a drain that needs a salvage at
+            // the deadline did not fit its budget, and alerting should see that (a task that
+            // returns on `hurry` keeps it clean).
             Outcome::DeadlineExceeded
         } else if closers.iter().any(|c| !c.is_ok()) {
             Outcome::CloserFailed
@@ -79,6 +82,7 @@ impl Driver {
         };
         let mut committed = evidence.report(kind, crate::propagation::silence(self.core, origin));
         self.endpoint_evidence(&mut committed, origin);
+        let committed = crate::report::evidence_json::fixed_only(committed);
         let mut e = self.event(EventKind::PropagationDone);
         e.reason = Some(reason);
         // The evidence rides on its event's log line and in the timeline.

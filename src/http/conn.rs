@@ -46,12 +46,25 @@ pub(crate) struct ConnShared {
 /// Facts about the connection a request arrived on: a process-unique id, when it was accepted,
 /// the peer address, and the request's index on the connection.
 ///
-/// [`serve`](crate::serve) attaches one to every request that arrives while draining, and to
-/// every request in every phase with
-/// [`Serve::conn_meta_on_every_request`](crate::http::Serve::conn_meta_on_every_request) (read
-/// it with `req.extensions().get::<ConnMeta>()`, or `Extension<ConnMeta>` in axum): inserting
-/// it costs every request an allocation, which `serve` does not make while Serving unless
-/// asked. Apps that keep `axum::serve` get it through `ConnectInfo<ConnMeta>`:
+/// axum handlers read it the same way under both serve functions, as `ConnectInfo<ConnMeta>`:
+/// [`axum_serve`][axum-serve] always attaches it, [`serve`](crate::serve) with
+/// [`Serve::connect_info`][connect-info] (and, for services that are not
+/// axum routers, as a plain extension with
+/// [`Serve::conn_meta_on_every_request`](crate::server::Serve::conn_meta_on_every_request):
+/// `req.extensions().get::<ConnMeta>()`). Either costs every request an allocation, which
+/// `serve` does not make unless asked: by default it attaches one only to requests that arrive
+/// while draining, for the layer. Apps that keep `axum::serve` get it through
+/// `ConnectInfo<ConnMeta>` too — but axum's hook cannot name a coordinator, so those
+/// connections count in no arrival rate (see the [axum guide][axum-guide]):
+///
+#[cfg_attr(
+    feature = "axum",
+    doc = "[axum-serve]: crate::axum_serve\n[connect-info]: crate::server::Serve::connect_info\n[axum-guide]: crate::guide::axum"
+)]
+#[cfg_attr(
+    not(feature = "axum"),
+    doc = "[axum-serve]: crate#feature-flags\n[connect-info]: crate#feature-flags\n[axum-guide]: crate#feature-flags"
+)]
 ///
 /// ```no_run
 /// # #[cfg(feature = "admin")] {
@@ -65,8 +78,8 @@ pub(crate) struct ConnShared {
 /// # async fn run(drain: lameduck::Drain) -> std::io::Result<()> {
 /// let app = Router::new().route("/", get(handler)).layer(drain.layer());
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-/// axum::serve(listener, app.into_make_service_with_connect_info::<ConnMeta>()).await
-/// # }
+/// lameduck::axum_serve(listener, app, &drain).await;
+/// # Ok(()) }
 /// # }
 /// ```
 ///
@@ -82,30 +95,30 @@ pub struct ConnMeta {
 }
 
 impl ConnMeta {
-    /// Metadata for a connection accepted now from `peer`, for custom accept loops: attach
-    /// [`for_request`](Self::for_request) to each of its requests.
+    /// Metadata for a connection `drain`'s server accepted now from `peer`, for custom accept
+    /// loops: attach [`for_request`](Self::for_request) to each of its requests.
     ///
     /// The [hyper guide](crate::guide::hyper) shows a complete loop.
     ///
-    /// Call it once per accepted connection: it counts the connection in the arrival rate of
-    /// new connections (one atomic operation), the evidence the default
-    /// [`Propagation`](crate::Propagation) policy weighs silence by. The count goes to the
-    /// coordinator built last in the process — `axum::serve`'s and a custom loop's hooks cannot
-    /// name one, and a process builds one.
+    /// Call it once per accepted connection: it counts the connection in `drain`'s arrival rate
+    /// of new connections (one atomic operation), the evidence the default
+    /// [`Propagation`](crate::Propagation) policy weighs silence by. Only `drain`'s: two
+    /// coordinators in one process never see each other's connections.
     ///
     /// # Examples
     ///
     /// ```
-    /// use lameduck::ConnMeta;
+    /// use lameduck::{ConnMeta, Drain};
     ///
-    /// let conn = ConnMeta::accepted(Some("10.0.0.7:51234".parse().unwrap()));
+    /// let drain = Drain::builder().build().unwrap();
+    /// let conn = ConnMeta::accepted(&drain, Some("10.0.0.7:51234".parse().unwrap()));
     /// let first = conn.for_request(); // insert into the request's extensions
     /// let second = conn.for_request();
     /// assert_eq!((first.request_index(), second.request_index()), (Some(0), Some(1)));
     /// assert_eq!(first.id(), second.id());
     /// ```
-    pub fn accepted(peer: Option<SocketAddr>) -> Self {
-        crate::drain::note_connect_info();
+    pub fn accepted(drain: &crate::Drain, peer: Option<SocketAddr>) -> Self {
+        note_accepted(drain.core());
         Self::new(peer, None)
     }
 
@@ -232,17 +245,30 @@ impl
 {
     /// Called by axum once per accepted connection: the per-connection part is allocated here,
     /// and axum clones the value into each of the connection's requests.
-    /// Through [`ConnMeta::accepted`] it also counts the connection in the arrival rate, the
-    /// propagation policy's evidence.
+    ///
+    /// axum's hook cannot name a coordinator, so a connection made here is counted in no
+    /// arrival rate: the layer still tells new connections from reused ones, but the
+    /// propagation policy has no rate to weigh silence by (evidence `no_connection_data`).
+    /// [`lameduck::axum_serve`](crate::axum_serve) makes its `ConnMeta` with its coordinator
+    /// and counts them.
     fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        ConnMeta::accepted(Some(*stream.remote_addr()))
+        ConnMeta::new(Some(*stream.remote_addr()), None)
     }
 }
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::extract::connect_info::Connected<SocketAddr> for ConnMeta {
+    /// Counted in no arrival rate, as for a `TcpListener` above.
     fn connect_info(peer: SocketAddr) -> Self {
-        ConnMeta::accepted(Some(peer))
+        ConnMeta::new(Some(peer), None)
     }
+}
+
+/// A connection accepted by a server other than [`serve`](crate::serve) (`axum_serve`, a
+/// custom loop): counts it in `core`'s arrival rate, observed from the coordinator's build on
+/// (the server runs from then on, and slots before Serving are left out anyway).
+pub(crate) fn note_accepted(core: &Core) {
+    core.arrivals.observe_from(1);
+    core.note_arrival();
 }

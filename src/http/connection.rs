@@ -35,6 +35,9 @@ pub(super) struct Tokens {
     /// Not a token, but per-connection settings travel with them: attach `ConnMeta` to every
     /// request, not only while draining.
     pub(super) conn_meta_always: bool,
+    /// Attach axum's `ConnectInfo<ConnMeta>` and `ConnectInfo<SocketAddr>` to every request.
+    #[cfg(feature = "axum")]
+    pub(super) connect_info: bool,
 }
 
 /// Keeps `Drain::connections` exact even if a connection task panics or is aborted.
@@ -99,6 +102,8 @@ impl ConnTask {
             meta: meta.clone(),
             core: counted.0,
             always: tokens.conn_meta_always,
+            #[cfg(feature = "axum")]
+            connect_info: tokens.connect_info,
         };
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
         let mut conn = pin!(conn);
@@ -189,6 +194,8 @@ pub(super) struct ConnService<S> {
     meta: ConnMeta,
     core: &'static Core,
     always: bool,
+    #[cfg(feature = "axum")]
+    connect_info: bool,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for ConnService<S>
@@ -214,6 +221,19 @@ where
         // starting between this check and the layer's `call` carries no `ConnMeta` and is
         // counted as on a reused connection, which it is: a connection accepted after the drain
         // started always sees the flag here.
+        #[cfg(feature = "axum")]
+        if self.connect_info {
+            // What `axum::serve` with `into_make_service_with_connect_info` attaches, and
+            // `axum_serve` too; the layer reads this `ConnMeta` as well.
+            let ext = req.extensions_mut();
+            ext.insert(axum::extract::ConnectInfo(self.meta.with_index(index)));
+            if let Some(peer) = self.meta.peer() {
+                ext.insert(axum::extract::ConnectInfo(peer));
+            }
+            if !self.always {
+                return self.inner.call(req);
+            }
+        }
         if self.always || self.core.counter.is_draining() {
             req.extensions_mut().insert(self.meta.with_index(index));
         }

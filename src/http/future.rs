@@ -9,7 +9,7 @@ use http::header::{CONNECTION, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 use pin_project_lite::pin_project;
 
-use crate::guard::InFlightGuard;
+use crate::guard::{Core, InFlightGuard};
 
 use super::body::DrainBody;
 use super::line::{Naming, Unnamed};
@@ -98,13 +98,13 @@ where
                 let draining = match this.guard {
                     Some(g) if g.core().counter.is_draining() => {
                         this.line.describe(g);
-                        Some(g.tag())
+                        Some((g.core(), g.tag()))
                     }
                     _ => None,
                 };
                 let mut polled = fut.poll(cx);
-                if let Some(tag) = draining {
-                    mark_polled(&mut polled, tag);
+                if let Some((core, tag)) = draining {
+                    mark_polled(&mut polled, core, tag);
                 }
                 let res = match ready!(polled) {
                     Ok(res) => res,
@@ -127,9 +127,9 @@ where
 /// Marks a response that is ready while draining. Cold: never reached while Serving.
 #[cold]
 #[inline(never)]
-fn mark_polled<B, E>(polled: &mut Poll<Result<Response<B>, E>>, tag: u32) {
+fn mark_polled<B, E>(polled: &mut Poll<Result<Response<B>, E>>, core: &Core, tag: u32) {
     if let Poll::Ready(Ok(res)) = polled {
-        mark_draining(res, tag);
+        mark_draining(res, core, tag);
     }
 }
 
@@ -142,10 +142,13 @@ fn refusal<B, N, R: Refusal>(
     refused: R::Refused,
 ) -> Response<DrainBody<B, N, R>> {
     let tag = guard.as_ref().map_or(0, InFlightGuard::tag);
+    let opts = guard
+        .as_ref()
+        .and_then(|g| options(g.core(), tag_options(tag)));
     let mut res = Response::new(DrainBody::empty(guard, line, refused));
     *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     let h = res.headers_mut();
-    if let Some(v) = options(tag_options(tag)).and_then(|o| o.refuse_retry_after.clone()) {
+    if let Some(v) = opts.and_then(|o| o.refuse_retry_after.clone()) {
         h.insert(RETRY_AFTER, v);
     }
     if tag & TAG_HTTP1 != 0 {
@@ -155,13 +158,13 @@ fn refusal<B, N, R: Refusal>(
 }
 
 /// Response headers while draining.
-fn mark_draining<B>(res: &mut Response<B>, tag: u32) {
+fn mark_draining<B>(res: &mut Response<B>, core: &Core, tag: u32) {
     // A 101 carries `Connection: upgrade`; replacing it would break the upgrade.
     if tag & TAG_HTTP1 != 0 && res.status() != StatusCode::SWITCHING_PROTOCOLS {
         res.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    let Some(o) = options(tag_options(tag)) else {
+    let Some(o) = options(core, tag_options(tag)) else {
         return;
     };
     if let Some(name) = &o.phase_header {

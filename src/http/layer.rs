@@ -2,8 +2,8 @@
 //!
 //! # Invariants
 //!
-//! * The layer and its service hold no reference count: one `&'static` entry of a
-//!   process-wide table of leaked, deduplicated option sets, which also holds the two sites
+//! * The layer and its service hold no reference count: one `&'static` entry of its
+//!   coordinator's table of leaked, deduplicated option sets, which also holds the two sites
 //!   the layer's guards count at (see `http::options`). Cloning either is a copy, so the
 //!   per-request clones axum makes cost nothing but the copy.
 //! * The options are read only while draining; the table is locked only then (and when a layer
@@ -117,13 +117,13 @@ impl Drain {
 ///   draining process.
 /// * [`refuse_after_stop`](Self::refuse_after_stop): after `stopped_accepting`, answer `503` +
 ///   `Retry-After` + `Connection: close` instead of serving. The layer's second type parameter
-///   says which ([`ServeAfterStop`](crate::http::ServeAfterStop), the default, or
-///   [`RefuseAfterStop`](crate::http::RefuseAfterStop)), so a layer that never refuses carries
+///   says which ([`ServeAfterStop`](crate::server::ServeAfterStop), the default, or
+///   [`RefuseAfterStop`](crate::server::RefuseAfterStop)), so a layer that never refuses carries
 ///   no refusal state and no refusal check.
 ///
-/// The layer is `Copy`: the options live in a process-wide table (each distinct set of options
-/// is kept for the life of the process, like the coordinator's counter), read only while
-/// draining. Build layers at startup, not per request.
+/// The layer is `Copy`: the options live in a table of its coordinator's (each distinct set of
+/// options is kept for the life of the process, like the coordinator's counter), read only
+/// while draining. Build layers at startup, not per request.
 pub struct DrainLayer<N = Unnamed, R = ServeAfterStop> {
     /// The layer's options and the sites its guards count at (see `http::options`).
     entry: &'static LayerEntry,
@@ -226,7 +226,7 @@ impl<N, R> DrainLayer<N, R> {
     /// (HTTP/1.x) `Connection: close` instead of calling the inner service.
     ///
     /// Only for clients known to retry: a refused request is lost for clients that do not.
-    /// Pair it with [`Serve::keep_listening_after_stop`](crate::http::Serve::keep_listening_after_stop)
+    /// Pair it with [`Serve::keep_listening_after_stop`](crate::server::Serve::keep_listening_after_stop)
     /// so late clients get an answer instead of a refused connection.
     ///
     /// # Examples

@@ -24,13 +24,15 @@ pub mod future;
 mod io;
 mod layer;
 mod line;
-mod options;
+pub(crate) mod options;
 mod refusal;
 mod serve;
 mod service;
 mod stream;
 
 pub use body::DrainBody;
+#[cfg(feature = "axum")]
+pub(crate) use conn::note_accepted;
 pub use conn::ConnMeta;
 pub use layer::DrainLayer;
 pub use line::{Naming, RequestLine, Unnamed};
@@ -38,3 +40,7 @@ pub use refusal::{Refusal, RefuseAfterStop, ServeAfterStop};
 pub use serve::{serve, Serve, SUGGESTED_HEADER_READ_TIMEOUT};
 pub use service::DrainService;
 pub use stream::{EndOnStop, StreamStop};
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use crate::axum::AxumServe;

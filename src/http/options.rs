@@ -3,8 +3,10 @@
 //!
 //! # Invariants
 //!
-//! * A layer holds a `&'static` entry of a process-wide table of leaked, deduplicated option
-//!   sets, not a reference count, so copying a layer or a service costs nothing but the copy.
+//! * A layer holds a `&'static` entry of its coordinator's table of leaked, deduplicated
+//!   option sets ([`Table`], in the coordinator's hot-path block), not a reference count, so
+//!   copying a layer or a service costs nothing but the copy. Two coordinators in one process
+//!   have two tables: a guard's tag indexes its own coordinator's.
 //! * Each entry has the two sites its layer's guards count at (HTTP/1.x and the rest), whose
 //!   tag is the entry's index and the version bit: a guard finds its layer's options by index.
 //! * The table is written when a layer is built and read by index only while draining.
@@ -69,16 +71,22 @@ pub(crate) struct LayerEntry {
     pub(crate) sites: [Site; 2],
 }
 
-/// Every distinct set of options a layer was built with; an entry's tag index is its
-/// position + 1.
-static OPTIONS: RwLock<Vec<&'static LayerEntry>> = RwLock::new(Vec::new());
+/// Every distinct set of options a layer of one coordinator was built with; an entry's tag
+/// index is its position + 1. Lives in the coordinator's hot-path block (`Core`), so a guard,
+/// which knows its block, finds its layer's options without anything process-wide.
+#[derive(Debug, Default)]
+pub(crate) struct Table(RwLock<Vec<&'static LayerEntry>>);
 
 /// Largest option index: the guard's tag keeps it in 31 bits.
 const MAX_OPTIONS: usize = (u32::MAX >> 1) as usize;
 
 /// The table's entry for `opts` (counting at `core`), added if no equal set is there yet.
 pub(super) fn register(opts: Options, core: &'static Core) -> &'static LayerEntry {
-    let mut table = OPTIONS.write().unwrap_or_else(|e| e.into_inner());
+    let mut table = core
+        .layer_options
+        .0
+        .write()
+        .unwrap_or_else(|e| e.into_inner());
     if let Some(e) = table.iter().find(|e| e.options.same(&opts)) {
         return e;
     }
@@ -98,10 +106,11 @@ pub(super) fn register(opts: Options, core: &'static Core) -> &'static LayerEntr
     entry
 }
 
-/// The options at `index` (from 1); `None` for 0.
-pub(crate) fn options(index: u32) -> Option<&'static Options> {
+/// The options at `index` (from 1) of `core`'s table; `None` for 0.
+pub(crate) fn options(core: &Core, index: u32) -> Option<&'static Options> {
     let i = (index as usize).checked_sub(1)?;
-    OPTIONS
+    core.layer_options
+        .0
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .get(i)

@@ -77,6 +77,21 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 /// Serves `service` on `listener` until the drain is over: HTTP/1.1 and HTTP/2 (prior
 /// knowledge, h2c) on one port, with upgrades (WebSocket).
 ///
+/// **axum handlers that extract `ConnectInfo<SocketAddr>` or `ConnectInfo<ConnMeta>` answer
+/// 500 under `serve` unless you call [`Serve::connect_info`][connect-info]** — the same opt-in
+/// as `axum::serve`'s `into_make_service_with_connect_info`, and for the same reason: it costs
+/// every request allocations. [`axum_serve`][axum-serve] always attaches both; the
+/// [axum guide][which-one] puts the two side by side.
+///
+#[cfg_attr(
+    feature = "axum",
+    doc = "[which-one]: crate::guide::axum#which-serve\n[axum-serve]: crate::axum_serve\n[connect-info]: Serve::connect_info"
+)]
+#[cfg_attr(
+    not(feature = "axum"),
+    doc = "[which-one]: crate#feature-flags\n[axum-serve]: crate#feature-flags\n[connect-info]: crate#feature-flags"
+)]
+///
 /// * Marks startup complete ([`Drain::mark_started`]) when it starts.
 /// * Keeps accepting while Draining, and records each new connection (time, peer) as activity
 ///   for the propagation policy and the report.
@@ -93,10 +108,6 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   connections. While Serving it attaches nothing, so a request costs no allocation here;
 ///   handlers that read `ConnMeta` on every request turn that on with
 ///   [`Serve::conn_meta_on_every_request`]. Sets `TCP_NODELAY` on accepted sockets.
-/// * An axum `Router` is served as the `Service` it is. Pass `router.with_state(())` (what
-///   `axum::serve`'s `into_make_service` does for you): it prepares the routes once, where the
-///   unprepared router applies `Router::layer` layers per request — 3 allocations per request
-///   more in `tests/alloc.rs`'s measurement.
 /// * Counts a connection whose response bytes wait for a slow reader as in flight until they
 ///   have been handed to the socket, and names it as a `response` straggler at the quiesce
 ///   deadline (an HTTP/2 connection from its GOAWAY until it closes, for data queued behind
@@ -126,7 +137,8 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 /// files): then give [`Serve::max_connections`] a number that leaves them room.
 ///
 /// `serve` does not count requests itself: wrap the service with [`Drain::layer`]. The
-/// returned future resolves to `()`; it never fails on accept errors.
+/// returned future resolves to `()`, as [`axum_serve`][axum-serve]'s does: accept errors are
+/// logged and retried, never returned.
 ///
 /// An `axum::Router` passed as it is, or wrapped in the drain layer, gets its state once, as
 /// `axum::serve` gives it (feature `axum`); until then axum builds every handler, and applies
@@ -147,10 +159,10 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 /// ```no_run
 /// # #[cfg(feature = "admin")] {
 /// use axum::{routing::get, Router};
-/// use lameduck::Drain;
+/// use lameduck::{Drain, DrainReport};
 ///
 /// #[tokio::main]
-/// async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// async fn main() -> Result<DrainReport, Box<dyn std::error::Error>> {
 ///     let drain = Drain::builder().build()?;
 ///     let app = Router::new()
 ///         .route("/", get(|| async { "hello" }))
@@ -161,7 +173,7 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///
 ///     let report = drain.run().await; // SIGTERM → drain → report
 ///     server.await?; // serve itself cannot fail: accept errors are retried, logged
-///     std::process::exit(report.exit_code);
+///     Ok(report) // exits 0 (clean) or 1, after destructors ran
 /// }
 /// # }
 /// ```
@@ -183,6 +195,8 @@ where
             header_read_timeout: None,
             max_connections: MaxConnections::FromLimit,
             conn_meta_always: false,
+            #[cfg(feature = "axum")]
+            connect_info: false,
         }),
         running: None,
     }
@@ -245,6 +259,8 @@ struct Setup<S> {
     header_read_timeout: Option<Duration>,
     max_connections: MaxConnections,
     conn_meta_always: bool,
+    #[cfg(feature = "axum")]
+    connect_info: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -324,7 +340,7 @@ impl<S> Serve<S> {
     /// # async fn demo(drain: lameduck::Drain, app: axum::Router) -> std::io::Result<()> {
     /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
     /// lameduck::serve(listener, app, &drain)
-    ///     .header_read_timeout(lameduck::http::SUGGESTED_HEADER_READ_TIMEOUT)
+    ///     .header_read_timeout(lameduck::server::SUGGESTED_HEADER_READ_TIMEOUT)
     ///     .max_connections(10_000) // after raising the descriptor limit well above that
     ///     .await;
     /// # Ok(()) }
@@ -367,6 +383,41 @@ impl<S> Serve<S> {
     pub fn conn_meta_on_every_request(mut self) -> Self {
         if let Some(setup) = &mut self.setup {
             setup.conn_meta_always = true;
+        }
+        self
+    }
+
+    /// Attaches axum's `ConnectInfo<SocketAddr>` and `ConnectInfo<ConnMeta>` to every request,
+    /// so `ConnectInfo` extractors work as under `axum::serve` with
+    /// `into_make_service_with_connect_info`, and under [`axum_serve`](crate::axum_serve) —
+    /// without it they answer 500 ("Missing request extension").
+    ///
+    /// Off by default, like axum's own: the two inserts cost every request allocations (the
+    /// extension map and a box per value; `tests/alloc.rs` counts them), in every phase. With
+    /// it on, the layer reads the `ConnMeta` from there; [`ConnMeta::request_index`] is set.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::net::SocketAddr;
+    ///
+    /// use axum::{extract::ConnectInfo, routing::get, Router};
+    ///
+    /// async fn hello(ConnectInfo(peer): ConnectInfo<SocketAddr>) -> String {
+    ///     format!("hello, {peer}")
+    /// }
+    ///
+    /// # async fn run(drain: lameduck::Drain) -> std::io::Result<()> {
+    /// let app = Router::new().route("/", get(hello)).layer(drain.layer());
+    /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+    /// lameduck::serve(listener, app, &drain).connect_info().await;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    pub fn connect_info(mut self) -> Self {
+        if let Some(setup) = &mut self.setup {
+            setup.connect_info = true;
         }
         self
     }
@@ -433,6 +484,8 @@ where
         header_read_timeout,
         max_connections,
         conn_meta_always,
+        #[cfg(feature = "axum")]
+        connect_info,
     } = setup;
     let bound = match max_connections {
         MaxConnections::Given(n) => Some(n),
@@ -461,6 +514,8 @@ where
         deadline: drain.deadline_exceeded(),
         closing: CancellationToken::new(),
         conn_meta_always,
+        #[cfg(feature = "axum")]
+        connect_info,
     };
     let tracker = TaskTracker::new();
     let mut backoff = MIN_BACKOFF;

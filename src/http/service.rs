@@ -175,7 +175,7 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
 
     /// Refusal mode: `true` once the drain stopped accepting.
     fn refuses(&self) -> bool {
-        options(self.opts()).is_some_and(|o| {
+        options(self.core(), self.opts()).is_some_and(|o| {
             o.drain()
                 .is_some_and(|d| d.phase() >= Phase::StoppedAccepting)
         })
@@ -226,7 +226,7 @@ impl<S: fmt::Debug, N, R> fmt::Debug for DrainService<S, N, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DrainService")
             .field("inner", &self.inner)
-            .field("options", &options(self.opts()))
+            .field("options", &options(self.core(), self.opts()))
             .finish_non_exhaustive()
     }
 }
