@@ -33,7 +33,7 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
     use AdviceLevel::{Info, Warn};
     let rate = e.rate_per_s().unwrap_or(0.0);
     let quiet = p.quiet_ms.unwrap_or(p.min_ms);
-    let set = "set `Propagation::assume_converged_after` to that (or lower max)";
+    let set = "set `Propagation::quiet_suffices_after` to that (a fallback, not a floor), or lower max";
     match (e.kind, e.weak) {
         (EvidenceKind::Max, Some(WeakEvidence::NoConnectionData))
             if e.max_reason == Some(MaxReason::NotEnoughEvidence) =>
@@ -71,9 +71,10 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
                 Rule::WeakEvidence,
                 stopped_ms,
                 format!(
-                    "{rate:.2} new connections/s before the drain ({} of {} slots of {} ms empty): \
+                    "{rate:.2} {}/s before the drain ({} of {} slots of {} ms empty): \
                      {} of silence is not evidence, confidence needed {}; waited {} (max). \
                      If your proxies converge faster, {set}",
+                    if e.requests_seen { "arrivals" } else { "new connections" },
                     e.empty_slots,
                     e.slots_observed,
                     e.slot_ms,
@@ -88,21 +89,27 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
             Rule::Confidence,
             e.t_conf_ms.unwrap_or(0),
             format!(
-                "committed on evidence: {rate:.2} new connections/s before the drain, so {} of silence \
-                 meant the proxies had moved on (ε = {}); silent for {} at the commit",
+                "committed on evidence: {rate:.2} arrivals/s ({} slots before the drain, {} after; \
+                 longest gap {}), so {} of silence meant the proxies had moved on (ε = {}, rule {}); \
+                 silent for {} at the commit",
+                e.slots_observed,
+                e.slots_after_trigger,
+                secs(e.longest_gap_ms.unwrap_or(0)),
                 secs(e.t_conf_ms.unwrap_or(0).max(quiet)),
                 e.epsilon_ppm as f64 / 1e6,
+                e.rule.map_or("none", crate::SilenceRule::as_str),
                 secs(e.silence_ms)
             ),
         )),
-        (EvidenceKind::Floor, _) => out.push(advice(
+        (EvidenceKind::Fallback, _) => out.push(advice(
             Info,
-            Rule::Floor,
+            Rule::Fallback,
             stopped_ms,
             format!(
-                "committed on the floor you set (assume_converged_after {}): the arrival rate alone \
-                 ({rate:.2} new connections/s) {}",
-                secs(e.floor_ms.unwrap_or(0)),
+                "committed on the fallback you set (quiet_suffices_after {}): the arrival evidence \
+                 alone ({rate:.2} arrivals/s) {}. It is not a floor: to never commit before it, set \
+                 min as well",
+                secs(e.fallback_ms.unwrap_or(0)),
                 match (e.weak, e.t_conf_ms) {
                     (None, Some(t)) => format!("would have needed {} of silence", secs(t)),
                     _ => "was not enough evidence".to_owned(),

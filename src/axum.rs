@@ -30,6 +30,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tower_service::Service;
 
+use crate::guard::Core;
 use crate::{ConnMeta, Drain};
 
 /// Serves `router` on `listener` with `axum::serve`, wired to `drain`: the one-call integration
@@ -109,13 +110,16 @@ pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> Serve {
     // Turns every route into its final form once, as `into_make_service*` does; a router
     // called as it is would redo that per request (three allocations more).
     let router = router.with_state(());
-    let server = axum::serve(listener, WithConnMeta { router })
+    let core = drain.core();
+    let server = axum::serve(listener, WithConnMeta { router, core })
         .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
         .into_future();
     let deadline = drain.deadline_exceeded();
     Serve {
         inner: Box::pin(async move {
             drain.mark_started();
+            // Requests count in the arrival evidence by the slot this clock shows.
+            drain.start_slot_clock();
             tokio::select! {
                 result = server => result,
                 // What is still running is a straggler: the report names it.
@@ -152,6 +156,7 @@ impl fmt::Debug for Serve {
 #[derive(Clone)]
 struct WithConnMeta {
     router: Router,
+    core: &'static Core,
 }
 
 impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
@@ -170,6 +175,7 @@ impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
             router: self.router.clone(),
             meta,
             peer,
+            core: self.core,
         }))
     }
 }
@@ -180,6 +186,7 @@ struct ConnService {
     router: Router,
     meta: ConnMeta,
     peer: SocketAddr,
+    core: &'static Core,
 }
 
 impl Service<Request> for ConnService {
@@ -192,6 +199,8 @@ impl Service<Request> for ConnService {
     }
 
     fn call(&mut self, mut req: Request) -> Self::Future {
+        // The propagation evidence counts requests too (see `lameduck::serve`'s connection).
+        self.core.arrivals.note_request();
         let extensions = req.extensions_mut();
         extensions.insert(ConnectInfo(self.meta.for_request()));
         // The bridge for existing `ConnectInfo<SocketAddr>` extractors.

@@ -45,15 +45,23 @@
 //!   holds more slots than the window, so no write during the trigger's own slot can overwrite
 //!   a slot of the window.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+mod fit;
+#[doc(hidden)]
+pub mod sim;
+
+pub(crate) use fit::Estimate;
+pub use fit::SilenceRule;
+use fit::Slots;
+
 /// The length of one slot of the arrival ring.
 pub(crate) const SLOT: Duration = Duration::from_millis(250);
-/// How far back before the trigger the rate is measured.
+/// How far back before the trigger the process is observed.
 pub(crate) const WINDOW: Duration = Duration::from_secs(30);
 const WINDOW_SLOTS: u64 = (WINDOW.as_millis() / SLOT.as_millis()) as u64;
 /// Ring entries: more than the window, so the trigger's slot never overwrites one of it.
@@ -65,14 +73,26 @@ pub(crate) const MIN_SLOTS: u64 = 20;
 pub(crate) const DEFAULT_EPSILON: f64 = 1e-3;
 
 const _: () = assert!(RING as u64 > WINDOW_SLOTS);
+const _: () = assert!(WINDOW_SLOTS <= 128, "the window is copied into a u128");
+const _: () = assert!(fit::MAX_SEQ as u64 > WINDOW_SLOTS + RING as u64);
 
-/// Which slots saw at least one new connection.
+/// Which slots saw activity: a new connection, or a request.
+///
+/// Each ring entry holds `(slot + 1) << 1 | connection` for the latest slot that wrote it, so
+/// `fetch_max` keeps the newest slot, and within one slot a connection over a request.
 #[derive(Debug)]
 pub(crate) struct Arrivals {
     ring: [AtomicU64; RING],
     /// Nanoseconds since `Core::base` + 1 of when connections started to be counted; 0 = no
     /// source of connection data (neither `serve` nor `ConnMeta` through `axum::serve`).
     observing_since: AtomicU64,
+    /// The current slot + 1, kept by the slot clock (see [`SlotClock`]); 0 = no clock, and
+    /// requests are not counted.
+    clock: AtomicU64,
+    /// A slot clock task is running.
+    clock_running: AtomicBool,
+    /// At least one request was counted (not only connections).
+    requests_seen: AtomicBool,
 }
 
 impl Arrivals {
@@ -80,14 +100,41 @@ impl Arrivals {
         Self {
             ring: std::array::from_fn(|_| AtomicU64::new(0)),
             observing_since: AtomicU64::new(0),
+            clock: AtomicU64::new(0),
+            clock_running: AtomicBool::new(false),
+            requests_seen: AtomicBool::new(false),
         }
     }
 
     /// Counts one new connection in slot `slot`. One relaxed atomic operation: the value is
-    /// read once, at the trigger, by a thread that synchronised with the drain's start.
+    /// read by the driver, which tolerates a slot seen a moment late.
     #[inline]
     pub(crate) fn record(&self, slot: u64) {
-        self.ring[(slot % RING as u64) as usize].fetch_max(slot + 1, Ordering::Relaxed);
+        self.ring[(slot % RING as u64) as usize].fetch_max(((slot + 1) << 1) | 1, Ordering::Relaxed);
+    }
+
+    /// Counts one request in the slot the clock shows. While the slot's entry already says so
+    /// (every request after the first of each slot), one relaxed load of the clock and one of
+    /// the entry, no write.
+    #[inline]
+    pub(crate) fn note_request(&self) {
+        // Relaxed: a coarse clock; a request counted in the slot before is close enough.
+        let now = self.clock.load(Ordering::Relaxed);
+        let entry = &self.ring[(now.wrapping_sub(1) % RING as u64) as usize];
+        let v = now << 1;
+        if entry.load(Ordering::Relaxed) < v {
+            self.note_request_slow(entry, v);
+        }
+    }
+
+    /// The first request of a slot.
+    #[cold]
+    #[inline(never)]
+    fn note_request_slow(&self, entry: &AtomicU64, v: u64) {
+        entry.fetch_max(v, Ordering::Relaxed);
+        if !self.requests_seen.load(Ordering::Relaxed) {
+            self.requests_seen.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Connection data is available from `stamp` on (the first caller wins).
@@ -107,8 +154,195 @@ impl Arrivals {
         self.observing_since.load(Ordering::Relaxed)
     }
 
-    fn has(&self, slot: u64) -> bool {
-        self.ring[(slot % RING as u64) as usize].load(Ordering::Relaxed) == slot + 1
+    /// Whether `slot` saw activity, and whether a new connection: `(active, connection)`. An
+    /// entry from another ring-turn reads as empty.
+    fn activity(&self, slot: u64) -> (bool, bool) {
+        let v = self.ring[(slot % RING as u64) as usize].load(Ordering::Relaxed);
+        if v >> 1 == slot + 1 {
+            (true, v & 1 == 1)
+        } else {
+            (false, false)
+        }
+    }
+
+    fn requests_seen(&self) -> bool {
+        self.requests_seen.load(Ordering::Relaxed)
+    }
+
+    /// Claims the slot clock for one task; `None` if one runs already.
+    pub(crate) fn claim_clock(&self) -> Option<SlotClock<'_>> {
+        (!self.clock_running.swap(true, Ordering::Relaxed)).then_some(SlotClock(self))
+    }
+}
+
+/// The right to keep [`Arrivals`]' slot clock: whoever holds it sets the current slot at each
+/// slot's start; dropping it (the task ended, its runtime went away) lets another take over.
+#[derive(Debug)]
+pub(crate) struct SlotClock<'a>(&'a Arrivals);
+
+impl SlotClock<'_> {
+    /// Shows `slot` as the current one.
+    pub(crate) fn set(&self, slot: u64) {
+        self.0.clock.store(slot + 1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for SlotClock<'_> {
+    fn drop(&mut self) {
+        // A stopped clock must not leave requests counted in an old slot.
+        self.0.clock.store(0, Ordering::Relaxed);
+        self.0.clock_running.store(false, Ordering::Relaxed);
+    }
+}
+
+/// The slot of `t`, counted from `base`.
+pub(crate) fn slot_of(base: Instant, t: Instant) -> u64 {
+    (t.saturating_duration_since(base).as_nanos() / SLOT.as_nanos()) as u64
+}
+
+/// The window before the trigger, copied at the trigger (the ring turns over during a long
+/// drain).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Window {
+    /// Bit i: slot `first + i` saw activity.
+    bits: u128,
+    first: u64,
+    trigger_slot: u64,
+}
+
+impl Window {
+    /// The window at `at` from what `arrivals` counted, slots numbered from `base`. `None`: no
+    /// connection data at all.
+    pub(crate) fn at(
+        arrivals: &Arrivals,
+        base: Instant,
+        at: Instant,
+        serving_since: Option<Instant>,
+    ) -> Option<Self> {
+        let since = match arrivals.observing_since() {
+            0 => return None,
+            stamp => base + Duration::from_nanos(stamp - 1),
+        };
+        let since = serving_since.map_or(since, |s| s.max(since));
+        let trigger_slot = slot_of(base, at);
+        // The first slot observed from its start.
+        let since_ns = since.saturating_duration_since(base).as_nanos();
+        let first = since_ns.div_ceil(SLOT.as_nanos()) as u64;
+        let first = first
+            .max(trigger_slot.saturating_sub(WINDOW_SLOTS))
+            .min(trigger_slot);
+        let mut bits = 0u128;
+        for (i, k) in (first..trigger_slot).enumerate() {
+            if arrivals.activity(k).0 {
+                bits |= 1 << i;
+            }
+        }
+        Some(Self {
+            bits,
+            first,
+            trigger_slot,
+        })
+    }
+
+    fn slots(&self) -> u64 {
+        self.trigger_slot - self.first
+    }
+}
+
+/// The whole evidence as the driver holds it: the window taken at the trigger, the fit of the
+/// latest check, and the policy's numbers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Evidence {
+    window: Option<Window>,
+    pub(crate) estimate: Option<Estimate>,
+    pub(crate) epsilon: f64,
+    /// `max`, to tell "too sparse" from "never went quiet", and the drain's horizon.
+    pub(crate) max: Duration,
+    /// The user's fallback ([`Propagation::quiet_suffices_after`](crate::Propagation::quiet_suffices_after)).
+    pub(crate) fallback: Option<Duration>,
+}
+
+impl Evidence {
+    pub(crate) fn new(
+        window: Option<Window>,
+        epsilon: f64,
+        max: Duration,
+        fallback: Option<Duration>,
+    ) -> Self {
+        Self {
+            window,
+            estimate: None,
+            epsilon,
+            max,
+            fallback,
+        }
+    }
+
+    /// Fits the chain to the window and to the slots from the trigger's up to
+    /// `last_connection`, the slot of the last new connection after the trigger: arrivals
+    /// during the drain are samples of the routing while some of it still went on, and the
+    /// silence after the last one is what is being tested. `now` is the current slot (older
+    /// slots than a ring-turn read as empty).
+    pub(crate) fn refit(&mut self, arrivals: &Arrivals, last_connection: Option<u64>, now: u64) {
+        let Some(w) = self.window else {
+            self.estimate = None;
+            return;
+        };
+        let mut slots = Slots::new();
+        for i in 0..w.slots() {
+            slots.push(w.bits & (1 << i) != 0);
+        }
+        let before = w.slots() as usize;
+        let end = last_connection.filter(|&s| s >= w.trigger_slot);
+        if let Some(end) = end {
+            // The newest slots are the ones to keep, should the drain outlast the buffer.
+            let room = (fit::MAX_SEQ - before) as u64;
+            let start = w.trigger_slot.max((end + 1).saturating_sub(room));
+            for k in start..=end {
+                let (active, connection) = if k + RING as u64 <= now {
+                    (false, false)
+                } else {
+                    arrivals.activity(k)
+                };
+                // In the trigger's slot, what came before the trigger counts as before it.
+                slots.push(if k == w.trigger_slot {
+                    active
+                } else {
+                    connection
+                });
+            }
+        }
+        self.estimate = Some(Estimate::fit(
+            &slots,
+            before,
+            arrivals.requests_seen(),
+            self.epsilon,
+            self.max,
+        ));
+    }
+
+    /// The silence needed and the rule that set it, when the data can say.
+    pub(crate) fn required(&self) -> Option<(Duration, SilenceRule)> {
+        self.estimate.and_then(|e| e.required())
+    }
+
+    /// The silence needed, when the data can say.
+    pub(crate) fn t_conf(&self) -> Option<Duration> {
+        self.required().map(|(t, _)| t)
+    }
+
+    /// Why the data cannot decide the commit, if it cannot.
+    pub(crate) fn weak(&self) -> Option<WeakEvidence> {
+        match self.estimate {
+            None => Some(WeakEvidence::NoConnectionData),
+            Some(e) if e.slots_before + e.slots_after < MIN_SLOTS => {
+                Some(WeakEvidence::TooFewSlots)
+            }
+            Some(e) if e.required().is_none_or(|(t, _)| t >= self.max) => {
+                Some(WeakEvidence::TooSparse)
+            }
+            Some(_) => None,
+        }
     }
 }
 
@@ -136,82 +370,23 @@ impl WeakEvidence {
     }
 }
 
-/// What the arrival rate measured at the trigger says.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Estimate {
-    /// Slots observed before the trigger (at most 120).
-    pub(crate) slots: u64,
-    /// Of those, the slots without a new connection.
-    pub(crate) empty: u64,
-    /// ε, the accepted chance of being wrong.
-    pub(crate) epsilon: f64,
-}
-
-impl Estimate {
-    /// The estimate at `at` from what `arrivals` counted, slots numbered from `base`.
-    /// `None`: no connection data at all.
-    pub(crate) fn at(
-        arrivals: &Arrivals,
-        base: Instant,
-        at: Instant,
-        serving_since: Option<Instant>,
-        epsilon: f64,
-    ) -> Option<Self> {
-        let since = match arrivals.observing_since() {
-            0 => return None,
-            stamp => base + Duration::from_nanos(stamp - 1),
-        };
-        let since = serving_since.map_or(since, |s| s.max(since));
-        let slot_of = |t: Instant| t.saturating_duration_since(base).as_nanos() / SLOT.as_nanos();
-        let trigger_slot = slot_of(at) as u64;
-        // The first slot observed from its start.
-        let since_ns = since.saturating_duration_since(base).as_nanos();
-        let first = since_ns.div_ceil(SLOT.as_nanos()) as u64;
-        let lo = first.max(trigger_slot.saturating_sub(WINDOW_SLOTS));
-        let slots = trigger_slot.saturating_sub(lo);
-        let empty = (lo..trigger_slot).filter(|&k| !arrivals.has(k)).count() as u64;
-        Some(Self {
-            slots,
-            empty,
-            epsilon,
-        })
-    }
-
-    /// p̂, the chance that a slot stays empty.
-    pub(crate) fn p_empty(&self) -> f64 {
-        (self.empty as f64 + 0.5) / (self.slots as f64 + 1.0)
-    }
-
-    /// λ̂, new connections per second.
-    pub(crate) fn rate(&self) -> f64 {
-        -self.p_empty().ln() / SLOT.as_secs_f64()
-    }
-
-    /// The silence after which a connection would have arrived with probability ≥ 1 − ε;
-    /// `None` with too few slots to say. Saturates at a day.
-    pub(crate) fn t_conf(&self) -> Option<Duration> {
-        if self.slots < MIN_SLOTS {
-            return None;
-        }
-        let secs = SLOT.as_secs_f64() * self.epsilon.ln() / self.p_empty().ln();
-        Some(Duration::from_secs_f64(secs.clamp(0.0, 86_400.0)))
-    }
-}
-
 /// What the propagation policy went on when it committed (or, while draining, what it waits
 /// for).
 ///
-/// In JSON: `confidence`, `floor`, `max`, `fixed`, `cut`, `endpoint_slice`.
+/// In JSON: `confidence`, `fallback`, `max`, `fixed`, `cut`, `endpoint_slice`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum EvidenceKind {
-    /// Silence long enough, at the arrival rate measured before the trigger, that a new
-    /// connection would have come with probability ≥ 1 − ε had the proxies still routed here.
+    /// Silence long enough, by the arrivals measured before the trigger and during the
+    /// drain, that a new connection would have come with probability ≥ 1 − ε had the proxies
+    /// still routed here; [`EvidenceReport::rule`] names the bound that set it.
     Confidence,
-    /// The user's floor ([`Propagation::assume_converged_after`](crate::Propagation::assume_converged_after))
-    /// passed and the quiet window held.
-    Floor,
+    /// The user's fallback
+    /// ([`Propagation::quiet_suffices_after`](crate::Propagation::quiet_suffices_after))
+    /// passed before the evidence could say, and the quiet window held. A fallback, not a
+    /// floor: `min` is the floor.
+    Fallback,
     /// `max` was reached; [`EvidenceReport::max_reason`] says why.
     Max,
     /// A fixed delay ([`Propagation::fixed`](crate::Propagation::fixed)): no evidence taken.
@@ -239,7 +414,7 @@ impl EvidenceKind {
 #[non_exhaustive]
 pub enum MaxReason {
     /// The arrival data could not say how long to wait ([`EvidenceReport::weak`] says why) and
-    /// no floor was set.
+    /// no fallback was set.
     NotEnoughEvidence,
     /// The evidence was good, but new connections, requests or in-flight work went on until
     /// `max`.
@@ -261,7 +436,10 @@ impl MaxReason {
 /// evidence the policy is waiting on.
 ///
 /// Fractions and rates are integers so the report stays exactly comparable: `p_empty_ppm` is
-/// p̂ in millionths, `rate_per_1000s` is λ̂ in new connections per 1000 s.
+/// p̂ in millionths, `rate_per_1000s` is λ̂ in arrivals per 1000 s. A slot is *active* when a
+/// new connection or a request arrived in it before the trigger, and when a new connection
+/// arrived in it after (every reused connection is told to close then, so a proxy that still
+/// routes here shows up as new connections).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct EvidenceReport {
@@ -277,22 +455,43 @@ pub struct EvidenceReport {
     pub slot_ms: u64,
     /// Slots observed before the trigger (at most the 30 s window).
     pub slots_observed: u64,
-    /// Of those, slots without any new connection.
+    /// Slots fitted from the trigger's on: up to the last one with a new connection (the
+    /// silence after it is what is being tested).
+    #[serde(default)]
+    pub slots_after_trigger: u64,
+    /// Of the slots observed before and fitted after the trigger, those without activity.
     pub empty_slots: u64,
+    /// Requests were counted, not only new connections (`lameduck::serve` and
+    /// `lameduck::axum::serve` count both; `ConnMeta` under `axum::serve` only connections).
+    #[serde(default)]
+    pub requests_seen: bool,
     /// p̂ = (empty + ½) / (slots + 1), in millionths.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p_empty_ppm: Option<u64>,
-    /// λ̂ = −ln p̂ / slot, in new connections per 1000 s.
+    /// λ̂ = −ln p̂ / slot, the equivalent Poisson rate, in arrivals per 1000 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_per_1000s: Option<u64>,
+    /// â, the estimated chance that an empty slot follows an empty slot, in millionths: near
+    /// p̂ for independent arrivals, near 1 for traffic that pauses for many slots at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stay_empty_ppm: Option<u64>,
+    /// The longest run of empty slots seen while routing was unchanged, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longest_gap_ms: Option<u64>,
     /// ε, the accepted chance that a connection would still have come, in millionths.
     pub epsilon_ppm: u64,
-    /// The silence the evidence asks for, in milliseconds (before `max` bounds it).
+    /// The silence the evidence asks for, in milliseconds (before `max` bounds it); absent
+    /// when even four times `max` would not be enough.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub t_conf_ms: Option<u64>,
-    /// The user's floor, in milliseconds after the trigger, when set.
+    /// The bound that set `t_conf_ms`: `markov` or `longest_gap`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub floor_ms: Option<u64>,
+    pub rule: Option<SilenceRule>,
+    /// The user's fallback
+    /// ([`Propagation::quiet_suffices_after`](crate::Propagation::quiet_suffices_after)), in
+    /// milliseconds after the trigger, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_ms: Option<u64>,
     /// Silence observed when the policy committed (or so far): time since the later of the
     /// trigger and the last new connection, in milliseconds.
     pub silence_ms: u64,
@@ -306,7 +505,7 @@ pub struct EvidenceReport {
 }
 
 impl EvidenceReport {
-    /// λ̂ in new connections per second, for display.
+    /// λ̂ in arrivals per second, for display.
     pub fn rate_per_s(&self) -> Option<f64> {
         self.rate_per_1000s.map(|r| r as f64 / 1000.0)
     }
@@ -327,13 +526,26 @@ impl EvidenceReport {
                 "no connection data (use lameduck::serve or ConnMeta)".to_owned()
             }
             (Some(r), _) => format!(
-                "{r:.2} new connections/s before the trigger ({} of {} slots empty)",
-                self.empty_slots, self.slots_observed
+                "{r:.2} {}/s ({} of {} slots empty, {} before the trigger; longest gap {} ms, \
+                 empty after empty {} ppm)",
+                if self.requests_seen {
+                    "arrivals (connections or requests)"
+                } else {
+                    "new connections"
+                },
+                self.empty_slots,
+                self.slots_observed + self.slots_after_trigger,
+                self.slots_observed,
+                self.longest_gap_ms.unwrap_or(0),
+                self.stay_empty_ppm.unwrap_or(0),
             ),
             (None, _) => "no rate".to_owned(),
         };
         let need = match self.t_conf_ms {
-            Some(t) if self.weak.is_none() => format!("needs {t} ms of silence"),
+            Some(t) if self.weak.is_none() => format!(
+                "needs {t} ms of silence ({})",
+                self.rule.map_or("no rule", SilenceRule::as_str)
+            ),
             _ => match self.weak {
                 Some(w) => format!("not enough evidence ({})", w.as_str()),
                 None => String::new(),
@@ -364,40 +576,17 @@ impl EvidenceReport {
     }
 }
 
-/// The whole evidence as the driver holds it: the estimate taken at the trigger and what the
-/// policy made of it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Evidence {
-    pub(crate) estimate: Option<Estimate>,
-    pub(crate) epsilon: f64,
-    /// `max`, to tell "too sparse" from "never went quiet".
-    pub(crate) max: Duration,
-    pub(crate) floor: Option<Duration>,
-}
-
 impl Evidence {
-    /// The silence needed, when the data can say.
-    pub(crate) fn t_conf(&self) -> Option<Duration> {
-        self.estimate.and_then(|e| e.t_conf())
-    }
-
-    /// Why the data cannot decide the commit, if it cannot.
-    pub(crate) fn weak(&self) -> Option<WeakEvidence> {
-        match self.estimate {
-            None => Some(WeakEvidence::NoConnectionData),
-            Some(e) if e.slots < MIN_SLOTS => Some(WeakEvidence::TooFewSlots),
-            Some(e) if e.t_conf().is_none_or(|t| t >= self.max) => Some(WeakEvidence::TooSparse),
-            Some(_) => None,
-        }
-    }
-
     pub(crate) fn report(&self, kind: EvidenceKind, silence: Duration) -> EvidenceReport {
         let ms = |d: Duration| d.as_millis() as u64;
+        let ppm = |x: f64| (x * 1e6).round() as u64;
         let weak = self.weak();
+        let e = self.estimate;
+        let required = self.required();
         EvidenceReport {
             kind,
             max_reason: (kind == EvidenceKind::Max).then(|| {
-                if weak.is_some() && self.floor.is_none() {
+                if weak.is_some() && self.fallback.is_none() {
                     MaxReason::NotEnoughEvidence
                 } else {
                     MaxReason::TrafficNeverWentQuiet
@@ -405,13 +594,18 @@ impl Evidence {
             }),
             weak,
             slot_ms: ms(SLOT),
-            slots_observed: self.estimate.map_or(0, |e| e.slots),
-            empty_slots: self.estimate.map_or(0, |e| e.empty),
-            p_empty_ppm: self.estimate.map(|e| (e.p_empty() * 1e6).round() as u64),
-            rate_per_1000s: self.estimate.map(|e| (e.rate() * 1000.0).round() as u64),
-            epsilon_ppm: (self.epsilon * 1e6).round() as u64,
-            t_conf_ms: self.t_conf().map(ms),
-            floor_ms: self.floor.map(ms),
+            slots_observed: e.map_or(0, |e| e.slots_before),
+            slots_after_trigger: e.map_or(0, |e| e.slots_after),
+            empty_slots: e.map_or(0, |e| e.empty),
+            requests_seen: e.is_some_and(|e| e.requests_seen),
+            p_empty_ppm: e.map(|e| ppm(e.p_empty())),
+            rate_per_1000s: e.map(|e| (e.rate() * 1000.0).round() as u64),
+            stay_empty_ppm: e.map(|e| ppm(e.stay_empty())),
+            longest_gap_ms: e.map(|e| e.longest_gap * ms(SLOT)),
+            epsilon_ppm: ppm(self.epsilon),
+            t_conf_ms: required.map(|(t, _)| ms(t)),
+            rule: required.map(|(_, r)| r),
+            fallback_ms: self.fallback.map(ms),
             silence_ms: ms(silence),
             endpoint_slice: None,
             endpoint_slice_unused: None,
