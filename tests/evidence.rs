@@ -132,7 +132,7 @@ async fn through_serve_sparse_arrivals_wait_to_max() {
         advice.message
     );
     assert!(
-        advice.message.contains("assume_converged_after"),
+        advice.message.contains("quiet_suffices_after"),
         "{}",
         advice.message
     );
