@@ -50,7 +50,10 @@ fn main() {
         }
     }
     if !broken.is_empty() {
-        eprintln!("ε broken (95 % lower bound above 10⁻³): {}", broken.join(", "));
+        eprintln!(
+            "ε broken (95 % lower bound above 10⁻³): {}",
+            broken.join(", ")
+        );
         std::process::exit(1);
     }
 }

@@ -13,16 +13,42 @@ fn main() {
         let trigger = instant;
         trace.retain(|&t| t < trigger + proxy);
         let arrivals: Vec<Duration> = trace.iter().map(|&t| Duration::from_secs_f64(t)).collect();
-        let out = lameduck::__evidence_sim::drain(&arrivals, Duration::from_secs_f64(trigger), &lameduck::Propagation::default(), Duration::from_secs(30)).unwrap();
+        let out = lameduck::__evidence_sim::drain(
+            &arrivals,
+            Duration::from_secs_f64(trigger),
+            &lameduck::Propagation::default(),
+            Duration::from_secs(30),
+        )
+        .unwrap();
         let c = trigger + out.commit.as_secs_f64();
-        let lost: Vec<f64> = trace.iter().filter(|&&t| t > c).map(|t| t - trigger).collect();
+        let lost: Vec<f64> = trace
+            .iter()
+            .filter(|&&t| t > c)
+            .map(|t| t - trigger)
+            .collect();
         if !lost.is_empty() && out.evidence.kind != lameduck::EvidenceKind::Max && shown < 5 {
             shown += 1;
             // gaps before trigger
-            let w: Vec<f64> = trace.iter().filter(|&&t| t > trigger - 30.0).map(|t| t - trigger).collect();
-            let mut gaps: Vec<f64> = w.windows(2).map(|x| x[1]-x[0]).filter(|&g| g > 0.5).collect();
-            gaps.iter_mut().for_each(|g| *g = (*g * 10.0).round()/10.0);
-            println!("proxy {proxy:.1} commit {:.2} first lost {:.2} n_lost {} gaps>0.5 {:?}\n  {}", out.commit.as_secs_f64(), lost[0], lost.len(), gaps, serde_json::to_string(&out.evidence).unwrap());
+            let w: Vec<f64> = trace
+                .iter()
+                .filter(|&&t| t > trigger - 30.0)
+                .map(|t| t - trigger)
+                .collect();
+            let mut gaps: Vec<f64> = w
+                .windows(2)
+                .map(|x| x[1] - x[0])
+                .filter(|&g| g > 0.5)
+                .collect();
+            gaps.iter_mut()
+                .for_each(|g| *g = (*g * 10.0).round() / 10.0);
+            println!(
+                "proxy {proxy:.1} commit {:.2} first lost {:.2} n_lost {} gaps>0.5 {:?}\n  {}",
+                out.commit.as_secs_f64(),
+                lost[0],
+                lost.len(),
+                gaps,
+                serde_json::to_string(&out.evidence).unwrap()
+            );
         }
     }
 }

@@ -33,7 +33,8 @@ fn evidence_advice(out: &mut Vec<Advice>, e: &EvidenceReport, stopped_ms: u64, p
     use AdviceLevel::{Info, Warn};
     let rate = e.rate_per_s().unwrap_or(0.0);
     let quiet = p.quiet_ms.unwrap_or(p.min_ms);
-    let set = "set `Propagation::quiet_suffices_after` to that (a fallback, not a floor), or lower max";
+    let set =
+        "set `Propagation::quiet_suffices_after` to that (a fallback, not a floor), or lower max";
     match (e.kind, e.weak) {
         (EvidenceKind::Max, Some(WeakEvidence::NoConnectionData))
             if e.max_reason == Some(MaxReason::NotEnoughEvidence) =>

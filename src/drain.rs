@@ -171,7 +171,9 @@ impl Drain {
                     let slot = crate::evidence::slot_of(core.base, Instant::now());
                     clock.set(slot);
                     let next = core.base
-                        + std::time::Duration::from_nanos((slot + 1) * crate::evidence::SLOT.as_nanos() as u64);
+                        + std::time::Duration::from_nanos(
+                            (slot + 1) * crate::evidence::SLOT.as_nanos() as u64,
+                        );
                     tokio::time::sleep_until(next).await;
                 }
             };

@@ -1,49 +1,95 @@
-//! Evidence for the propagation policy: how often new connections arrived before the trigger,
-//! and so how much silence after it means that the proxies stopped routing here.
+//! Evidence for the propagation policy: how arrivals came while routing was unchanged (before
+//! the trigger) and while some of it still went on (during the drain), and so how much silence
+//! means that the proxies stopped routing here.
 //!
-//! # The estimator
+//! # What is recorded
 //!
-//! Time is cut into slots of [`SLOT`] (250 ms). For each slot the process only remembers
-//! whether at least one new connection arrived in it. At the trigger, over the observed slots
-//! of the window `W` before it ([`WINDOW`], 30 s, or fewer when the process has not been
-//! serving that long), the fraction of empty slots estimates the chance `p` that a slot stays
-//! empty while routing is unchanged:
+//! Time is cut into slots of [`SLOT`] (250 ms). A slot is *active* when a new connection or a
+//! request arrived in it. New connections are counted by the accept loop (`serve`, `ConnMeta`
+//! under `axum::serve`); requests by `serve`'s and `lameduck::axum::serve`'s per-connection
+//! service — not by the tower layer, whose hot path stays as it was. Requests matter because a
+//! pooling proxy (HAProxy keeps its backend connections) opens few connections while Serving,
+//! yet once draining every response carries `Connection: close`, so while it still routes
+//! here each of its next requests comes on a *new* connection: the process to model is the
+//! activity, and after the trigger it shows up as new connections. So a slot before the
+//! trigger is busy when anything arrived in it, a slot after it when a new connection did.
+//! Where no request is counted (plain `axum::serve`, a custom loop), the slots are
+//! connections only, as the report's `requests_seen` says.
+//!
+//! # The model
+//!
+//! The fit reads the window before the trigger ([`WINDOW`], 30 s, or less for a younger
+//! process) and the slots from the trigger's up to the last new connection: arrivals during
+//! the drain are samples of the routing while some of it still went on, and the silence after
+//! the last one is what is being tested, so it is left out (the part of a gap that began
+//! before the trigger is conditioned on, not fitted). It is refitted at each check.
+//!
+//! Slots are a two-state chain, busy and empty. From the transitions:
 //!
 //! ```text
-//! p̂ = (empty + ½) / (slots + 1)            (never 0 or 1: ½ of a slot of doubt either way)
-//! T_conf = SLOT · ln ε / ln p̂              (k empty slots in a row have chance p̂^k = ε)
-//! λ̂ = −ln p̂ / SLOT                         (the equivalent Poisson rate)
+//! p̂ = (empty + ½) / (slots + 1)                the fraction of empty slots
+//! q̂ = (busy→empty + ½) / (busy→· + 1)          the chance that a gap begins after a busy slot
+//! s ~ Beta(ee + κ·p̂, eb + κ·(1 − p̂))            "empty follows empty", κ = 10 slots of prior
+//!                                                 pulling it towards independence (â = E[s])
+//! P(a gap lasts ≥ k slots) = E[s^(k−1)]          the uncertainty of s included, its tail
+//!                                                 made no lighter than k^−2
 //! ```
 //!
-//! For Poisson arrivals at rate λ, `p = e^(−λ·SLOT)` and `T_conf = ln(1/ε) / λ`. A burst fills
-//! one or two slots whatever its size, so one burst followed by silence leaves `p̂` near 1 and
-//! `T_conf` long: the estimator is not fooled by it. Traffic that comes in regular bursts
-//! separated by gaps is judged by its gaps, which is what matters for "would a connection
-//! have arrived by now".
+//! The drain gives a gap many chances to pass for convergence: every busy slot before `max` is
+//! one, and so is the current position (a gap that began before the trigger is conditioned on
+//! its elapsed part). The required number of empty slots k is the smallest with
 //!
-//! Why 250 ms slots: the shortest `T_conf` the estimator can give is
-//! `SLOT · ln ε / ln(½ / (slots + 1))`, 0.31 s with 120 slots; with 1 s slots it would be
-//! 1.7 s even for the densest traffic, longer than the default quiet window, and every dense
-//! drain would pay for it. Shorter slots would need a larger ring for the same window and
-//! would measure scheduler jitter more than traffic.
+//! ```text
+//! P(the current gap lasts k more) + max/SLOT · (1 − p̂) · q̂ · E[s^(k−1)]  ≤  ε
+//! ```
 //!
-//! # Failure modes
+//! and at least one more than **the longest gap seen** (a silence that already happened while
+//! routing was unchanged proves nothing). The silence asked for, `T_conf`, is k + 1 slots, so
+//! that a silence that long holds k whole empty slots wherever it starts. The report names the
+//! bound that set it ([`SilenceRule`]: `markov` or `longest_gap`).
 //!
-//! * Traffic that stops at the trigger for reasons of its own (a client that finished) looks
-//!   like converged proxies. Nothing local can tell the two apart; `T_conf` is only as good as
-//!   "the recent past predicts the next seconds".
-//! * A rate that rose during the window (a ramp) is underestimated, which errs on the safe
-//!   side (longer wait); one that fell just before the trigger is overestimated.
-//! * Connections that never reach this process (refused by a full backlog) are not counted.
+//! Why this and not the fraction of empty slots alone (the first estimator): slots are not
+//! independent. A client that works for 5 s and pauses for 5 s leaves half the slots empty,
+//! which, taken as independent slots, asked for 3.7 s of silence — a silence that happened
+//! every 10 s while nothing changed. The chain sees that empty slots come in runs (â near 1)
+//! and the longest gap bounds the rest. Why the tail: the window holds tens of gaps at most,
+//! too few to tell a geometric tail from a power law, and traffic whose slow phase lasts
+//! longer than anything in the window (Markov-modulated rates, Pareto gaps) broke ε by an
+//! order of magnitude in the simulation with a geometric tail; with k^−2 it holds (the
+//! simulation, `tests/evidence_sim.rs` and `examples/evidence_sim.rs`, drives this code). Why
+//! the chances: one gap at ε each would be many gaps at many ε over a drain that waits 15 s.
+//! The price is speed for moderate rates: at 10 arrivals/s the silence is a few seconds, at
+//! 2/s or below it exceeds the default `max` and the drain says `too_sparse`.
+//!
+//! Why 250 ms slots: dense traffic needs a handful of slots of silence (1 s at 50/s, which the
+//! default `quiet` asks for anyway); with 1 s slots it would be 4 s. Shorter slots would need a
+//! larger ring for the same window and would measure scheduler jitter more than traffic.
+//!
+//! # What it cannot see
+//!
+//! * Traffic that stops at the trigger for reasons of its own (a client that finished, a batch
+//!   that paused) looks like converged proxies. Nothing local can tell the two apart; the
+//!   simulation reports it and does not hold it to ε. The EndpointSlice (feature `kube`) can.
+//! * Pauses much longer than anything in the 30 s window — a client idle for minutes, a rate
+//!   that falls steeply during the drain — beyond what the k^−2 tail allows for.
+//! * Connections that never reach this process (refused by a full backlog).
+//! * Requests on an HTTP/2 connection opened during the drain, after its first: only its
+//!   opening counts (it keeps its requests until the commit).
 //!
 //! # Invariants
 //!
-//! * Recording an arrival is one relaxed `fetch_max` on the ring entry of its slot: the entry
-//!   holds the latest slot index (+1) that saw a connection, so a late writer of an older slot
-//!   never hides a newer one, and a stale entry (from a slot one ring-turn ago) reads as empty.
-//! * The estimate is taken once, at the trigger, over slots that are complete then; the ring
+//! * Recording a connection is one relaxed `fetch_max` on the ring entry of its slot; a
+//!   request is one relaxed load of the slot clock and one of the entry, and a `fetch_max`
+//!   only for the first request of its slot. The entry holds the latest slot index (+1) that
+//!   saw activity, shifted left by one, with the low bit for "a connection": a late writer of
+//!   an older slot never hides a newer one, a connection is never hidden by a request of the
+//!   same slot, and a stale entry (from a slot one ring-turn ago) reads as empty.
+//! * The window is copied at the trigger (the ring turns over during a long drain); the ring
 //!   holds more slots than the window, so no write during the trigger's own slot can overwrite
-//!   a slot of the window.
+//!   a slot of it. Slots after the trigger older than a ring-turn read as empty, which only
+//!   lengthens the silence asked for.
+//! * The slot clock is kept by one task (`Drain::start_slot_clock`) while `serve` runs, until
+//!   the drain is done; without it requests are not counted, connections still are.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -110,7 +156,8 @@ impl Arrivals {
     /// read by the driver, which tolerates a slot seen a moment late.
     #[inline]
     pub(crate) fn record(&self, slot: u64) {
-        self.ring[(slot % RING as u64) as usize].fetch_max(((slot + 1) << 1) | 1, Ordering::Relaxed);
+        self.ring[(slot % RING as u64) as usize]
+            .fetch_max(((slot + 1) << 1) | 1, Ordering::Relaxed);
     }
 
     /// Counts one request in the slot the clock shows. While the slot's entry already says so

@@ -92,7 +92,10 @@ impl Process {
         match *self {
             Process::Poisson { rate } => format!("Poisson {rate}/s"),
             Process::OnOff { on, off, every } => {
-                format!("on/off {on} s on / {off} s off, every {} ms", every * 1000.0)
+                format!(
+                    "on/off {on} s on / {off} s off, every {} ms",
+                    every * 1000.0
+                )
             }
             Process::Bursts {
                 period,
@@ -177,7 +180,11 @@ impl Process {
                     }
                 }
             }
-            Process::Ramp { from: r0, to: r1, over } => {
+            Process::Ramp {
+                from: r0,
+                to: r1,
+                over,
+            } => {
                 // Thinning: Poisson at the top rate, each kept with rate(t) / top.
                 let rate = |t: f64| r0 + (r1 - r0) * (t / over).clamp(0.0, 1.0);
                 let top = r0.max(r1);

@@ -31,7 +31,10 @@ fn independent_gaps_ask_for_more_than_one_gap_would() {
     assert_eq!(rule, SilenceRule::Markov);
     // One gap of k slots has chance about (1/12)^k; but the drain gives about 55 busy slots
     // before max for one to begin, and the tail is taken no lighter than k^-2.
-    assert!(t > Duration::from_secs(3) && t < Duration::from_secs(10), "{t:?}");
+    assert!(
+        t > Duration::from_secs(3) && t < Duration::from_secs(10),
+        "{t:?}"
+    );
     // One slot in two empty (about 3/s) asks for more than max (15 s) on the same terms.
     let (t, _) = fit(&"#.".repeat(60)).required().unwrap();
     assert!(t > Duration::from_secs(15), "{t:?}");
@@ -40,7 +43,9 @@ fn independent_gaps_ask_for_more_than_one_gap_would() {
 #[test]
 fn one_burst_is_not_a_rate() {
     let e = fit(&format!("{}#{}", ".".repeat(60), ".".repeat(59)));
-    let weak = e.required().is_none_or(|(t, _)| t > Duration::from_secs(15));
+    let weak = e
+        .required()
+        .is_none_or(|(t, _)| t > Duration::from_secs(15));
     assert!(weak, "{:?}", e.required());
 }
 
@@ -104,7 +109,10 @@ fn requests_count_in_the_slot_the_clock_shows_and_only_with_a_clock() {
     a.note_request();
     assert_eq!(a.activity(7), (true, true));
     drop(clock);
-    assert!(a.claim_clock().is_some(), "a dropped clock can be taken again");
+    assert!(
+        a.claim_clock().is_some(),
+        "a dropped clock can be taken again"
+    );
 }
 
 // ---- the rule, driven with synthetic arrivals on the paused clock ----
@@ -349,4 +357,3 @@ async fn connections_that_never_stop_commit_at_max_as_never_quiet() {
     assert_eq!(ev.max_reason, Some(MaxReason::TrafficNeverWentQuiet));
     assert_eq!(ev.weak, None);
 }
-
