@@ -32,19 +32,24 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 ///
 /// # Silence is evidence only in proportion to traffic
 ///
-/// `T_conf` is the silence after which, at the rate new connections arrived during the 30 s
-/// before the trigger, one would have arrived with probability ≥ 1 − ε had the proxies still
-/// routed here (`ln(1/ε) / λ` for a Poisson rate λ: 0.7 s at 10 connections/s, 6.9 s at one
-/// per second). It is counted from the later of the trigger and the last new connection. The
-/// rate comes from the fraction of 250 ms slots without a new connection, so one burst does
-/// not pass for a rate. New connections are counted by `lameduck::serve`, or by
-/// `ConnMeta` through `axum::serve`'s connect info.
+/// `T_conf` is the silence that, had the proxies still routed here, would have been broken by
+/// a new connection with probability ≥ 1 − ε at any time before `max`. It is counted from the
+/// later of the trigger and the last new connection. It comes from 250 ms slots in which a
+/// new connection or a request arrived — in the 30 s before the trigger, and during the drain
+/// up to the last new connection (every reused connection is told to close then, so a proxy
+/// that still routes here shows up as new connections) — fitted as a busy/empty chain, so that
+/// traffic that pauses for seconds is judged by its pauses, with a tail no lighter than a
+/// power law, and never shorter than the longest gap seen while routing was unchanged. The
+/// report's [`EvidenceReport::rule`](crate::EvidenceReport::rule) names the bound that set it;
+/// the Kubernetes guide has the model, what it cannot see, and the simulation that checks ε.
+/// Connections are counted by `lameduck::serve`, `lameduck::axum::serve`, or `ConnMeta`
+/// through `axum::serve`'s connect info; requests by the first two.
 ///
 /// With too little evidence — no connection data (the layer alone sees requests, not
-/// connections), less than 5 s of serving before the trigger, or a rate so low that `T_conf`
-/// exceeds `max` — the policy waits to `max`, or to the floor set with
-/// [`assume_converged_after`](Self::assume_converged_after), and the report says so. The
-/// report's [`EvidenceReport`](crate::EvidenceReport) names the evidence that committed.
+/// connections), less than 5 s of slots, or a `T_conf` beyond `max` — the policy waits to
+/// `max`, or to the fallback set with [`quiet_suffices_after`](Self::quiet_suffices_after),
+/// and the report says so. `min` is the floor: never before it. The report's
+/// [`EvidenceReport`](crate::EvidenceReport) names the evidence that committed.
 ///
 /// With the `kube` feature and an `EndpointWatch` started, the EndpointSlice is the
 /// authoritative step: no commit before every slice that lists the Pod shows it not ready,
