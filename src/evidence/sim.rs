@@ -1,7 +1,7 @@
 //! One drain in virtual time over an arrival trace, for the simulation that checks ε
 //! (`tests/evidence_sim.rs`, `examples/evidence_sim.rs`). Not a public API: it exists so the
 //! simulation drives the estimator and the policy check the drain itself runs — the same
-//! ring, the same window, the same fit, the same [`Policy::check`] — and not a copy of their
+//! ring, the same window, the same fit, the same `Policy::check` — and not a copy of their
 //! formulas. Nothing sleeps: the loop jumps from one check to the instant the check asks for,
 //! as the drain's task would wake.
 
