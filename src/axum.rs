@@ -118,8 +118,6 @@ pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> Serve {
     Serve {
         inner: Box::pin(async move {
             drain.mark_started();
-            // Requests count in the arrival evidence by the slot this clock shows.
-            drain.start_slot_clock();
             tokio::select! {
                 result = server => result,
                 // What is still running is a straggler: the report names it.
@@ -200,7 +198,7 @@ impl Service<Request> for ConnService {
 
     fn call(&mut self, mut req: Request) -> Self::Future {
         // The propagation evidence counts requests too (see `lameduck::serve`'s connection).
-        self.core.arrivals.note_request();
+        self.core.note_request_arrival();
         let extensions = req.extensions_mut();
         extensions.insert(ConnectInfo(self.meta.for_request()));
         // The bridge for existing `ConnectInfo<SocketAddr>` extractors.

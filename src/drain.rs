@@ -155,37 +155,6 @@ impl Drain {
         draining
     }
 
-    /// Starts the arrival ring's slot clock, which requests are counted by, unless one runs:
-    /// a task that shows the current slot at each slot's start (four wake-ups a second) until
-    /// the drain is done. Called by `serve` and `axum::serve`, from inside the runtime.
-    #[cfg(feature = "http")]
-    pub(crate) fn start_slot_clock(&self) {
-        let core = self.core();
-        let Some(clock) = core.arrivals.claim_clock() else {
-            return;
-        };
-        let drain = self.clone();
-        tokio::spawn(async move {
-            let ticks = async {
-                loop {
-                    let slot = crate::evidence::slot_of(core.base, Instant::now());
-                    clock.set(slot);
-                    let next = core.base
-                        + std::time::Duration::from_nanos(
-                            (slot + 1) * crate::evidence::SLOT.as_nanos() as u64,
-                        );
-                    tokio::time::sleep_until(next).await;
-                }
-            };
-            tokio::select! {
-                () = ticks => {}
-                () = drain.reached(Phase::Done) => {}
-            }
-            // Dropping the clock stops counting requests; another `serve` may start it again.
-            drop(clock);
-        });
-    }
-
     /// Answers owed to admin callers before the process exits.
     #[cfg_attr(not(feature = "admin"), allow(dead_code))] // used by the admin router and its server
     pub(crate) fn exit_holds(&self) -> &ExitHolds {

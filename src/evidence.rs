@@ -79,8 +79,8 @@
 //! # Invariants
 //!
 //! * Recording a connection is one relaxed `fetch_max` on the ring entry of its slot; a
-//!   request is one relaxed load of the slot clock and one of the entry, and a `fetch_max`
-//!   only for the first request of its slot. The entry holds the latest slot index (+1) that
+//!   request is a clock read and one relaxed load of the entry, and a `fetch_max` only for the
+//!   first request of its slot (no lock, no allocation, no task). The entry holds the latest slot index (+1) that
 //!   saw activity, shifted left by one, with the low bit for "a connection": a late writer of
 //!   an older slot never hides a newer one, a connection is never hidden by a request of the
 //!   same slot, and a stale entry (from a slot one ring-turn ago) reads as empty.
@@ -88,8 +88,6 @@
 //!   holds more slots than the window, so no write during the trigger's own slot can overwrite
 //!   a slot of it. Slots after the trigger older than a ring-turn read as empty, which only
 //!   lengthens the silence asked for.
-//! * The slot clock is kept by one task (`Drain::start_slot_clock`) while `serve` runs, until
-//!   the drain is done; without it requests are not counted, connections still are.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -132,11 +130,6 @@ pub(crate) struct Arrivals {
     /// Nanoseconds since `Core::base` + 1 of when connections started to be counted; 0 = no
     /// source of connection data (neither `serve` nor `ConnMeta` through `axum::serve`).
     observing_since: AtomicU64,
-    /// The current slot + 1, kept by the slot clock (see [`SlotClock`]); 0 = no clock, and
-    /// requests are not counted.
-    clock: AtomicU64,
-    /// A slot clock task is running.
-    clock_running: AtomicBool,
     /// At least one request was counted (not only connections).
     requests_seen: AtomicBool,
 }
@@ -146,8 +139,6 @@ impl Arrivals {
         Self {
             ring: std::array::from_fn(|_| AtomicU64::new(0)),
             observing_since: AtomicU64::new(0),
-            clock: AtomicU64::new(0),
-            clock_running: AtomicBool::new(false),
             requests_seen: AtomicBool::new(false),
         }
     }
@@ -160,15 +151,13 @@ impl Arrivals {
             .fetch_max(((slot + 1) << 1) | 1, Ordering::Relaxed);
     }
 
-    /// Counts one request in the slot the clock shows. While the slot's entry already says so
-    /// (every request after the first of each slot), one relaxed load of the clock and one of
-    /// the entry, no write.
+    /// Counts one request in `slot`. While the slot's entry already says so (every request
+    /// after the first of each slot), one relaxed load of the entry, no write.
     #[inline]
-    pub(crate) fn note_request(&self) {
-        // Relaxed: a coarse clock; a request counted in the slot before is close enough.
-        let now = self.clock.load(Ordering::Relaxed);
-        let entry = &self.ring[(now.wrapping_sub(1) % RING as u64) as usize];
-        let v = now << 1;
+    pub(crate) fn note_request(&self, slot: u64) {
+        let entry = &self.ring[(slot % RING as u64) as usize];
+        let v = (slot + 1) << 1;
+        // Relaxed: read by the driver, which tolerates a slot seen a moment late.
         if entry.load(Ordering::Relaxed) < v {
             self.note_request_slow(entry, v);
         }
@@ -215,37 +204,20 @@ impl Arrivals {
     fn requests_seen(&self) -> bool {
         self.requests_seen.load(Ordering::Relaxed)
     }
-
-    /// Claims the slot clock for one task; `None` if one runs already.
-    pub(crate) fn claim_clock(&self) -> Option<SlotClock<'_>> {
-        (!self.clock_running.swap(true, Ordering::Relaxed)).then_some(SlotClock(self))
-    }
 }
 
-/// The right to keep [`Arrivals`]' slot clock: whoever holds it sets the current slot at each
-/// slot's start; dropping it (the task ended, its runtime went away) lets another take over.
-#[derive(Debug)]
-pub(crate) struct SlotClock<'a>(&'a Arrivals);
-
-impl SlotClock<'_> {
-    /// Shows `slot` as the current one.
-    pub(crate) fn set(&self, slot: u64) {
-        self.0.clock.store(slot + 1, Ordering::Relaxed);
-    }
-}
-
-impl Drop for SlotClock<'_> {
-    fn drop(&mut self) {
-        // A stopped clock must not leave requests counted in an old slot.
-        self.0.clock.store(0, Ordering::Relaxed);
-        self.0.clock_running.store(false, Ordering::Relaxed);
-    }
-}
-
-/// The slot of `t`, counted from `base`.
+/// The slot of `t`, counted from `base`. No 128-bit division: it runs on every request.
+#[inline]
 pub(crate) fn slot_of(base: Instant, t: Instant) -> u64 {
-    (t.saturating_duration_since(base).as_nanos() / SLOT.as_nanos()) as u64
+    const PER_SEC: u64 = 1_000_000_000 / SLOT.as_nanos() as u64;
+    let d = t.saturating_duration_since(base);
+    d.as_secs() * PER_SEC + u64::from(d.subsec_nanos() / SLOT.as_nanos() as u32)
 }
+
+const _: () = assert!(
+    1_000_000_000 % SLOT.as_nanos() == 0,
+    "a slot divides a second"
+);
 
 /// The window before the trigger, copied at the trigger (the ring turns over during a long
 /// drain).

@@ -93,26 +93,30 @@ fn ring_entries_from_an_older_turn_read_as_empty() {
 }
 
 #[test]
-fn requests_count_in_the_slot_the_clock_shows_and_only_with_a_clock() {
+fn a_request_marks_its_slot_and_a_connection_wins_over_it() {
     let a = Arrivals::new();
-    a.note_request();
-    assert!(!a.requests_seen(), "no clock, no count");
-    let clock = a.claim_clock().unwrap();
-    assert!(a.claim_clock().is_none(), "one clock at a time");
-    clock.set(7);
-    a.note_request();
-    a.note_request();
+    assert!(!a.requests_seen());
+    a.note_request(7);
+    a.note_request(7);
     assert_eq!(a.activity(7), (true, false));
     assert!(a.requests_seen());
     // A connection in the same slot marks it; a later request does not unmark it.
     a.record(7);
-    a.note_request();
+    a.note_request(7);
     assert_eq!(a.activity(7), (true, true));
-    drop(clock);
-    assert!(
-        a.claim_clock().is_some(),
-        "a dropped clock can be taken again"
-    );
+    // A request of an older ring-turn does not hide a newer slot.
+    a.note_request(7 + RING as u64);
+    a.note_request(7);
+    assert_eq!(a.activity(7 + RING as u64), (true, false));
+}
+
+#[test]
+fn slots_are_counted_without_a_wide_division() {
+    let base = Instant::from_std(std::time::Instant::now());
+    for ms in [0u64, 249, 250, 999, 1000, 1251, 86_400_123] {
+        let t = base + Duration::from_millis(ms);
+        assert_eq!(slot_of(base, t), ms / 250, "{ms} ms");
+    }
 }
 
 // ---- the rule, driven with synthetic arrivals on the paused clock ----

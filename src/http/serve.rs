@@ -384,8 +384,6 @@ where
     });
     // From now on every accepted connection counts in the arrival rate (the evidence).
     drain.core().observe_arrivals();
-    // ... and every request too, in the slot the clock shows.
-    drain.start_slot_clock();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     if let Some(t) = header_read_timeout {
         builder
