@@ -73,7 +73,7 @@ async fn start_backend(name: &'static str, naive: bool) -> Backend {
             Propagation::quiet(Duration::from_millis(700))
                 .min(Duration::from_millis(1500))
                 .max(Duration::from_secs(6))
-                .assume_converged_after(Duration::from_millis(1500)),
+                .quiet_suffices_after(Duration::from_millis(1500)),
         )
         .signals(Signals::none())
         .report_to_stderr(false)

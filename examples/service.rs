@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR]
-//!         [--quiet DUR] [--min DUR] [--max DUR] [--assume-converged-after DUR]
+//!         [--quiet DUR] [--min DUR] [--max DUR] [--quiet-suffices-after DUR]
 //!         [--report-file PATH]
 //!         [--stuck-task] [--startup-delay DUR] [--naive] [--fixed-sleep DUR]
 //!         [--readiness-policy auto|not-ready|serving-until-stop]
@@ -46,7 +46,7 @@ struct Args {
     quiet: Option<Duration>,
     min: Option<Duration>,
     max: Option<Duration>,
-    converged_after: Option<Duration>,
+    quiet_suffices_after: Option<Duration>,
     report_file: Option<String>,
     stuck_task: bool,
     startup_delay: Duration,
@@ -59,7 +59,7 @@ fn usage(msg: &str) -> ! {
     eprintln!("service: {msg}");
     eprintln!(
         "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR] \
-         [--quiet DUR] [--min DUR] [--max DUR] [--assume-converged-after DUR] \
+         [--quiet DUR] [--min DUR] [--max DUR] [--quiet-suffices-after DUR] \
          [--report-file PATH] [--stuck-task] \
          [--startup-delay DUR] [--naive] [--fixed-sleep DUR] \
          [--readiness-policy auto|not-ready|serving-until-stop]\n       service prestop [--admin ADDR]"
@@ -76,7 +76,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
         quiet: None,
         min: None,
         max: None,
-        converged_after: None,
+        quiet_suffices_after: None,
         report_file: None,
         stuck_task: false,
         startup_delay: Duration::ZERO,
@@ -106,8 +106,19 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
             "--quiet" => a.quiet = Some(dur("--quiet", value("--quiet"))),
             "--min" => a.min = Some(dur("--min", value("--min"))),
             "--max" => a.max = Some(dur("--max", value("--max"))),
+            "--quiet-suffices-after" => {
+                a.quiet_suffices_after = Some(dur(
+                    "--quiet-suffices-after",
+                    value("--quiet-suffices-after"),
+                ))
+            }
+            // The old name read like a floor; it never was one (`--min` is).
             "--assume-converged-after" => {
-                a.converged_after = Some(dur(
+                eprintln!(
+                    "service: --assume-converged-after is now --quiet-suffices-after (a fallback, \
+                     not a floor; the floor is --min)"
+                );
+                a.quiet_suffices_after = Some(dur(
                     "--assume-converged-after",
                     value("--assume-converged-after"),
                 ))
@@ -181,8 +192,8 @@ async fn run(args: Args) -> i32 {
     if let Some(m) = args.max {
         p = p.max(m);
     }
-    if let Some(f) = args.converged_after {
-        p = p.assume_converged_after(f);
+    if let Some(f) = args.quiet_suffices_after {
+        p = p.quiet_suffices_after(f);
     }
     builder = builder.propagation(p);
     if let Some(f) = &args.report_file {

@@ -56,7 +56,7 @@ fn evidence_advice(
         "New connections kept coming until the cut, so the proxies had not converged: find that path \
          before shortening the wait"
     } else {
-        "If your proxies converge faster, set `Propagation::assume_converged_after` to that (or lower max)"
+        "If your proxies converge faster, set `Propagation::quiet_suffices_after` to that (a fallback, not a floor), or lower max"
     };
     match (e.kind, e.weak) {
         (EvidenceKind::Max, Some(WeakEvidence::NoConnectionData))
@@ -103,9 +103,10 @@ fn evidence_advice(
                 Rule::WeakEvidence,
                 stopped_ms,
                 format!(
-                    "{rate:.2} new connections/s before the drain ({} of {} slots of {} ms empty): \
+                    "{rate:.2} {}/s before the drain ({} of {} slots of {} ms empty): \
                      {} of silence is not evidence, confidence needed {}; waited {} (max). \
                      {set}",
+                    if e.requests_seen { "arrivals" } else { "new connections" },
                     e.empty_slots,
                     e.slots_observed,
                     e.slot_ms,
@@ -132,21 +133,27 @@ fn evidence_advice(
             Rule::Confidence,
             e.t_conf_ms.unwrap_or(0),
             format!(
-                "committed on evidence: {rate:.2} new connections/s before the drain, so {} of silence \
-                 meant the proxies had moved on (ε = {}); silent for {} at the commit",
+                "committed on evidence: {rate:.2} arrivals/s ({} slots before the drain, {} after; \
+                 longest gap {}), so {} of silence meant the proxies had moved on (ε = {}, rule {}); \
+                 silent for {} at the commit",
+                e.slots_observed,
+                e.slots_after_trigger,
+                secs(e.longest_gap_ms.unwrap_or(0)),
                 secs(e.t_conf_ms.unwrap_or(0).max(quiet)),
                 e.epsilon_ppm as f64 / 1e6,
+                e.rule.map_or("none", crate::SilenceRule::as_str),
                 secs(e.silence_ms)
             ),
         )),
-        (EvidenceKind::Floor, _) => out.push(advice(
+        (EvidenceKind::Fallback, _) => out.push(advice(
             Info,
-            Rule::Floor,
+            Rule::Fallback,
             stopped_ms,
             format!(
-                "committed on the floor you set (assume_converged_after {}): the arrival rate alone \
-                 ({rate:.2} new connections/s) {}",
-                secs(e.floor_ms.unwrap_or(0)),
+                "committed on the fallback you set (quiet_suffices_after {}): the arrival evidence \
+                 alone ({rate:.2} arrivals/s) {}. It is not a floor: to never commit before it, set \
+                 min as well",
+                secs(e.fallback_ms.unwrap_or(0)),
                 match (e.weak, e.t_conf_ms) {
                     (None, Some(t)) => format!("would have needed {} of silence", secs(t)),
                     _ => "was not enough evidence".to_owned(),

@@ -190,6 +190,7 @@ impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
             router: self.router.clone(),
             meta,
             peer,
+            core: self.core,
         }))
     }
 }
@@ -200,6 +201,7 @@ struct ConnService {
     router: Router,
     meta: ConnMeta,
     peer: SocketAddr,
+    core: &'static Core,
 }
 
 impl Service<Request> for ConnService {
@@ -212,6 +214,8 @@ impl Service<Request> for ConnService {
     }
 
     fn call(&mut self, mut req: Request) -> Self::Future {
+        // The propagation evidence counts requests too (see `lameduck::serve`'s connection).
+        self.core.note_request_arrival();
         let extensions = req.extensions_mut();
         extensions.insert(ConnectInfo(self.meta.for_request()));
         // The bridge for existing `ConnectInfo<SocketAddr>` extractors.

@@ -408,7 +408,8 @@ impl Driver {
         if committed.is_some() {
             return committed;
         }
-        let (evidence, origin) = (evidence?, origin?);
+        let (mut evidence, origin) = (evidence?, origin?);
+        crate::propagation::Policy::refit(self.core, origin.at, &mut evidence);
         let kind = self.policy.waiting_on(&evidence, self.link.hold());
         let mut report = evidence.report(kind, crate::propagation::silence(self.core, origin.at));
         self.endpoint_evidence(&mut report, origin.at);

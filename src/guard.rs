@@ -220,6 +220,15 @@ impl Core {
         self.arrivals.record(slot as u64);
     }
 
+    /// Counts a request in the arrival ring: the clock read, and one relaxed load of the
+    /// ring entry of the slot (a write only for the first request of a slot).
+    #[inline]
+    #[cfg(feature = "http")] // `serve`'s and `axum::serve`'s per-connection service only
+    pub(crate) fn note_request_arrival(&self) {
+        let slot = crate::evidence::slot_of(self.base, Instant::now());
+        self.arrivals.note_request(slot);
+    }
+
     /// Connection data is counted from now on (the accept loop starts).
     #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the accept loop of the `http` feature
     pub(crate) fn observe_arrivals(&self) {

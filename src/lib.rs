@@ -171,7 +171,11 @@ pub use closers::{BoxError, CloseOptions, CloserResult};
 pub use drain::{Drain, DrainBuilder, StartupGate, PROXY_LABEL_ENV};
 pub use driver::{Status, STATUS_TIMELINE_LIMIT};
 pub use error::ConfigError;
-pub use evidence::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
+/// One drain's propagation in virtual time, for the simulation that checks ε. Not a public
+/// API: no stability promise.
+#[doc(hidden)]
+pub use evidence::sim as __evidence_sim;
+pub use evidence::{EvidenceKind, EvidenceReport, MaxReason, SilenceRule, WeakEvidence};
 pub use guard::InFlightGuard;
 pub use link::{
     AllowanceSource, DeletionBudget, EndpointSliceEvidence, PeerDelay, StartupMeasurement,

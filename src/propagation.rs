@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::budget::{Budget, DurationDisplay};
-use crate::evidence::{Estimate, Evidence, EvidenceKind, DEFAULT_EPSILON};
+use crate::evidence::{slot_of, Evidence, EvidenceKind, Window, DEFAULT_EPSILON};
 use crate::guard::Core;
 use crate::link::{Hold, Link};
 use crate::phase::CommitReason;
@@ -32,19 +32,24 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 ///
 /// # Silence is evidence only in proportion to traffic
 ///
-/// `T_conf` is the silence after which, at the rate new connections arrived during the 30 s
-/// before the trigger, one would have arrived with probability ≥ 1 − ε had the proxies still
-/// routed here (`ln(1/ε) / λ` for a Poisson rate λ: 0.7 s at 10 connections/s, 6.9 s at one
-/// per second). It is counted from the later of the trigger and the last new connection. The
-/// rate comes from the fraction of 250 ms slots without a new connection, so one burst does
-/// not pass for a rate. New connections are counted by `lameduck::serve`, or by
-/// `ConnMeta` through `axum::serve`'s connect info.
+/// `T_conf` is the silence that, had the proxies still routed here, would have been broken by
+/// a new connection with probability ≥ 1 − ε at any time before `max`. It is counted from the
+/// later of the trigger and the last new connection. It comes from 250 ms slots in which a
+/// new connection or a request arrived — in the 30 s before the trigger, and during the drain
+/// up to the last new connection (every reused connection is told to close then, so a proxy
+/// that still routes here shows up as new connections) — fitted as a busy/empty chain, so that
+/// traffic that pauses for seconds is judged by its pauses, with a tail no lighter than a
+/// power law, and never shorter than the longest gap seen while routing was unchanged. The
+/// report's [`EvidenceReport::rule`](crate::EvidenceReport::rule) names the bound that set it;
+/// the Kubernetes guide has the model, what it cannot see, and the simulation that checks ε.
+/// Connections are counted by `lameduck::serve`, `lameduck::axum::serve`, or `ConnMeta`
+/// through `axum::serve`'s connect info; requests by the first two.
 ///
 /// With too little evidence — no connection data (the layer alone sees requests, not
-/// connections), less than 5 s of serving before the trigger, or a rate so low that `T_conf`
-/// exceeds `max` — the policy waits to `max`, or to the floor set with
-/// [`assume_converged_after`](Self::assume_converged_after), and the report says so. The
-/// report's [`EvidenceReport`](crate::EvidenceReport) names the evidence that committed.
+/// connections), less than 5 s of slots, or a `T_conf` beyond `max` — the policy waits to
+/// `max`, or to the fallback set with [`quiet_suffices_after`](Self::quiet_suffices_after),
+/// and the report says so. `min` is the floor: never before it. The report's
+/// [`EvidenceReport`](crate::EvidenceReport) names the evidence that committed.
 ///
 /// With the `kube` feature and an `EndpointWatch` started, the EndpointSlice is the
 /// authoritative step: no commit before every slice that lists the Pod shows it not ready,
@@ -83,7 +88,7 @@ enum Kind {
         quiet: Option<Duration>,
         min: Option<Duration>,
         max: Option<Duration>,
-        floor: Option<Duration>,
+        fallback: Option<Duration>,
         /// ε as `f64` bits, so the type stays `Eq`.
         epsilon_bits: Option<u64>,
     },
@@ -101,7 +106,7 @@ impl Default for Propagation {
                 quiet: None,
                 min: None,
                 max: None,
-                floor: None,
+                fallback: None,
                 epsilon_bits: None,
             },
         }
@@ -117,7 +122,7 @@ impl Propagation {
                 quiet: Some(quiet),
                 min: None,
                 max: None,
-                floor: None,
+                fallback: None,
                 epsilon_bits: None,
             },
         }
@@ -143,13 +148,16 @@ impl Propagation {
         self
     }
 
-    /// What you know of your proxies: after `d` from the trigger, they have all caught up, so
-    /// silence for `quiet` is enough even when the arrival rate cannot show it. Without it, a
-    /// drain with too little evidence waits to `max`. With [`Propagation::fixed`], `build`
-    /// refuses it (a fixed delay takes no evidence).
+    /// A **fallback, not a floor**: from `d` after the trigger, silence for `quiet` is
+    /// enough, even when the arrival evidence cannot show convergence yet (too little
+    /// traffic, or a silence it asks for that is longer). Without it, a drain with too little
+    /// evidence waits to `max`. The drain may still commit *before* `d` when the evidence is
+    /// strong: the floor — never before — is [`min`](Self::min). With
+    /// [`Propagation::fixed`], `build` refuses it (a fixed delay takes no evidence).
     ///
     /// Set it to the slowest proxy's convergence time you have measured (kube-proxy's sync
-    /// period plus the EndpointSlice delay, an ingress's refresh interval), not to a hope.
+    /// period plus the EndpointSlice delay, an ingress's refresh interval), not to a hope;
+    /// if your proxies are known to need `d`, set `min(d)` as well.
     ///
     /// # Examples
     ///
@@ -157,16 +165,21 @@ impl Propagation {
     /// use std::time::Duration;
     /// use lameduck::{Drain, Propagation};
     ///
-    /// // A quiet service behind proxies known to converge within 4 s.
+    /// // A quiet service behind proxies known to converge within 4 s: never before 2 s, and
+    /// // from 4 s on a quiet second is enough whatever the evidence says.
     /// let drain = Drain::builder()
-    ///     .propagation(Propagation::default().assume_converged_after(Duration::from_secs(4)))
+    ///     .propagation(
+    ///         Propagation::default()
+    ///             .min(Duration::from_secs(2))
+    ///             .quiet_suffices_after(Duration::from_secs(4)),
+    ///     )
     ///     .build()?;
     /// # Ok::<(), lameduck::ConfigError>(())
     /// ```
-    pub fn assume_converged_after(mut self, d: Duration) -> Self {
+    pub fn quiet_suffices_after(mut self, d: Duration) -> Self {
         match &mut self.kind {
-            Kind::Quiet { floor, .. } => *floor = Some(d),
-            Kind::Fixed { misplaced, .. } => *misplaced = Some("assume_converged_after"),
+            Kind::Quiet { fallback, .. } => *fallback = Some(d),
+            Kind::Fixed { misplaced, .. } => *misplaced = Some("quiet_suffices_after"),
         }
         self
     }
@@ -229,7 +242,7 @@ impl Propagation {
                 quiet,
                 min,
                 max,
-                floor,
+                fallback,
                 epsilon_bits,
             } => {
                 let max = match max {
@@ -262,10 +275,10 @@ impl Propagation {
                          or set quiet to e.g. 2s",
                     ));
                 }
-                if let Some(f) = floor {
+                if let Some(f) = fallback {
                     if f > max {
                         return Err(ConfigError::propagation(format!(
-                            "assume_converged_after ({}) is above max ({}): lower it or raise max",
+                            "quiet_suffices_after ({}) is above max ({}): lower it or raise max",
                             DurationDisplay(f),
                             DurationDisplay(max)
                         )));
@@ -281,7 +294,7 @@ impl Propagation {
                     quiet,
                     min,
                     max,
-                    floor,
+                    fallback,
                     epsilon,
                 })
             }
@@ -296,10 +309,31 @@ pub(crate) enum Policy {
         quiet: Duration,
         min: Duration,
         max: Duration,
-        floor: Option<Duration>,
+        fallback: Option<Duration>,
         epsilon: f64,
     },
     Fixed(Duration),
+}
+
+/// What the policy makes of one check: see [`Policy::check`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Check {
+    /// `max` is reached.
+    Max,
+    /// The window holds: commit on `kind` once nothing is in flight.
+    Ready(EvidenceKind),
+    /// Not before `until` (re-check then, or when the slices change).
+    Wait { until: Instant },
+}
+
+/// What one check reads: the clock and what arrived.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Seen {
+    pub(crate) now: Instant,
+    /// The last new connection after the trigger.
+    pub(crate) last_connection: Option<Instant>,
+    /// The last new connection or request after the trigger.
+    pub(crate) last_activity: Option<Instant>,
 }
 
 impl Policy {
@@ -325,29 +359,30 @@ impl Policy {
         }
     }
 
-    /// The evidence at the trigger `now`: the arrival rate over the slots observed before it.
+    /// The evidence at the trigger `now`: the window of slots before it, fitted.
     pub(crate) fn evidence_at(&self, core: &Core, now: Instant) -> Evidence {
-        let (epsilon, max, floor) = match *self {
+        let (epsilon, max, fallback) = match *self {
             Policy::Quiet {
                 epsilon,
                 max,
-                floor,
+                fallback,
                 ..
-            } => (epsilon, max, floor),
+            } => (epsilon, max, fallback),
             Policy::Fixed(d) => (DEFAULT_EPSILON, d, None),
         };
-        Evidence {
-            estimate: Estimate::at(
-                &core.arrivals,
-                core.base,
-                now,
-                core.serving_since(),
-                epsilon,
-            ),
-            epsilon,
-            max,
-            floor,
-        }
+        let window = Window::at(&core.arrivals, core.base, now, core.serving_since());
+        let mut evidence = Evidence::new(window, epsilon, max, fallback);
+        evidence.refit(&core.arrivals, None, slot_of(core.base, now));
+        evidence
+    }
+
+    /// Refits `evidence` with what arrived since the trigger `origin`, as of now.
+    pub(crate) fn refit(core: &Core, origin: Instant, evidence: &mut Evidence) {
+        let last = core
+            .last_new_connection()
+            .filter(|&t| t >= origin)
+            .map(|t| slot_of(core.base, t));
+        evidence.refit(&core.arrivals, last, slot_of(core.base, Instant::now()));
     }
 
     /// What the policy expects to commit on, while it waits, with the slices' `hold`.
@@ -358,14 +393,88 @@ impl Policy {
                 EvidenceKind::EndpointSlice
             }
             Policy::Quiet { .. } if evidence.weak().is_none() => EvidenceKind::Confidence,
-            Policy::Quiet { floor: Some(_), .. } => EvidenceKind::Floor,
+            Policy::Quiet {
+                fallback: Some(_), ..
+            } => EvidenceKind::Fallback,
             Policy::Quiet { .. } => EvidenceKind::Max,
+        }
+    }
+
+    /// One check of the quiet policy: the rule itself, with no clock, no task and no I/O, so
+    /// the simulation (`evidence::sim`) drives the same code as the drain. `evidence` is
+    /// refitted to what `seen` says arrived; `max_at` is `origin + max` or earlier.
+    pub(crate) fn check(
+        &self,
+        origin: Instant,
+        max_at: Instant,
+        evidence: &Evidence,
+        seen: Seen,
+        hold: Hold,
+    ) -> Check {
+        let Policy::Quiet {
+            quiet,
+            min,
+            fallback,
+            ..
+        } = *self
+        else {
+            return Check::Max;
+        };
+        if seen.now >= max_at {
+            return Check::Max;
+        }
+        // `None`: the arrival data cannot say how long to wait; only the fallback or max can.
+        let t_conf = if evidence.weak().is_some() {
+            None
+        } else {
+            evidence.t_conf()
+        };
+        let last_conn = seen.last_connection.unwrap_or(origin).max(origin);
+        // With connection data, only new connections are routing decisions: requests on
+        // open connections (a pool, an HTTP/2 connection accepted during the drain, which
+        // gets its GOAWAY at the commit) say nothing about the proxies and must not hold
+        // the window open. Without it, requests are the only signal there is.
+        let last = if evidence.estimate.is_some() {
+            last_conn
+        } else {
+            seen.last_activity.unwrap_or(origin).max(origin)
+        };
+        let conf_at = t_conf.map_or(max_at, |t| last_conn + t);
+        let (conf_at, kind) = match hold {
+            // The slices are the authoritative step: no commit before they stop routing
+            // here plus the proxies' allowance; strong arrival evidence still adds its
+            // silence, weak evidence no longer waits to `max`.
+            Hold::Until(allowed) => (
+                t_conf.map_or(allowed, |t| allowed.max(last_conn + t)),
+                EvidenceKind::EndpointSlice,
+            ),
+            Hold::Pending => (max_at, EvidenceKind::EndpointSlice),
+            // An unmeasured allowance is a floor, not proof: what the arrival evidence alone
+            // would commit on, and not before the slices plus the allowance.
+            Hold::None | Hold::Floor(_) => {
+                let alone = match fallback {
+                    Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Fallback),
+                    _ => (conf_at, EvidenceKind::Confidence),
+                };
+                match hold {
+                    Hold::Floor(at) if at > alone.0 => (at, EvidenceKind::EndpointSlice),
+                    _ => alone,
+                }
+            }
+        };
+        let ready_at = (last + quiet).max(origin + min).max(conf_at);
+        if hold != Hold::Pending && seen.now >= ready_at {
+            Check::Ready(kind)
+        } else {
+            Check::Wait {
+                until: ready_at.min(max_at),
+            }
         }
     }
 
     /// Waits until the policy commits, and says on what evidence. Event-driven: it sleeps
     /// until the earliest instant the policy could hold, or until in-flight work reaches zero,
-    /// or until the `link` changes, then re-checks.
+    /// or until the `link` changes, then refits the evidence with what arrived and re-checks.
     ///
     /// `max_at` is `origin + max`, unless a deletion with a shorter grace left less (the
     /// driver's deadlines); the link's [`Hold`] is the EndpointSlice's say (feature `kube`).
@@ -373,85 +482,45 @@ impl Policy {
         &self,
         core: &Core,
         origin: Instant,
-        evidence: Evidence,
+        evidence: &mut Evidence,
         link: &Link,
         max_at: impl Fn() -> Instant,
     ) -> (CommitReason, EvidenceKind) {
         let mut changes = link.subscribe();
-        let (quiet, min, floor) = match *self {
-            Policy::Fixed(_) => {
-                // The delay, unless this deletion's grace leaves less.
-                link.sleep_until(max_at).await;
-                return (CommitReason::Fixed, EvidenceKind::Fixed);
-            }
-            Policy::Quiet {
-                quiet, min, floor, ..
-            } => (quiet, min, floor),
-        };
-        // `None`: the arrival data cannot say how long to wait; only the floor or max can.
-        let t_conf = if evidence.weak().is_some() {
-            None
-        } else {
-            evidence.t_conf()
-        };
+        if let Policy::Fixed(_) = self {
+            // The delay, unless this deletion's grace leaves less.
+            link.sleep_until(max_at).await;
+            return (CommitReason::Fixed, EvidenceKind::Fixed);
+        }
         loop {
-            let now = Instant::now();
+            Self::refit(core, origin, evidence);
             let max_at = max_at();
-            if now >= max_at {
-                return (CommitReason::Max, EvidenceKind::Max);
-            }
-            let last_conn = core.last_new_connection().unwrap_or(origin).max(origin);
-            // With connection data, only new connections are routing decisions: requests on
-            // open connections (a pool, an HTTP/2 connection accepted during the drain, which
-            // gets its GOAWAY at the commit) say nothing about the proxies and must not hold
-            // the window open. Without it, requests are the only signal there is.
-            let last = if evidence.estimate.is_some() {
-                last_conn
-            } else {
-                core.last_activity().unwrap_or(origin).max(origin)
+            let seen = Seen {
+                now: Instant::now(),
+                last_connection: core.last_new_connection(),
+                last_activity: core.last_activity(),
             };
-            let conf_at = t_conf.map_or(max_at, |t| last_conn + t);
-            let hold = link.hold();
-            let (conf_at, kind) = match hold {
-                // The slices are the authoritative step: no commit before they stop routing
-                // here plus the proxies' allowance; strong arrival evidence still adds its
-                // silence, weak evidence no longer waits to `max`.
-                Hold::Until(allowed) => (
-                    t_conf.map_or(allowed, |t| allowed.max(last_conn + t)),
-                    EvidenceKind::EndpointSlice,
-                ),
-                Hold::Pending => (max_at, EvidenceKind::EndpointSlice),
-                // An unmeasured allowance is a floor, not proof: what the arrival evidence
-                // alone would commit on, and not before the slices plus the allowance.
-                Hold::None | Hold::Floor(_) => {
-                    let alone = match floor {
-                        Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Floor),
-                        _ => (conf_at, EvidenceKind::Confidence),
-                    };
-                    match hold {
-                        Hold::Floor(at) if at > alone.0 => (at, EvidenceKind::EndpointSlice),
-                        _ => alone,
+            match self.check(origin, max_at, evidence, seen, link.hold()) {
+                Check::Max => return (CommitReason::Max, EvidenceKind::Max),
+                Check::Ready(kind) => {
+                    if core.counter.is_drained() {
+                        return (CommitReason::Quiet, kind);
+                    }
+                    // Quiet, but something is in flight: wait for zero (or max), then re-check
+                    // the window.
+                    tokio::select! {
+                        () = core.wait_zero() => {}
+                        () = tokio::time::sleep_until(max_at) => {}
+                        _ = changes.changed() => {}
                     }
                 }
-            };
-            let ready_at = (last + quiet).max(origin + min).max(conf_at);
-            if hold != Hold::Pending && now >= ready_at {
-                if core.counter.is_drained() {
-                    return (CommitReason::Quiet, kind);
+                Check::Wait { until } => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(until) => {}
+                        // The slices changed, or the deletion shortened `max`: re-check.
+                        _ = changes.changed() => {}
+                    }
                 }
-                // Quiet, but something is in flight: wait for zero (or max), then re-check
-                // the window.
-                tokio::select! {
-                    () = core.wait_zero() => {}
-                    () = tokio::time::sleep_until(max_at) => {}
-                    _ = changes.changed() => {}
-                }
-                continue;
-            }
-            tokio::select! {
-                () = tokio::time::sleep_until(ready_at.min(max_at)) => {}
-                // The slices changed, or the deletion shortened `max`: re-check.
-                _ = changes.changed() => {}
             }
         }
     }

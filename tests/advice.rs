@@ -277,7 +277,7 @@ fn traffic_cut_off_by_max_gets_neither_a_min_at_max_nor_a_shorter_wait() {
     );
     assert!(
         msgs.iter()
-            .all(|m| !m.contains("assume_converged_after") && !m.contains("lower max")),
+            .all(|m| !m.contains("quiet_suffices_after") && !m.contains("lower max")),
         "{msgs:#?}"
     );
     let a = advise(&r);
@@ -294,11 +294,11 @@ fn traffic_cut_off_by_max_gets_neither_a_min_at_max_nor_a_shorter_wait() {
     // Said once: the quiet-window rule does not repeat it.
     assert!(!rules(&r).contains(&"quiet_window_never_held".to_owned()));
 
-    // The same weak evidence without late connections still gets the floor advice.
+    // The same weak evidence without late connections still gets the fallback advice.
     r.after_flip.last_new_connection_ms = Some(900);
     assert!(messages(&r)
         .iter()
-        .any(|m| m.contains("assume_converged_after")));
+        .any(|m| m.contains("quiet_suffices_after")));
 }
 
 /// A task cut at the deadline whose recovery reported `ok` already used `spawn_with_recovery`:

@@ -292,12 +292,12 @@ fn every_config_error_names_the_setting() {
     let e = err(Drain::builder().propagation(
         Propagation::default()
             .max(Duration::from_secs(5))
-            .assume_converged_after(Duration::from_secs(6)),
+            .quiet_suffices_after(Duration::from_secs(6)),
     ));
     assert!(e.is_propagation());
     assert!(
         e.to_string()
-            .contains("assume_converged_after (6s) is above max (5s)"),
+            .contains("quiet_suffices_after (6s) is above max (5s)"),
         "{e}"
     );
     for bad in [0.0, 1.0, -0.5, f64::NAN] {
@@ -305,11 +305,11 @@ fn every_config_error_names_the_setting() {
         assert!(e.to_string().contains("miss_probability"), "{bad}: {e}");
     }
     let e = err(Drain::builder().propagation(
-        Propagation::fixed(Duration::from_secs(1)).assume_converged_after(Duration::ZERO),
+        Propagation::fixed(Duration::from_secs(1)).quiet_suffices_after(Duration::ZERO),
     ));
     assert!(
         e.to_string()
-            .contains("assume_converged_after does not apply to Propagation::fixed"),
+            .contains("quiet_suffices_after does not apply to Propagation::fixed"),
         "{e}"
     );
     for (setting, p) in [
@@ -486,7 +486,7 @@ async fn quiet_window_waits_while_activity_continues() {
             Propagation::quiet(Duration::from_secs(2))
                 .min(Duration::from_secs(1))
                 .max(Duration::from_secs(20))
-                .assume_converged_after(Duration::ZERO),
+                .quiet_suffices_after(Duration::ZERO),
         )
         .build()
         .unwrap();
@@ -512,7 +512,7 @@ async fn quiet_window_respects_min() {
             Propagation::quiet(ms(500))
                 .min(Duration::from_secs(3))
                 .max(Duration::from_secs(10))
-                .assume_converged_after(Duration::ZERO),
+                .quiet_suffices_after(Duration::ZERO),
         )
         .build()
         .unwrap();
@@ -559,7 +559,7 @@ async fn quiet_window_waits_for_in_flight_work() {
             Propagation::quiet(Duration::from_secs(1))
                 .min(Duration::from_secs(1))
                 .max(Duration::from_secs(10))
-                .assume_converged_after(Duration::ZERO),
+                .quiet_suffices_after(Duration::ZERO),
         )
         .build()
         .unwrap();

@@ -183,7 +183,7 @@ async fn in_flight_rpc_finishes_then_channel_reconnects_and_is_served_while_drai
         secs(30),
         // The process is seconds old: too young for an arrival rate, so without a floor the
         // policy would rightly wait to max.
-        quiet_window(secs(20)).assume_converged_after(ms(200)),
+        quiet_window(secs(20)).quiet_suffices_after(ms(200)),
     );
     let (addr, server) = start(&drain).await;
     let (channel, connects) = connect(addr);
@@ -351,7 +351,7 @@ async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
 async fn health_under_auto_keeps_kubelet_serving_and_tells_everyone_else_at_once() {
     let drain = drain(
         secs(30),
-        quiet_window(secs(3)).assume_converged_after(Duration::ZERO),
+        quiet_window(secs(3)).quiet_suffices_after(Duration::ZERO),
     );
     assert_eq!(drain.readiness_policy(), ReadinessWhileDraining::Auto);
     let (addr, server) = start(&drain).await;

@@ -66,6 +66,7 @@ impl Driver {
 
     /// Step 1: waits for the propagation policy (or the force), records what it went on.
     async fn propagate(&self, origin: Instant) -> CommitReason {
+<<<<<<< HEAD
         let (evidence, never_served) = {
             let st = self.lock();
             let evidence = st.evidence.expect("the evidence is taken with the origin");
@@ -77,9 +78,19 @@ impl Driver {
         } else {
             tokio::select! {
             r = self.policy.commit(self.core, origin, evidence, &self.link, || self.deadlines(origin).max_at) => r,
+=======
+        let mut evidence = self
+            .lock()
+            .evidence
+            .expect("the evidence is taken with the origin");
+        let (reason, kind) = tokio::select! {
+            r = self.policy.commit(self.core, origin, &mut evidence, &self.link, || self.deadlines(origin).max_at) => r,
+>>>>>>> est
             () = self.tokens.force.cancelled() => (CommitReason::Forced, EvidenceKind::Cut),
             }
         };
+        // What arrived up to the commit is part of what it went on.
+        crate::propagation::Policy::refit(self.core, origin, &mut evidence);
         let mut committed = evidence.report(kind, crate::propagation::silence(self.core, origin));
         self.endpoint_evidence(&mut committed, origin);
         let committed = crate::report::evidence_json::fixed_only(committed);

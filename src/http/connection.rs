@@ -209,6 +209,10 @@ where
     #[inline]
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         let index = self.meta.next_request_index();
+        // The propagation evidence: requests, not only new connections, say how often this
+        // process is picked (a pooling proxy opens few connections). A clock read and one
+        // relaxed load, and a write only for the first request of a 250 ms slot.
+        self.core.note_request_arrival();
         if index == 0 {
             let proto = if req.version() == Version::HTTP_2 {
                 PROTO_H2

@@ -204,7 +204,7 @@ fn advice_names_are_documented() {
             R::NoConnectionData,
             R::WeakEvidence,
             R::Confidence,
-            R::Floor,
+            R::Fallback,
             R::QuietWindowNeverHeld,
             R::OnePeer,
             R::RequestsCut,
@@ -232,7 +232,7 @@ fn evidence_names_are_documented() {
     let src = include_str!("../evidence.rs");
     let kinds = [
         EvidenceKind::Confidence,
-        EvidenceKind::Floor,
+        EvidenceKind::Fallback,
         EvidenceKind::Max,
         EvidenceKind::Fixed,
         EvidenceKind::Cut,
@@ -258,6 +258,17 @@ fn evidence_names_are_documented() {
     check(src, "pub enum WeakEvidence", &weak, |v| {
         v.as_str().to_owned()
     });
+    let rules = [SilenceRule::Markov, SilenceRule::LongestGap];
+    check(
+        include_str!("../evidence/fit.rs"),
+        "pub enum SilenceRule",
+        &rules,
+        |v| v.as_str().to_owned(),
+    );
+    assert_eq!(
+        missing_in_guide("propagation.evidence", &rules),
+        Vec::<String>::new()
+    );
     assert_eq!(
         missing_in_guide("propagation.evidence", &kinds),
         Vec::<String>::new()

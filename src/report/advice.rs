@@ -44,8 +44,9 @@ pub enum AdviceRule {
     WeakEvidence,
     /// `confidence`: the commit went on silence at the measured rate.
     Confidence,
-    /// `floor`: the commit went on the floor the user set.
-    Floor,
+    /// `fallback`: the commit went on the fallback the user set
+    /// (`Propagation::quiet_suffices_after`).
+    Fallback,
     /// `quiet_window_never_held`: activity went on until `max`.
     QuietWindowNeverHeld,
     /// `one_peer`: one peer opened most new connections after the drain started.

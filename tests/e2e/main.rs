@@ -21,7 +21,7 @@ use procs::{free_port, haproxy, nginx, nginx_reload, require, scratch, wait_hapr
 /// Service flags for the proxied runs. Each instance serves only a few seconds before it is
 /// drained — too short to measure an arrival rate — so the drain is told what these proxies
 /// are known to need: HAProxy notices `/readyz` within ~0.6 s (`inter 300ms fall 2`), nginx
-/// reloads 1 s after the drain starts. Without that floor it would wait to `max`.
+/// reloads 1 s after the drain starts. Without that fallback it would wait to `max`.
 const SERVICE_FLAGS: &[&str] = &[
     "--grace-period",
     "12s",
@@ -31,7 +31,7 @@ const SERVICE_FLAGS: &[&str] = &[
     "1500ms",
     "--max",
     "6s",
-    "--assume-converged-after",
+    "--quiet-suffices-after",
     "2s",
 ];
 

@@ -1,0 +1,491 @@
+//! The propagation simulation: arrival processes, a seeded generator, and the runs that drive
+//! lameduck's own estimator and policy check (`lameduck::__evidence_sim::drain`) in virtual
+//! time. Shared by `tests/evidence_sim.rs` (run by `cargo test`) and
+//! `examples/evidence_sim.rs` (the full table).
+//!
+//! One run: the process runs from t = 0; the trigger comes at a random instant between 40 s
+//! and 70 s (a full 30 s window behind it) or, for the worst phase, right after the last
+//! arrival before that instant — at the start of the gap that instant fell in, so the gap is
+//! picked in proportion to its length; the proxies stop routing here `D` after the trigger,
+//! `D` log-uniform between 0.2 s and 40 s, so the trace ends there. A run *loses* when a
+//! connection arrives after the commit and before the proxies stopped: after a commit on
+//! evidence (`confidence`), that is what ε bounds; after a commit at `max` (the proxies were
+//! slower than `max`, the traffic never went quiet), no rule could have helped and it is
+//! counted apart. A fixed 5 s sleep is run on the same traces.
+
+#![allow(dead_code)] // each user takes what it needs
+
+use std::time::Duration;
+
+use lameduck::__evidence_sim::drain;
+use lameduck::{EvidenceKind, Propagation, SilenceRule};
+
+/// splitmix64: small, seeded, good enough to draw arrival times.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1).
+    pub(crate) fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    pub(crate) fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+
+    pub(crate) fn exp(&mut self, rate: f64) -> f64 {
+        -self.unit().ln() / rate
+    }
+
+    pub(crate) fn log_uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        (lo.ln() + (hi.ln() - lo.ln()) * self.unit()).exp()
+    }
+
+    /// Pareto with scale `xm` and shape `alpha`.
+    pub(crate) fn pareto(&mut self, xm: f64, alpha: f64) -> f64 {
+        xm / self.unit().powf(1.0 / alpha)
+    }
+}
+
+/// An arrival process: new connections (or requests) at the instants it draws, in seconds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Process {
+    /// Independent arrivals at `rate` per second.
+    Poisson { rate: f64 },
+    /// A connection every `every` seconds for `on` seconds, then nothing for `off`; the cycle
+    /// starts at a random phase.
+    OnOff { on: f64, off: f64, every: f64 },
+    /// `size` connections spread over `spread` seconds every `period` seconds.
+    Bursts { period: f64, size: u32, spread: f64 },
+    /// Poisson at `rates[s]` in state `s`, which lasts an exponential time of mean
+    /// `means[s]` seconds (a Markov-modulated Poisson process).
+    Modulated { rates: [f64; 2], means: [f64; 2] },
+    /// Gaps drawn from a Pareto law (scale `xm` seconds, shape `alpha`): heavy-tailed.
+    Pareto { xm: f64, alpha: f64 },
+    /// Poisson whose rate goes linearly from `from` at 0 s to `to` at `over` seconds.
+    Ramp { from: f64, to: f64, over: f64 },
+    /// Poisson at `rate` that pauses at the trigger for reasons of its own, for a time
+    /// uniform in `pause` seconds, then resumes: not held to ε (see `held_to_epsilon`).
+    PausesAtTrigger { rate: f64, pause: (f64, f64) },
+}
+
+impl Process {
+    /// Whether the process is held to ε. A rate that stops at the trigger for reasons of its
+    /// own looks exactly like converged proxies: no local evidence can tell them apart.
+    pub(crate) fn held_to_epsilon(&self) -> bool {
+        !matches!(self, Process::PausesAtTrigger { .. })
+    }
+
+    pub(crate) fn name(&self) -> String {
+        match *self {
+            Process::Poisson { rate } => format!("Poisson {rate}/s"),
+            Process::OnOff { on, off, every } => {
+                format!(
+                    "on/off {on} s on / {off} s off, every {} ms",
+                    every * 1000.0
+                )
+            }
+            Process::Bursts {
+                period,
+                size,
+                spread,
+            } => format!(
+                "bursts of {size} in {} ms every {period} s",
+                spread * 1000.0
+            ),
+            Process::Modulated { rates, means } => format!(
+                "Markov-modulated {}/s ({} s) ↔ {}/s ({} s)",
+                rates[0], means[0], rates[1], means[1]
+            ),
+            Process::Pareto { xm, alpha } => {
+                format!("Pareto gaps, scale {} ms, shape {alpha}", xm * 1000.0)
+            }
+            Process::Ramp { from, to, over } => format!("ramp {from}/s → {to}/s over {over} s"),
+            Process::PausesAtTrigger { rate, pause } => format!(
+                "Poisson {rate}/s pausing at the trigger for {}–{} s (not held to ε)",
+                pause.0, pause.1
+            ),
+        }
+    }
+
+    /// The arrival instants in `[from, to)`, in seconds, sorted; `trigger` for the process
+    /// that pauses there.
+    pub(crate) fn arrivals(&self, rng: &mut Rng, from: f64, to: f64, trigger: f64) -> Vec<f64> {
+        let mut out = Vec::new();
+        match *self {
+            Process::Poisson { rate } => poisson(rng, rate, from, to, &mut out),
+            Process::OnOff { on, off, every } => {
+                let period = on + off;
+                let phase = rng.uniform(0.0, period);
+                let mut cycle = ((from - phase) / period).floor() * period + phase;
+                while cycle < to {
+                    let mut t = cycle;
+                    while t < cycle + on {
+                        if t >= from && t < to {
+                            out.push(t);
+                        }
+                        t += every;
+                    }
+                    cycle += period;
+                }
+            }
+            Process::Bursts {
+                period,
+                size,
+                spread,
+            } => {
+                let phase = rng.uniform(0.0, period);
+                let mut start = ((from - phase) / period).floor() * period + phase;
+                while start < to {
+                    let mut burst: Vec<f64> = (0..size)
+                        .map(|_| start + rng.uniform(0.0, spread))
+                        .filter(|&t| t >= from && t < to)
+                        .collect();
+                    burst.sort_by(f64::total_cmp);
+                    out.extend(burst);
+                    start += period;
+                }
+            }
+            Process::Modulated { rates, means } => {
+                // The stationary chance of each state, then alternate.
+                let mut state = usize::from(rng.unit() >= means[0] / (means[0] + means[1]));
+                let mut t = from;
+                while t < to {
+                    let end = (t + rng.exp(1.0 / means[state])).min(to);
+                    poisson(rng, rates[state], t, end, &mut out);
+                    t = end;
+                    state = 1 - state;
+                }
+            }
+            Process::Pareto { xm, alpha } => {
+                // Start inside a gap, as a process long under way would.
+                let first = rng.pareto(xm, alpha);
+                let mut t = from - rng.uniform(0.0, first);
+                while t < to {
+                    t += rng.pareto(xm, alpha);
+                    if t >= from && t < to {
+                        out.push(t);
+                    }
+                }
+            }
+            Process::Ramp {
+                from: r0,
+                to: r1,
+                over,
+            } => {
+                // Thinning: Poisson at the top rate, each kept with rate(t) / top.
+                let rate = |t: f64| r0 + (r1 - r0) * (t / over).clamp(0.0, 1.0);
+                let top = r0.max(r1);
+                let mut t = from;
+                loop {
+                    t += rng.exp(top);
+                    if t >= to {
+                        break;
+                    }
+                    if rng.unit() * top < rate(t) {
+                        out.push(t);
+                    }
+                }
+            }
+            Process::PausesAtTrigger { rate, pause } => {
+                poisson(rng, rate, from, trigger.min(to), &mut out);
+                let resume = trigger + rng.uniform(pause.0, pause.1);
+                if resume < to {
+                    poisson(rng, rate, resume, to, &mut out);
+                }
+            }
+        }
+        out
+    }
+}
+
+fn poisson(rng: &mut Rng, rate: f64, from: f64, to: f64, out: &mut Vec<f64>) {
+    if rate <= 0.0 {
+        return;
+    }
+    let mut t = from;
+    loop {
+        t += rng.exp(rate);
+        if t >= to {
+            return;
+        }
+        out.push(t);
+    }
+}
+
+/// The family the simulation covers.
+pub(crate) fn family() -> Vec<Process> {
+    use Process::*;
+    vec![
+        Poisson { rate: 0.5 },
+        Poisson { rate: 2.0 },
+        Poisson { rate: 10.0 },
+        Poisson { rate: 50.0 },
+        OnOff {
+            on: 5.0,
+            off: 5.0,
+            every: 0.1,
+        },
+        OnOff {
+            on: 2.0,
+            off: 8.0,
+            every: 0.1,
+        },
+        OnOff {
+            on: 1.0,
+            off: 1.0,
+            every: 0.1,
+        },
+        Bursts {
+            period: 2.0,
+            size: 10,
+            spread: 0.1,
+        },
+        Bursts {
+            period: 10.0,
+            size: 50,
+            spread: 0.2,
+        },
+        Modulated {
+            rates: [20.0, 0.5],
+            means: [5.0, 5.0],
+        },
+        Modulated {
+            rates: [50.0, 0.0],
+            means: [3.0, 3.0],
+        },
+        Pareto {
+            xm: 0.1,
+            alpha: 2.5,
+        },
+        Pareto {
+            xm: 0.02,
+            alpha: 1.2,
+        },
+        Ramp {
+            from: 0.5,
+            to: 20.0,
+            over: 70.0,
+        },
+        Ramp {
+            from: 20.0,
+            to: 0.5,
+            over: 70.0,
+        },
+        PausesAtTrigger {
+            rate: 10.0,
+            pause: (2.0, 20.0),
+        },
+    ]
+}
+
+/// Where the trigger falls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// A random instant.
+    Random,
+    /// Right after an arrival: at the start of the gap a random instant fell in.
+    GapStart,
+}
+
+impl Phase {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Phase::Random => "random",
+            Phase::GapStart => "gap start",
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Run {
+    /// The proxies' delay after the trigger, seconds.
+    pub(crate) proxy: f64,
+    /// The commit, seconds after the trigger.
+    pub(crate) commit: f64,
+    pub(crate) kind: EvidenceKind,
+    pub(crate) rule: Option<SilenceRule>,
+    /// A connection arrived after the commit and before the proxies stopped.
+    pub(crate) lost: bool,
+    /// The same for a fixed 5 s sleep.
+    pub(crate) lost_sleep: bool,
+}
+
+pub(crate) const SLEEP: f64 = 5.0;
+
+/// One drain of `process` with the trigger at `phase`, seeded by `rng`.
+pub(crate) fn run(process: &Process, phase: Phase, rng: &mut Rng) -> Run {
+    let instant = rng.uniform(40.0, 70.0);
+    let proxy = rng.log_uniform(0.2, 40.0);
+    // Only the last 30 s before the trigger are read; up to 60 s of history are drawn, so
+    // the window is full even when the trigger moves back to the start of a long gap.
+    let from = (instant - 60.0).max(0.0);
+    let horizon = 110.0;
+    let mut trace = process.arrivals(rng, from, horizon, instant);
+    let trigger = match phase {
+        Phase::Random => instant,
+        Phase::GapStart => match trace.iter().rev().find(|&&t| t < instant) {
+            Some(&t) => t + 1e-6,
+            None => instant,
+        },
+    };
+    if let Process::PausesAtTrigger { .. } = process {
+        // The pause was drawn at `instant`; keep it at the trigger.
+        if phase == Phase::GapStart {
+            let shift = instant - trigger;
+            for t in trace.iter_mut().filter(|t| **t >= instant) {
+                *t -= shift;
+            }
+        }
+    }
+    let stop = trigger + proxy;
+    trace.retain(|&t| t < stop);
+    let arrivals: Vec<Duration> = trace.iter().map(|&t| Duration::from_secs_f64(t)).collect();
+    let out = drain(
+        &arrivals,
+        Duration::from_secs_f64(trigger),
+        &Propagation::default(),
+        Duration::from_secs(30),
+    )
+    .expect("the default policy");
+    let commit = out.commit.as_secs_f64();
+    let commit_at = trigger + commit;
+    let lost = trace.iter().any(|&t| t > commit_at);
+    let lost_sleep = trace.iter().any(|&t| t > trigger + SLEEP);
+    Run {
+        proxy,
+        commit,
+        kind: out.kind(),
+        rule: out.evidence.rule,
+        lost,
+        lost_sleep,
+    }
+}
+
+/// Clopper–Pearson one-sided 95 % bounds of a binomial fraction `k / n`: `(lower, upper)`.
+pub(crate) fn clopper_pearson(k: u64, n: u64) -> (f64, f64) {
+    // P(X ≤ k) for X ~ Bin(n, p), summed in logs.
+    let cdf = |p: f64| -> f64 {
+        if p <= 0.0 {
+            return 1.0;
+        }
+        if p >= 1.0 {
+            return if k >= n { 1.0 } else { 0.0 };
+        }
+        let (lp, lq) = (p.ln(), (1.0 - p).ln());
+        let mut ln_choose = 0.0f64;
+        let mut sum = 0.0;
+        for i in 0..=k.min(n) {
+            if i > 0 {
+                ln_choose += ((n - i + 1) as f64).ln() - (i as f64).ln();
+            }
+            sum += (ln_choose + i as f64 * lp + (n - i) as f64 * lq).exp();
+        }
+        sum.min(1.0)
+    };
+    let solve = |f: &dyn Fn(f64) -> bool| {
+        // The p where `f` turns from true to false, by bisection.
+        let (mut lo, mut hi) = (0.0f64, 1.0f64);
+        for _ in 0..60 {
+            let mid = (lo + hi) / 2.0;
+            if f(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo + hi) / 2.0
+    };
+    let upper = if k >= n {
+        1.0
+    } else {
+        solve(&|p| cdf(p) > 0.05)
+    };
+    let lower = if k == 0 {
+        0.0
+    } else {
+        // P(X ≥ k) = 1 − P(X ≤ k − 1) = 0.05.
+        let below = |p: f64| {
+            if k == 0 {
+                return 0.0;
+            }
+            let km = k - 1;
+            let (lp, lq) = (p.ln(), (1.0 - p).ln());
+            let mut ln_choose = 0.0f64;
+            let mut sum = 0.0;
+            for i in 0..=km {
+                if i > 0 {
+                    ln_choose += ((n - i + 1) as f64).ln() - (i as f64).ln();
+                }
+                sum += (ln_choose + i as f64 * lp + (n - i) as f64 * lq).exp();
+            }
+            1.0 - sum.min(1.0)
+        };
+        solve(&|p| below(p) < 0.05)
+    };
+    (lower, upper)
+}
+
+/// The summary of `runs` of one process at one phase.
+#[derive(Clone, Debug)]
+pub(crate) struct Summary {
+    pub(crate) runs: u64,
+    /// Lost after a commit on evidence (held to ε).
+    pub(crate) lost: u64,
+    /// Lost after a commit at `max`: the proxies were slower than `max`.
+    pub(crate) lost_at_max: u64,
+    pub(crate) lost_sleep: u64,
+    /// Commits on evidence, at max.
+    pub(crate) on_evidence: u64,
+    pub(crate) at_max: u64,
+    pub(crate) by_longest_gap: u64,
+    /// Median and p99 of commit − proxy delay, seconds; the same for the sleep.
+    pub(crate) median: f64,
+    pub(crate) p99: f64,
+    pub(crate) median_sleep: f64,
+    pub(crate) p99_sleep: f64,
+}
+
+pub(crate) fn summarize(runs: &[Run]) -> Summary {
+    let mut after: Vec<f64> = runs.iter().map(|r| r.commit - r.proxy).collect();
+    let mut after_sleep: Vec<f64> = runs.iter().map(|r| SLEEP - r.proxy).collect();
+    after.sort_by(f64::total_cmp);
+    after_sleep.sort_by(f64::total_cmp);
+    let q = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    let count = |f: &dyn Fn(&Run) -> bool| runs.iter().filter(|r| f(r)).count() as u64;
+    Summary {
+        runs: runs.len() as u64,
+        lost: count(&|r| r.lost && r.kind != EvidenceKind::Max),
+        lost_at_max: count(&|r| r.lost && r.kind == EvidenceKind::Max),
+        lost_sleep: count(&|r| r.lost_sleep),
+        on_evidence: count(&|r| r.kind == EvidenceKind::Confidence),
+        at_max: count(&|r| r.kind == EvidenceKind::Max),
+        by_longest_gap: count(&|r| {
+            r.kind == EvidenceKind::Confidence && r.rule == Some(SilenceRule::LongestGap)
+        }),
+        median: q(&after, 0.5),
+        p99: q(&after, 0.99),
+        median_sleep: q(&after_sleep, 0.5),
+        p99_sleep: q(&after_sleep, 0.99),
+    }
+}
+
+/// Runs `n` drains of `process` at `phase`, seeded by `seed`.
+pub(crate) fn simulate(process: &Process, phase: Phase, n: u64, seed: u64) -> Summary {
+    let mut rng = Rng::new(seed);
+    let runs: Vec<Run> = (0..n).map(|_| run(process, phase, &mut rng)).collect();
+    summarize(&runs)
+}
