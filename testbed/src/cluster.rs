@@ -617,12 +617,22 @@ impl Cluster {
 
 /// `GET path` with kubelet's `User-Agent`, status code back.
 pub async fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<u16, String> {
+    http_get_as(addr, path, timeout, "kube-probe/1.31").await
+}
+
+/// `GET path` with `User-Agent: user_agent`, status code back.
+pub async fn http_get_as(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    user_agent: &str,
+) -> Result<u16, String> {
     let work = async {
         let mut s = tokio::net::TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect: {e}"))?;
         let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.31\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {user_agent}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
         );
         s.write_all(req.as_bytes())
             .await

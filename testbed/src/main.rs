@@ -5,19 +5,24 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use lameduck_testbed::cell::{self, CellConfig, CellResult};
-use lameduck_testbed::{matrix, net};
+use lameduck_testbed::{matrix, net, Stack};
 
 const USAGE: &str = "\
-usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines] COMMAND
+usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines]
+                        [--stack model|real|both] [--k8s-bin DIR] COMMAND
 commands:
   cell [--server lameduck|naive|graceful|sleep5] [--backend iptables|nftables]
        [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh] [--evict]
-       [--replicas N] [--grace DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook]
+       [--replicas N] [--grace DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook] [--kube]
   matrix     sync delay x rate x shape x backend x server, and the single-replica eviction
   table      every server, iptables, 1 s sync, pool, dense
   eviction   the single-replica eviction for every server
   sweep      remove namespaces left by runs that were killed
-DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary.";
+DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary.
+--stack real runs every cell on kube-apiserver, kube-controller-manager and kube-proxy built by
+testbed/k8s/build.sh (in --k8s-bin, default $LAMEDUCK_K8S_BIN or /var/cache/lameduck-k8s/<v>),
+with --sync-delay as kube-proxy's min-sync-period; --stack both runs each cell on the model,
+then on the real stack.";
 
 fn fail(msg: &str) -> ! {
     eprintln!("lameduck-testbed: {msg}\n{USAGE}");
@@ -49,6 +54,7 @@ fn main() -> ExitCode {
     let mut service_bin: Option<PathBuf> = None;
     let mut out: Option<PathBuf> = None;
     let mut timelines = false;
+    let mut stacks = vec![Stack::Model];
     while let Some(a) = args.peek() {
         match a.as_str() {
             "--service-bin" => {
@@ -71,6 +77,21 @@ fn main() -> ExitCode {
                 args.next();
                 timelines = true;
             }
+            "--stack" => {
+                args.next();
+                stacks = match args.next().as_deref() {
+                    Some("model") => vec![Stack::Model],
+                    Some("real") => vec![Stack::Real],
+                    Some("both") => vec![Stack::Model, Stack::Real],
+                    _ => fail("--stack: expected model, real or both"),
+                };
+            }
+            "--k8s-bin" => {
+                args.next();
+                let dir = args.next().unwrap_or_else(|| fail("--k8s-bin needs a directory"));
+                // Read by the cells' node threads (k8s::default_bin_dir).
+                std::env::set_var("LAMEDUCK_K8S_BIN", dir);
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
@@ -85,13 +106,28 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let cells: Vec<CellConfig> = match command.as_str() {
+    let base: Vec<CellConfig> = match command.as_str() {
         "cell" => vec![parse_cell(args.collect())],
         "matrix" => matrix::full(),
         "table" => matrix::baseline_table(),
         "eviction" => matrix::eviction(),
         other => fail(&format!("unknown command {other:?}")),
     };
+    let cells: Vec<CellConfig> = base
+        .into_iter()
+        .flat_map(|c| {
+            stacks.iter().map(move |s| CellConfig {
+                stack: *s,
+                ..c.clone()
+            })
+        })
+        .collect();
+    if stacks.contains(&Stack::Real) {
+        if let Err(e) = lameduck_testbed::k8s::Binaries::find(&lameduck_testbed::k8s::default_bin_dir()) {
+            eprintln!("lameduck-testbed: {e}");
+            return ExitCode::from(3);
+        }
+    }
     let service_bin = service_bin.unwrap_or_else(|| {
         let exe = std::env::current_exe().unwrap_or_default();
         exe.parent()
@@ -180,6 +216,7 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--publish-not-ready" => c.publish_not_ready = true,
             "--lameduck-flag" => c.lameduck_flags.push(value()),
             "--exec-hook" => c.exec_hook = true,
+            "--kube" => c.kube = true,
             other => fail(&format!("unknown cell flag {other:?}")),
         }
     }
