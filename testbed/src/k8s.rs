@@ -340,7 +340,8 @@ impl ControlPlane {
                 "--v=1".into(),
             ],
         )?;
-        cp.wait_api(Duration::from_secs(120)).await?;
+        let admin = crate::real::client(&cp.creds.admin_kubeconfig).await?;
+        cp.wait_api(&admin, Duration::from_secs(120)).await?;
         cp.spawn(
             bins,
             node_ns,
@@ -465,15 +466,15 @@ impl ControlPlane {
         Ok(())
     }
 
-    async fn wait_api(&mut self, limit: Duration) -> Result<(), NetError> {
+    /// Waits until `/readyz` answers `ok`, through the testbed's own client (CA checked).
+    async fn wait_api(&mut self, client: &kube::Client, limit: Duration) -> Result<(), NetError> {
         let give_up = tokio::time::Instant::now() + limit;
         loop {
-            // /readyz is open to anyone (system:public-info-viewer); TLS is checked by the
-            // kube client later, here only the answer counts.
-            if let Ok(code) = https_status_insecure(API_PORT, "/readyz").await {
-                if code == 200 {
-                    return Ok(());
-                }
+            let req = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| NetError(format!("readyz request: {e}")))?;
+            if client.request_text(req).await.is_ok_and(|body| body.trim() == "ok") {
+                return Ok(());
             }
             self.check_alive()?;
             if tokio::time::Instant::now() > give_up {
@@ -529,30 +530,6 @@ fn dechunk(mut body: &str) -> String {
         body = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
     }
     out
-}
-
-/// The status code of `GET path` on the API server's port, with `curl -k` (only to learn
-/// that the server is up; every real client checks the CA).
-async fn https_status_insecure(port: u16, path: &str) -> Result<u16, String> {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-ks",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "2",
-        ])
-        .arg(format!("https://127.0.0.1:{port}{path}"))
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .map_err(|e| format!("curl: {e}"))?;
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .map_err(|e| format!("curl: {e}"))
 }
 
 /// kube-proxy's metrics that the table uses, from one scrape.

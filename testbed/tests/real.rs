@@ -152,3 +152,52 @@ fn real_stack_naive_loses_requests() {
         );
     }
 }
+
+/// The `kube` feature in-cluster: the Pods run as `examples/k8s/`'s ServiceAccount with its
+/// RBAC applied unchanged, get a real token, CA and namespace, reach the API through the
+/// `kubernetes` Service (the real kube-proxy's rules), and the drain report's evidence is the
+/// EndpointSlice read from the real API. Needs the service built with the `kube` feature, as
+/// `cargo test --workspace --all-features` builds it.
+#[test]
+fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
+    let Some(bin) = ready() else {
+        return;
+    };
+    let built_with_kube = std::fs::read(&bin)
+        .map(|b| b.windows(26).any(|w| w == b"no EndpointSlice evidence:"))
+        .unwrap_or(false);
+    if !built_with_kube {
+        let p = format!(
+            "{} was built without the `kube` feature (cargo build --example service --features kube)",
+            bin.display()
+        );
+        if std::env::var("LAMEDUCK_E2E").as_deref() == Ok("require") {
+            panic!("{p}, and LAMEDUCK_E2E=require");
+        }
+        eprintln!("SKIPPED: {p}");
+        return;
+    }
+    let mut c = real(Server::Lameduck, Backend::Iptables);
+    c.kube = true;
+    for r in &run(&[c]) {
+        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        for p in &r.pods {
+            let path = r.dir.join(format!("{}.report.json", p.pod));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}: {}", path.display(), describe(r)));
+            let v: serde_json::Value = serde_json::from_str(&text).expect("report JSON");
+            let ev = &v["propagation"]["evidence"];
+            assert_eq!(
+                ev["kind"], "endpoint_slice",
+                "{}: the report's evidence is not the EndpointSlice: {ev}\n{}",
+                p.pod,
+                describe(r)
+            );
+            assert_eq!(
+                ev["endpoint_slice"]["condition"], "ready=false",
+                "{}: {ev}",
+                p.pod
+            );
+        }
+    }
+}
