@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::cluster::{unix_ms, Cluster, ControlPlane, Event, Kubelet, PreStop, ServerCmd};
 use crate::net::{self, NetError, Netns, SERVICE_PORT, SERVICE_VIP};
-use crate::real;
 use crate::proxy::{Backend, Proxy};
+use crate::real;
 
 /// The server under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -194,10 +194,18 @@ impl CellConfig {
     pub fn name(&self) -> String {
         let mut n = format!(
             "{}{}/{}/{}{}ms/{}ps/{}",
-            if self.stack == Stack::Real { "real/" } else { "" },
+            if self.stack == Stack::Real {
+                "real/"
+            } else {
+                ""
+            },
             self.server.as_str(),
             self.backend.as_str(),
-            if self.stack == Stack::Real { "minsync" } else { "sync" },
+            if self.stack == Stack::Real {
+                "minsync"
+            } else {
+                "sync"
+            },
             self.sync_delay.as_millis(),
             self.new_conn_rate,
             self.shape.as_str()
@@ -495,7 +503,13 @@ pub fn run_cell(
         Stack::Model => {
             let proxy = Proxy::install(config.backend, &node_ns)?;
             let (server, pre_stop) = config.server_cmd(service_bin);
-            let cluster = Cluster::new(netns, config.plane(), config.kubelet(pre_stop), server, dir.clone());
+            let cluster = Cluster::new(
+                netns,
+                config.plane(),
+                config.kubelet(pre_stop),
+                server,
+                dir.clone(),
+            );
             let c = cluster.clone();
             let cfg = config.clone();
             let node = net::spawn_in(&node_ns, move || async move {
@@ -716,7 +730,14 @@ async fn control_real(
             Rollout::Evict => (1, 1),
         };
         let new = r
-            .rollout(&first, &template, replicas + 1, surge, unavailable, config.grace * 4 + settle)
+            .rollout(
+                &first,
+                &template,
+                replicas + 1,
+                surge,
+                unavailable,
+                config.grace * 4 + settle,
+            )
             .await?;
         tokio::time::timeout(config.grace + Duration::from_secs(10), async {
             while !first.iter().all(|p| r.removed(p)) {

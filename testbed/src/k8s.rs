@@ -249,7 +249,10 @@ fn pki(dir: &Path) -> Result<(Credentials, PathBuf), NetError> {
             "sa.key",
         ],
     )?;
-    openssl(&pki, &["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
+    openssl(
+        &pki,
+        &["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"],
+    )?;
 
     let ca = pki.join("ca.crt");
     let local = format!("https://127.0.0.1:{API_PORT}");
@@ -473,7 +476,11 @@ impl ControlPlane {
             let req = http::Request::get("/readyz")
                 .body(Vec::new())
                 .map_err(|e| NetError(format!("readyz request: {e}")))?;
-            if client.request_text(req).await.is_ok_and(|body| body.trim() == "ok") {
+            if client
+                .request_text(req)
+                .await
+                .is_ok_and(|body| body.trim() == "ok")
+            {
                 return Ok(());
             }
             self.check_alive()?;
@@ -507,7 +514,10 @@ pub async fn http_text(addr: &str, path: &str) -> Result<String, String> {
         if !head.starts_with("HTTP/1.1 200") {
             return Err(head.lines().next().unwrap_or("").to_owned());
         }
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
             return Ok(dechunk(body));
         }
         Ok(body.to_owned())
@@ -578,13 +588,21 @@ impl ProxyMetrics {
 }
 
 /// The Pod IPs (198.18.1.x) that kube-proxy's rules in namespace `node_ns` DNAT to now.
-pub fn rule_endpoints(node_ns: &str, backend: Backend) -> Result<(Vec<Ipv4Addr>, String), NetError> {
+pub fn rule_endpoints(
+    node_ns: &str,
+    backend: Backend,
+) -> Result<(Vec<Ipv4Addr>, String), NetError> {
     let text = match backend {
         Backend::Iptables => net::run_in(node_ns, &["iptables-save", "-t", "nat"], None)?,
-        Backend::Nftables => net::run_in(node_ns, &["nft", "list", "table", "ip", "kube-proxy"], None)?,
+        Backend::Nftables => {
+            net::run_in(node_ns, &["nft", "list", "table", "ip", "kube-proxy"], None)?
+        }
     };
     let mut ips: Vec<Ipv4Addr> = Vec::new();
-    for line in text.lines().filter(|l| l.contains("dnat")  || l.contains("DNAT")) {
+    for line in text
+        .lines()
+        .filter(|l| l.contains("dnat") || l.contains("DNAT"))
+    {
         for word in line.split(|c: char| !(c.is_ascii_digit() || c == '.')) {
             if let Ok(ip) = word.parse::<Ipv4Addr>() {
                 if ip.octets()[..3] == [198, 18, 1] && !ips.contains(&ip) {

@@ -88,7 +88,9 @@ fn main() -> ExitCode {
             }
             "--k8s-bin" => {
                 args.next();
-                let dir = args.next().unwrap_or_else(|| fail("--k8s-bin needs a directory"));
+                let dir = args
+                    .next()
+                    .unwrap_or_else(|| fail("--k8s-bin needs a directory"));
                 // Read by the cells' node threads (k8s::default_bin_dir).
                 std::env::set_var("LAMEDUCK_K8S_BIN", dir);
             }
@@ -123,7 +125,9 @@ fn main() -> ExitCode {
         })
         .collect();
     if stacks.contains(&Stack::Real) {
-        if let Err(e) = lameduck_testbed::k8s::Binaries::find(&lameduck_testbed::k8s::default_bin_dir()) {
+        if let Err(e) =
+            lameduck_testbed::k8s::Binaries::find(&lameduck_testbed::k8s::default_bin_dir())
+        {
             eprintln!("lameduck-testbed: {e}");
             return ExitCode::from(3);
         }

@@ -199,7 +199,9 @@ impl Real {
     pub async fn create_pod(&self, name: &str, t: &PodTemplate) -> Result<(), NetError> {
         let lifecycle = match &t.pre_stop {
             PreStop::None => json!(null),
-            PreStop::HttpGet(path) => json!({"preStop": {"httpGet": {"path": path, "port": "admin"}}}),
+            PreStop::HttpGet(path) => {
+                json!({"preStop": {"httpGet": {"path": path, "port": "admin"}}})
+            }
             PreStop::Exec => {
                 json!({"preStop": {"exec": {"command": ["service", "prestop", "--admin", format!("127.0.0.1:{}", net::ADMIN_PORT)]}}})
             }
@@ -291,16 +293,16 @@ impl Real {
             .create(&pp, &sa)
             .await
             .map_err(err("apply serviceaccount.yaml"))?;
-        let role: Role = serde_json::from_value(yaml(include_str!("../../examples/k8s/role.yaml"))?)
-            .map_err(err("role.yaml"))?;
+        let role: Role =
+            serde_json::from_value(yaml(include_str!("../../examples/k8s/role.yaml"))?)
+                .map_err(err("role.yaml"))?;
         Api::<Role>::namespaced(self.admin.clone(), NAMESPACE)
             .create(&pp, &role)
             .await
             .map_err(err("apply role.yaml"))?;
-        let rb: RoleBinding = serde_json::from_value(yaml(include_str!(
-            "../../examples/k8s/rolebinding.yaml"
-        ))?)
-        .map_err(err("rolebinding.yaml"))?;
+        let rb: RoleBinding =
+            serde_json::from_value(yaml(include_str!("../../examples/k8s/rolebinding.yaml"))?)
+                .map_err(err("rolebinding.yaml"))?;
         Api::<RoleBinding>::namespaced(self.admin.clone(), NAMESPACE)
             .create(&pp, &rb)
             .await
@@ -373,8 +375,8 @@ impl Real {
     /// Every EndpointSlice change of the Service, as the watch delivers it.
     async fn watch_slices(self: Arc<Self>) {
         let api = Api::<EndpointSlice>::namespaced(self.admin.clone(), NAMESPACE);
-        let cfg = watcher::Config::default()
-            .labels(&format!("kubernetes.io/service-name={SERVICE}"));
+        let cfg =
+            watcher::Config::default().labels(&format!("kubernetes.io/service-name={SERVICE}"));
         let mut slices: BTreeMap<String, String> = BTreeMap::new();
         let mut last = String::new();
         let mut stream = watcher(api, cfg).boxed();
@@ -656,8 +658,8 @@ impl Real {
         let env = self.container_env(&pod, &container, ip).await?;
         let run_dir = self.service_account_files(&pod, &container).await?;
         let report = self.dir.join(format!("{name}.report.json"));
-        let log = std::fs::File::create(self.dir.join(format!("{name}.log")))
-            .map_err(err("pod log"))?;
+        let log =
+            std::fs::File::create(self.dir.join(format!("{name}.log"))).map_err(err("pod log"))?;
         let log2 = log.try_clone().map_err(err("pod log"))?;
         let mut cmd = tokio::process::Command::new("ip");
         cmd.args(["netns", "exec", &ns]);
@@ -962,7 +964,11 @@ impl Real {
                 }
             }
         }
-        self.record("volume", Some(&name), format!("{mount}: token, ca.crt, namespace"));
+        self.record(
+            "volume",
+            Some(&name),
+            format!("{mount}: token, ca.crt, namespace"),
+        );
         Ok(Some(run))
     }
 

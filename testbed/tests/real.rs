@@ -188,7 +188,8 @@ fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
             let v: serde_json::Value = serde_json::from_str(&text).expect("report JSON");
             let ev = &v["propagation"]["evidence"];
             assert_eq!(
-                ev["kind"], "endpoint_slice",
+                ev["kind"],
+                "endpoint_slice",
                 "{}: the report's evidence is not the EndpointSlice: {ev}\n{}",
                 p.pod,
                 describe(r)
