@@ -21,13 +21,17 @@ cd "$(dirname "$0")/.."
 profile=${LAMEDUCK_TESTBED_PROFILE:-release}
 dir=$profile
 [ "$profile" = dev ] && dir=debug
-cargo build --profile "$profile" --quiet --example service
-cargo build --profile "$profile" --quiet -p lameduck-testbed
 stack=()
+features=()
 if [ "${1:-}" = real ] || [ "${1:-}" = both ]; then
   stack=(--stack "$1" --k8s-bin "$(bash testbed/k8s/build.sh)")
+  # `--kube` cells need the service's EndpointWatch; without POD_NAME (the model's Pods) it
+  # stays off, so one build serves both stacks.
+  features=(--features kube)
   shift
 fi
+cargo build --profile "$profile" --quiet --example service "${features[@]}"
+cargo build --profile "$profile" --quiet -p lameduck-testbed
 if [ $# -eq 0 ]; then
   set -- matrix
 fi
