@@ -164,6 +164,11 @@ pub struct CellConfig {
     /// the projected token, CA and namespace files, so a service built with the `kube`
     /// feature reads its EndpointSlices from the real API.
     pub kube: bool,
+    /// Real stack only: the rollout by the real Deployment and ReplicaSet controllers (a
+    /// Deployment, maxSurge 1, maxUnavailable 0, its template changed; the eviction through
+    /// the Eviction API), the testbed binding the Pods to its node as the scheduler would.
+    /// Otherwise the testbed plays the Deployment controller.
+    pub deployment: bool,
 }
 
 impl CellConfig {
@@ -187,6 +192,7 @@ impl CellConfig {
             lameduck_flags: Vec::new(),
             exec_hook: false,
             kube: false,
+            deployment: false,
         }
     }
 
@@ -218,6 +224,9 @@ impl CellConfig {
         }
         if self.kube && self.stack == Stack::Real {
             n.push_str("/kube");
+        }
+        if self.deployment && self.stack == Stack::Real {
+            n.push_str("/deployment");
         }
         n
     }
@@ -699,6 +708,12 @@ async fn control_real(
     };
     let r = run.real.clone();
     let template = config.pod_template();
+    if config.deployment {
+        let result = deployment_rollout(&r, &config, &template, &dir, go).await;
+        let events = r.events();
+        drop(run);
+        return (result, events);
+    }
     let result = async {
         let replicas = match config.rollout {
             Rollout::Rolling => config.replicas.max(1),
@@ -755,6 +770,72 @@ async fn control_real(
     let events = r.events();
     drop(run);
     (result, events)
+}
+
+/// The rollout by the real Deployment controller: the Deployment, its Pods Ready and routed,
+/// the clients, then a new template revision (or the eviction of the one Pod) and the wait
+/// until the old Pods are gone and the rules route to the new ones. Returns the old Pods.
+async fn deployment_rollout(
+    r: &Arc<real::Real>,
+    config: &CellConfig,
+    template: &real::PodTemplate,
+    dir: &Path,
+    go: tokio::sync::oneshot::Sender<()>,
+) -> Result<Vec<String>, NetError> {
+    let replicas = match config.rollout {
+        Rollout::Rolling => config.replicas.max(1),
+        Rollout::Evict => 1,
+    };
+    r.create_deployment(replicas, template).await?;
+    let settle = Duration::from_secs(60);
+    let first = tokio::time::timeout(settle, async {
+        loop {
+            let live = r.live_pods();
+            if live.len() == replicas && live.iter().all(|p| r.available(p)) {
+                r.wait_applied(&live).await;
+                return live;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .map_err(|_| {
+        NetError(format!(
+            "the Deployment's Pods did not become ready and routed in {settle:?}: see the logs in {}",
+            dir.display()
+        ))
+    })?;
+    let _ = go.send(());
+    r.record("client_started", None, "");
+    tokio::time::sleep(config.warmup).await;
+    match config.rollout {
+        Rollout::Rolling => r.roll_deployment(2).await?,
+        Rollout::Evict => r.evict(&first[0]).await?,
+    }
+    tokio::time::timeout(config.grace * 4 + settle, async {
+        loop {
+            let live: Vec<String> = r
+                .live_pods()
+                .into_iter()
+                .filter(|p| !first.contains(p))
+                .collect();
+            if first.iter().all(|p| r.removed(p))
+                && live.len() == replicas
+                && live.iter().all(|p| r.available(p))
+            {
+                r.wait_applied(&live).await;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .map_err(|_| {
+        NetError("the rollout did not finish: old Pods left or new ones not ready".into())
+    })?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    r.record("client_stopped", None, "");
+    Ok(first)
 }
 
 /// The client side: the probes, retry-free, at the VIP.

@@ -352,8 +352,9 @@ impl ControlPlane {
             &[
                 format!("--kubeconfig={}", p("kcm.kubeconfig")),
                 // The EndpointSlice controller under test; ServiceAccounts and their tokens,
-                // and the CA ConfigMap, for the Pods' projected credentials.
-                "--controllers=endpointslice,serviceaccount,serviceaccount-token,root-ca-cert-publisher".into(),
+                // and the CA ConfigMap, for the Pods' projected credentials; the Deployment
+                // and ReplicaSet controllers for `--deployment` cells.
+                "--controllers=endpointslice,serviceaccount,serviceaccount-token,root-ca-cert-publisher,deployment,replicaset".into(),
                 "--use-service-account-credentials=true".into(),
                 format!("--service-account-private-key-file={}", p("sa.key")),
                 format!("--root-ca-file={}", p("ca.crt")),

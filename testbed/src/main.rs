@@ -13,7 +13,7 @@ usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines]
 commands:
   cell [--server lameduck|naive|graceful|sleep5] [--backend iptables|nftables]
        [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh] [--evict]
-       [--replicas N] [--grace DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook] [--kube]
+       [--replicas N] [--grace DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook] [--kube] [--deployment]
   matrix     sync delay x rate x shape x backend x server, and the single-replica eviction
   table      every server, iptables, 1 s sync, pool, dense
   eviction   the single-replica eviction for every server
@@ -221,6 +221,7 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--lameduck-flag" => c.lameduck_flags.push(value()),
             "--exec-hook" => c.exec_hook = true,
             "--kube" => c.kube = true,
+            "--deployment" => c.deployment = true,
             other => fail(&format!("unknown cell flag {other:?}")),
         }
     }

@@ -195,8 +195,8 @@ impl Real {
         Ok(())
     }
 
-    /// Creates Pod `name` bound to the node (there is no scheduler).
-    pub async fn create_pod(&self, name: &str, t: &PodTemplate) -> Result<(), NetError> {
+    /// The Pod spec of template `t` (no `nodeName`).
+    fn pod_spec(t: &PodTemplate) -> serde_json::Value {
         let lifecycle = match &t.pre_stop {
             PreStop::None => json!(null),
             PreStop::HttpGet(path) => {
@@ -238,7 +238,6 @@ impl Real {
             container["lifecycle"] = lifecycle;
         }
         let mut spec = json!({
-            "nodeName": NODE_NAME,
             "terminationGracePeriodSeconds": t.grace.as_secs(),
             "containers": [container],
         });
@@ -246,6 +245,119 @@ impl Real {
             Some(sa) => spec["serviceAccountName"] = json!(sa),
             None => spec["automountServiceAccountToken"] = json!(false),
         }
+        spec
+    }
+
+    /// Creates the Deployment (maxSurge 1, maxUnavailable 0) of `replicas` Pods of `t`: the
+    /// real Deployment and ReplicaSet controllers create and delete its Pods.
+    pub async fn create_deployment(
+        &self,
+        replicas: usize,
+        t: &PodTemplate,
+    ) -> Result<(), NetError> {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": SERVICE, "namespace": NAMESPACE},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": APP}},
+                "strategy": {"type": "RollingUpdate",
+                             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                "template": {"metadata": {"labels": {"app": APP}}, "spec": Self::pod_spec(t)},
+            }
+        }))
+        .map_err(err("deployment"))?;
+        Api::<Deployment>::namespaced(self.admin.clone(), NAMESPACE)
+            .create(&PostParams::default(), &d)
+            .await
+            .map_err(err("create the Deployment"))?;
+        self.record("deployment_created", None, format!("{replicas} replicas"));
+        Ok(())
+    }
+
+    /// Starts a rollout of the Deployment: a new template revision (an annotation).
+    pub async fn roll_deployment(&self, revision: u32) -> Result<(), NetError> {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let patch = json!({"spec": {"template": {"metadata": {"annotations":
+            {"lameduck-testbed/revision": revision.to_string()}}}}});
+        Api::<Deployment>::namespaced(self.admin.clone(), NAMESPACE)
+            .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(err("roll the Deployment"))?;
+        self.record(
+            "rollout_started",
+            None,
+            format!("template revision {revision}"),
+        );
+        Ok(())
+    }
+
+    /// Evicts Pod `name` through the Eviction API (what `kubectl drain` does).
+    pub async fn evict(&self, name: &str) -> Result<(), NetError> {
+        self.record("evict_requested", Some(name), "");
+        Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE)
+            .evict(name, &kube::api::EvictParams::default())
+            .await
+            .map_err(err("evict"))?;
+        Ok(())
+    }
+
+    /// The Pods the API shows, not being deleted and not gone, Ready or not.
+    pub fn live_pods(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .pods
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, p)| !p.deleting && !p.gone)
+            .map(|(n, _)| n.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The scheduler's one decision here: every unscheduled Pod is bound to the node.
+    async fn scheduler_loop(self: Arc<Self>) {
+        let api = Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE);
+        let cfg = watcher::Config::default().fields("spec.nodeName=");
+        let mut stream = watcher(api.clone(), cfg).boxed();
+        while let Some(ev) = stream.next().await {
+            let pod = match ev {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
+                Ok(_) => continue,
+                Err(e) => {
+                    self.record("watch_error", None, format!("unscheduled pods: {e}"));
+                    continue;
+                }
+            };
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let binding = json!({
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": NODE_NAME},
+            });
+            let r = api
+                .create_subresource::<serde_json::Value>(
+                    "binding",
+                    &name,
+                    &PostParams::default(),
+                    binding.to_string().into_bytes(),
+                )
+                .await;
+            match r {
+                Ok(_) => self.record("bound", Some(&name), NODE_NAME),
+                Err(e) => self.record("bind_failed", Some(&name), e.to_string()),
+            }
+        }
+    }
+
+    /// Creates Pod `name` bound to the node (no scheduler involved).
+    pub async fn create_pod(&self, name: &str, t: &PodTemplate) -> Result<(), NetError> {
+        let mut spec = Self::pod_spec(t);
+        spec["nodeName"] = json!(NODE_NAME);
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": APP}},
             "spec": spec,
@@ -1123,6 +1235,7 @@ pub async fn start(
     tokio::spawn(real.clone().kubelet_loop());
     tokio::spawn(real.clone().watch_slices());
     tokio::spawn(real.clone().scrape_proxy());
+    tokio::spawn(real.clone().scheduler_loop());
     real.create_service().await?;
     if kube {
         real.apply_example_rbac().await?;
