@@ -101,15 +101,16 @@ fn describe(r: &CellResult) -> String {
 }
 
 /// A rolling replacement through the real API, the real EndpointSlice controller and the real
-/// kube-proxy (iptables, then nftables): lameduck loses nothing, and every deleted Pod's four
+/// kube-proxy (iptables with the real Deployment controller, then nftables with the testbed
+/// as that controller): lameduck loses nothing, and every deleted Pod's four
 /// steps are seen in order — the endpoint change from the API's watch, the proxy update from
 /// kube-proxy's own sync timestamp, the exit after both.
 #[test]
 fn real_stack_lameduck_loses_nothing() {
-    let results = run(&[
-        real(Server::Lameduck, Backend::Iptables),
-        real(Server::Lameduck, Backend::Nftables),
-    ]);
+    // iptables with the real Deployment controller rolling, nftables with the testbed's.
+    let mut by_deployment = real(Server::Lameduck, Backend::Iptables);
+    by_deployment.deployment = true;
+    let results = run(&[by_deployment, real(Server::Lameduck, Backend::Nftables)]);
     for r in &results {
         assert!(
             r.counts.requests > 100,
