@@ -438,7 +438,7 @@ impl Real {
     }
 
     /// The Deployment controller's rolling update (maxSurge, maxUnavailable) from `old` to
-    /// new Pods named `prefix-N`; returns the new Pods.
+    /// new Pods named `pod-<first_new>`, `pod-<first_new + 1>`, …; returns the new Pods.
     pub async fn rollout(
         &self,
         old: &[String],
@@ -1170,8 +1170,8 @@ fn rfc3339_now() -> String {
     )
 }
 
-/// Everything the real cell's node thread does, up to the rollout's end. Returns the deleted
-/// Pods and the [`Real`] (for its events).
+/// A started real cluster: the testbed's side and the components. Dropping it stops the
+/// components (the Pods' processes end with the node thread's runtime).
 pub struct RealRun {
     /// The cluster.
     pub real: Arc<Real>,
@@ -1185,8 +1185,9 @@ impl std::fmt::Debug for RealRun {
     }
 }
 
-/// Starts the control plane and the testbed's kubelet in `netns`'s node namespace (call from
-/// a thread inside it), registers the Node, starts kube-proxy, creates the Service.
+/// Starts the control plane and the testbed's kubelet, scheduler binding and watchers in
+/// `netns`'s node namespace (call from a thread inside it): registers the Node, starts
+/// kube-proxy, creates the Service, and with `kube` applies `examples/k8s/`'s RBAC.
 pub async fn start(
     netns: Netns,
     bins: &Binaries,
