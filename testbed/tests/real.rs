@@ -165,7 +165,11 @@ fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
         return;
     };
     let built_with_kube = std::fs::read(&bin)
-        .map(|b| b.windows(26).any(|w| w == b"no EndpointSlice evidence:"))
+        .map(|b| {
+            // Printed only by the service's `#[cfg(feature = "kube")]` EndpointWatch start.
+            let mark: &[u8] = b"service: no EndpointSlice evidence: ";
+            b.windows(mark.len()).any(|w| w == mark)
+        })
         .unwrap_or(false);
     if !built_with_kube {
         let p = format!(
