@@ -135,9 +135,13 @@ pub struct CellConfig {
     pub server: Server,
     /// Rule backend.
     pub backend: Backend,
-    /// Model: kube-proxy's sync delay after each slice change. Real: kube-proxy's
-    /// `--<mode>-min-sync-period` (its rate limit: a change after a quiet spell syncs at once).
+    /// Model: kube-proxy's sync delay after each slice change, or with `min_sync_period` its
+    /// `minSyncPeriod`. Real: kube-proxy's `minSyncPeriod` (its rate limit: a change after a
+    /// quiet spell syncs at once).
     pub sync_delay: Duration,
+    /// Model only: `sync_delay` as kube-proxy's `minSyncPeriod` (the real sync runner's
+    /// timing) instead of a delay after each change.
+    pub min_sync_period: bool,
     /// EndpointSlice delay.
     pub slice_delay: Duration,
     /// New connections per second (fresh).
@@ -180,6 +184,7 @@ impl CellConfig {
             server,
             backend: Backend::Iptables,
             sync_delay: Duration::from_secs(1),
+            min_sync_period: false,
             slice_delay: Duration::from_millis(100),
             new_conn_rate: 50.0,
             shape: Shape::Pool,
@@ -207,7 +212,7 @@ impl CellConfig {
             },
             self.server.as_str(),
             self.backend.as_str(),
-            if self.stack == Stack::Real {
+            if self.stack == Stack::Real || self.min_sync_period {
                 "minsync"
             } else {
                 "sync"
@@ -249,6 +254,7 @@ impl CellConfig {
             slice_delay: self.slice_delay,
             sync_delay: self.sync_delay,
             sync_jitter: 0.2,
+            min_sync_period: self.min_sync_period,
             publish_not_ready: self.publish_not_ready,
             backend: self.backend,
         }

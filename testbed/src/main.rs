@@ -13,7 +13,8 @@ usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines]
 commands:
   cell [--server lameduck|naive|graceful|sleep5] [--backend iptables|nftables]
        [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh] [--evict]
-       [--replicas N] [--grace DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook] [--kube] [--deployment]
+       [--replicas N] [--grace DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook]
+       [--min-sync-period] [--kube] [--deployment]
   matrix     sync delay x rate x shape x backend x server, and the single-replica eviction
   table      every server, iptables, 1 s sync, pool, dense
   eviction   the single-replica eviction for every server
@@ -22,7 +23,8 @@ DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this bi
 --stack real runs every cell on kube-apiserver, kube-controller-manager and kube-proxy built by
 testbed/k8s/build.sh (in --k8s-bin, default $LAMEDUCK_K8S_BIN or /var/cache/lameduck-k8s/<v>),
 with --sync-delay as kube-proxy's min-sync-period; --stack both runs each cell on the model,
-then on the real stack.";
+then on the real stack. --min-sync-period: the model's kube-proxy applies --sync-delay as the
+real sync runner applies minSyncPeriod. --kube and --deployment: real stack only (README).";
 
 fn fail(msg: &str) -> ! {
     eprintln!("lameduck-testbed: {msg}\n{USAGE}");
@@ -222,6 +224,7 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--exec-hook" => c.exec_hook = true,
             "--kube" => c.kube = true,
             "--deployment" => c.deployment = true,
+            "--min-sync-period" => c.min_sync_period = true,
             other => fail(&format!("unknown cell flag {other:?}")),
         }
     }
