@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::cluster::{unix_ms, Cluster, ControlPlane, Event, Kubelet, PreStop, ServerCmd};
 use crate::net::{self, NetError, Netns, SERVICE_PORT, SERVICE_VIP};
 use crate::proxy::{Backend, Proxy};
+use crate::real;
 
 /// The server under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -140,15 +141,44 @@ pub enum Rollout {
     Evict,
 }
 
+/// What plays Kubernetes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stack {
+    /// The testbed's own model of the EndpointSlice controller, kube-proxy and kubelet (fast).
+    Model,
+    /// etcd, kube-apiserver, kube-controller-manager and kube-proxy built from Kubernetes'
+    /// source (`testbed/k8s/build.sh`), the testbed as kubelet and Deployment controller
+    /// through the real API ([`crate::real`]).
+    Real,
+}
+
+impl Stack {
+    /// `model` or `real`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stack::Model => "model",
+            Stack::Real => "real",
+        }
+    }
+}
+
 /// Everything one cell needs.
 #[derive(Debug, Clone, Serialize)]
 pub struct CellConfig {
+    /// The model or the real components.
+    pub stack: Stack,
     /// Server under test.
     pub server: Server,
     /// Rule backend.
     pub backend: Backend,
-    /// kube-proxy sync delay.
+    /// Model: kube-proxy's sync delay after each slice change, or with `min_sync_period` its
+    /// `minSyncPeriod`. Real: kube-proxy's `minSyncPeriod` (its rate limit: a change after a
+    /// quiet spell syncs at once).
     pub sync_delay: Duration,
+    /// Model only: `sync_delay` as kube-proxy's `minSyncPeriod` (the real sync runner's
+    /// timing) instead of a delay after each change.
+    pub min_sync_period: bool,
     /// EndpointSlice delay.
     pub slice_delay: Duration,
     /// New connections per second (fresh).
@@ -171,6 +201,15 @@ pub struct CellConfig {
     pub lameduck_flags: Vec<String>,
     /// The lameduck server's hook as `exec` of `service prestop` instead of `httpGet /drain`.
     pub exec_hook: bool,
+    /// Real stack only: the Pods run as `examples/k8s/`'s ServiceAccount with its RBAC, get
+    /// the projected token, CA and namespace files, so a service built with the `kube`
+    /// feature reads its EndpointSlices from the real API.
+    pub kube: bool,
+    /// Real stack only: the rollout by the real Deployment and ReplicaSet controllers (a
+    /// Deployment, maxSurge 1, maxUnavailable 0, its template changed; the eviction through
+    /// the Eviction API), the testbed binding the Pods to its node as the scheduler would.
+    /// Otherwise the testbed plays the Deployment controller.
+    pub deployment: bool,
 }
 
 impl CellConfig {
@@ -178,9 +217,11 @@ impl CellConfig {
     /// grace 15 s, warm-up 4 s, Pod start 2 s.
     pub fn new(server: Server) -> Self {
         CellConfig {
+            stack: Stack::Model,
             server,
             backend: Backend::Iptables,
             sync_delay: Duration::from_secs(1),
+            min_sync_period: false,
             slice_delay: Duration::from_millis(100),
             new_conn_rate: 50.0,
             shape: Shape::Pool,
@@ -192,15 +233,27 @@ impl CellConfig {
             start_delay: Duration::from_secs(2),
             lameduck_flags: Vec::new(),
             exec_hook: false,
+            kube: false,
+            deployment: false,
         }
     }
 
     /// A short name: `lameduck/iptables/sync1000ms/50.0ps/pool`.
     pub fn name(&self) -> String {
         let mut n = format!(
-            "{}/{}/sync{}ms/{}ps/{}",
+            "{}{}/{}/{}{}ms/{}ps/{}",
+            if self.stack == Stack::Real {
+                "real/"
+            } else {
+                ""
+            },
             self.server.as_str(),
             self.backend.as_str(),
+            if self.stack == Stack::Real || self.min_sync_period {
+                "minsync"
+            } else {
+                "sync"
+            },
             self.sync_delay.as_millis(),
             self.new_conn_rate,
             self.shape.as_str()
@@ -211,7 +264,56 @@ impl CellConfig {
         if self.exec_hook && self.server == Server::Lameduck {
             n.push_str("/exec");
         }
+        if self.kube && self.stack == Stack::Real {
+            n.push_str("/kube");
+        }
+        if self.deployment && self.stack == Stack::Real {
+            n.push_str("/deployment");
+        }
         n
+    }
+
+    fn kubelet(&self, pre_stop: PreStop) -> Kubelet {
+        Kubelet {
+            period: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            failure_threshold: 1,
+            success_threshold: 1,
+            pre_stop,
+            start_delay: self.start_delay,
+            stop_signal: nix::sys::signal::Signal::SIGTERM,
+            grace: self.grace,
+        }
+    }
+
+    fn plane(&self) -> ControlPlane {
+        ControlPlane {
+            slice_delay: self.slice_delay,
+            sync_delay: self.sync_delay,
+            sync_jitter: 0.2,
+            min_sync_period: self.min_sync_period,
+            publish_not_ready: self.publish_not_ready,
+            backend: self.backend,
+        }
+    }
+
+    /// The Pod template of the real mode: the same server flags and hook as the model's.
+    fn pod_template(&self) -> real::PodTemplate {
+        let (cmd, pre_stop) = self.server_cmd(Path::new("service"));
+        let mut args: Vec<String> = vec![
+            "--listen".into(),
+            format!("0.0.0.0:{}", net::POD_PORT),
+            "--admin".into(),
+            format!("0.0.0.0:{}", net::ADMIN_PORT),
+        ];
+        args.extend(cmd.flags);
+        real::PodTemplate {
+            args,
+            pre_stop,
+            grace: self.grace,
+            env: Vec::new(),
+            service_account: self.kube.then(|| "lameduck-example".to_owned()),
+        }
     }
 
     fn server_cmd(&self, bin: &Path) -> (ServerCmd, PreStop) {
@@ -280,8 +382,68 @@ pub struct PodTimeline {
     pub deleted_unix_ms: u64,
     /// Deletion → exit, ms.
     pub drain_ms: Option<u64>,
+    /// The four steps, ms from the deletion: the endpoint change (the first EndpointSlice
+    /// without this Pod ready), the proxy update (the first sync whose rules leave it out),
+    /// the exit. On the real stack the slice comes from the API's watch and the sync time
+    /// from kube-proxy's own metric.
+    pub steps: Steps,
     /// Lines: `+ms  source  what  detail`.
     pub lines: Vec<String>,
+}
+
+/// A deleted Pod's steps, ms from its deletion (`None`: not seen).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Steps {
+    /// The first EndpointSlice that no longer shows the Pod ready.
+    pub endpoint_change_ms: Option<i64>,
+    /// The first kube-proxy sync whose rules no longer send new connections to it.
+    pub proxy_update_ms: Option<i64>,
+    /// The process's exit.
+    pub exit_ms: Option<i64>,
+}
+
+impl Steps {
+    fn from_events(pod: &str, deleted: u64, events: &[Event]) -> Steps {
+        let rel = |e: &Event| e.unix_ms as i64 - deleted as i64;
+        let tag = format!("{pod}(");
+        let after = events.iter().filter(|e| e.unix_ms >= deleted);
+        let mut s = Steps::default();
+        for e in after {
+            match e.what.as_str() {
+                "slice" if s.endpoint_change_ms.is_none() => {
+                    let shown_ready = e
+                        .detail
+                        .split(") ")
+                        .any(|ep| ep.starts_with(&tag) && ep.contains(" r=1"));
+                    if !shown_ready {
+                        s.endpoint_change_ms = Some(rel(e));
+                    }
+                }
+                "sync" if s.proxy_update_ms.is_none() => {
+                    let routed = e.detail.split(';').next().unwrap_or("");
+                    if !routed.split_whitespace().any(|w| w == pod) {
+                        s.proxy_update_ms = Some(rel(e));
+                    }
+                }
+                "exit" if e.pod.as_deref() == Some(pod) && s.exit_ms.is_none() => {
+                    s.exit_ms = Some(rel(e));
+                }
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// `deletion 0, endpoint change +120 ms, proxy update +1.1 s, exit +1.5 s`.
+    pub fn line(&self) -> String {
+        let f = |v: Option<i64>| v.map_or("-".to_owned(), |ms| format!("+{ms} ms"));
+        format!(
+            "deletion 0, endpoint change {}, proxy update {}, exit {}",
+            f(self.endpoint_change_ms),
+            f(self.proxy_update_ms),
+            f(self.exit_ms)
+        )
+    }
 }
 
 /// One cell's result.
@@ -321,6 +483,7 @@ impl CellResult {
                     d as f64 / 1000.0
                 ))
             );
+            let _ = writeln!(s, "    {}", p.steps.line());
             for l in &p.lines {
                 let _ = writeln!(s, "    {l}");
             }
@@ -373,26 +536,6 @@ pub fn run_cell(
     let netns = Netns::create()?;
     let node_ns = netns.node();
     let client_ns = netns.client();
-    let proxy = Proxy::install(config.backend, &node_ns)?;
-    let (server, pre_stop) = config.server_cmd(service_bin);
-    let kubelet = Kubelet {
-        period: Duration::from_secs(2),
-        timeout: Duration::from_secs(1),
-        failure_threshold: 1,
-        success_threshold: 1,
-        pre_stop,
-        start_delay: config.start_delay,
-        stop_signal: nix::sys::signal::Signal::SIGTERM,
-        grace: config.grace,
-    };
-    let plane = ControlPlane {
-        slice_delay: config.slice_delay,
-        sync_delay: config.sync_delay,
-        sync_jitter: 0.2,
-        publish_not_ready: config.publish_not_ready,
-        backend: config.backend,
-    };
-    let cluster = Cluster::new(netns, plane, kubelet, server, dir.clone());
 
     // The client waits for the go, runs until the stop, then hands its results back.
     let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
@@ -406,20 +549,52 @@ pub fn run_cell(
         r
     });
 
-    let c = cluster.clone();
-    let cfg = config.clone();
-    let node = net::spawn_in(&node_ns, move || async move {
-        let r = control(c, cfg, proxy, go_tx, stop_tx).await;
-        let _ = tokio::time::timeout(Duration::from_secs(30), done_rx).await;
-        r
-    });
-    let control_result = node
-        .join()
-        .map_err(|_| NetError("the node thread panicked".into()))?;
+    // Holds the model's namespaces until the results are read.
+    let mut keep: Option<Arc<Cluster>> = None;
+    let (control_result, events) = match config.stack {
+        Stack::Model => {
+            let proxy = Proxy::install(config.backend, &node_ns)?;
+            let (server, pre_stop) = config.server_cmd(service_bin);
+            let cluster = Cluster::new(
+                netns,
+                config.plane(),
+                config.kubelet(pre_stop),
+                server,
+                dir.clone(),
+            );
+            let c = cluster.clone();
+            let cfg = config.clone();
+            let node = net::spawn_in(&node_ns, move || async move {
+                let r = control(c, cfg, proxy, go_tx, stop_tx).await;
+                let _ = tokio::time::timeout(Duration::from_secs(30), done_rx).await;
+                r
+            });
+            let r = node
+                .join()
+                .map_err(|_| NetError("the node thread panicked".into()))?;
+            let events = cluster.events();
+            keep = Some(cluster);
+            (r, events)
+        }
+        Stack::Real => {
+            let cfg = config.clone();
+            let bin = service_bin.to_owned();
+            let d = dir.clone();
+            let node = net::spawn_in(&node_ns, move || async move {
+                let (r, events) = control_real(netns, cfg, bin, d, go_tx, stop_tx).await;
+                let _ = tokio::time::timeout(Duration::from_secs(30), done_rx).await;
+                (r, events)
+            });
+            let (r, events) = node
+                .join()
+                .map_err(|_| NetError("the node thread panicked".into()))??;
+            (Ok(r), events)
+        }
+    };
     let client_result = client
         .join()
         .map_err(|_| NetError("the client thread panicked".into()))??;
-    if let Ok(json) = serde_json::to_string_pretty(&cluster.events()) {
+    if let Ok(json) = serde_json::to_string_pretty(&events) {
         let _ = std::fs::write(dir.join("events.json"), json);
     }
     let deleted = control_result??;
@@ -445,10 +620,9 @@ pub fn run_cell(
             let _ = r.write_json_lines(std::io::BufWriter::new(file));
         }
     }
-    let events = cluster.events();
     let pods = deleted
         .iter()
-        .map(|p| pod_timeline(p, &events, &dir))
+        .map(|p| pod_timeline(p, &events, &dir, config.stack.as_str()))
         .collect();
     let result = CellResult {
         name,
@@ -462,7 +636,7 @@ pub fn run_cell(
         let _ = std::fs::write(dir.join("cell.json"), json);
     }
     // Dropping the last reference to the cluster removes the namespaces.
-    drop(cluster);
+    drop(keep);
     Ok(result)
 }
 
@@ -533,6 +707,178 @@ async fn control(
     slices.abort();
     syncs.abort();
     result
+}
+
+/// The node side on the real stack: control plane, kubelet, the Pods and the rollout through
+/// the API. Returns the deleted Pods and every recorded step.
+async fn control_real(
+    netns: Netns,
+    config: CellConfig,
+    service_bin: PathBuf,
+    dir: PathBuf,
+    go: tokio::sync::oneshot::Sender<()>,
+    stop: tokio::sync::watch::Sender<bool>,
+) -> (Result<Vec<String>, NetError>, Vec<Event>) {
+    struct StopOnDrop(tokio::sync::watch::Sender<bool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.send_replace(true);
+        }
+    }
+    let _stop = StopOnDrop(stop);
+    let bins = match crate::k8s::Binaries::find(&crate::k8s::default_bin_dir()) {
+        Ok(b) => b,
+        Err(e) => return (Err(e), Vec::new()),
+    };
+    let proxy = crate::k8s::ProxySettings {
+        backend: config.backend,
+        min_sync_period: config.sync_delay,
+        sync_period: Duration::from_secs(30),
+    };
+    let run = match real::start(
+        netns,
+        &bins,
+        &proxy,
+        &service_bin,
+        config.start_delay,
+        config.kube,
+        &dir,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => return (Err(e), Vec::new()),
+    };
+    let r = run.real.clone();
+    let template = config.pod_template();
+    if config.deployment {
+        let result = deployment_rollout(&r, &config, &template, &dir, go).await;
+        let events = r.events();
+        drop(run);
+        return (result, events);
+    }
+    let result = async {
+        let replicas = match config.rollout {
+            Rollout::Rolling => config.replicas.max(1),
+            Rollout::Evict => 1,
+        };
+        let first: Vec<String> = (1..=replicas).map(|i| format!("pod-{i}")).collect();
+        for p in &first {
+            r.create_pod(p, &template).await?;
+        }
+        let settle = Duration::from_secs(60);
+        tokio::time::timeout(settle, async {
+            while !first.iter().all(|p| r.available(p)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            r.wait_applied(&first).await;
+        })
+        .await
+        .map_err(|_| {
+            NetError(format!(
+                "the first Pods did not become ready and routed in {settle:?}: see the logs in {}",
+                dir.display()
+            ))
+        })?;
+        let _ = go.send(());
+        r.record("client_started", None, "");
+        tokio::time::sleep(config.warmup).await;
+        let (surge, unavailable) = match config.rollout {
+            Rollout::Rolling => (1, 0),
+            Rollout::Evict => (1, 1),
+        };
+        let new = r
+            .rollout(
+                &first,
+                &template,
+                replicas + 1,
+                surge,
+                unavailable,
+                config.grace * 4 + settle,
+            )
+            .await?;
+        tokio::time::timeout(config.grace + Duration::from_secs(10), async {
+            while !first.iter().all(|p| r.removed(p)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            r.wait_applied(&new).await;
+        })
+        .await
+        .map_err(|_| NetError("old Pods were not removed, or the rules did not settle".into()))?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        r.record("client_stopped", None, "");
+        Ok(first)
+    }
+    .await;
+    let events = r.events();
+    drop(run);
+    (result, events)
+}
+
+/// The rollout by the real Deployment controller: the Deployment, its Pods Ready and routed,
+/// the clients, then a new template revision (or the eviction of the one Pod) and the wait
+/// until the old Pods are gone and the rules route to the new ones. Returns the old Pods.
+async fn deployment_rollout(
+    r: &Arc<real::Real>,
+    config: &CellConfig,
+    template: &real::PodTemplate,
+    dir: &Path,
+    go: tokio::sync::oneshot::Sender<()>,
+) -> Result<Vec<String>, NetError> {
+    let replicas = match config.rollout {
+        Rollout::Rolling => config.replicas.max(1),
+        Rollout::Evict => 1,
+    };
+    r.create_deployment(replicas, template).await?;
+    let settle = Duration::from_secs(60);
+    let first = tokio::time::timeout(settle, async {
+        loop {
+            let live = r.live_pods();
+            if live.len() == replicas && live.iter().all(|p| r.available(p)) {
+                r.wait_applied(&live).await;
+                return live;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .map_err(|_| {
+        NetError(format!(
+            "the Deployment's Pods did not become ready and routed in {settle:?}: see the logs in {}",
+            dir.display()
+        ))
+    })?;
+    let _ = go.send(());
+    r.record("client_started", None, "");
+    tokio::time::sleep(config.warmup).await;
+    match config.rollout {
+        Rollout::Rolling => r.roll_deployment(2).await?,
+        Rollout::Evict => r.evict(&first[0]).await?,
+    }
+    tokio::time::timeout(config.grace * 4 + settle, async {
+        loop {
+            let live: Vec<String> = r
+                .live_pods()
+                .into_iter()
+                .filter(|p| !first.contains(p))
+                .collect();
+            if first.iter().all(|p| r.removed(p))
+                && live.len() == replicas
+                && live.iter().all(|p| r.available(p))
+            {
+                r.wait_applied(&live).await;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .map_err(|_| {
+        NetError("the rollout did not finish: old Pods left or new ones not ready".into())
+    })?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    r.record("client_stopped", None, "");
+    Ok(first)
 }
 
 /// The client side: the probes, retry-free, at the VIP.
@@ -613,7 +959,7 @@ async fn clients(
 
 /// Lines up, for one deleted Pod, the model's events (deletion, slice, sync, hook, signal,
 /// exit) and the drain report's own events, relative to the deletion.
-fn pod_timeline(pod: &str, events: &[Event], dir: &Path) -> PodTimeline {
+fn pod_timeline(pod: &str, events: &[Event], dir: &Path, source: &str) -> PodTimeline {
     let deleted = events
         .iter()
         .find(|e| e.what == "deleted" && e.pod.as_deref() == Some(pod))
@@ -635,7 +981,7 @@ fn pod_timeline(pod: &str, events: &[Event], dir: &Path) -> PodTimeline {
             if e.what == "sync" && e.unix_ms > end {
                 after_exit_sync = true;
             }
-            rows.push((e.unix_ms, "model".into(), e.what.clone(), e.detail.clone()));
+            rows.push((e.unix_ms, source.into(), e.what.clone(), e.detail.clone()));
         }
     }
     if let Ok(text) = std::fs::read_to_string(dir.join(format!("{pod}.report.json"))) {
@@ -679,6 +1025,7 @@ fn pod_timeline(pod: &str, events: &[Event], dir: &Path) -> PodTimeline {
         pod: pod.to_owned(),
         deleted_unix_ms: deleted,
         drain_ms: exit.map(|x| x.saturating_sub(deleted)),
+        steps: Steps::from_events(pod, deleted, events),
         lines,
     }
 }

@@ -76,6 +76,11 @@ pub struct ControlPlane {
     pub sync_delay: Duration,
     /// Jitter on `sync_delay`, ± this fraction (0.2 = ±20 %).
     pub sync_jitter: f64,
+    /// `true`: `sync_delay` is kube-proxy's `minSyncPeriod` as its sync runner applies it
+    /// since 1.36 (at least that long from the end of one sync to the start of the next,
+    /// changes in between coalesced; a change after a quiet spell syncs at once), no jitter.
+    /// `false`: each change is applied `sync_delay` ± jitter after it.
+    pub min_sync_period: bool,
     /// `publishNotReadyAddresses`: `ready` stays true.
     pub publish_not_ready: bool,
     /// Rule backend.
@@ -230,13 +235,23 @@ impl Cluster {
     pub async fn proxy_loop(self: Arc<Self>, mut proxy: Proxy) {
         let mut rx = self.slice.subscribe();
         let mut n = 0u32;
+        let mut last_done: Option<tokio::time::Instant> = None;
         while rx.changed().await.is_ok() {
-            let base = self.plane.sync_delay.as_secs_f64();
-            let delay = (base * (1.0 + self.plane.sync_jitter * self.jitter())).max(0.0);
-            tokio::time::sleep(Duration::from_secs_f64(delay)).await;
+            if self.plane.min_sync_period {
+                if let Some(done) = last_done {
+                    tokio::time::sleep_until(done + self.plane.sync_delay).await;
+                }
+            } else {
+                let base = self.plane.sync_delay.as_secs_f64();
+                let delay = (base * (1.0 + self.plane.sync_jitter * self.jitter())).max(0.0);
+                tokio::time::sleep(Duration::from_secs_f64(delay)).await;
+            }
             let eps = rx.borrow_and_update().clone();
             let chosen = proxy::choose(&eps);
             let ips: Vec<Ipv4Addr> = chosen.iter().map(|e| e.ip).collect();
+            // kube-proxy syncs on every slice change, also one that leaves its rules as they
+            // are; that sync counts for the rate limit too.
+            last_done = Some(tokio::time::Instant::now());
             if *self.applied.borrow() == ips && n > 0 {
                 continue;
             }
@@ -256,6 +271,7 @@ impl Cluster {
                         }
                     }
                     self.record("sync", None, detail);
+                    last_done = Some(tokio::time::Instant::now());
                     let _ = std::fs::write(self.dir.join(format!("rules-{n:03}.txt")), rules);
                     self.applied.send_replace(ips);
                 }
@@ -617,12 +633,22 @@ impl Cluster {
 
 /// `GET path` with kubelet's `User-Agent`, status code back.
 pub async fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<u16, String> {
+    http_get_as(addr, path, timeout, "kube-probe/1.31").await
+}
+
+/// `GET path` with `User-Agent: user_agent`, status code back.
+pub async fn http_get_as(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    user_agent: &str,
+) -> Result<u16, String> {
     let work = async {
         let mut s = tokio::net::TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect: {e}"))?;
         let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.31\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {user_agent}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
         );
         s.write_all(req.as_bytes())
             .await

@@ -15,9 +15,11 @@
 
 pub mod cell;
 pub mod cluster;
+pub mod k8s;
 pub mod matrix;
 pub mod net;
 pub mod proxy;
+pub mod real;
 
-pub use cell::{run_cell, CellConfig, CellResult, Rollout, Server, Shape};
+pub use cell::{run_cell, CellConfig, CellResult, Rollout, Server, Shape, Stack};
 pub use proxy::Backend;

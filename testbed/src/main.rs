@@ -5,14 +5,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use lameduck_testbed::cell::{self, CellConfig, CellResult};
-use lameduck_testbed::{matrix, net};
+use lameduck_testbed::{matrix, net, Stack};
 
 const USAGE: &str = "\
-usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines] COMMAND
+usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines]
+                        [--stack model|real|both] [--k8s-bin DIR] COMMAND
 commands:
   cell [--server lameduck|naive|graceful|sleep5] [--backend iptables|nftables]
        [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh|onoff|bursts] [--evict]
        [--replicas N] [--grace DUR] [--warmup DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook]
+       [--min-sync-period] [--kube] [--deployment]
   matrix     sync delay x rate x shape x backend x server, and the single-replica eviction
   table      every server, iptables, 1 s sync, pool, dense
   eviction   the single-replica eviction for every server
@@ -20,7 +22,12 @@ commands:
              eviction (deleted where a pause begins) and rolling update
   sweep      remove namespaces left by runs that were killed
 --rate is per second while sending (default 50; onoff 10, 5 s on, 5 s off; bursts 100,
-200 ms every 3 s). DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary.";
+200 ms every 3 s). DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary.
+--stack real runs every cell on kube-apiserver, kube-controller-manager and kube-proxy built by
+testbed/k8s/build.sh (in --k8s-bin, default $LAMEDUCK_K8S_BIN or /var/cache/lameduck-k8s/<v>),
+with --sync-delay as kube-proxy's min-sync-period; --stack both runs each cell on the model,
+then on the real stack. --min-sync-period: the model's kube-proxy applies --sync-delay as the
+real sync runner applies minSyncPeriod. --kube and --deployment: real stack only (README).";
 
 fn fail(msg: &str) -> ! {
     eprintln!("lameduck-testbed: {msg}\n{USAGE}");
@@ -52,6 +59,7 @@ fn main() -> ExitCode {
     let mut service_bin: Option<PathBuf> = None;
     let mut out: Option<PathBuf> = None;
     let mut timelines = false;
+    let mut stacks = vec![Stack::Model];
     while let Some(a) = args.peek() {
         match a.as_str() {
             "--service-bin" => {
@@ -74,6 +82,23 @@ fn main() -> ExitCode {
                 args.next();
                 timelines = true;
             }
+            "--stack" => {
+                args.next();
+                stacks = match args.next().as_deref() {
+                    Some("model") => vec![Stack::Model],
+                    Some("real") => vec![Stack::Real],
+                    Some("both") => vec![Stack::Model, Stack::Real],
+                    _ => fail("--stack: expected model, real or both"),
+                };
+            }
+            "--k8s-bin" => {
+                args.next();
+                let dir = args
+                    .next()
+                    .unwrap_or_else(|| fail("--k8s-bin needs a directory"));
+                // Read by the cells' node threads (k8s::default_bin_dir).
+                std::env::set_var("LAMEDUCK_K8S_BIN", dir);
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
@@ -88,7 +113,7 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let cells: Vec<CellConfig> = match command.as_str() {
+    let base: Vec<CellConfig> = match command.as_str() {
         "cell" => vec![parse_cell(args.collect())],
         "matrix" => matrix::full(),
         "table" => matrix::baseline_table(),
@@ -96,6 +121,23 @@ fn main() -> ExitCode {
         "bursty" => matrix::bursty(),
         other => fail(&format!("unknown command {other:?}")),
     };
+    let cells: Vec<CellConfig> = base
+        .into_iter()
+        .flat_map(|c| {
+            stacks.iter().map(move |s| CellConfig {
+                stack: *s,
+                ..c.clone()
+            })
+        })
+        .collect();
+    if stacks.contains(&Stack::Real) {
+        if let Err(e) =
+            lameduck_testbed::k8s::Binaries::find(&lameduck_testbed::k8s::default_bin_dir())
+        {
+            eprintln!("lameduck-testbed: {e}");
+            return ExitCode::from(3);
+        }
+    }
     let service_bin = service_bin.unwrap_or_else(|| {
         let exe = std::env::current_exe().unwrap_or_default();
         exe.parent()
@@ -187,6 +229,9 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--publish-not-ready" => c.publish_not_ready = true,
             "--lameduck-flag" => c.lameduck_flags.push(value()),
             "--exec-hook" => c.exec_hook = true,
+            "--kube" => c.kube = true,
+            "--deployment" => c.deployment = true,
+            "--min-sync-period" => c.min_sync_period = true,
             other => fail(&format!("unknown cell flag {other:?}")),
         }
     }

@@ -1,0 +1,651 @@
+//! The real control plane of the `real` mode, in a cell's node namespace: etcd,
+//! kube-apiserver, kube-controller-manager and kube-proxy, the binaries `testbed/k8s/build.sh`
+//! builds from Kubernetes' own source. Certificates, the ServiceAccount signing key, the
+//! static tokens and the kubeconfigs are generated at start (openssl) in the cell's directory.
+//! Dropping the [`ControlPlane`] kills every process it started.
+//!
+//! Who is who on the API (static tokens, RBAC and the Node authorizer on):
+//!
+//! | client | user | groups |
+//! |---|---|---|
+//! | the testbed as controller (Service, Pods, rollout) | `lameduck-testbed` | `system:masters` |
+//! | the testbed as kubelet | `system:node:<node>` | `system:nodes` |
+//! | kube-controller-manager | `system:kube-controller-manager` (each controller then uses its own ServiceAccount) | |
+//! | kube-proxy | `system:kube-proxy` | |
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::net::{self, NetError, NODE_CLIENT_IP};
+use crate::proxy::Backend;
+
+/// The node's name on the API.
+pub const NODE_NAME: &str = "testbed-node";
+/// The Service IP range (`--service-cluster-ip-range`); the `kubernetes` Service gets `.1`.
+pub const SERVICE_CIDR: &str = "198.18.100.0/24";
+/// The `kubernetes` Service's ClusterIP (what `KUBERNETES_SERVICE_HOST` says in a Pod).
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 100, 1);
+/// kube-apiserver's secure port, on every address of the node namespace.
+pub const API_PORT: u16 = 6443;
+/// kube-proxy's metrics address in the node namespace.
+pub const PROXY_METRICS: &str = "127.0.0.1:10249";
+/// The ServiceAccount token issuer (also the default audience).
+pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// Where the component binaries are: `LAMEDUCK_K8S_BIN`, else `/var/cache/lameduck-k8s/<v>`
+/// with the version pinned in `testbed/k8s/go.mod`.
+pub fn default_bin_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("LAMEDUCK_K8S_BIN") {
+        return d.into();
+    }
+    PathBuf::from("/var/cache/lameduck-k8s").join(PINNED_VERSION)
+}
+
+/// The Kubernetes version `testbed/k8s/go.mod` pins (kept equal by a test).
+pub const PINNED_VERSION: &str = "v1.36.3";
+
+/// The `User-Agent` of kubelet's probes for the pinned version: `kube-probe/1.36`.
+pub fn probe_user_agent() -> String {
+    let minor = PINNED_VERSION
+        .trim_start_matches("v1.")
+        .split('.')
+        .next()
+        .unwrap_or("0");
+    format!("kube-probe/1.{minor}")
+}
+
+/// kube-proxy's settings in the real mode.
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    /// `--proxy-mode`.
+    pub backend: Backend,
+    /// `--iptables-min-sync-period` / `--nftables-min-sync-period`: the rate limit between
+    /// syncs (kube-proxy's default 1 s).
+    pub min_sync_period: Duration,
+    /// `--iptables-sync-period` / `--nftables-sync-period`: the periodic full resync
+    /// (default 30 s).
+    pub sync_period: Duration,
+}
+
+/// The component binaries, checked.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// The directory.
+    pub dir: PathBuf,
+}
+
+impl Binaries {
+    /// Checks that `dir` holds every component (`build.sh` makes them).
+    pub fn find(dir: &Path) -> Result<Binaries, NetError> {
+        let missing: Vec<&str> = COMPONENTS
+            .iter()
+            .copied()
+            .filter(|b| !dir.join(b).is_file())
+            .collect();
+        if missing.is_empty() {
+            Ok(Binaries {
+                dir: dir.to_owned(),
+            })
+        } else {
+            Err(NetError(format!(
+                "no {} in {} (build them with `bash testbed/k8s/build.sh`, or set LAMEDUCK_K8S_BIN)",
+                missing.join(", "),
+                dir.display()
+            )))
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+const COMPONENTS: [&str; 4] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-proxy",
+];
+
+/// The files every client needs: the CA and one kubeconfig per identity.
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    /// The cluster CA (signed the API server's serving certificate); the `ca.crt` of Pods.
+    pub ca: PathBuf,
+    /// The testbed as controller (`system:masters`).
+    pub admin_kubeconfig: PathBuf,
+    /// The testbed as kubelet (`system:node:<node>`).
+    pub kubelet_kubeconfig: PathBuf,
+}
+
+/// The running control plane; dropping it kills its processes.
+#[derive(Debug)]
+pub struct ControlPlane {
+    procs: Vec<(String, tokio::process::Child)>,
+    /// The client files.
+    pub creds: Credentials,
+    dir: PathBuf,
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // kube-proxy first (it writes rules), the API server before its storage.
+        for (_, child) in self.procs.iter_mut().rev() {
+            if let Some(pid) = child.id() {
+                net::pid_exited(pid);
+            }
+            let _ = child.start_kill();
+        }
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> Result<(), NetError> {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| NetError(format!("cannot run openssl (install it): {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(NetError(format!(
+            "`openssl {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+fn write(path: &Path, text: &str) -> Result<(), NetError> {
+    std::fs::write(path, text).map_err(|e| NetError(format!("{}: {e}", path.display())))
+}
+
+/// A fresh random token (hex, from the kernel's random source).
+fn token() -> Result<String, NetError> {
+    let mut buf = [0u8; 16];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| NetError(format!("/dev/urandom: {e}")))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn kubeconfig(server: &str, ca: &Path, user: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: {user}\ncurrent-context: testbed\n",
+        ca.display()
+    )
+}
+
+/// Generates the PKI in `dir/pki`: CA, the API server's serving certificate (for the node's
+/// addresses, 127.0.0.1, the `kubernetes` Service IP and names), the ServiceAccount key pair,
+/// the static token file, and a kubeconfig per identity.
+fn pki(dir: &Path) -> Result<(Credentials, PathBuf), NetError> {
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).map_err(|e| NetError(format!("{}: {e}", pki.display())))?;
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+    let mut ca_args = vec!["req", "-x509", "-nodes", "-days", "2"];
+    ca_args.extend_from_slice(&ec);
+    ca_args.extend_from_slice(&[
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=lameduck-testbed-ca",
+    ]);
+    openssl(&pki, &ca_args)?;
+    let mut csr_args = vec!["req", "-nodes"];
+    csr_args.extend_from_slice(&ec);
+    csr_args.extend_from_slice(&[
+        "-keyout",
+        "apiserver.key",
+        "-out",
+        "apiserver.csr",
+        "-subj",
+        "/CN=kube-apiserver",
+    ]);
+    openssl(&pki, &csr_args)?;
+    write(
+        &pki.join("apiserver.ext"),
+        &format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:{NODE_CLIENT_IP},IP:127.0.0.1,IP:{KUBERNETES_SERVICE_IP},DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost\n"
+        ),
+    )?;
+    openssl(
+        &pki,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "apiserver.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "apiserver.ext",
+            "-out",
+            "apiserver.crt",
+        ],
+    )?;
+    openssl(
+        &pki,
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-out",
+            "sa.key",
+        ],
+    )?;
+    openssl(
+        &pki,
+        &["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"],
+    )?;
+
+    let ca = pki.join("ca.crt");
+    let local = format!("https://127.0.0.1:{API_PORT}");
+    let (admin, kubelet, kcm, proxy) = (token()?, token()?, token()?, token()?);
+    write(
+        &pki.join("tokens.csv"),
+        &format!(
+            "{admin},lameduck-testbed,lameduck-testbed,\"system:masters\"\n\
+             {kubelet},system:node:{NODE_NAME},system:node:{NODE_NAME},\"system:nodes\"\n\
+             {kcm},system:kube-controller-manager,system:kube-controller-manager\n\
+             {proxy},system:kube-proxy,system:kube-proxy\n"
+        ),
+    )?;
+    let creds = Credentials {
+        ca: ca.clone(),
+        admin_kubeconfig: pki.join("admin.kubeconfig"),
+        kubelet_kubeconfig: pki.join("kubelet.kubeconfig"),
+    };
+    write(
+        &creds.admin_kubeconfig,
+        &kubeconfig(&local, &ca, "lameduck-testbed", &admin),
+    )?;
+    write(
+        &creds.kubelet_kubeconfig,
+        &kubeconfig(&local, &ca, "kubelet", &kubelet),
+    )?;
+    write(
+        &pki.join("kcm.kubeconfig"),
+        &kubeconfig(&local, &ca, "kube-controller-manager", &kcm),
+    )?;
+    write(
+        &pki.join("proxy.kubeconfig"),
+        &kubeconfig(&local, &ca, "kube-proxy", &proxy),
+    )?;
+    Ok((creds, pki))
+}
+
+impl ControlPlane {
+    /// Generates the PKI and starts etcd, kube-apiserver and kube-controller-manager in
+    /// namespace `node_ns`; waits until the API answers `/readyz`. kube-proxy comes later
+    /// ([`ControlPlane::start_proxy`]), once the Node is registered.
+    pub async fn start(bins: &Binaries, node_ns: &str, dir: &Path) -> Result<Self, NetError> {
+        let (creds, pki) = pki(dir)?;
+        let mut cp = ControlPlane {
+            procs: Vec::new(),
+            creds,
+            dir: dir.to_owned(),
+        };
+        let p = |name: &str| pki.join(name).display().to_string();
+        let etcd_dir = dir.join("etcd");
+        cp.spawn(
+            bins,
+            node_ns,
+            "etcd",
+            &[
+                "--name=testbed".into(),
+                format!("--data-dir={}", etcd_dir.display()),
+                "--listen-client-urls=http://127.0.0.1:2379".into(),
+                "--advertise-client-urls=http://127.0.0.1:2379".into(),
+                "--listen-peer-urls=http://127.0.0.1:2380".into(),
+                "--initial-advertise-peer-urls=http://127.0.0.1:2380".into(),
+                "--initial-cluster=testbed=http://127.0.0.1:2380".into(),
+                // The data is thrown away with the cell; fsync on a shared CI disk would only
+                // add noise to every write's latency.
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        cp.spawn(
+            bins,
+            node_ns,
+            "kube-apiserver",
+            &[
+                "--etcd-servers=http://127.0.0.1:2379".into(),
+                "--bind-address=0.0.0.0".into(),
+                format!("--secure-port={API_PORT}"),
+                format!("--advertise-address={NODE_CLIENT_IP}"),
+                format!("--tls-cert-file={}", p("apiserver.crt")),
+                format!("--tls-private-key-file={}", p("apiserver.key")),
+                format!("--token-auth-file={}", p("tokens.csv")),
+                "--authorization-mode=Node,RBAC".into(),
+                "--enable-admission-plugins=NodeRestriction".into(),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                format!("--service-account-issuer={ISSUER}"),
+                format!("--service-account-key-file={}", p("sa.pub")),
+                format!("--service-account-signing-key-file={}", p("sa.key")),
+                "--profiling=false".into(),
+                "--v=1".into(),
+            ],
+        )?;
+        let admin = crate::real::client(&cp.creds.admin_kubeconfig).await?;
+        cp.wait_api(&admin, Duration::from_secs(120)).await?;
+        cp.spawn(
+            bins,
+            node_ns,
+            "kube-controller-manager",
+            &[
+                format!("--kubeconfig={}", p("kcm.kubeconfig")),
+                // The EndpointSlice controller under test; ServiceAccounts and their tokens,
+                // and the CA ConfigMap, for the Pods' projected credentials; the Deployment
+                // and ReplicaSet controllers for `--deployment` cells.
+                "--controllers=endpointslice,serviceaccount,serviceaccount-token,root-ca-cert-publisher,deployment,replicaset".into(),
+                "--use-service-account-credentials=true".into(),
+                format!("--service-account-private-key-file={}", p("sa.key")),
+                format!("--root-ca-file={}", p("ca.crt")),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                "--v=1".into(),
+            ],
+        )?;
+        Ok(cp)
+    }
+
+    /// Starts kube-proxy (the real binary) in `node_ns` with `settings`, and waits until its
+    /// metrics answer.
+    pub async fn start_proxy(
+        &mut self,
+        bins: &Binaries,
+        node_ns: &str,
+        settings: &ProxySettings,
+    ) -> Result<(), NetError> {
+        let mode = settings.backend.as_str();
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let sync = serde_json::json!({
+            "minSyncPeriod": ms(settings.min_sync_period),
+            "syncPeriod": ms(settings.sync_period),
+        });
+        // The configuration file: the nftables mode's sync settings have no flags.
+        let config = serde_json::json!({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {
+                "kubeconfig": self.dir.join("pki").join("proxy.kubeconfig"),
+            },
+            "hostnameOverride": NODE_NAME,
+            "bindAddress": NODE_CLIENT_IP.to_string(),
+            "healthzBindAddress": "127.0.0.1:10256",
+            "metricsBindAddress": PROXY_METRICS,
+            "mode": mode,
+            "iptables": sync,
+            "nftables": sync,
+            // Conntrack limits are host-wide: leave them alone.
+            "conntrack": {"maxPerCore": 0},
+        });
+        let path = self.dir.join("kube-proxy.config.json");
+        write(&path, &config.to_string())?;
+        self.spawn(
+            bins,
+            node_ns,
+            "kube-proxy",
+            &[format!("--config={}", path.display()), "--v=2".into()],
+        )?;
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(text) = http_text(PROXY_METRICS, "/metrics").await {
+                if text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
+                    return Ok(());
+                }
+            }
+            self.check_alive()?;
+            if tokio::time::Instant::now() > give_up {
+                return Err(NetError(format!(
+                    "kube-proxy's metrics did not answer in 60 s: see {}",
+                    self.dir.join("kube-proxy.log").display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn spawn(
+        &mut self,
+        bins: &Binaries,
+        node_ns: &str,
+        name: &str,
+        args: &[String],
+    ) -> Result<(), NetError> {
+        let log_path = self.dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path)
+            .map_err(|e| NetError(format!("{}: {e}", log_path.display())))?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| NetError(format!("{}: {e}", log_path.display())))?;
+        let child = tokio::process::Command::new("ip")
+            .args(["netns", "exec", node_ns])
+            .arg(bins.path(name))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| NetError(format!("start {name}: {e}")))?;
+        if let Some(pid) = child.id() {
+            net::pid_started(pid);
+        }
+        self.procs.push((name.to_owned(), child));
+        Ok(())
+    }
+
+    /// `Err` naming the first component that exited, with the end of its log.
+    pub fn check_alive(&mut self) -> Result<(), NetError> {
+        for (name, child) in &mut self.procs {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(self.dir.join(format!("{name}.log")))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                return Err(NetError(format!(
+                    "{name} exited ({status}); the end of its log:\n{}",
+                    tail.join("\n")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `/readyz` answers `ok`, through the testbed's own client (CA checked).
+    async fn wait_api(&mut self, client: &kube::Client, limit: Duration) -> Result<(), NetError> {
+        let give_up = tokio::time::Instant::now() + limit;
+        loop {
+            let req = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| NetError(format!("readyz request: {e}")))?;
+            if client
+                .request_text(req)
+                .await
+                .is_ok_and(|body| body.trim() == "ok")
+            {
+                return Ok(());
+            }
+            self.check_alive()?;
+            if tokio::time::Instant::now() > give_up {
+                return Err(NetError(format!(
+                    "kube-apiserver not ready in {limit:?}: see {}",
+                    self.dir.join("kube-apiserver.log").display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// `GET path` over plain HTTP/1.1 to `addr` in the current namespace; the body.
+pub async fn http_text(addr: &str, path: &str) -> Result<String, String> {
+    let work = async {
+        let mut s = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        if !head.starts_with("HTTP/1.1 200") {
+            return Err(head.lines().next().unwrap_or("").to_owned());
+        }
+        if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            return Ok(dechunk(body));
+        }
+        Ok(body.to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(5), work)
+        .await
+        .unwrap_or_else(|_| Err(format!("{addr}{path}: timeout")))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
+/// kube-proxy's metrics that the table uses, from one scrape.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProxyMetrics {
+    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`: when the last sync finished.
+    pub last_sync: f64,
+    /// `kubeproxy_sync_proxy_rules_duration_seconds`: count and sum.
+    pub sync_count: u64,
+    /// Sum of the sync durations, seconds.
+    pub sync_sum: f64,
+    /// `kubeproxy_network_programming_duration_seconds`: count and sum (from the endpoint
+    /// change's trigger time to the rules that apply it).
+    pub programming_count: u64,
+    /// Sum of the programming latencies, seconds.
+    pub programming_sum: f64,
+}
+
+impl ProxyMetrics {
+    /// Parses the Prometheus text format.
+    pub fn parse(text: &str) -> ProxyMetrics {
+        let mut m = ProxyMetrics::default();
+        for line in text.lines() {
+            // kube-proxy runs an IPv6 proxier too; the testbed's Service is IPv4.
+            if line.starts_with('#') || line.contains("ip_family=\"IPv6\"") {
+                continue;
+            }
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let v: f64 = value.trim().parse().unwrap_or(0.0);
+            let base = name.split('{').next().unwrap_or(name);
+            match base {
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds" => m.last_sync = v,
+                "kubeproxy_sync_proxy_rules_duration_seconds_count" => m.sync_count = v as u64,
+                "kubeproxy_sync_proxy_rules_duration_seconds_sum" => m.sync_sum = v,
+                "kubeproxy_network_programming_duration_seconds_count" => {
+                    m.programming_count = v as u64
+                }
+                "kubeproxy_network_programming_duration_seconds_sum" => m.programming_sum = v,
+                _ => {}
+            }
+        }
+        m
+    }
+}
+
+/// The Pod IPs (198.18.1.x) that kube-proxy's rules in namespace `node_ns` DNAT to now.
+pub fn rule_endpoints(
+    node_ns: &str,
+    backend: Backend,
+) -> Result<(Vec<Ipv4Addr>, String), NetError> {
+    let text = match backend {
+        Backend::Iptables => net::run_in(node_ns, &["iptables-save", "-t", "nat"], None)?,
+        Backend::Nftables => {
+            net::run_in(node_ns, &["nft", "list", "table", "ip", "kube-proxy"], None)?
+        }
+    };
+    let mut ips: Vec<Ipv4Addr> = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| l.contains("dnat") || l.contains("DNAT"))
+    {
+        for word in line.split(|c: char| !(c.is_ascii_digit() || c == '.')) {
+            if let Ok(ip) = word.parse::<Ipv4Addr>() {
+                if ip.octets()[..3] == [198, 18, 1] && !ips.contains(&ip) {
+                    ips.push(ip);
+                }
+            }
+        }
+    }
+    ips.sort();
+    Ok((ips, text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pinned_version_is_go_mods() {
+        let gomod = include_str!("../k8s/go.mod");
+        assert!(
+            gomod.contains(&format!("k8s.io/kubernetes {PINNED_VERSION}")),
+            "testbed/k8s/go.mod does not pin {PINNED_VERSION}"
+        );
+        assert_eq!(probe_user_agent(), "kube-probe/1.36");
+    }
+
+    #[test]
+    fn metrics_parse() {
+        let text = "# HELP x\nkubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.7e+09\n\
+                    kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} 1.8e+09\n\
+                    kubeproxy_sync_proxy_rules_duration_seconds_count 12\n\
+                    kubeproxy_sync_proxy_rules_duration_seconds_sum 0.25\n\
+                    kubeproxy_network_programming_duration_seconds_count 3\n\
+                    kubeproxy_network_programming_duration_seconds_sum 4.5\n";
+        let m = ProxyMetrics::parse(text);
+        assert_eq!(m.last_sync, 1.7e9);
+        assert_eq!((m.sync_count, m.programming_count), (12, 3));
+        assert_eq!((m.sync_sum, m.programming_sum), (0.25, 4.5));
+    }
+
+    #[test]
+    fn dechunks() {
+        assert_eq!(dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), "abcde");
+    }
+}

@@ -1,0 +1,209 @@
+//! The CI subset on the real components: etcd, kube-apiserver, kube-controller-manager and
+//! kube-proxy built from Kubernetes' source by `testbed/k8s/build.sh`, the testbed as kubelet
+//! and Deployment controller through the real API.
+//!
+//! Needs root, `ip`, `iptables-restore`, `nft`, `conntrack`, `openssl` and the component
+//! binaries (`LAMEDUCK_K8S_BIN`, else `/var/cache/lameduck-k8s/<version>`). Without them these
+//! tests print a SKIPPED banner and pass — unless `LAMEDUCK_E2E=require` (as `.ci/run` sets),
+//! where they fail. The service binary is `target/<profile>/examples/service`;
+//! `LAMEDUCK_TESTBED_SERVICE` overrides it.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lameduck_testbed::cell::{self, CellConfig, CellResult};
+use lameduck_testbed::matrix::DENSE;
+use lameduck_testbed::{k8s, net, Backend, Server, Shape, Stack};
+
+/// One cell at a time: each runs a control plane, and cells measure timing.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn service_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("LAMEDUCK_TESTBED_SERVICE") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("examples").join("service"))
+        .expect("target directory")
+}
+
+/// `None` (after a loud banner) when the real stack cannot run here and that is allowed.
+fn ready() -> Option<PathBuf> {
+    let problem = match net::preflight() {
+        Err(e) => Some(e.to_string()),
+        Ok(()) if !service_bin().is_file() => Some(format!(
+            "no service binary at {} (`cargo build --example service`)",
+            service_bin().display()
+        )),
+        Ok(()) => k8s::Binaries::find(&k8s::default_bin_dir())
+            .err()
+            .map(|e| e.to_string()),
+    };
+    match problem {
+        None => {
+            net::sweep_stale();
+            Some(service_bin())
+        }
+        Some(p) if std::env::var("LAMEDUCK_E2E").as_deref() == Ok("require") => {
+            panic!("real-stack testbed cannot run: {p}, and LAMEDUCK_E2E=require")
+        }
+        Some(p) => {
+            use std::io::Write;
+            let _ = write!(
+                std::io::stderr(),
+                "\n======================================================================\n\
+                 SKIPPED: real-stack testbed: {p}\n\
+                 (set LAMEDUCK_E2E=require to make this a failure)\n\
+                 ======================================================================\n"
+            );
+            None
+        }
+    }
+}
+
+fn run(cells: &[CellConfig]) -> Vec<CellResult> {
+    let Some(bin) = ready() else {
+        return Vec::new();
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = cell::default_out(&bin).join("ci-real");
+    let mut results = Vec::new();
+    for c in cells {
+        let r = cell::run_cell(c, &bin, &out)
+            .unwrap_or_else(|e| panic!("cell {} could not run: {e}", c.name()));
+        println!("{}{}", cell::table_row(&r), r.timelines());
+        results.push(r);
+    }
+    results
+}
+
+fn real(server: Server, backend: Backend) -> CellConfig {
+    let mut c = CellConfig::new(server);
+    c.stack = Stack::Real;
+    c.backend = backend;
+    c.sync_delay = Duration::from_secs(1);
+    c.new_conn_rate = DENSE;
+    c.shape = Shape::Pool;
+    c
+}
+
+fn describe(r: &CellResult) -> String {
+    format!(
+        "{}{}first failure: {:?}\nfiles: {}",
+        cell::table_row(r),
+        r.timelines(),
+        r.counts.first_failure,
+        r.dir.display()
+    )
+}
+
+/// A rolling replacement through the real API, the real EndpointSlice controller and the real
+/// kube-proxy (iptables with the real Deployment controller, then nftables with the testbed
+/// as that controller): lameduck loses nothing, and every deleted Pod's four
+/// steps are seen in order — the endpoint change from the API's watch, the proxy update from
+/// kube-proxy's own sync timestamp, the exit after both.
+#[test]
+fn real_stack_lameduck_loses_nothing() {
+    // iptables with the real Deployment controller rolling, nftables with the testbed's.
+    let mut by_deployment = real(Server::Lameduck, Backend::Iptables);
+    by_deployment.deployment = true;
+    let results = run(&[by_deployment, real(Server::Lameduck, Backend::Nftables)]);
+    for r in &results {
+        assert!(
+            r.counts.requests > 100,
+            "too little traffic: {}",
+            describe(r)
+        );
+        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        assert_eq!(r.pods.len(), 2, "two Pods rolled: {}", describe(r));
+        for p in &r.pods {
+            let s = &p.steps;
+            let (Some(ep), Some(px), Some(exit)) =
+                (s.endpoint_change_ms, s.proxy_update_ms, s.exit_ms)
+            else {
+                panic!("{}: a step was not seen: {}", p.pod, describe(r));
+            };
+            assert!(
+                ep <= px && px <= exit,
+                "{}: expected endpoint change <= proxy update <= exit: {}",
+                p.pod,
+                describe(r)
+            );
+        }
+    }
+}
+
+/// The same rollout with `--naive` (exit on SIGTERM): the real kube-proxy still sends new
+/// connections to the Pod after it exited, so requests are lost — the cell can tell.
+#[test]
+fn real_stack_naive_loses_requests() {
+    for r in &run(&[real(Server::Naive, Backend::Iptables)]) {
+        assert!(
+            r.counts.requests > 100,
+            "too little traffic: {}",
+            describe(r)
+        );
+        assert!(
+            r.counts.lost() > 0,
+            "naive lost nothing on the real stack, so the cell cannot tell: {}",
+            describe(r)
+        );
+    }
+}
+
+/// The `kube` feature in-cluster: the Pods run as `examples/k8s/`'s ServiceAccount with its
+/// RBAC applied unchanged, get a real token, CA and namespace, reach the API through the
+/// `kubernetes` Service (the real kube-proxy's rules), and the drain report's evidence is the
+/// EndpointSlice read from the real API. Needs the service built with the `kube` feature, as
+/// `cargo test --workspace --all-features` builds it.
+#[test]
+fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
+    let Some(bin) = ready() else {
+        return;
+    };
+    let built_with_kube = std::fs::read(&bin)
+        .map(|b| {
+            // Printed only by the service's `#[cfg(feature = "kube")]` EndpointWatch start.
+            let mark: &[u8] = b"service: no EndpointSlice evidence: ";
+            b.windows(mark.len()).any(|w| w == mark)
+        })
+        .unwrap_or(false);
+    if !built_with_kube {
+        let p = format!(
+            "{} was built without the `kube` feature (cargo build --example service --features kube)",
+            bin.display()
+        );
+        if std::env::var("LAMEDUCK_E2E").as_deref() == Ok("require") {
+            panic!("{p}, and LAMEDUCK_E2E=require");
+        }
+        eprintln!("SKIPPED: {p}");
+        return;
+    }
+    let mut c = real(Server::Lameduck, Backend::Iptables);
+    c.kube = true;
+    for r in &run(&[c]) {
+        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        for p in &r.pods {
+            let path = r.dir.join(format!("{}.report.json", p.pod));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}: {}", path.display(), describe(r)));
+            let v: serde_json::Value = serde_json::from_str(&text).expect("report JSON");
+            let ev = &v["propagation"]["evidence"];
+            assert_eq!(
+                ev["kind"],
+                "endpoint_slice",
+                "{}: the report's evidence is not the EndpointSlice: {ev}\n{}",
+                p.pod,
+                describe(r)
+            );
+            assert_eq!(
+                ev["endpoint_slice"]["condition"], "ready=false",
+                "{}: {ev}",
+                p.pod
+            );
+        }
+    }
+}
