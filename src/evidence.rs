@@ -5,8 +5,9 @@
 //! # What is recorded
 //!
 //! Time is cut into slots of [`SLOT`] (250 ms). A slot is *active* when a new connection or a
-//! request arrived in it. New connections are counted by the accept loop (`serve`, `ConnMeta`
-//! under `axum::serve`); requests by `serve`'s and `lameduck::axum::serve`'s per-connection
+//! request arrived in it. New connections are counted by the accept loop (`serve`,
+//! `axum_serve`, or `ConnMeta::accepted` in a loop of one's own); requests by `serve`'s and
+//! `axum_serve`'s per-connection
 //! service — not by the tower layer, whose hot path stays as it was. Requests matter because a
 //! pooling proxy (HAProxy keeps its backend connections) opens few connections while Serving,
 //! yet once draining every response carries `Connection: close`, so while it still routes
@@ -393,11 +394,7 @@ impl WeakEvidence {
 /// What the propagation policy went on when it committed (or, while draining, what it waits
 /// for).
 ///
-<<<<<<< HEAD
-/// In JSON: `confidence`, `floor`, `max`, `fixed`, `cut`, `endpoint_slice`, `never_served`.
-=======
-/// In JSON: `confidence`, `fallback`, `max`, `fixed`, `cut`, `endpoint_slice`.
->>>>>>> est
+/// In JSON: `confidence`, `fallback`, `max`, `fixed`, `cut`, `endpoint_slice`, `never_served`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -489,7 +486,7 @@ pub struct EvidenceReport {
     /// Of the slots observed before and fitted after the trigger, those without activity.
     pub empty_slots: u64,
     /// Requests were counted, not only new connections (`lameduck::serve` and
-    /// `lameduck::axum::serve` count both; `ConnMeta` under `axum::serve` only connections).
+    /// `lameduck::axum_serve` count both; `ConnMeta` under `axum::serve` only connections).
     #[serde(default)]
     pub requests_seen: bool,
     /// p̂ = (empty + ½) / (slots + 1), in millionths.

@@ -42,8 +42,9 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 /// power law, and never shorter than the longest gap seen while routing was unchanged. The
 /// report's [`EvidenceReport::rule`](crate::EvidenceReport::rule) names the bound that set it;
 /// the Kubernetes guide has the model, what it cannot see, and the simulation that checks ε.
-/// Connections are counted by `lameduck::serve`, `lameduck::axum::serve`, or `ConnMeta`
-/// through `axum::serve`'s connect info; requests by the first two.
+/// Connections are counted by `lameduck::serve`, `lameduck::axum_serve`, or
+/// `ConnMeta::accepted` in an accept loop of one's own; requests by the first two. Plain
+/// `axum::serve` counts nothing here: its connect-info hook cannot name a coordinator.
 ///
 /// With too little evidence — no connection data (the layer alone sees requests, not
 /// connections), less than 5 s of slots, or a `T_conf` beyond `max` — the policy waits to

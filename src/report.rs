@@ -67,7 +67,12 @@ pub(crate) mod evidence_json {
             e.rate_per_1000s = None;
             e.epsilon_ppm = 0;
             e.t_conf_ms = None;
-            e.floor_ms = None;
+            e.fallback_ms = None;
+            e.slots_after_trigger = 0;
+            e.requests_seen = false;
+            e.stay_empty_ppm = None;
+            e.longest_gap_ms = None;
+            e.rule = None;
             e.endpoint_slice = None;
             // A watch that was started and failed is worth keeping whatever the policy; a
             // build without the feature, or no watch, is a choice.

@@ -124,12 +124,9 @@ async fn through_axum_serve_requests_on_a_pooled_connection_are_evidence() {
     let _serial = serial().await;
     let drain = common::drain(secs(60), Propagation::default().max(secs(40)));
     let (listener, addr) = bind().await;
-    let server = tokio::spawn(lameduck::axum::serve(listener, app(&drain), &drain));
+    let server = tokio::spawn(lameduck::axum_serve(listener, app(&drain), &drain));
     pooled_then_fresh(&drain, addr).await;
-    within("axum::serve to return", server)
-        .await
-        .unwrap()
-        .unwrap();
+    within("axum_serve to return", server).await.unwrap();
 }
 
 /// A pool before and across the trigger, then 1 s of fresh connections: the drain commits on

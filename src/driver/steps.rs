@@ -66,8 +66,7 @@ impl Driver {
 
     /// Step 1: waits for the propagation policy (or the force), records what it went on.
     async fn propagate(&self, origin: Instant) -> CommitReason {
-<<<<<<< HEAD
-        let (evidence, never_served) = {
+        let (mut evidence, never_served) = {
             let st = self.lock();
             let evidence = st.evidence.expect("the evidence is taken with the origin");
             (evidence, st.never_served)
@@ -77,15 +76,7 @@ impl Driver {
             (CommitReason::NeverServed, EvidenceKind::NeverServed)
         } else {
             tokio::select! {
-            r = self.policy.commit(self.core, origin, evidence, &self.link, || self.deadlines(origin).max_at) => r,
-=======
-        let mut evidence = self
-            .lock()
-            .evidence
-            .expect("the evidence is taken with the origin");
-        let (reason, kind) = tokio::select! {
             r = self.policy.commit(self.core, origin, &mut evidence, &self.link, || self.deadlines(origin).max_at) => r,
->>>>>>> est
             () = self.tokens.force.cancelled() => (CommitReason::Forced, EvidenceKind::Cut),
             }
         };
