@@ -91,11 +91,12 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
         drain.in_flight() == 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(drain.in_flight(), 1, "still in flight while nobody reads");
 
     assert!(drain.start(Trigger::Api));
     let report = within("drain done", drain.drained()).await;
+    // Synchronisation point: the quiesce deadline. The report taken there has no
+    // in_flight_zero and names the response, so it was in flight from before the trigger
+    // until the deadline while nobody read it.
     let straggler = cut_response(&report);
     assert_eq!(straggler.peer.as_deref(), Some(client_addr.as_str()));
     assert!(
@@ -420,6 +421,23 @@ impl Drop for Service {
     }
 }
 
+/// How many `/drain` calls after the first the service's `/status` timeline counts (repeats
+/// fold into `signal_received` events with a count), or `None` without an answer.
+async fn prestop_repeats(admin: std::net::SocketAddr) -> Option<u64> {
+    let (code, body) = raw_get(admin, "/status").await?;
+    assert_eq!(code, 200, "{body}");
+    let status: lameduck::Status = serde_json::from_str(&body).unwrap();
+    assert_eq!(status.timeline_omitted, 0, "{body}");
+    Some(
+        status
+            .timeline
+            .iter()
+            .filter(|e| e.event == EventKind::SignalReceived && e.trigger == Some(Trigger::PreStop))
+            .map(|e| e.count.unwrap_or(1))
+            .sum(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_waiting_drain_caller_is_answered_before_the_process_exits() {
     use std::io::BufRead;
@@ -468,8 +486,14 @@ async fn every_waiting_drain_caller_is_answered_before_the_process_exits() {
     let callers: Vec<_> = (0..50)
         .map(|_| tokio::spawn(async move { raw_get(admin, "/drain?wait=drained").await }))
         .collect();
-    // Every caller is waiting (the first call started the drain), then SIGTERM.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Synchronisation point: the service's timeline holds the first call's drain_started
+    // and the 49 others as repeated prestop signals, so every caller is in a handler.
+    within("every /drain caller in a handler", async {
+        while prestop_repeats(admin).await != Some(49) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
     let ok = std::process::Command::new("kill")
         .args(["-TERM", &service.0.id().to_string()])
         .status()

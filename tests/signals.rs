@@ -7,7 +7,9 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lameduck::{Drain, DrainReport, EventKind, Outcome, Propagation, Signals, StopSignal, Trigger};
+use lameduck::{
+    Drain, DrainReport, EventKind, Outcome, Phase, Propagation, Signals, StopSignal, Trigger,
+};
 
 const CHILD_ENV: &str = "LAMEDUCK_SIGNAL_CHILD";
 /// The report file a child writes, for the scenarios that use one.
@@ -104,6 +106,12 @@ fn child_main(scenario: &str) -> ! {
         }
         drain.install_signals();
         drain.mark_started();
+        // Tells the parent the drain started, a synchronisation point for its next signal.
+        let started = drain.clone();
+        tokio::spawn(async move {
+            started.reached(Phase::Draining).await;
+            println!("DRAINING");
+        });
         if scenario == "prestop" {
             // What the admin endpoint does for a preStop hook.
             drain.start(Trigger::PreStop);
@@ -133,6 +141,9 @@ fn stall_stderr() {
 struct Proc {
     child: Child,
     stdout: BufReader<std::process::ChildStdout>,
+    stderr: BufReader<std::process::ChildStderr>,
+    /// The stderr lines [`wait_for_stderr`] read already.
+    stderr_seen: String,
 }
 
 fn spawn(test: &str, scenario: &str) -> Proc {
@@ -148,21 +159,53 @@ fn spawn_with(test: &str, scenario: &str, env: &[(&str, &str)]) -> Proc {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut p = Proc {
+        child,
+        stdout,
+        stderr,
+        stderr_seen: String::new(),
+    };
+    wait_for_stdout(&mut p, "READY");
+    p
+}
+
+/// Reads the child's stdout up to a line ending with `word`; kills the child and panics if
+/// it ends first. Bounded: each child prints a few lines and exits by its hard deadline.
+fn wait_for_stdout(p: &mut Proc, word: &str) {
     let mut line = String::new();
-    // Bounded: the child prints READY within a few lines.
     for _ in 0..50 {
         line.clear();
-        if stdout.read_line(&mut line).unwrap_or(0) == 0 {
+        if p.stdout.read_line(&mut line).unwrap_or(0) == 0 {
             break;
         }
-        if line.trim_end().ends_with("READY") {
-            return Proc { child, stdout };
+        if line.trim_end().ends_with(word) {
+            return;
         }
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("child never printed READY");
+    let _ = p.child.kill();
+    let _ = p.child.wait();
+    panic!("child never printed {word}");
+}
+
+/// Reads the child's stderr up to a line containing `text` (kept for [`wait_stderr`]); panics
+/// if the stream ends first. Bounded like [`wait_for_stdout`].
+fn wait_for_stderr(p: &mut Proc, text: &str) {
+    let mut line = String::new();
+    for _ in 0..50 {
+        line.clear();
+        if p.stderr.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        p.stderr_seen.push_str(&line);
+        if line.contains(text) {
+            return;
+        }
+    }
+    let _ = p.child.kill();
+    let _ = p.child.wait();
+    panic!("child never said {text:?} on stderr: {}", p.stderr_seen);
 }
 
 fn kill(p: &Proc, sig: &str) {
@@ -186,13 +229,8 @@ fn wait_stderr(mut p: Proc, limit: Duration) -> (i32, Duration, DrainReport, Str
     let start = Instant::now();
     loop {
         if let Some(status) = p.child.try_wait().unwrap() {
-            let mut err = String::new();
-            p.child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
+            let mut err = std::mem::take(&mut p.stderr_seen);
+            p.stderr.read_to_string(&mut err).unwrap();
             let json = err
                 .lines()
                 .find(|l| l.starts_with("{\"outcome\""))
@@ -271,9 +309,11 @@ fn a_second_sigint_forces_the_exit() {
     if let Some(s) = is_child() {
         child_main(&s);
     }
-    let p = spawn("a_second_sigint_forces_the_exit", "stuck-request");
+    let mut p = spawn("a_second_sigint_forces_the_exit", "stuck-request");
     kill(&p, "-INT");
-    std::thread::sleep(Duration::from_millis(100));
+    // Synchronisation point: the child says the first signal started the drain, so the
+    // second is a delivery of its own (pending signals of one kind would merge).
+    wait_for_stdout(&mut p, "DRAINING");
     kill(&p, "-INT");
     let (code, _, report) = wait(p, Duration::from_secs(20));
     assert_eq!(code, 1);
@@ -302,12 +342,9 @@ fn after_a_prestop_drain_the_process_waits_for_sigterm() {
         "after_a_prestop_drain_the_process_waits_for_sigterm",
         "prestop",
     );
-    // The drain takes ~200 ms; the process must still be alive well after that.
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(
-        p.child.try_wait().unwrap().is_none(),
-        "exited before SIGTERM"
-    );
+    // Synchronisation point: the child says it drained and now waits for the stop signal.
+    // The report below then shows that this SIGTERM, not the deadline, ended the wait.
+    wait_for_stderr(&mut p, "waiting for the stop signal (SIGTERM)");
     kill(&p, "-TERM");
     let (code, _, report) = wait(p, Duration::from_secs(20));
     assert_eq!(code, 0);
@@ -390,12 +427,14 @@ fn a_second_signal_of_any_kind_forces_the_exit() {
     if let Some(s) = is_child() {
         child_main(&s);
     }
-    let p = spawn(
+    let mut p = spawn(
         "a_second_signal_of_any_kind_forces_the_exit",
         "stuck-request",
     );
     kill(&p, "-TERM");
-    std::thread::sleep(Duration::from_millis(100));
+    // Synchronisation point: the child says the first signal started the drain, so the
+    // second is a delivery of its own (pending signals of one kind would merge).
+    wait_for_stdout(&mut p, "DRAINING");
     kill(&p, "-TERM");
     let (code, _, report) = wait(p, Duration::from_secs(20));
     assert_eq!(code, 1);

@@ -1,7 +1,5 @@
 //! `/drain`: each `wait`, the timeout, idempotence under concurrent calls, and `POST`.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -52,14 +50,18 @@ async fn drain_waits_for_the_whole_drain_by_default() {
     let guard = drain.enter();
     let pending = tokio::spawn(drain_call(addr, "/drain"));
     drain.reached(Phase::StoppedAccepting).await;
-    // The guard is still held: the default wait (drained) cannot have answered.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!pending.is_finished());
     drop(guard);
     let a = within("the /drain answer", pending).await.unwrap();
     assert_eq!(a.status, StatusCode::OK);
+    // Synchronisation point: the answer's own snapshot, taken as it was written. It says
+    // done with nothing in flight, which the drain cannot reach before the guard's drop, so
+    // the answer did not come at stopped_accepting (as `wait=propagated` would).
     let s = a.json();
-    assert_eq!(s.phase, Phase::Done);
+    assert_eq!((s.phase, s.in_flight), (Phase::Done, 0));
+    assert!(s
+        .timeline
+        .iter()
+        .any(|e| e.event == EventKind::InFlightZero));
     assert!(s.timeline.iter().any(|e| e.event == EventKind::Done));
     assert_eq!(drain.report().unwrap().exit_code, 0);
 
