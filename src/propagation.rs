@@ -15,7 +15,7 @@ use crate::ConfigError;
 // 1 s each: the confidence rule now guards sparse traffic, so these only need to cover what it
 // cannot see — a last connection already in the kernel's accept queue, a proxy's last retry.
 // Dense drains end about `quiet` after the last new connection.
-const DEFAULT_QUIET: Duration = Duration::from_secs(1);
+const DEFAULT_QUIET: Duration = Duration::from_millis(500);
 const DEFAULT_MIN: Duration = Duration::from_secs(1);
 
 /// The propagation policy: how long to keep accepting after the trigger, while load balancers

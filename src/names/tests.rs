@@ -258,7 +258,11 @@ fn evidence_names_are_documented() {
     check(src, "pub enum WeakEvidence", &weak, |v| {
         v.as_str().to_owned()
     });
-    let rules = [SilenceRule::Markov, SilenceRule::LongestGap];
+    let rules = [
+        SilenceRule::Independent,
+        SilenceRule::Markov,
+        SilenceRule::LongestGap,
+    ];
     check(
         include_str!("../evidence/fit.rs"),
         "pub enum SilenceRule",
