@@ -12,46 +12,24 @@ use super::SLOT;
 /// assumed stickier than the fraction of empty slots says, nor much less sticky.
 const KAPPA: f64 = 10.0;
 
-/// The heaviest-tailed gap law the model assumes the window may have missed when the slots
-/// show clustering ([`Estimate::clustered`]): the chance that a gap lasts k slots falls no
-/// faster than k^−TAIL (a Beta mixture of geometric laws with `b` ≤ TAIL). The window holds
-/// tens of gaps, too few to tell a geometric tail from a power law (pauses that last as long
-/// as the window, heavy-tailed clients); the simulation (`tests/evidence_sim.rs`) shows ε
-/// holding with 2 on every process of its family, and breaking with 3 on Markov-modulated and
-/// Pareto traffic when it applies to every window.
+/// The heaviest-tailed gap law the model assumes the window may have missed: the chance
+/// that a gap lasts k slots falls no faster than k^−TAIL (a Beta mixture of geometric laws
+/// with `b` ≤ TAIL). The window holds tens of gaps, too few to tell a geometric tail from a
+/// power law (pauses that last as long as the window, heavy-tailed clients); the simulation
+/// (`tests/evidence_sim.rs`) shows ε holding with 2 on every process of its family, and
+/// breaking with 3 on Markov-modulated and Pareto traffic.
 const TAIL: f64 = 2.0;
-
-/// The tail when no test shows clustering: k^−3. EXPERIMENT, NOT KEPT: a window of 120 slots
-/// cannot tell a Poisson rate from Pareto gaps of shape 2.5 in about half the windows; with
-/// k^−3 here Pareto (100 ms, 2.5) lost 23–30 in 20,000 drains (ε broken), with k^−2.25 11–14.
-const TAIL_UNCLUSTERED: f64 = 3.0;
-
-/// The significance level of each test of independence (transitions out of empty slots, the
-/// longest gap, the recent empty fraction): below it, the slots are taken to cluster and the
-/// heavy tail applies. A Poisson process fails one of them now and then and pays the heavy
-/// tail that time; clustered traffic that passes them all is bounded by the independent
-/// posterior, which the simulation checks.
-const ALPHA: f64 = 0.05;
-
-/// Slots of the recent part whose empty fraction is weighed against the whole: a rate that
-/// fell before the trigger is judged by what it fell to.
-const RECENT: usize = 40;
 
 /// Slots in the fit: the 120 of the window, the trigger's, and up to a ring-turn after it.
 pub(crate) const MAX_SEQ: usize = 256;
 
 /// Which bound set the required silence.
 ///
-/// In JSON: `independent`, `markov`, `longest_gap`.
+/// In JSON: `markov`, `longest_gap`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SilenceRule {
-    /// No sign of clustering in the slots (transitions, longest gap and recent rate all as
-    /// independent slots would give them): had routing gone on, a gap this long would have
-    /// begun before `max` with probability at most ε, the uncertainty of the empty fraction
-    /// (over the whole fit and its recent part) included.
-    Independent,
     /// The busy/empty chain fitted to the slots: had routing gone on, a gap this long would
     /// have begun before `max` with probability at most ε.
     Markov,
@@ -115,10 +93,6 @@ pub(crate) struct Estimate {
     bb: u64,
     /// The longest run of empty slots that ended in the fit (or began at its start).
     pub(crate) longest_gap: u64,
-    /// Of the last [`RECENT`] slots observed (up to the trigger or the last active slot,
-    /// whichever is later), how many, and how many were empty.
-    recent: u64,
-    recent_empty: u64,
     /// Empty slots between the last active slot and the trigger, when nothing arrived from
     /// the trigger's slot on: the part of the current gap that came before the trigger.
     pub(crate) elapsed: u64,
@@ -151,8 +125,6 @@ impl Estimate {
             be: 0,
             bb: 0,
             longest_gap: 0,
-            recent: 0,
-            recent_empty: 0,
             elapsed: 0,
             requests_seen,
             epsilon,
@@ -161,14 +133,8 @@ impl Estimate {
         let Some(last) = last_busy else {
             e.elapsed = before as u64;
             e.empty = before as u64;
-            e.recent = (before as u64).min(RECENT as u64);
-            e.recent_empty = e.recent;
             return e;
         };
-        let end = before.max(last + 1);
-        let start = end.saturating_sub(RECENT);
-        e.recent = (end - start) as u64;
-        e.recent_empty = (start..end).filter(|&i| !slots.get(i)).count() as u64;
         e.slots_after = (last + 1).saturating_sub(before) as u64;
         e.elapsed = before.saturating_sub(last + 1) as u64;
         let mut run = 0;
@@ -223,18 +189,14 @@ impl Estimate {
     /// The law of "empty follows empty" per gap: the Beta posterior of the transitions seen
     /// plus the prior, its tail made no lighter than [`TAIL`].
     fn beta(&self) -> (f64, f64) {
-        self.beta_tail(TAIL)
-    }
-
-    fn beta_tail(&self, tail: f64) -> (f64, f64) {
         let p = self.p_empty();
         let (a, b) = (
             self.ee as f64 + KAPPA * p,
             self.eb as f64 + KAPPA * (1.0 - p),
         );
         // The same mean, a heavier tail: no lighter than a power law of exponent TAIL.
-        if b > tail {
-            (a * tail / b, tail)
+        if b > TAIL {
+            (a * TAIL / b, TAIL)
         } else {
             (a, b)
         }
@@ -246,47 +208,17 @@ impl Estimate {
         1.0 + self.horizon as f64 * (1.0 - self.p_empty())
     }
 
-    /// Whether the slots show clustering: any of three one-sided tests of independent slots
-    /// (with the fraction p̂ of empty slots) rejects at [`ALPHA`]. Empty slots follow empty
-    /// slots more often than p̂ says; a gap longer than that many busy slots would give; the
-    /// recent slots emptier than the whole (a rate that fell).
-    pub(crate) fn clustered(&self) -> bool {
-        let p = self.p_empty();
-        // Transitions out of an empty slot: under independence, ee ~ Bin(ee + eb, p).
-        if binomial_upper_tail(self.ee, self.ee + self.eb, p) < ALPHA {
-            return true;
-        }
-        // A run of ≥ L empty slots after some busy slot: chance 1 − (1 − p^L)^busy.
-        if self.longest_gap > 0 {
-            let busy = self.observed().saturating_sub(self.empty) as f64;
-            let one = p.powi(self.longest_gap as i32);
-            let any = -(busy * (-one).ln_1p()).exp_m1();
-            if any < ALPHA {
-                return true;
-            }
-        }
-        // The recent slots as a sample of the whole.
-        binomial_upper_tail(self.recent_empty, self.recent, p) < ALPHA
-    }
-
     /// The silence after which, had the proxies still routed here, activity would have come
     /// with probability ≥ 1 − ε over the whole wait, and the bound that set it; `None` when
     /// even four times `max` would not be enough.
     pub(crate) fn required(&self) -> Option<(Duration, SilenceRule)> {
         let k_gap = self.longest_gap + 1;
         let limit = 4 * self.horizon + 8;
-        let (k_model, model) = if self.clustered() {
-            (self.markov_slots(limit, TAIL)?, SilenceRule::Markov)
-        } else {
-            (
-                self.markov_slots(limit, TAIL_UNCLUSTERED)?,
-                SilenceRule::Independent,
-            )
-        };
-        let (k, rule) = if k_gap > k_model {
+        let k_markov = self.markov_slots(limit)?;
+        let (k, rule) = if k_gap > k_markov {
             (k_gap, SilenceRule::LongestGap)
         } else {
-            (k_model, model)
+            (k_markov, SilenceRule::Markov)
         };
         // k whole empty slots fit in a silence of k + 1 slots wherever it starts in its slot:
         // a silence that long proves a run of at least k.
@@ -295,8 +227,8 @@ impl Estimate {
 
     /// The fewest empty slots k such that a run of k (or of the elapsed part plus k) has
     /// chance ≤ ε over the drain's chances, up to `limit`.
-    fn markov_slots(&self, limit: u64, tail: f64) -> Option<u64> {
-        let (a, b) = self.beta_tail(tail);
+    fn markov_slots(&self, limit: u64) -> Option<u64> {
+        let (a, b) = self.beta();
         let q = self.gap_start();
         let future = (self.chances() - 1.0) * q;
         let g0 = self.elapsed;
@@ -321,27 +253,4 @@ impl Estimate {
         }
         None
     }
-}
-
-/// P(X ≥ x) for X ~ Bin(n, p), summed in logs.
-fn binomial_upper_tail(x: u64, n: u64, p: f64) -> f64 {
-    if x == 0 {
-        return 1.0;
-    }
-    if x > n {
-        return 0.0;
-    }
-    let (lp, lq) = (p.ln(), (-p).ln_1p());
-    // ln C(n, x), then each next term.
-    let mut ln_choose: f64 = (0..x)
-        .map(|i| ((n - i) as f64).ln() - ((i + 1) as f64).ln())
-        .sum();
-    let mut sum = 0.0;
-    for i in x..=n {
-        if i > x {
-            ln_choose += ((n - i + 1) as f64).ln() - (i as f64).ln();
-        }
-        sum += (ln_choose + i as f64 * lp + (n - i) as f64 * lq).exp();
-    }
-    sum.min(1.0)
 }
