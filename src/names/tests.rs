@@ -2,12 +2,6 @@
 //! and its variants names each value in backticks, and the report table of the Kubernetes
 //! guide lists the values it promises. A variant added, renamed or re-spelled by serde
 //! without its docs fails here.
-//!
-//! The variants come from the code: [`all!`] lists them and matches them exhaustively, so a
-//! new variant stops this test from compiling until it is listed. The docs are read from the
-//! crate's source with `syn`, wherever the enum is declared.
-
-use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -15,103 +9,37 @@ use crate::*;
 
 const KUBERNETES_GUIDE: &str = include_str!("../docs/kubernetes.md");
 
-/// Every variant of `$ty`, as values. The `match` has no wildcard: a variant added to the enum
-/// and not to the list is a compile error here (crate-internal, so `#[non_exhaustive]` does
-/// not apply). A variant with data takes one example value in parentheses.
-macro_rules! all {
-    ($ty:ident { $($variant:ident $(($example:expr))?),+ $(,)? }) => {{
-        fn exhaustive(v: &$ty) {
-            match v {
-                $($ty::$variant { .. } => {})+
-            }
+/// The doc comments on `decl` (`pub enum Phase`) and on everything inside its body, and the
+/// names of its variants, read from `src`.
+fn enum_docs(src: &str, decl: &str) -> (String, Vec<String>) {
+    let lines: Vec<&str> = src.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with(decl) && l.ends_with('{'))
+        .unwrap_or_else(|| panic!("`{decl}` not found"));
+    let mut docs: Vec<&str> = lines[..at]
+        .iter()
+        .rev()
+        .take_while(|l| l.starts_with("///") || l.starts_with("#["))
+        .copied()
+        .collect();
+    docs.reverse();
+    let mut variants = Vec::new();
+    for l in &lines[at + 1..] {
+        if *l == "}" {
+            break;
         }
-        let values = vec![$($ty::$variant $(($example))?),+];
-        values.iter().for_each(exhaustive);
-        values
-    }};
-}
-
-/// Every `.rs` file under `dir`.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|x| x == "rs") {
-            out.push(path);
-        }
-    }
-}
-
-/// The public enums named `name` in `items`, inline modules included.
-fn find_enums<'a>(items: &'a [syn::Item], name: &str, out: &mut Vec<&'a syn::ItemEnum>) {
-    for item in items {
-        match item {
-            syn::Item::Enum(e)
-                if e.ident == name && matches!(e.vis, syn::Visibility::Public(_)) =>
-            {
-                out.push(e)
-            }
-            syn::Item::Mod(m) => {
-                if let Some((_, inner)) = &m.content {
-                    find_enums(inner, name, out);
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// The text of the `#[doc]` attributes (`///` lines) among `attrs`, one line each.
-fn doc_lines(attrs: &[syn::Attribute], out: &mut Vec<String>) {
-    for attr in attrs.iter().filter(|a| a.path().is_ident("doc")) {
-        if let syn::Meta::NameValue(nv) = &attr.meta {
-            if let syn::Expr::Lit(syn::ExprLit {
-                lit: syn::Lit::Str(s),
-                ..
-            }) = &nv.value
-            {
-                out.push(s.value());
+        let t = l.trim();
+        if t.starts_with("///") {
+            docs.push(t);
+        } else if l.starts_with("    ") && !l.starts_with("     ") && !t.starts_with("#[") {
+            let name: String = t.chars().take_while(char::is_ascii_alphanumeric).collect();
+            if !name.is_empty() {
+                variants.push(name);
             }
         }
     }
-}
-
-/// The rustdoc of the public enum `T` and of its variants and their fields, read from the one
-/// declaration of it under `src/`.
-fn enum_docs<T>() -> String {
-    // `lameduck::phase::Phase` → `Phase`; the module path does not matter, the file may move.
-    let name = std::any::type_name::<T>().rsplit("::").next().unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let mut found = Vec::new();
-    for path in &files {
-        let text = std::fs::read_to_string(path).unwrap();
-        let file = syn::parse_file(&text)
-            .unwrap_or_else(|e| panic!("{}: does not parse: {e}", path.display()));
-        let mut enums = Vec::new();
-        find_enums(&file.items, name, &mut enums);
-        for e in enums {
-            let mut docs = Vec::new();
-            doc_lines(&e.attrs, &mut docs);
-            for v in &e.variants {
-                doc_lines(&v.attrs, &mut docs);
-                for f in &v.fields {
-                    doc_lines(&f.attrs, &mut docs);
-                }
-            }
-            found.push((path.display().to_string(), docs.join("\n")));
-        }
-    }
-    match found.len() {
-        1 => found.pop().unwrap().1,
-        _ => panic!(
-            "`pub enum {name}` declared {} times under src/: {:?}",
-            found.len(),
-            found.iter().map(|f| &f.0).collect::<Vec<_>>()
-        ),
-    }
+    (docs.join("\n"), variants)
 }
 
 /// The JSON string of a value.
@@ -131,17 +59,22 @@ fn guide_row(field: &str) -> &'static str {
         .unwrap_or_else(|| panic!("no row for `{field}` in the Kubernetes guide"))
 }
 
-/// Checks one enum: each of `values` (all its variants, from [`all!`]) has `as_str` equal to
-/// its JSON name, and that name is in the enum's docs in backticks.
-fn check<T: Serialize>(values: &[T], as_str: impl Fn(&T) -> String) {
-    let ty = std::any::type_name::<T>();
-    let docs = enum_docs::<T>();
+/// Checks one enum: `values` are all its variants (as many as the source declares), each
+/// one's `as_str` is its JSON name, and that name is in the enum's docs in backticks.
+fn check<T: Serialize>(src: &str, decl: &str, values: &[T], as_str: impl Fn(&T) -> String) {
+    let (docs, variants) = enum_docs(src, decl);
+    assert_eq!(
+        values.len(),
+        variants.len(),
+        "{decl}: the test lists {} values, the source declares {variants:?}",
+        values.len()
+    );
     for v in values {
         let name = json(v);
-        assert_eq!(as_str(v), name, "{ty}: as_str and serde disagree");
+        assert_eq!(as_str(v), name, "{decl}: as_str and serde disagree");
         assert!(
             docs.contains(&format!("`{name}`")),
-            "{ty}: the docs do not name `{name}`:\n{docs}"
+            "{decl}: the docs do not name `{name}`:\n{docs}"
         );
     }
 }
@@ -158,70 +91,92 @@ fn missing_in_guide<T: Serialize>(field: &str, values: &[T]) -> Vec<String> {
 
 #[test]
 fn phase_trigger_reason_and_event_names_are_documented() {
-    let phases = all!(Phase {
-        Starting,
-        Serving,
-        Draining,
-        StoppedAccepting,
-        Closing,
-        Done,
+    let src = include_str!("../phase.rs");
+    use EventKind as E;
+    check(
+        src,
+        "pub enum Phase",
+        &[
+            Phase::Starting,
+            Phase::Serving,
+            Phase::Draining,
+            Phase::StoppedAccepting,
+            Phase::Closing,
+            Phase::Done,
+        ],
+        |v| v.as_str().to_owned(),
+    );
+    let triggers = [
+        Trigger::Api,
+        Trigger::PreStop,
+        Trigger::Sigterm,
+        Trigger::Sigint,
+        Trigger::Sigquit,
+        Trigger::TaskPanic,
+    ];
+    check(src, "pub enum Trigger", &triggers, |v| {
+        v.as_str().to_owned()
     });
-    check(&phases, |v| v.as_str().to_owned());
-    let triggers = all!(Trigger {
-        Api,
-        PreStop,
-        Sigterm,
-        Sigint,
-        Sigquit,
-        TaskPanic,
+    let reasons = [
+        CommitReason::Quiet,
+        CommitReason::Max,
+        CommitReason::Fixed,
+        CommitReason::Forced,
+        CommitReason::NeverServed,
+    ];
+    check(src, "pub enum CommitReason", &reasons, |v| {
+        v.as_str().to_owned()
     });
-    check(&triggers, |v| v.as_str().to_owned());
-    let reasons = all!(CommitReason {
-        Quiet,
-        Max,
-        Fixed,
-        Forced,
-        NeverServed,
-    });
-    check(&reasons, |v| v.as_str().to_owned());
-    let events = all!(EventKind {
-        DrainStarted,
-        ReadinessFlipped,
-        SignalReceived,
-        PropagationDone,
-        StoppedAccepting,
-        InFlightZero,
-        TasksDone,
-        DeadlineExceeded,
-        ResourceClosed,
-        Done,
-        EndpointChanged,
-        BudgetTightened,
-        Exit,
-    });
-    check(&events, |v| v.as_str().to_owned());
+    check(
+        src,
+        "pub enum EventKind",
+        &[
+            E::DrainStarted,
+            E::ReadinessFlipped,
+            E::SignalReceived,
+            E::PropagationDone,
+            E::StoppedAccepting,
+            E::InFlightZero,
+            E::TasksDone,
+            E::DeadlineExceeded,
+            E::ResourceClosed,
+            E::Done,
+            E::EndpointChanged,
+            E::BudgetTightened,
+            E::Exit,
+        ],
+        |v| v.as_str().to_owned(),
+    );
     assert_eq!(missing_in_guide("trigger", &triggers), Vec::<String>::new());
     assert_eq!(missing_in_guide("timeline", &reasons), Vec::<String>::new());
 }
 
 #[test]
 fn report_names_are_documented() {
-    let outcomes = all!(Outcome {
-        Clean,
-        DeadlineExceeded,
-        CloserFailed,
-        Forced,
-    });
-    check(&outcomes, |v| v.as_str().to_owned());
-    check(&all!(PolicyKind { Quiet, Fixed }), |v| {
+    let src = include_str!("../report.rs");
+    let outcomes = [
+        Outcome::Clean,
+        Outcome::DeadlineExceeded,
+        Outcome::CloserFailed,
+        Outcome::Forced,
+    ];
+    check(src, "pub enum Outcome", &outcomes, |v| {
         v.as_str().to_owned()
     });
     check(
-        &all!(StragglerKind {
-            Request,
-            Task,
-            Response
-        }),
+        src,
+        "pub enum PolicyKind",
+        &[PolicyKind::Quiet, PolicyKind::Fixed],
+        |v| v.as_str().to_owned(),
+    );
+    check(
+        src,
+        "pub enum StragglerKind",
+        &[
+            StragglerKind::Request,
+            StragglerKind::Task,
+            StragglerKind::Response,
+        ],
         |v| v.as_str().to_owned(),
     );
     assert_eq!(missing_in_guide("outcome", &outcomes), Vec::<String>::new());
@@ -229,64 +184,87 @@ fn report_names_are_documented() {
 
 #[test]
 fn advice_names_are_documented() {
-    check(&all!(AdviceLevel { Warn, Info }), |v| v.as_str().to_owned());
-    let rules = all!(AdviceRule {
-        NotEnoughTraffic,
-        PropagationAfterMin,
-        PropagationAfterFixed,
-        PropagationObserved,
-        NoNewConnections,
-        NoConnectionData,
-        WeakEvidence,
-        Confidence,
-        Fallback,
-        QuietWindowNeverHeld,
-        OnePeer,
-        RequestsCut,
-        TasksCut,
-        TasksPanicked,
-        ClosersSkipped,
-        ClosersFailed,
-        InFlightLate,
-        ServerIdleTimeoutShort,
-        GraceHeadroom,
-        GraceUsed,
-        StopSignalMissing,
-        NeverServed,
-        EndpointSlice,
-        EndpointSliceStillRouting,
-        PublishNotReadyAddresses,
-        EndpointSliceUnavailable,
-    });
-    check(&rules, |v| v.as_str().to_owned());
+    let src = include_str!("../report/advice.rs");
+    use AdviceRule as R;
+    check(
+        src,
+        "pub enum AdviceLevel",
+        &[AdviceLevel::Warn, AdviceLevel::Info],
+        |v| v.as_str().to_owned(),
+    );
+    check(
+        src,
+        "pub enum AdviceRule",
+        &[
+            R::NotEnoughTraffic,
+            R::PropagationAfterMin,
+            R::PropagationAfterFixed,
+            R::PropagationObserved,
+            R::NoNewConnections,
+            R::NoConnectionData,
+            R::WeakEvidence,
+            R::Confidence,
+            R::Fallback,
+            R::QuietWindowNeverHeld,
+            R::OnePeer,
+            R::RequestsCut,
+            R::TasksCut,
+            R::TasksPanicked,
+            R::ClosersSkipped,
+            R::ClosersFailed,
+            R::InFlightLate,
+            R::ServerIdleTimeoutShort,
+            R::GraceHeadroom,
+            R::GraceUsed,
+            R::StopSignalMissing,
+            R::NeverServed,
+            R::EndpointSlice,
+            R::EndpointSliceStillRouting,
+            R::PublishNotReadyAddresses,
+            R::EndpointSliceUnavailable,
+        ],
+        |v| v.as_str().to_owned(),
+    );
 }
 
 #[test]
 fn evidence_names_are_documented() {
-    let kinds = all!(EvidenceKind {
-        Confidence,
-        Fallback,
-        Max,
-        Fixed,
-        Cut,
-        EndpointSlice,
-        NeverServed,
+    let src = include_str!("../evidence.rs");
+    let kinds = [
+        EvidenceKind::Confidence,
+        EvidenceKind::Fallback,
+        EvidenceKind::Max,
+        EvidenceKind::Fixed,
+        EvidenceKind::Cut,
+        EvidenceKind::EndpointSlice,
+        EvidenceKind::NeverServed,
+    ];
+    check(src, "pub enum EvidenceKind", &kinds, |v| {
+        v.as_str().to_owned()
     });
-    check(&kinds, |v| v.as_str().to_owned());
-    let reasons = all!(MaxReason {
-        NotEnoughEvidence,
-        TrafficNeverWentQuiet,
-        EndpointSliceStillRouting,
+    let reasons = [
+        MaxReason::NotEnoughEvidence,
+        MaxReason::TrafficNeverWentQuiet,
+        MaxReason::EndpointSliceStillRouting,
+    ];
+    check(src, "pub enum MaxReason", &reasons, |v| {
+        v.as_str().to_owned()
     });
-    check(&reasons, |v| v.as_str().to_owned());
-    let weak = all!(WeakEvidence {
-        NoConnectionData,
-        TooFewSlots,
-        TooSparse,
+    let weak = [
+        WeakEvidence::NoConnectionData,
+        WeakEvidence::TooFewSlots,
+        WeakEvidence::TooSparse,
+    ];
+    check(src, "pub enum WeakEvidence", &weak, |v| {
+        v.as_str().to_owned()
     });
-    check(&weak, |v| v.as_str().to_owned());
-    let rules = all!(SilenceRule { Markov, LongestGap });
-    check(&rules, |v| v.as_str().to_owned());
+    let rules = [SilenceRule::Markov, SilenceRule::LongestGap];
+    check(
+        include_str!("../evidence/fit.rs"),
+        "pub enum SilenceRule",
+        &rules,
+        |v| v.as_str().to_owned(),
+    );
     assert_eq!(
         missing_in_guide("propagation.evidence", &rules),
         Vec::<String>::new()
@@ -307,27 +285,34 @@ fn evidence_names_are_documented() {
 
 #[test]
 fn task_closer_and_readiness_names_are_documented() {
-    check(&all!(TaskResult { Panicked, Aborted }), |v| {
-        v.as_str().to_owned()
-    });
     check(
-        &all!(ReadinessWhileDraining {
-            Auto,
-            NotReady,
-            ServingUntilStop,
-        }),
+        include_str!("../tasks.rs"),
+        "pub enum TaskResult",
+        &[TaskResult::Panicked, TaskResult::Aborted],
+        |v| v.as_str().to_owned(),
+    );
+    check(
+        include_str!("../readiness.rs"),
+        "pub enum ReadinessWhileDraining",
+        &[
+            ReadinessWhileDraining::Auto,
+            ReadinessWhileDraining::NotReady,
+            ReadinessWhileDraining::ServingUntilStop,
+        ],
         |v| v.as_str().to_owned(),
     );
     // `error: <message>` carries its message; the other names are fixed.
     check(
-        &all!(ActionResult {
-            Ok,
-            Error("<message>".to_owned()),
-            Panicked,
-            Aborted,
-            TimedOut,
-            Skipped,
-        }),
+        include_str!("../action.rs"),
+        "pub enum ActionResult",
+        &[
+            ActionResult::Ok,
+            ActionResult::Error("<message>".to_owned()),
+            ActionResult::Panicked,
+            ActionResult::Aborted,
+            ActionResult::TimedOut,
+            ActionResult::Skipped,
+        ],
         ToString::to_string,
     );
 }
