@@ -15,7 +15,7 @@ fn main() {
     let runs: u64 = args.next().map_or(20_000, |a| a.parse().expect("RUNS"));
     let seed: u64 = args.next().map_or(1, |a| a.parse().expect("SEED"));
     println!(
-        "{runs} drains per row, seed {seed}; default policy (ε = 10⁻³, quiet 1 s, min 1 s, \
+        "{runs} drains per row, seed {seed}; default policy (ε = 10⁻³, quiet 500 ms, min 1 s, \
          max 15 s of a 30 s grace); proxy delay log-uniform 0.2–40 s.\n"
     );
     println!(

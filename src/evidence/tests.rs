@@ -157,7 +157,7 @@ async fn committed(d: &Drain) -> (u64, EvidenceReport) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn dense_traffic_commits_quiet_after_the_last_connection() {
+async fn dense_traffic_commits_soon_after_the_last_connection() {
     let d = drain(Propagation::default());
     arrivals(&d, Duration::from_millis(50), 600).await; // 20/s for 30 s
     assert!(d.start(Trigger::Api));
@@ -167,9 +167,11 @@ async fn dense_traffic_commits_quiet_after_the_last_connection() {
     assert_eq!(ev.kind, EvidenceKind::Confidence, "{ev:?}");
     assert_eq!((ev.slots_observed, ev.empty_slots), (120, 0));
     assert!(ev.t_conf_ms.unwrap() < 1000, "{ev:?}");
-    // Last connection at 2 s; quiet (1 s) is the longer of the two windows.
-    assert_eq!(at, 3000);
-    assert_eq!(ev.silence_ms, 1000);
+    // Last connection at 2 s; the evidence (750 ms: three empty slots) asks for more than
+    // quiet (500 ms), and sets the commit.
+    assert_eq!(ev.t_conf_ms, Some(750), "{ev:?}");
+    assert_eq!(at, 2750);
+    assert_eq!(ev.silence_ms, 750);
 }
 
 #[tokio::test(start_paused = true)]

@@ -299,6 +299,54 @@ fn haproxy_rolling_update_loses_nothing() {
     diagnose(&fleet.dir, &result, &drained);
 }
 
+/// The service's default propagation policy (ε = 10⁻³, `quiet` 500 ms, `min` 1 s, `max` half
+/// the grace period): only the grace period is set. Each instance serves long enough before
+/// its drain (≥ 10 s) for the estimator to see a window of arrivals.
+const DEFAULT_POLICY_FLAGS: &[&str] = &["--grace-period", "30s"];
+
+/// How long each instance serves before it is drained in the default-policy rollout.
+const SERVE_BEFORE_DRAIN: Duration = Duration::from_secs(10);
+
+/// The rolling update behind HAProxy with the default policy: the drain goes on its own
+/// evidence (the rate before the trigger, the new connections during the drain, as every
+/// response then carries `Connection: close`), with no fallback and no floor but `min`. Prints
+/// each drain's time and the rule that set the silence; 0 lost.
+#[test]
+fn haproxy_rolling_update_default_policy_loses_nothing() {
+    if require("haproxy").is_none() {
+        return;
+    }
+    let mut fleet = Fleet::start("haproxy-default", "d", DEFAULT_POLICY_FLAGS);
+    let probe = start_probe(probe_config(
+        fleet.frontend,
+        "haproxy-default",
+        Duration::from_secs(60),
+    ));
+    let started = Instant::now();
+    let mut drained = Vec::new();
+    for round in 1..=3 {
+        std::thread::sleep(SERVE_BEFORE_DRAIN);
+        drained.push(fleet.roll(&format!("d{round}"), |old| {
+            prestop(old);
+            old.signal("-TERM");
+            old.wait_exit(Duration::from_secs(35))
+        }));
+        assert!(
+            started.elapsed() < Duration::from_secs(110),
+            "rounds take too long"
+        );
+    }
+    let result = probe.join().expect("probe thread");
+    print_drain_times("haproxy (default policy)", &drained);
+    assert_clean(&result);
+    for (inst, code) in &drained {
+        let report = inst.report();
+        assert_eq!(*code, 0, "{} exit code", inst.name);
+        assert_eq!(report.outcome, Outcome::Clean);
+    }
+    diagnose(&fleet.dir, &result, &drained);
+}
+
 /// How long nginx learns of an endpoint change after the drain started, like an ingress
 /// controller that reloads a moment after the EndpointSlice changed.
 const NGINX_RELOAD_LAG: Duration = Duration::from_millis(1000);
