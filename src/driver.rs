@@ -38,6 +38,7 @@ use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::Policy;
 use crate::readiness::{ReadinessWhileDraining, SourceTable};
 use crate::report::{DrainReport, ServerReport, Sinks};
+use crate::sync::MutexExt;
 use crate::tasks::{TaskContext, Tasks};
 
 mod assemble;
@@ -223,7 +224,7 @@ impl Driver {
     fn lock(&self) -> MutexGuard<'_, Lifecycle> {
         // A panic while holding the lock leaves the state consistent (every write is a single
         // push/assignment), so poisoning is ignored rather than spread.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     // ---- phase and the one funnel ----

@@ -132,6 +132,7 @@ mod readiness;
 mod report;
 mod signal;
 mod stall;
+mod sync;
 mod tasks;
 
 #[cfg(feature = "admin")]

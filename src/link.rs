@@ -22,6 +22,7 @@ use std::time::Duration;
 use startup::Startup;
 pub use startup::{AllowanceSource, PeerDelay, StartupMeasurement};
 
+use crate::sync::MutexExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -139,7 +140,7 @@ impl Link {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     fn bump(&self) {

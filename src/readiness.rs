@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::evidence::EvidenceReport;
 use crate::phase::Phase;
+use crate::sync::MutexExt;
 use crate::ConfigError;
 pub(crate) use sources::{ProbeCaller, SourceTable};
 pub use sources::{ProbeClass, ProbeSource, ProbeSources, KNATIVE_PROBE_HEADER, PROBE_HEADER};
@@ -201,7 +202,7 @@ impl ReadinessState {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
         // Every write is one push or one flag: a panic elsewhere leaves the registry whole.
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+        self.registry.locked()
     }
 
     pub(crate) fn policy(&self) -> ReadinessWhileDraining {

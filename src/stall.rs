@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::sync::MutexExt;
 use tokio::time::Instant;
 
 /// One connection with response bytes not yet delivered, as the straggler list names it.
@@ -83,6 +84,6 @@ impl Stalls {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(u64, bool), Arc<StalledWrite>>> {
         // Every write is a single insert or remove: a panic cannot leave it half-done.
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+        self.entries.locked()
     }
 }

@@ -47,6 +47,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::sync::MutexExt;
 use crate::Drain;
 
 /// The admin server's default HTTP/1 header-read timeout: probes send their head at once.
@@ -181,7 +182,7 @@ impl Slots {
     /// its client sent: a probe in a flood of silent connections has its head read before
     /// anything can evict it, however long its task waits for a thread.
     fn admit(&self, slot: &Arc<Slot>, cap: usize) -> Admission {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.locked();
         if open.len() >= cap {
             let mut unread = false;
             let victim = open
@@ -208,7 +209,7 @@ impl Slots {
     }
 
     fn remove(&self, slot: &Arc<Slot>) {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.locked();
         if let Some(i) = open.iter().position(|s| Arc::ptr_eq(s, slot)) {
             open.swap_remove(i);
         }
@@ -378,7 +379,7 @@ impl Wake for ReadWake {
     fn wake_by_ref(self: &Arc<Self>) {
         // Release: pairs with the eviction check's Acquire.
         self.slot.wakes.fetch_add(1, Ordering::Release);
-        let task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        let task = self.task.locked();
         if let Some(w) = &*task {
             w.wake_by_ref();
         }
@@ -400,7 +401,7 @@ impl<F: Future> Future for Watched<'_, F> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         {
-            let mut task = self.wake.task.lock().unwrap_or_else(|e| e.into_inner());
+            let mut task = self.wake.task.locked();
             match &*task {
                 Some(w) if w.will_wake(cx.waker()) => {}
                 _ => *task = Some(cx.waker().clone()),

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::sync::MutexExt;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
@@ -111,7 +112,7 @@ pub(crate) struct Startup {
 
 impl Startup {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// The watch started: peers are remembered from now on.

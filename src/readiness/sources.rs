@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::Caller;
+use crate::sync::MutexExt;
 
 /// The header a probe's `httpHeaders` can set to say who it is, whatever its `User-Agent`
 /// became on the way (a mesh that rewrites probes): `X-Lameduck-Probe: kubelet` or
@@ -214,7 +215,7 @@ impl SourceTable {
     #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
     pub(crate) fn record(&self, caller: &ProbeCaller, draining: bool) {
         // Every write is one push or one increment: a panic elsewhere leaves the table whole.
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.seen.locked();
         let seen = &mut *seen;
         let header = caller.header.map(str::to_owned);
         let full = seen.sources.len() >= MAX_SOURCES;
@@ -239,7 +240,7 @@ impl SourceTable {
     }
 
     pub(crate) fn snapshot(&self) -> ProbeSources {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.seen.locked().clone()
     }
 }
 
