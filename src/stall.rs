@@ -66,10 +66,26 @@ pub(crate) struct Stalls {
 }
 
 impl Stalls {
-    /// Written by the accept loop of the `http` feature only.
+    /// Names connection `conn` (from `peer`, `written` bytes so far) as a stalled write from
+    /// now on, until [`unregister`](Self::unregister). Written by the accept loop of the `http`
+    /// feature only.
     #[cfg(feature = "http")]
-    pub(crate) fn register(&self, entry: Arc<StalledWrite>) {
-        self.lock().insert((entry.conn, entry.after_goaway), entry);
+    pub(crate) fn register(
+        &self,
+        conn: u64,
+        after_goaway: bool,
+        peer: Option<SocketAddr>,
+        written: u64,
+    ) -> Arc<StalledWrite> {
+        let entry = Arc::new(StalledWrite {
+            conn,
+            after_goaway,
+            peer,
+            since: Instant::now(),
+            written: written.into(),
+        });
+        self.lock().insert((conn, after_goaway), Arc::clone(&entry));
+        entry
     }
 
     #[cfg(feature = "http")]

@@ -47,6 +47,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::http::accept::Acceptor;
 use crate::sync::MutexExt;
 use crate::Drain;
 
@@ -55,9 +56,6 @@ pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The admin server's default cap on open connections.
 pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
-
-const MIN_BACKOFF: Duration = Duration::from_millis(10);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The future returned by [`AdminBuilder::serve`](super::AdminBuilder::serve): serves the
 /// admin router until [`Drain::run`](crate::Drain::run) is about to return, then stops
@@ -232,39 +230,9 @@ async fn run(
         .header_read_timeout(header_read_timeout);
     let exiting = drain.exit_holds().exiting().clone();
     let slots = Arc::new(Slots::default());
-    let mut backoff = MIN_BACKOFF;
-    loop {
-        let accepted = tokio::select! {
-            biased;
-            () = exiting.cancelled() => break,
-            r = listener.accept() => r,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => {
-                backoff = MIN_BACKOFF;
-                stream
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused
-                        | io::ErrorKind::ConnectionAborted
-                        | io::ErrorKind::ConnectionReset
-                ) =>
-            {
-                continue
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "lameduck: admin accept failed; backing off");
-                tokio::select! {
-                    biased;
-                    () = exiting.cancelled() => break,
-                    () = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                continue;
-            }
-        };
+    let mut acceptor = Acceptor::new(listener, "admin ");
+    let mut stop = pin!(exiting.cancelled());
+    while let Some((stream, _)) = acceptor.next(stop.as_mut()).await {
         let slot = Arc::new(Slot::new());
         let give_up = Instant::now() + FRESH_WAIT;
         let admitted = loop {
