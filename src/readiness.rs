@@ -17,7 +17,9 @@ use crate::evidence::EvidenceReport;
 use crate::phase::Phase;
 use crate::sync::MutexExt;
 use crate::ConfigError;
-pub(crate) use sources::{ProbeCaller, SourceTable};
+#[cfg(feature = "admin")]
+pub(crate) use sources::ProbeCaller;
+pub(crate) use sources::SourceTable;
 pub use sources::{ProbeClass, ProbeSource, ProbeSources, KNATIVE_PROBE_HEADER, PROBE_HEADER};
 
 /// What `/readyz` says while draining: a policy, because neither answer is right everywhere.
@@ -127,7 +129,7 @@ pub(crate) enum Caller {
 }
 
 impl Caller {
-    #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // used by gRPC health
+    #[cfg(feature = "grpc")]
     pub(crate) fn from_user_agent(ua: Option<&[u8]>) -> Self {
         match ua {
             Some(ua) if ua.starts_with(b"kube-probe/") => Caller::Kubelet,
@@ -179,8 +181,6 @@ struct Registry {
 pub(crate) struct ReadinessState {
     policy: ReadinessWhileDraining,
     registry: Mutex<Registry>,
-    /// Shared with the driver, which reads it into `/status` and the report.
-    sources: Arc<SourceTable>,
 }
 
 impl std::fmt::Debug for ReadinessState {
@@ -192,11 +192,10 @@ impl std::fmt::Debug for ReadinessState {
 }
 
 impl ReadinessState {
-    pub(crate) fn new(policy: ReadinessWhileDraining, sources: Arc<SourceTable>) -> Self {
+    pub(crate) fn new(policy: ReadinessWhileDraining) -> Self {
         Self {
             policy,
             registry: Mutex::new(Registry::default()),
-            sources,
         }
     }
 
@@ -234,12 +233,6 @@ impl ReadinessState {
 
     pub(crate) fn add_check(&self, name: String, f: Arc<CheckFn>) {
         self.lock().checks.push(Check { name, f });
-    }
-
-    /// Counts a `/readyz` caller in the table of probe sources.
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
-    pub(crate) fn record(&self, probe: &ProbeCaller, draining: bool) {
-        self.sources.record(probe, draining);
     }
 
     /// Readiness in `phase` as `caller` (described as `who`) sees it, with `evidence` (what

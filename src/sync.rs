@@ -4,7 +4,9 @@
 //! remove, a field set under the lock), so a lock poisoned by a panic elsewhere is taken as it
 //! is: a drain must still finish, and report, after one task panicked.
 
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard};
+#[cfg(feature = "http")]
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// [`Mutex::lock`] that ignores poisoning (see the module docs).
 pub(crate) trait MutexExt<T: ?Sized> {
@@ -20,6 +22,7 @@ impl<T: ?Sized> MutexExt<T> for Mutex<T> {
 }
 
 /// [`RwLock::read`] and [`RwLock::write`] that ignore poisoning (see the module docs).
+#[cfg(feature = "http")] // the layer options' table is the only `RwLock`
 pub(crate) trait RwLockExt<T: ?Sized> {
     /// Takes the lock for reading, poisoned or not.
     fn read_locked(&self) -> RwLockReadGuard<'_, T>;
@@ -27,6 +30,7 @@ pub(crate) trait RwLockExt<T: ?Sized> {
     fn write_locked(&self) -> RwLockWriteGuard<'_, T>;
 }
 
+#[cfg(feature = "http")]
 impl<T: ?Sized> RwLockExt<T> for RwLock<T> {
     #[inline]
     fn read_locked(&self) -> RwLockReadGuard<'_, T> {

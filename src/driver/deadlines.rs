@@ -103,7 +103,7 @@ impl Driver {
 
     /// Records the deletion's kill time; `true` if it tightened the budget. A drain already
     /// under way hands its tasks the earlier quiesce deadline.
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // called by the `kube` watch
+    #[cfg(feature = "kube")]
     pub(crate) fn tighten(&self, kill: Kill) -> bool {
         let tightened = self.link.tighten(kill);
         if tightened {

@@ -45,8 +45,14 @@ pub enum AllowanceSource {
     /// This Pod's own delay at startup, from the slice listing it ready to the first new
     /// connection of each peer: the largest of them. Proof enough to commit on.
     Measured,
-    /// Set with [`EndpointWatch::proxy_allowance`](crate::EndpointWatch::proxy_allowance):
-    /// the operator knows the proxies. Proof enough to commit on.
+    /// Set with [`EndpointWatch::proxy_allowance`][proxy-allowance]: the operator knows the
+    /// proxies. Proof enough to commit on.
+    ///
+    #[cfg_attr(
+        feature = "kube",
+        doc = "[proxy-allowance]: crate::EndpointWatch::proxy_allowance"
+    )]
+    #[cfg_attr(not(feature = "kube"), doc = "[proxy-allowance]: crate#feature-flags")]
     Configured,
     /// Nothing measured, nothing set: `DEFAULT_PROXY_ALLOWANCE` (2 s). Only a floor: the
     /// commit also waits for what the arrival evidence alone would have committed on.
@@ -116,6 +122,7 @@ impl Startup {
     }
 
     /// The watch started: peers are remembered from now on.
+    #[cfg(feature = "kube")]
     pub(crate) fn arm(&self) {
         // Relaxed: a connection that misses the flag by a few nanoseconds is one the watch
         // could not have placed before or after the listing anyway.
@@ -123,7 +130,7 @@ impl Startup {
     }
 
     /// The watch saw a slice list this Pod ready for the first time.
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // called by the `kube` watch
+    #[cfg(feature = "kube")]
     pub(crate) fn listed(&self, at: Instant) {
         let mut st = self.lock();
         if st.listed_at.is_none() && st.unmeasurable.is_none() {
@@ -132,7 +139,7 @@ impl Startup {
     }
 
     /// The slices already listed this Pod ready when the watch first read them.
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // called by the `kube` watch
+    #[cfg(feature = "kube")]
     pub(crate) fn unmeasurable(&self, why: String) {
         let mut st = self.lock();
         if st.listed_at.is_none() && st.unmeasurable.is_none() {

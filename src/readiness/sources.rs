@@ -12,6 +12,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "admin")]
 use super::Caller;
 use crate::sync::MutexExt;
 
@@ -24,14 +25,19 @@ pub const PROBE_HEADER: &str = "x-lameduck-probe";
 /// probe and marks it so.
 pub const KNATIVE_PROBE_HEADER: &str = "k-kubelet-probe";
 
+// What follows up to `ProbeSources` classifies callers of the admin router's `/readyz`.
+
 /// Rows kept in the table of probe sources.
+#[cfg(feature = "admin")]
 pub(crate) const MAX_SOURCES: usize = 16;
 
 /// Longest `User-Agent` product kept in a row.
+#[cfg(feature = "admin")]
 const MAX_AGENT: usize = 40;
 
 /// The `User-Agent` prefixes of load balancers' and service discovery's health checkers that
 /// probe the Pod directly.
+#[cfg(feature = "admin")]
 const LOAD_BALANCER_AGENTS: &[&str] = &[
     "GoogleHC/",
     "ELB-HealthChecker/",
@@ -61,6 +67,7 @@ pub enum ProbeClass {
 /// One caller, classified: what [`ReadinessWhileDraining::Auto`](super::ReadinessWhileDraining::Auto)
 /// goes on.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg(feature = "admin")]
 pub(crate) struct ProbeCaller {
     class: ProbeClass,
     rule: &'static str,
@@ -68,11 +75,11 @@ pub(crate) struct ProbeCaller {
     agent: String,
 }
 
+#[cfg(feature = "admin")]
 impl ProbeCaller {
     /// Classifies by, in order: `X-Lameduck-Probe` (`kubelet` or `load-balancer`),
     /// `K-Kubelet-Probe` (any non-empty value), `User-Agent: kube-probe/…`, a known load
     /// balancer's `User-Agent`; anything else is [`ProbeClass::Other`].
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
     pub(crate) fn classify(
         user_agent: Option<&[u8]>,
         knative: Option<&[u8]>,
@@ -146,6 +153,7 @@ impl ProbeCaller {
 
 /// The product of a `User-Agent` (`kube-probe/1.31` → `kube-probe/1.31`, cut at the first
 /// space and at [`MAX_AGENT`] characters), printable ASCII only; `(none)` when absent.
+#[cfg(feature = "admin")]
 fn agent_product(ua: Option<&[u8]>) -> String {
     let Some(ua) = ua else {
         return "(none)".to_owned();
@@ -212,7 +220,7 @@ pub(crate) struct SourceTable {
 }
 
 impl SourceTable {
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
+    #[cfg(feature = "admin")]
     pub(crate) fn record(&self, caller: &ProbeCaller, draining: bool) {
         // Every write is one push or one increment: a panic elsewhere leaves the table whole.
         let mut seen = self.seen.locked();
@@ -244,7 +252,7 @@ impl SourceTable {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "admin"))]
 mod tests {
     use super::*;
 
