@@ -403,15 +403,7 @@ impl Drain {
 
     /// Readiness as `caller` sees it: `/readyz` passes who asked.
     pub(crate) fn readiness_for(&self, caller: Caller) -> Readiness {
-        let phase = self.phase();
-        let evidence = if phase >= Phase::Draining {
-            self.inner.driver.evidence_now()
-        } else {
-            None
-        };
-        self.inner
-            .readiness
-            .evaluate(phase, caller, caller.describe(), evidence)
+        self.readiness_in(self.phase(), caller, caller.describe())
     }
 
     /// Readiness as a classified `/readyz` caller sees it; the caller is counted in the table
@@ -423,14 +415,18 @@ impl Drain {
             .driver
             .probe_sources()
             .record(probe, phase == Phase::Draining);
+        self.readiness_in(phase, probe.caller(), &probe.describe())
+    }
+
+    /// Readiness in `phase` as `caller` (described as `who`) sees it, with the propagation
+    /// evidence once draining.
+    fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> Readiness {
         let evidence = if phase >= Phase::Draining {
             self.inner.driver.evidence_now()
         } else {
             None
         };
-        self.inner
-            .readiness
-            .evaluate(phase, probe.caller(), &probe.describe(), evidence)
+        self.inner.readiness.evaluate(phase, caller, who, evidence)
     }
 
     /// A token that fires at `drain_started`: readiness flips, cancel-on-drain work stops
