@@ -22,10 +22,11 @@ use std::time::Duration;
 use startup::Startup;
 pub use startup::{AllowanceSource, PeerDelay, StartupMeasurement};
 
-use crate::sync::MutexExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+use crate::sync::MutexExt;
 
 /// Where the slice evidence stands.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -16,8 +16,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::sync::MutexExt;
 use tokio::time::Instant;
+
+use crate::sync::MutexExt;
 
 /// One connection with response bytes not yet delivered, as the straggler list names it.
 #[derive(Debug)]

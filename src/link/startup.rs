@@ -24,9 +24,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::sync::MutexExt;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+
+use crate::sync::MutexExt;
 
 /// Peers remembered before the listing (to leave them out after it).
 const BEFORE_LIMIT: usize = 64;
