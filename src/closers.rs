@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::action::ActionResult;
+use crate::sync::MutexExt;
 
 /// The error type a closer may return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -55,7 +56,7 @@ impl Closers {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Closer>> {
         // A push is the only write: a panic elsewhere leaves the list whole.
-        self.registered.lock().unwrap_or_else(|e| e.into_inner())
+        self.registered.locked()
     }
 
     /// Runs every registered closer (see [`run_all`]); with `skip`, runs none (a forced drain).

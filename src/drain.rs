@@ -20,7 +20,9 @@ use crate::driver::{Driver, Status};
 use crate::exit::ExitHolds;
 use crate::guard::{Core, InFlightGuard};
 use crate::phase::{unix_ms_now, Event, Phase, Trigger};
-use crate::readiness::{Caller, ProbeCaller, Readiness, ReadinessState, ReadinessWhileDraining};
+#[cfg(feature = "admin")]
+use crate::readiness::ProbeCaller;
+use crate::readiness::{Caller, Readiness, ReadinessState, ReadinessWhileDraining};
 use crate::report::DrainReport;
 use crate::signal::{Receipt, Signals};
 
@@ -142,7 +144,9 @@ impl Drain {
 
     /// A new connection was accepted: counts it in the arrival rate, and as activity while
     /// draining. Returns `true` when it came after the drain started.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the accept loop of the `http` feature
+    // Without `http` nothing calls this; it stays compiled (and allowed dead) until the
+    // arrival tally it feeds in `guard.rs` and `evidence.rs` is split out with its own `cfg`.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn note_connection(&self, peer: Option<std::net::SocketAddr>) -> bool {
         let core = self.core();
         core.note_arrival();
@@ -194,7 +198,7 @@ impl Drain {
     }
 
     /// Answers owed to admin callers before the process exits.
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // used by the admin router and its server
+    #[cfg(feature = "admin")]
     pub(crate) fn exit_holds(&self) -> &ExitHolds {
         &self.inner.exit
     }
@@ -399,31 +403,30 @@ impl Drain {
 
     /// Readiness as `caller` sees it: `/readyz` passes who asked.
     pub(crate) fn readiness_for(&self, caller: Caller) -> Readiness {
-        let phase = self.phase();
-        let evidence = if phase >= Phase::Draining {
-            self.inner.driver.evidence_now()
-        } else {
-            None
-        };
-        self.inner
-            .readiness
-            .evaluate(phase, caller, caller.describe(), evidence)
+        self.readiness_in(self.phase(), caller, caller.describe())
     }
 
     /// Readiness as a classified `/readyz` caller sees it; the caller is counted in the table
     /// of probe sources.
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
+    #[cfg(feature = "admin")]
     pub(crate) fn readiness_for_probe(&self, probe: &ProbeCaller) -> Readiness {
         let phase = self.phase();
-        self.inner.readiness.record(probe, phase == Phase::Draining);
+        self.inner
+            .driver
+            .probe_sources()
+            .record(probe, phase == Phase::Draining);
+        self.readiness_in(phase, probe.caller(), &probe.describe())
+    }
+
+    /// Readiness in `phase` as `caller` (described as `who`) sees it, with the propagation
+    /// evidence once draining.
+    fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> Readiness {
         let evidence = if phase >= Phase::Draining {
             self.inner.driver.evidence_now()
         } else {
             None
         };
-        self.inner
-            .readiness
-            .evaluate(phase, probe.caller(), &probe.describe(), evidence)
+        self.inner.readiness.evaluate(phase, caller, who, evidence)
     }
 
     /// A token that fires at `drain_started`: readiness flips, cancel-on-drain work stops

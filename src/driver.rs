@@ -8,8 +8,8 @@
 //!   count of one `signal_received` event per trigger kind, so the timeline stays bounded
 //!   whatever the number of triggers; once the Done event is in, the timeline is final.
 //! * Every lifecycle event and every phase change goes through one funnel
-//!   ([`Driver::push`], [`Driver::set_phase`]): one log line per event, and the observers
-//!   (metrics) see each of them.
+//!   ([`Driver::push`], [`Driver::set_phase`]): one log line per event, and the metrics
+//!   (feature `metrics`) are sampled at each of them.
 //! * The final report is written by exactly one of the driver and the watchdog thread: each
 //!   claims the `emission` flag with a compare-exchange before writing. Under `run` the
 //!   watchdog stays armed until the report's last write (after Done) is over, so no sink can
@@ -38,6 +38,7 @@ use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::Policy;
 use crate::readiness::{ReadinessWhileDraining, SourceTable};
 use crate::report::{DrainReport, ServerReport, Sinks};
+use crate::sync::MutexExt;
 use crate::tasks::{TaskContext, Tasks};
 
 mod assemble;
@@ -50,35 +51,12 @@ mod trigger;
 
 pub use status::{Status, STATUS_TIMELINE_LIMIT};
 
-/// What the observers (metrics) are shown at each lifecycle event and phase change.
-#[derive(Clone, Copy, Debug)]
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))] // read by the metrics observer
-pub(crate) struct Sample {
-    pub(crate) phase: Phase,
-    pub(crate) in_flight: usize,
-    pub(crate) connections: usize,
-    pub(crate) tasks: usize,
-    pub(crate) requests_on_new: u64,
-    pub(crate) requests_on_reused: u64,
-}
-
-/// What an observer sees: a sample at each event and phase change, and the report once, just
-/// before the phase turns Done.
-#[derive(Debug)]
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))] // read by the metrics observer
-pub(crate) enum Observed<'a> {
-    Moment(Sample),
-    Done(&'a DrainReport),
-}
-
-pub(crate) type Observer = Box<dyn Fn(Observed<'_>) + Send + Sync>;
-
 /// The settings the builder validated, for the driver.
 pub(crate) struct Settings {
     pub(crate) budget: Budget,
     pub(crate) policy: Policy,
     pub(crate) readiness: ReadinessWhileDraining,
-    pub(crate) probe_sources: Arc<SourceTable>,
+    pub(crate) probe_sources: SourceTable,
     pub(crate) sinks: Sinks,
     pub(crate) hurry_lead: Duration,
     pub(crate) proxy_label: Option<String>,
@@ -151,7 +129,7 @@ pub(crate) struct Driver {
     policy: Policy,
     readiness: ReadinessWhileDraining,
     /// Who called `/readyz` and how each was classified (the readiness part writes it).
-    probe_sources: Arc<SourceTable>,
+    probe_sources: SourceTable,
     sinks: Sinks,
     hurry_lead: Duration,
     proxy_label: Option<String>,
@@ -172,7 +150,6 @@ pub(crate) struct Driver {
     terminate_seen: Notify,
     pub(crate) tasks: Tasks,
     pub(crate) closers: Closers,
-    observers: Vec<Observer>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -185,7 +162,7 @@ impl std::fmt::Debug for Driver {
 }
 
 impl Driver {
-    pub(crate) fn new(core: &'static Core, settings: Settings, observers: Vec<Observer>) -> Self {
+    pub(crate) fn new(core: &'static Core, settings: Settings) -> Self {
         let Settings {
             budget,
             policy,
@@ -216,14 +193,13 @@ impl Driver {
             terminate_seen: Notify::new(),
             tasks: Tasks::default(),
             closers: Closers::default(),
-            observers,
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Lifecycle> {
         // A panic while holding the lock leaves the state consistent (every write is a single
         // push/assignment), so poisoning is ignored rather than spread.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     // ---- phase and the one funnel ----
@@ -236,16 +212,17 @@ impl Driver {
         self.phase.subscribe()
     }
 
-    /// Moves to `phase` and shows the observers.
+    /// Moves to `phase` and samples the metrics.
     fn set_phase(&self, phase: Phase) {
         self.phase.send_modify(|p| *p = phase);
         self.observe();
     }
 
-    /// What the observers would see now.
-    pub(crate) fn sample(&self) -> Sample {
+    /// What the metrics are set from now.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn sample(&self) -> crate::metrics::Sample {
         let af = &self.core.after_flip;
-        Sample {
+        crate::metrics::Sample {
             phase: self.phase(),
             in_flight: self.core.counter.count(),
             connections: self.connections(),
@@ -256,16 +233,17 @@ impl Driver {
         }
     }
 
-    /// Shows the observers a sample (metrics are sampled at lifecycle events, never per
-    /// request).
+    /// Sets the metrics (feature `metrics`) from a sample: they are sampled at lifecycle
+    /// events, never per request.
     pub(crate) fn observe(&self) {
-        if self.observers.is_empty() {
-            return;
-        }
-        let sample = self.sample();
-        for o in &self.observers {
-            o(Observed::Moment(sample));
-        }
+        #[cfg(feature = "metrics")]
+        crate::metrics::record(&self.sample());
+    }
+
+    /// The table of `/readyz` callers, which the admin router writes.
+    #[cfg(feature = "admin")]
+    pub(crate) fn probe_sources(&self) -> &SourceTable {
+        &self.probe_sources
     }
 
     pub(crate) fn connections(&self) -> usize {
@@ -282,7 +260,7 @@ impl Driver {
         Event::new(kind, at, o.unix_ms + at.as_millis() as u64)
     }
 
-    /// Logs `e`, appends it to the timeline (until it is final) and shows the observers.
+    /// Logs `e`, appends it to the timeline (until it is final) and samples the metrics.
     fn push(&self, e: Event) {
         // One INFO line per lifecycle event (a production log tells the drain in a handful of
         // lines); counts ride along so each line stands on its own.
@@ -340,7 +318,7 @@ impl Driver {
     }
 
     /// Records the accept loop's timeouts for the report (`server`).
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by `serve` of the `http` feature
+    #[cfg(feature = "http")]
     pub(crate) fn note_server(&self, server: ServerReport) {
         self.lock().server = Some(server);
     }

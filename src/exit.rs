@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+#[cfg(feature = "admin")]
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
@@ -27,7 +28,7 @@ pub(crate) struct ExitHolds {
     exiting: CancellationToken,
 }
 
-#[cfg_attr(not(feature = "admin"), allow(dead_code))] // used by the admin router and its server
+#[cfg(feature = "admin")]
 impl ExitHolds {
     /// Counts one answer owed until the token is dropped.
     pub(crate) fn token(&self) -> TaskTrackerToken {

@@ -59,11 +59,15 @@ pub mod worker {}
 #[cfg_attr(feature = "http", doc = "[serve]: crate::serve")]
 #[cfg_attr(feature = "http", doc = "[stream-stop]: crate::Drain::stream_stop")]
 #[cfg_attr(
+    feature = "http",
+    doc = "[max-connections]: crate::Serve::max_connections"
+)]
+#[cfg_attr(
     not(feature = "admin"),
     doc = "[admin-router]: crate#feature-flags\n[prestop-blocking]: crate#feature-flags"
 )]
 #[cfg_attr(
     not(feature = "http"),
-    doc = "[serve]: crate#feature-flags\n[stream-stop]: crate#feature-flags"
+    doc = "[serve]: crate#feature-flags\n[stream-stop]: crate#feature-flags\n[max-connections]: crate#feature-flags"
 )]
 pub mod kubernetes {}

@@ -4,14 +4,8 @@
 //! readiness, keeps serving whatever still arrives while load balancers catch up, counts
 //! in-flight requests and background tasks, closes resources in order once the work that uses
 //! them is done, and exits inside the Pod's `terminationGracePeriodSeconds` — then explains the
-//! drain with a [`DrainReport`].
-//!
-//! ```text
-//! Starting ──(all startup gates open)──▶ Serving
-//! Serving ──(preStop call │ SIGTERM │ Drain::start)──▶ Draining
-//! Draining ──(propagation policy commits)──▶ StoppedAccepting
-//! StoppedAccepting ──(in-flight = 0 and tasks = 0, or quiesce deadline)──▶ Closing ──▶ Done
-//! ```
+//! drain with a [`DrainReport`]. The service's life is a line of [phases](Phase), from
+//! `Starting` to `Done`; [`Phase`] draws it, with what moves it from one phase to the next.
 //!
 //! # Quick start
 //!
@@ -132,6 +126,7 @@ mod readiness;
 mod report;
 mod signal;
 mod stall;
+mod sync;
 mod tasks;
 
 #[cfg(feature = "admin")]

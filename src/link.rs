@@ -26,24 +26,31 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::sync::MutexExt;
+
 /// Where the slice evidence stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[cfg_attr(not(feature = "kube"), allow(dead_code))] // the watch, behind `kube`, sets the rest
 pub(crate) enum Source {
     /// Built without the `kube` feature.
     NotBuilt,
     /// Built with it, but no `EndpointWatch` was started.
     NotStarted,
     /// Started; the first list has not answered yet.
+    #[cfg(feature = "kube")]
     Connecting,
     /// Listed and watching.
+    #[cfg(feature = "kube")]
     Watching,
     /// The API refused or could not be reached: why.
+    #[cfg(feature = "kube")]
     Unavailable(String),
 }
 
 /// What the slices allow the propagation policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Without `kube` only `None` is made (nothing watches the slices); the propagation policy
+// matches every variant in every build so that it is written once, not once per feature.
+#[cfg_attr(not(feature = "kube"), allow(dead_code))]
 pub(crate) enum Hold {
     /// No slice evidence: the policy goes on what it has today.
     None,
@@ -90,6 +97,7 @@ pub(crate) struct Early {
 }
 
 /// At most this many events from before the trigger are kept (the latest ones).
+#[cfg(feature = "kube")]
 const EARLY_LIMIT: usize = 16;
 
 struct State {
@@ -139,9 +147,10 @@ impl Link {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
+    #[cfg(feature = "kube")]
     fn bump(&self) {
         self.generation.send_modify(|g| *g = g.wrapping_add(1));
     }
@@ -170,7 +179,7 @@ impl Link {
         }
     }
 
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    #[cfg(feature = "kube")]
     pub(crate) fn set_source(&self, source: Source) {
         self.lock().source = source;
         self.bump();
@@ -178,7 +187,7 @@ impl Link {
 
     /// The proxy allowance: `configured` by the user, or the default used when nothing is
     /// measured at startup (measuring starts now).
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    #[cfg(feature = "kube")]
     pub(crate) fn set_allowance(&self, allowance: Duration, configured: bool) {
         {
             let mut st = self.lock();
@@ -190,7 +199,7 @@ impl Link {
     }
 
     /// The startup measurement of this Pod's proxy delay (feature `kube`).
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    #[cfg(feature = "kube")]
     pub(crate) fn startup(&self) -> &Startup {
         &self.startup
     }
@@ -213,7 +222,7 @@ impl Link {
         }
     }
 
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    #[cfg(feature = "kube")]
     pub(crate) fn set_routing(&self, routing: Routing) {
         let changed = {
             let mut st = self.lock();
@@ -227,7 +236,7 @@ impl Link {
     }
 
     /// Records the deletion's kill time; `true` if it tightened the budget.
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    #[cfg(feature = "kube")]
     pub(crate) fn tighten(&self, kill: Kill) -> bool {
         let tightened = {
             let mut st = self.lock();
@@ -249,7 +258,7 @@ impl Link {
         self.lock().kill
     }
 
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // written by the `kube` watcher
+    #[cfg(feature = "kube")]
     pub(crate) fn push_early(&self, e: Early) {
         let mut st = self.lock();
         if st.early.len() == EARLY_LIMIT {
@@ -266,9 +275,14 @@ impl Link {
     pub(crate) fn hold(&self) -> Hold {
         let st = self.lock();
         match st.source {
-            Source::NotBuilt | Source::NotStarted | Source::Unavailable(_) => Hold::None,
+            Source::NotBuilt | Source::NotStarted => Hold::None,
+            #[cfg(feature = "kube")]
+            Source::Unavailable(_) => Hold::None,
+            #[cfg(feature = "kube")]
             Source::Connecting => Hold::Pending,
+            #[cfg(feature = "kube")]
             Source::Watching if st.routing.slices.is_empty() => Hold::None,
+            #[cfg(feature = "kube")]
             Source::Watching => match st.routing.unrouted_since {
                 Some((at, _)) => match self.allowance(&st) {
                     (a, AllowanceSource::Default) => Hold::Floor(at + a),
@@ -285,8 +299,11 @@ impl Link {
         match &st.source {
             Source::NotBuilt => Some("the kube feature is not built".to_owned()),
             Source::NotStarted => Some("no EndpointWatch was started".to_owned()),
+            #[cfg(feature = "kube")]
             Source::Connecting => Some("the Kubernetes API had not answered yet".to_owned()),
+            #[cfg(feature = "kube")]
             Source::Unavailable(why) => Some(why.clone()),
+            #[cfg(feature = "kube")]
             Source::Watching if st.routing.slices.is_empty() => {
                 Some(if st.routing.publish_not_ready.is_empty() {
                     "no EndpointSlice lists this Pod's addresses".to_owned()
@@ -294,6 +311,7 @@ impl Link {
                     "every Service listing this Pod publishes not-ready addresses".to_owned()
                 })
             }
+            #[cfg(feature = "kube")]
             Source::Watching => None,
         }
     }
@@ -337,8 +355,15 @@ impl Link {
     }
 
     /// Listed and watching: the slice evidence is worth reporting, used or not.
+    #[cfg(feature = "kube")]
     pub(crate) fn is_watching(&self) -> bool {
         self.lock().source == Source::Watching
+    }
+
+    /// Without the `kube` feature nothing watches.
+    #[cfg(not(feature = "kube"))]
+    pub(crate) fn is_watching(&self) -> bool {
+        false
     }
 }
 

@@ -104,7 +104,6 @@ use std::time::Duration;
 use metrics::Unit;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
-use crate::driver::{Observed, Sample};
 use crate::phase::Phase;
 use crate::report::DrainReport;
 
@@ -181,13 +180,16 @@ pub(crate) fn describe() {
     );
 }
 
-/// The observer of the drain's event funnel: a sample at every lifecycle event and phase
-/// change, the histograms once at Done.
-pub(crate) fn observe(seen: Observed<'_>) {
-    match seen {
-        Observed::Moment(sample) => record(&sample),
-        Observed::Done(report) => record_done(report),
-    }
+/// What the gauges and the counter are set from, sampled by the driver at every lifecycle
+/// event and phase change (and by [`Drain::record_metrics`](crate::Drain::record_metrics)).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sample {
+    pub(crate) phase: Phase,
+    pub(crate) in_flight: usize,
+    pub(crate) connections: usize,
+    pub(crate) tasks: usize,
+    pub(crate) requests_on_new: u64,
+    pub(crate) requests_on_reused: u64,
 }
 
 /// Sets every gauge and the after-flip counters from `sample`.
@@ -203,8 +205,9 @@ pub(crate) fn record(sample: &Sample) {
         .absolute(sample.requests_on_reused);
 }
 
-/// Records the histograms of a finished drain, from its report. Called once, at Done.
-fn record_done(report: &DrainReport) {
+/// Records the histograms of a finished drain, from its report. Called once, just before the
+/// phase turns Done, so whoever awaits Done finds them recorded.
+pub(crate) fn record_done(report: &DrainReport) {
     histogram!(DRAIN_DURATION_SECONDS, "outcome" => report.outcome.as_str())
         .record(seconds(report.budget.used_ms));
     if let Some(ms) = report.after_flip.last_new_connection_ms {

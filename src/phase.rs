@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 ///
 /// ```text
 /// Starting ──(all startup gates open)──▶ Serving
-/// Serving ──(trigger)──▶ Draining ──(commit)──▶ StoppedAccepting ──(zero or deadline)──▶ Closing ──▶ Done
+/// Serving ──(preStop call │ SIGTERM │ Drain::start)──▶ Draining
+/// Draining ──(propagation policy commits)──▶ StoppedAccepting
+/// StoppedAccepting ──(in-flight = 0 and tasks = 0, or quiesce deadline)──▶ Closing ──▶ Done
 /// ```
 ///
 /// In JSON: `starting`, `serving`, `draining`, `stopped_accepting`, `closing`, `done`.

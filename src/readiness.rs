@@ -15,8 +15,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::evidence::EvidenceReport;
 use crate::phase::Phase;
+use crate::sync::MutexExt;
 use crate::ConfigError;
-pub(crate) use sources::{ProbeCaller, SourceTable};
+#[cfg(feature = "admin")]
+pub(crate) use sources::ProbeCaller;
+pub(crate) use sources::SourceTable;
 pub use sources::{ProbeClass, ProbeSource, ProbeSources, KNATIVE_PROBE_HEADER, PROBE_HEADER};
 
 /// What `/readyz` says while draining: a policy, because neither answer is right everywhere.
@@ -126,7 +129,7 @@ pub(crate) enum Caller {
 }
 
 impl Caller {
-    #[cfg_attr(not(feature = "grpc"), allow(dead_code))] // used by gRPC health
+    #[cfg(feature = "grpc")]
     pub(crate) fn from_user_agent(ua: Option<&[u8]>) -> Self {
         match ua {
             Some(ua) if ua.starts_with(b"kube-probe/") => Caller::Kubelet,
@@ -178,8 +181,6 @@ struct Registry {
 pub(crate) struct ReadinessState {
     policy: ReadinessWhileDraining,
     registry: Mutex<Registry>,
-    /// Shared with the driver, which reads it into `/status` and the report.
-    sources: Arc<SourceTable>,
 }
 
 impl std::fmt::Debug for ReadinessState {
@@ -191,17 +192,16 @@ impl std::fmt::Debug for ReadinessState {
 }
 
 impl ReadinessState {
-    pub(crate) fn new(policy: ReadinessWhileDraining, sources: Arc<SourceTable>) -> Self {
+    pub(crate) fn new(policy: ReadinessWhileDraining) -> Self {
         Self {
             policy,
             registry: Mutex::new(Registry::default()),
-            sources,
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
         // Every write is one push or one flag: a panic elsewhere leaves the registry whole.
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+        self.registry.locked()
     }
 
     pub(crate) fn policy(&self) -> ReadinessWhileDraining {
@@ -233,12 +233,6 @@ impl ReadinessState {
 
     pub(crate) fn add_check(&self, name: String, f: Arc<CheckFn>) {
         self.lock().checks.push(Check { name, f });
-    }
-
-    /// Counts a `/readyz` caller in the table of probe sources.
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
-    pub(crate) fn record(&self, probe: &ProbeCaller, draining: bool) {
-        self.sources.record(probe, draining);
     }
 
     /// Readiness in `phase` as `caller` (described as `who`) sees it, with `evidence` (what

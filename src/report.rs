@@ -14,6 +14,7 @@ use crate::evidence::EvidenceReport;
 use crate::guard::Core;
 use crate::phase::{Event, EventKind, Trigger};
 use crate::readiness::{ProbeSources, ReadinessWhileDraining};
+use crate::sync::MutexExt;
 use crate::tasks::TaskEnd;
 
 mod advice;
@@ -271,8 +272,7 @@ impl AfterFlipReport {
         let af = &core.after_flip;
         let mut peers: Vec<PeerCount> = af
             .peers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .iter()
             .map(|(ip, n)| PeerCount {
                 peer: ip.to_string(),
@@ -297,8 +297,7 @@ impl AfterFlipReport {
             peers,
             paths: af
                 .paths
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .locked()
                 .counts()
                 .into_iter()
                 .map(|(path, on_new, on_reused)| PathCount {

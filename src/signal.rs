@@ -1,14 +1,6 @@
 //! OS signal triggers, received on a plain thread: a trigger source the coordinator listens
-//! to (this module knows nothing of it).
-//!
-//! | signal                                   | first signal               | any second signal |
-//! |------------------------------------------|----------------------------|-------------------|
-//! | the stop signal (default SIGTERM)        | starts the drain           | exit now (forced) |
-//! | SIGTERM, SIGINT                          | starts the drain           | exit now (forced) |
-//! | SIGQUIT, when it is not the stop signal  | exit now (forced)          | exit now (forced) |
-//!
-//! A signal that arrives after a `preStop` hook started the drain is the first *signal*: it
-//! does not force anything, it lets [`Drain::run`](crate::Drain::run) return.
+//! to (this module knows nothing of it). What each signal does, first and second, is tabled
+//! on [`Signals`].
 //!
 //! # Invariants
 //!

@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
+use crate::sync::MutexExt;
+
 /// One connection with response bytes not yet delivered, as the straggler list names it.
 #[derive(Debug)]
 pub(crate) struct StalledWrite {
@@ -65,10 +67,26 @@ pub(crate) struct Stalls {
 }
 
 impl Stalls {
-    /// Written by the accept loop of the `http` feature only.
+    /// Names connection `conn` (from `peer`, `written` bytes so far) as a stalled write from
+    /// now on, until [`unregister`](Self::unregister). Written by the accept loop of the `http`
+    /// feature only.
     #[cfg(feature = "http")]
-    pub(crate) fn register(&self, entry: Arc<StalledWrite>) {
-        self.lock().insert((entry.conn, entry.after_goaway), entry);
+    pub(crate) fn register(
+        &self,
+        conn: u64,
+        after_goaway: bool,
+        peer: Option<SocketAddr>,
+        written: u64,
+    ) -> Arc<StalledWrite> {
+        let entry = Arc::new(StalledWrite {
+            conn,
+            after_goaway,
+            peer,
+            since: Instant::now(),
+            written: written.into(),
+        });
+        self.lock().insert((conn, after_goaway), Arc::clone(&entry));
+        entry
     }
 
     #[cfg(feature = "http")]
@@ -83,6 +101,6 @@ impl Stalls {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(u64, bool), Arc<StalledWrite>>> {
         // Every write is a single insert or remove: a panic cannot leave it half-done.
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+        self.entries.locked()
     }
 }

@@ -22,6 +22,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
 use crate::action::ActionResult;
+use crate::sync::MutexExt;
 
 /// How a background task is treated by the drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +129,7 @@ impl TaskContext {
 
     /// The quiesce deadline, once the drain has started.
     pub fn deadline(&self) -> Option<Instant> {
-        *self.quiesce_at.lock().unwrap_or_else(|e| e.into_inner())
+        *self.quiesce_at.locked()
     }
 }
 
@@ -206,7 +207,7 @@ struct TaskEndGuard {
 impl Drop for TaskEndGuard {
     fn drop(&mut self) {
         let panicked = {
-            let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+            let mut reg = self.registry.locked();
             let Some(task) = reg.running.remove(&self.id) else {
                 return;
             };
@@ -258,7 +259,7 @@ impl Tasks {
         let started = Instant::now();
         // The registry's lock is held across the spawn, so the task cannot end (and look for
         // its entry) before the entry exists.
-        let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reg = self.registry.locked();
         let id = reg.next_id;
         reg.next_id += 1;
         let mut end = TaskEndGuard {
@@ -311,7 +312,7 @@ impl Tasks {
 
     /// Names and start times of the tasks still running.
     pub(crate) fn running(&self) -> Vec<(String, TaskKind, Instant)> {
-        let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let reg = self.registry.locked();
         reg.running
             .values()
             .map(|t| (t.name.clone(), t.kind, t.started))
@@ -320,7 +321,7 @@ impl Tasks {
 
     /// Takes the recovery actions of the tasks still running, with their abort handles.
     fn take_unfinished(&self) -> Vec<Unfinished> {
-        let mut reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reg = self.registry.locked();
         reg.running
             .values_mut()
             .map(|t| Unfinished {
@@ -364,7 +365,7 @@ impl Tasks {
     }
 
     pub(crate) fn ended(&self) -> Vec<TaskEnd> {
-        let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let reg = self.registry.locked();
         reg.ended.clone()
     }
 }

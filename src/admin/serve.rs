@@ -47,6 +47,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::http::accept::Acceptor;
+use crate::sync::MutexExt;
 use crate::Drain;
 
 /// The admin server's default HTTP/1 header-read timeout: probes send their head at once.
@@ -54,9 +56,6 @@ pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The admin server's default cap on open connections.
 pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
-
-const MIN_BACKOFF: Duration = Duration::from_millis(10);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The future returned by [`AdminBuilder::serve`](super::AdminBuilder::serve): serves the
 /// admin router until [`Drain::run`](crate::Drain::run) is about to return, then stops
@@ -181,7 +180,7 @@ impl Slots {
     /// its client sent: a probe in a flood of silent connections has its head read before
     /// anything can evict it, however long its task waits for a thread.
     fn admit(&self, slot: &Arc<Slot>, cap: usize) -> Admission {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.locked();
         if open.len() >= cap {
             let mut unread = false;
             let victim = open
@@ -208,7 +207,7 @@ impl Slots {
     }
 
     fn remove(&self, slot: &Arc<Slot>) {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.locked();
         if let Some(i) = open.iter().position(|s| Arc::ptr_eq(s, slot)) {
             open.swap_remove(i);
         }
@@ -231,39 +230,9 @@ async fn run(
         .header_read_timeout(header_read_timeout);
     let exiting = drain.exit_holds().exiting().clone();
     let slots = Arc::new(Slots::default());
-    let mut backoff = MIN_BACKOFF;
-    loop {
-        let accepted = tokio::select! {
-            biased;
-            () = exiting.cancelled() => break,
-            r = listener.accept() => r,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => {
-                backoff = MIN_BACKOFF;
-                stream
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::ConnectionRefused
-                        | io::ErrorKind::ConnectionAborted
-                        | io::ErrorKind::ConnectionReset
-                ) =>
-            {
-                continue
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "lameduck: admin accept failed; backing off");
-                tokio::select! {
-                    biased;
-                    () = exiting.cancelled() => break,
-                    () = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                continue;
-            }
-        };
+    let mut acceptor = Acceptor::new(listener, "admin ");
+    let mut stop = pin!(exiting.cancelled());
+    while let Some((stream, _)) = acceptor.next(stop.as_mut()).await {
         let slot = Arc::new(Slot::new());
         let give_up = Instant::now() + FRESH_WAIT;
         let admitted = loop {
@@ -378,7 +347,7 @@ impl Wake for ReadWake {
     fn wake_by_ref(self: &Arc<Self>) {
         // Release: pairs with the eviction check's Acquire.
         self.slot.wakes.fetch_add(1, Ordering::Release);
-        let task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        let task = self.task.locked();
         if let Some(w) = &*task {
             w.wake_by_ref();
         }
@@ -400,7 +369,7 @@ impl<F: Future> Future for Watched<'_, F> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         {
-            let mut task = self.wake.task.lock().unwrap_or_else(|e| e.into_inner());
+            let mut task = self.wake.task.locked();
             match &*task {
                 Some(w) if w.will_wake(cx.waker()) => {}
                 _ => *task = Some(cx.waker().clone()),

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::{Drain, Inner};
 use crate::budget::{Budget, DurationDisplay, GRACE_PERIOD_ENV};
-use crate::driver::{Driver, Observer, Settings};
+use crate::driver::{Driver, Settings};
 use crate::error::ConfigError;
 use crate::exit::ExitHolds;
 use crate::guard::Core;
@@ -225,25 +225,19 @@ impl DrainBuilder {
                 .map(|v| v.trim().to_owned())
                 .filter(|v| !v.is_empty())
         });
-        // Written by the readiness part (`/readyz`), read by the driver (`/status`, report).
-        let probe_sources = Arc::new(SourceTable::default());
+        // Written by the admin router's `/readyz`, read by the driver (`/status`, report).
         let settings = Settings {
             budget,
             policy,
-            probe_sources: probe_sources.clone(),
+            probe_sources: SourceTable::default(),
             readiness: self.readiness,
             sinks: self.sinks,
             hurry_lead,
             proxy_label,
         };
-        #[allow(unused_mut)] // the observers are the optional add-ons
-        let mut observers: Vec<Observer> = Vec::new();
         #[cfg(feature = "metrics")]
-        {
-            crate::metrics::describe();
-            observers.push(Box::new(crate::metrics::observe));
-        }
-        let driver = Arc::new(Driver::new(core, settings, observers));
+        crate::metrics::describe();
+        let driver = Arc::new(Driver::new(core, settings));
         if self.drain_on_task_panic {
             // Weak: the hook lives in the driver it would otherwise keep alive.
             let weak = Arc::downgrade(&driver);
@@ -258,7 +252,7 @@ impl DrainBuilder {
         driver.observe();
         Ok(Drain {
             inner: Arc::new(Inner {
-                readiness: ReadinessState::new(self.readiness, probe_sources),
+                readiness: ReadinessState::new(self.readiness),
                 driver,
                 signals,
                 exit: ExitHolds::default(),

@@ -154,10 +154,7 @@ impl Drain {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
-        self.inner
-            .driver
-            .closers
-            .register(name.into(), CloseOptions::new(), close);
+        self.on_close_with(name, CloseOptions::new(), close);
     }
 
     /// Like [`on_close`](Self::on_close), bounded by its own `timeout` instead of a fair share
@@ -173,11 +170,7 @@ impl Drain {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: Into<BoxError> + 'static,
     {
-        self.inner.driver.closers.register(
-            name.into(),
-            CloseOptions::new().timeout(timeout),
-            close,
-        );
+        self.on_close_with(name, CloseOptions::new().timeout(timeout), close);
     }
 
     /// Like [`on_close`](Self::on_close), with [`CloseOptions`]: a timeout of its own, or

@@ -10,6 +10,7 @@ use super::Driver;
 use crate::budget::Budget;
 use crate::link::{DeletionBudget, Kill};
 use crate::propagation::Policy;
+use crate::sync::MutexExt;
 
 /// The deadlines of one drain, as instants: the configured budget, tightened by the deletion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +103,7 @@ impl Driver {
 
     /// Records the deletion's kill time; `true` if it tightened the budget. A drain already
     /// under way hands its tasks the earlier quiesce deadline.
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // called by the `kube` watch
+    #[cfg(feature = "kube")]
     pub(crate) fn tighten(&self, kill: Kill) -> bool {
         let tightened = self.link.tighten(kill);
         if tightened {
@@ -116,7 +117,7 @@ impl Driver {
     /// What [`TaskContext::deadline`](crate::TaskContext::deadline) reads: the earliest
     /// quiesce deadline known (they only tighten).
     pub(super) fn note_quiesce(&self, at: Instant) {
-        let mut q = self.quiesce_at.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = self.quiesce_at.locked();
         *q = Some(q.map_or(at, |old| old.min(at)));
     }
 }

@@ -8,23 +8,26 @@ use tokio::time::Instant;
 
 use super::Driver;
 use crate::evidence::{EvidenceKind, EvidenceReport, MaxReason};
-use crate::link::{Early, Hold, Link};
-use crate::phase::{Event, EventKind};
+#[cfg(feature = "kube")]
+use crate::link::Early;
+use crate::link::{Hold, Link};
+use crate::phase::Event;
+#[cfg(feature = "kube")]
+use crate::phase::EventKind;
 
 /// Events the Kubernetes watch saw before the trigger enter the timeline only when this
 /// recent.
 const EARLY_EVENT_WINDOW: Duration = Duration::from_secs(60);
 
 impl Driver {
-    /// The link the Kubernetes watch writes.
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the watch is behind `kube`
+    /// The link the Kubernetes watch writes (and the accept loop, for the startup measurement).
     pub(crate) fn link(&self) -> &Link {
         &self.link
     }
 
     /// Records an event the API reported (an endpoint condition change, the deletion's
     /// budget) at `at`: in the timeline once the drain started, kept for its start before.
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the watch is behind `kube`
+    #[cfg(feature = "kube")]
     pub(crate) fn record_external(
         &self,
         kind: EventKind,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::deadlines::Deadlines;
-use super::{Driver, Observed, EMIT_DRIVER, EMIT_NONE};
+use super::{Driver, EMIT_DRIVER, EMIT_NONE};
 use crate::closers::CloserResult;
 use crate::evidence::EvidenceKind;
 use crate::phase::{CommitReason, EventKind, Phase};
@@ -197,9 +197,8 @@ impl Driver {
         let emitted = self.emit_off_runtime(&report, !owned_by_run).await;
         emitted.apply_to(&mut report);
         // Before the phase turns Done, so whoever awaits Done finds the histograms recorded.
-        for o in &self.observers {
-            o(Observed::Done(&report));
-        }
+        #[cfg(feature = "metrics")]
+        crate::metrics::record_done(&report);
         self.lock().report = Some(report);
         self.set_phase(Phase::Done);
         // The report holds them now; the core block is leaked, its growth must not be.

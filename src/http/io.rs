@@ -27,7 +27,6 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 use crate::guard::{Core, InFlightGuard};
 use crate::stall::StalledWrite;
@@ -55,14 +54,7 @@ impl Pending {
     /// closes it once every stream has sent everything, including data queued behind the
     /// peer's flow-control window, which the socket never sees. Only called while draining.
     pub(crate) fn after_goaway(core: &'static Core, conn: u64, peer: Option<SocketAddr>) -> Self {
-        let entry = Arc::new(StalledWrite {
-            conn,
-            after_goaway: true,
-            peer,
-            since: Instant::now(),
-            written: 0.into(),
-        });
-        core.stalls.register(Arc::clone(&entry));
+        let entry = core.stalls.register(conn, true, peer, 0);
         Self {
             entry: Some(entry),
             guard: core.hold(),
@@ -125,15 +117,10 @@ impl WatchedIo {
         // Registered lazily: a write that stalled while Serving is named at the next poll after
         // the drain started (the connection task polls the connection when the drain starts).
         if pending.entry.is_none() && core.counter.is_draining() {
-            let entry = Arc::new(StalledWrite {
-                conn: self.conn,
-                after_goaway: false,
-                peer: self.peer,
-                since: Instant::now(),
-                written: self.written.into(),
-            });
-            core.stalls.register(Arc::clone(&entry));
-            pending.entry = Some(entry);
+            pending.entry = Some(
+                core.stalls
+                    .register(self.conn, false, self.peer, self.written),
+            );
         }
     }
 

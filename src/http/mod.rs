@@ -17,6 +17,7 @@
 #![cfg_attr(feature = "axum", doc = "[`guide::axum`]: crate::guide::axum")]
 #![cfg_attr(not(feature = "axum"), doc = "[`guide::axum`]: crate#feature-flags")]
 
+pub(crate) mod accept;
 mod body;
 mod conn;
 mod connection;

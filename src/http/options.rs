@@ -18,6 +18,7 @@ use http::{HeaderName, HeaderValue};
 
 use crate::drain::WeakDrain;
 use crate::guard::{Core, Site};
+use crate::sync::RwLockExt;
 use crate::Drain;
 
 /// Bit 0 of a guard's tag: the request is HTTP/1.x, so `Connection: close` may be added while
@@ -82,11 +83,7 @@ const MAX_OPTIONS: usize = (u32::MAX >> 1) as usize;
 
 /// The table's entry for `opts` (counting at `core`), added if no equal set is there yet.
 pub(super) fn register(opts: Options, core: &'static Core) -> &'static LayerEntry {
-    let mut table = core
-        .layer_options
-        .0
-        .write()
-        .unwrap_or_else(|e| e.into_inner());
+    let mut table = core.layer_options.0.write_locked();
     if let Some(e) = table.iter().find(|e| e.options.same(&opts)) {
         return e;
     }
@@ -111,8 +108,7 @@ pub(crate) fn options(core: &Core, index: u32) -> Option<&'static Options> {
     let i = (index as usize).checked_sub(1)?;
     core.layer_options
         .0
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
+        .read_locked()
         .get(i)
         .map(|e| &e.options)
 }

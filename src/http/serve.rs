@@ -42,7 +42,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::io;
 use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -61,13 +60,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::{Drain, Phase};
 
+use super::accept::Acceptor;
 use super::conn::ConnMeta;
 use super::connection::{ConnTask, Tokens};
 use crate::BoxError;
-
-/// First back-off after a failed `accept` (EMFILE and friends); doubles up to [`MAX_BACKOFF`].
-const MIN_BACKOFF: Duration = Duration::from_millis(10);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// A header-read timeout for [`Serve::header_read_timeout`] when the port faces clients you do
 /// not trust: above the common 60 s idle timeouts of load balancers, so their pooled
@@ -518,7 +514,7 @@ where
         connect_info,
     };
     let tracker = TaskTracker::new();
-    let mut backoff = MIN_BACKOFF;
+    let mut acceptor = Acceptor::new(listener, "");
     {
         let mut closes = pin!(listener_closes(&drain, keep_listening));
         let mut at_bound = false;
@@ -549,43 +545,24 @@ where
                     }
                 },
             };
-            let accepted = tokio::select! {
-                biased;
-                () = closes.as_mut() => break,
-                r = listener.accept() => r,
+            let Some((stream, peer)) = acceptor.next(closes.as_mut()).await else {
+                break;
             };
-            match accepted {
-                Ok((stream, peer)) => {
-                    backoff = MIN_BACKOFF;
-                    let after_drain = drain.note_connection(Some(peer));
-                    let meta = ConnMeta::new(Some(peer), Some(after_drain));
-                    let conn = ConnTask::new(drain.core(), meta, tokens.clone());
-                    let svc = TowerToHyperService::new(service.clone());
-                    let run = conn.run(builder.clone(), stream, svc);
-                    match permit {
-                        None => tracker.spawn(run),
-                        Some(permit) => tracker.spawn(async move {
-                            run.await;
-                            drop(permit);
-                        }),
-                    };
-                }
-                Err(e) if is_per_connection(&e) => {
-                    tracing::debug!(error = %e, "lameduck: accept: connection failed before it was accepted");
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, backoff_ms = backoff.as_millis() as u64, "lameduck: accept failed; backing off");
-                    tokio::select! {
-                        biased;
-                        () = closes.as_mut() => break,
-                        () = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-            }
+            let after_drain = drain.note_connection(Some(peer));
+            let meta = ConnMeta::new(Some(peer), Some(after_drain));
+            let conn = ConnTask::new(drain.core(), meta, tokens.clone());
+            let svc = TowerToHyperService::new(service.clone());
+            let run = conn.run(builder.clone(), stream, svc);
+            match permit {
+                None => tracker.spawn(run),
+                Some(permit) => tracker.spawn(async move {
+                    run.await;
+                    drop(permit);
+                }),
+            };
         }
     }
-    drop(listener);
+    drop(acceptor);
     tracing::info!(
         connections = drain.connections(),
         "lameduck: listener closed; waiting for connections to finish"
@@ -624,16 +601,6 @@ fn soft_nofile(limits: &str) -> Option<usize> {
 fn bound_for_limit(limit: usize) -> usize {
     let reserve = (limit / 4).max(128).min(limit / 2);
     (limit - reserve).max(1)
-}
-
-/// Errors that concern one connection attempt, not the listener: retry at once.
-fn is_per_connection(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-    )
 }
 
 #[cfg(test)]

@@ -27,6 +27,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::sync::MutexExt;
+
 /// Peers remembered before the listing (to leave them out after it).
 const BEFORE_LIMIT: usize = 64;
 /// Peers measured at most.
@@ -44,8 +46,14 @@ pub enum AllowanceSource {
     /// This Pod's own delay at startup, from the slice listing it ready to the first new
     /// connection of each peer: the largest of them. Proof enough to commit on.
     Measured,
-    /// Set with [`EndpointWatch::proxy_allowance`](crate::EndpointWatch::proxy_allowance):
-    /// the operator knows the proxies. Proof enough to commit on.
+    /// Set with [`EndpointWatch::proxy_allowance`][proxy-allowance]: the operator knows the
+    /// proxies. Proof enough to commit on.
+    ///
+    #[cfg_attr(
+        feature = "kube",
+        doc = "[proxy-allowance]: crate::EndpointWatch::proxy_allowance"
+    )]
+    #[cfg_attr(not(feature = "kube"), doc = "[proxy-allowance]: crate#feature-flags")]
     Configured,
     /// Nothing measured, nothing set: `DEFAULT_PROXY_ALLOWANCE` (2 s). Only a floor: the
     /// commit also waits for what the arrival evidence alone would have committed on.
@@ -111,10 +119,11 @@ pub(crate) struct Startup {
 
 impl Startup {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// The watch started: peers are remembered from now on.
+    #[cfg(feature = "kube")]
     pub(crate) fn arm(&self) {
         // Relaxed: a connection that misses the flag by a few nanoseconds is one the watch
         // could not have placed before or after the listing anyway.
@@ -122,7 +131,7 @@ impl Startup {
     }
 
     /// The watch saw a slice list this Pod ready for the first time.
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // called by the `kube` watch
+    #[cfg(feature = "kube")]
     pub(crate) fn listed(&self, at: Instant) {
         let mut st = self.lock();
         if st.listed_at.is_none() && st.unmeasurable.is_none() {
@@ -131,7 +140,7 @@ impl Startup {
     }
 
     /// The slices already listed this Pod ready when the watch first read them.
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // called by the `kube` watch
+    #[cfg(feature = "kube")]
     pub(crate) fn unmeasurable(&self, why: String) {
         let mut st = self.lock();
         if st.listed_at.is_none() && st.unmeasurable.is_none() {

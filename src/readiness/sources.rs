@@ -12,7 +12,9 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "admin")]
 use super::Caller;
+use crate::sync::MutexExt;
 
 /// The header a probe's `httpHeaders` can set to say who it is, whatever its `User-Agent`
 /// became on the way (a mesh that rewrites probes): `X-Lameduck-Probe: kubelet` or
@@ -23,14 +25,19 @@ pub const PROBE_HEADER: &str = "x-lameduck-probe";
 /// probe and marks it so.
 pub const KNATIVE_PROBE_HEADER: &str = "k-kubelet-probe";
 
+// What follows up to `ProbeSources` classifies callers of the admin router's `/readyz`.
+
 /// Rows kept in the table of probe sources.
+#[cfg(feature = "admin")]
 pub(crate) const MAX_SOURCES: usize = 16;
 
 /// Longest `User-Agent` product kept in a row.
+#[cfg(feature = "admin")]
 const MAX_AGENT: usize = 40;
 
 /// The `User-Agent` prefixes of load balancers' and service discovery's health checkers that
 /// probe the Pod directly.
+#[cfg(feature = "admin")]
 const LOAD_BALANCER_AGENTS: &[&str] = &[
     "GoogleHC/",
     "ELB-HealthChecker/",
@@ -60,6 +67,7 @@ pub enum ProbeClass {
 /// One caller, classified: what [`ReadinessWhileDraining::Auto`](super::ReadinessWhileDraining::Auto)
 /// goes on.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg(feature = "admin")]
 pub(crate) struct ProbeCaller {
     class: ProbeClass,
     rule: &'static str,
@@ -67,11 +75,11 @@ pub(crate) struct ProbeCaller {
     agent: String,
 }
 
+#[cfg(feature = "admin")]
 impl ProbeCaller {
     /// Classifies by, in order: `X-Lameduck-Probe` (`kubelet` or `load-balancer`),
     /// `K-Kubelet-Probe` (any non-empty value), `User-Agent: kube-probe/…`, a known load
     /// balancer's `User-Agent`; anything else is [`ProbeClass::Other`].
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
     pub(crate) fn classify(
         user_agent: Option<&[u8]>,
         knative: Option<&[u8]>,
@@ -145,6 +153,7 @@ impl ProbeCaller {
 
 /// The product of a `User-Agent` (`kube-probe/1.31` → `kube-probe/1.31`, cut at the first
 /// space and at [`MAX_AGENT`] characters), printable ASCII only; `(none)` when absent.
+#[cfg(feature = "admin")]
 fn agent_product(ua: Option<&[u8]>) -> String {
     let Some(ua) = ua else {
         return "(none)".to_owned();
@@ -211,10 +220,10 @@ pub(crate) struct SourceTable {
 }
 
 impl SourceTable {
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))] // the admin router's `/readyz`
+    #[cfg(feature = "admin")]
     pub(crate) fn record(&self, caller: &ProbeCaller, draining: bool) {
         // Every write is one push or one increment: a panic elsewhere leaves the table whole.
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.seen.locked();
         let seen = &mut *seen;
         let header = caller.header.map(str::to_owned);
         let full = seen.sources.len() >= MAX_SOURCES;
@@ -239,11 +248,11 @@ impl SourceTable {
     }
 
     pub(crate) fn snapshot(&self) -> ProbeSources {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.seen.locked().clone()
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "admin"))]
 mod tests {
     use super::*;
 

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use super::DrainReport;
 use crate::phase::EventKind;
+use crate::sync::MutexExt;
 
 /// How long one sink may take: a log pipe nobody reads, a FIFO, a hung file system must not
 /// keep the process from exiting.
@@ -250,7 +251,7 @@ impl Sinks {
             text.push('\n');
         }
         {
-            let mut said = self.state.said.lock().unwrap_or_else(|e| e.into_inner());
+            let mut said = self.state.said.locked();
             for e in &out.errors {
                 if !said.contains(e) {
                     let _ = writeln!(text, "lameduck: cannot write the drain report: {e}");
