@@ -87,6 +87,38 @@ impl Contract {
     }
 }
 
+/// Gives one contract its verdicts: the contract's name and title, said once.
+struct Judge<'a> {
+    name: &'a str,
+    title: &'a str,
+}
+
+impl<'a> Judge<'a> {
+    fn new(name: &'a str, title: &'a str) -> Self {
+        Judge { name, title }
+    }
+
+    fn verdict(&self, verdict: Verdict, summary: impl Into<String>) -> Contract {
+        Contract::new(self.name, self.title, verdict, summary)
+    }
+
+    fn pass(&self, summary: impl Into<String>) -> Contract {
+        self.verdict(Verdict::Pass, summary)
+    }
+
+    fn fail(&self, summary: impl Into<String>) -> Contract {
+        self.verdict(Verdict::Fail, summary)
+    }
+
+    fn warn(&self, summary: impl Into<String>) -> Contract {
+        self.verdict(Verdict::Warn, summary)
+    }
+
+    fn not_measured(&self, summary: impl Into<String>) -> Contract {
+        self.verdict(Verdict::NotMeasured, summary)
+    }
+}
+
 /// `t+12 ms` / `t-800 ms` for an absolute time.
 pub(crate) fn at(unix_ms: f64, t0: f64) -> String {
     let d = (unix_ms - t0).round();
@@ -146,26 +178,33 @@ fn describe(r: &Record, t0: f64) -> String {
     )
 }
 
-fn listed(mut lines: Vec<String>, total: usize) -> Vec<String> {
-    if total > LISTED {
-        lines.truncate(LISTED);
-        lines.push(format!("… and {} more", total - LISTED));
+/// The first [`LISTED`] records described, and how many more there are.
+fn described(records: &[&Record], t0: f64) -> Vec<String> {
+    let mut lines: Vec<String> = records
+        .iter()
+        .take(LISTED)
+        .map(|r| describe(r, t0))
+        .collect();
+    if records.len() > LISTED {
+        lines.push(format!("… and {} more", records.len() - LISTED));
     }
     lines
+}
+
+/// Lost by the service: never finished, or failed after the connection was made.
+fn lost(r: &Record) -> bool {
+    r.outcome == Outcome::Unfinished
+        || (r.outcome == Outcome::Failed && r.failure != Some(Failure::Connect))
 }
 
 pub(super) fn startup(o: &Observed) -> Contract {
     const NAME: &str = "startup";
     const TITLE: &str = "ready within the startup timeout";
+    let judge = Judge::new(NAME, TITLE);
     match (&o.ready_after, &o.startup_error) {
-        (Some(ms), _) => Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Pass,
-            format!("{} answered 200 after {ms:.0} ms", o.ready_url),
-        ),
-        (None, Some(e)) => Contract::new(NAME, TITLE, Verdict::Fail, e.clone()),
-        (None, None) => Contract::new(NAME, TITLE, Verdict::Fail, "never ready"),
+        (Some(ms), _) => judge.pass(format!("{} answered 200 after {ms:.0} ms", o.ready_url)),
+        (None, Some(e)) => judge.fail(e.clone()),
+        (None, None) => judge.fail("never ready"),
     }
 }
 
@@ -176,13 +215,9 @@ pub(super) fn readiness(o: &Observed, expect_serving: bool) -> Contract {
     } else {
         "stable, then turns not-ready once the service is told to stop"
     };
+    let judge = Judge::new(NAME, title);
     let Some(t0) = o.t0 else {
-        return Contract::new(
-            NAME,
-            title,
-            Verdict::NotMeasured,
-            "the service never started",
-        );
+        return judge.not_measured("the service never started");
     };
     let mut evidence = Vec::new();
     // Stable: after the first 200, only 200 until the stop.
@@ -194,17 +229,13 @@ pub(super) fn readiness(o: &Observed, expect_serving: bool) -> Contract {
         flaps.len()
     ));
     if let Some(f) = flaps.first() {
-        return Contract::new(
-            NAME,
-            title,
-            Verdict::Fail,
-            format!(
+        return judge
+            .fail(format!(
                 "not stable: {} at {} while serving",
                 f.answer(),
                 at(f.start, t0)
-            ),
-        )
-        .with(evidence);
+            ))
+            .with(evidence);
     }
     let told = o.told_at.unwrap_or(t0);
     let alive_until = o.exited_at.unwrap_or(f64::INFINITY);
@@ -225,36 +256,24 @@ pub(super) fn readiness(o: &Observed, expect_serving: bool) -> Contract {
         let window_end = t0 + o.drain_window_ms;
         let in_window: Vec<_> = after.iter().filter(|p| p.start <= window_end).collect();
         if in_window.is_empty() {
-            return Contract::new(
-                NAME,
-                title,
-                Verdict::NotMeasured,
-                "no readiness poll answered between the stop and the end of the drain window",
-            )
-            .with(evidence);
+            return judge
+                .not_measured(
+                    "no readiness poll answered between the stop and the end of the drain window",
+                )
+                .with(evidence);
         }
         return match in_window.iter().find(|p| p.status != Some(200)) {
-            None => Contract::new(
-                NAME,
-                title,
-                Verdict::Pass,
-                format!(
-                    "200 on all {} polls through the drain window (to {})",
-                    in_window.len(),
-                    at(window_end, t0)
-                ),
-            ),
-            Some(p) => Contract::new(
-                NAME,
-                title,
-                Verdict::Fail,
-                format!(
-                    "{} at {}, inside the drain window: kubelet's probe would drop the endpoint's \
+            None => judge.pass(format!(
+                "200 on all {} polls through the drain window (to {})",
+                in_window.len(),
+                at(window_end, t0)
+            )),
+            Some(p) => judge.fail(format!(
+                "{} at {}, inside the drain window: kubelet's probe would drop the endpoint's \
                      serving condition",
-                    p.answer(),
-                    at(p.start, t0)
-                ),
-            ),
+                p.answer(),
+                at(p.start, t0)
+            )),
         }
         .with(evidence);
     }
@@ -264,24 +283,16 @@ pub(super) fn readiness(o: &Observed, expect_serving: bool) -> Contract {
                 .iter()
                 .find(|q| q.start > p.start && q.status == Some(200));
             match back {
-                None => Contract::new(
-                    NAME,
-                    title,
-                    Verdict::Pass,
-                    format!("not ready from {} until the exit", at(p.start, t0)),
-                )
-                .with(evidence),
-                Some(q) => Contract::new(
-                    NAME,
-                    title,
-                    Verdict::Warn,
-                    format!(
+                None => judge
+                    .pass(format!("not ready from {} until the exit", at(p.start, t0)))
+                    .with(evidence),
+                Some(q) => judge
+                    .warn(format!(
                         "not ready at {}, ready again at {}",
                         at(p.start, t0),
                         at(q.start, t0)
-                    ),
-                )
-                .with(evidence),
+                    ))
+                    .with(evidence),
             }
         }
         None => {
@@ -289,11 +300,7 @@ pub(super) fn readiness(o: &Observed, expect_serving: bool) -> Contract {
                 || "until SIGKILL".to_owned(),
                 |e| format!("until the exit at {}", at(e, t0)),
             );
-            Contract::new(
-                NAME,
-                title,
-                Verdict::Fail,
-                format!(
+            judge.fail(format!(
                     "never answered not-ready ({} polls after the stop) {gone}: a load balancer that \
                      probes the Pod keeps sending new work",
                     after.len()
@@ -307,16 +314,12 @@ pub(super) fn readiness(o: &Observed, expect_serving: bool) -> Contract {
 pub(super) fn liveness(o: &Observed) -> Contract {
     const NAME: &str = "liveness";
     const TITLE: &str = "stays green while draining";
+    let judge = Judge::new(NAME, TITLE);
     let Some(url) = &o.live_url else {
-        return Contract::new(NAME, TITLE, Verdict::NotMeasured, "no --live URL given");
+        return judge.not_measured("no --live URL given");
     };
     let Some(t0) = o.t0 else {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::NotMeasured,
-            "the service never started",
-        );
+        return judge.not_measured("the service never started");
     };
     // A poll that ends just before the exit may meet a listener already closing: kubelet
     // restarts only after `failureThreshold` (default 3) failures in a row, so the last
@@ -328,47 +331,35 @@ pub(super) fn liveness(o: &Observed) -> Contract {
         .filter(|p| p.start >= t0 && p.end < alive_until)
         .collect();
     if draining.is_empty() {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::NotMeasured,
-            format!("no poll of {url} fell between the stop and the exit"),
-        );
+        return judge.not_measured(format!(
+            "no poll of {url} fell between the stop and the exit"
+        ));
     }
     match draining.iter().find(|p| p.status != Some(200)) {
-        None => Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Pass,
-            format!(
-                "200 on all {} polls from the stop to {}",
-                draining.len(),
-                o.exited_at.map_or_else(
-                    || "SIGKILL".to_owned(),
-                    |e| format!("the exit at {}", at(e, t0))
-                )
-            ),
-        ),
-        Some(p) => Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Fail,
-            format!(
-                "{} at {} while the process still ran: kubelet would restart the container and \
+        None => judge.pass(format!(
+            "200 on all {} polls from the stop to {}",
+            draining.len(),
+            o.exited_at.map_or_else(
+                || "SIGKILL".to_owned(),
+                |e| format!("the exit at {}", at(e, t0))
+            )
+        )),
+        Some(p) => judge.fail(format!(
+            "{} at {} while the process still ran: kubelet would restart the container and \
                  lose the work being drained",
-                p.answer(),
-                at(p.start, t0)
-            ),
-        ),
+            p.answer(),
+            at(p.start, t0)
+        )),
     }
 }
 
 pub(super) fn stop_signal(o: &Observed) -> Contract {
     const NAME: &str = "stop_signal";
     const TITLE: &str = "the stop signal reaches the process and it reacts";
+    let judge = Judge::new(NAME, TITLE);
     let sig = &o.signal_name;
     let (Some(t0), Some(sent)) = (o.t0, o.signal_at) else {
-        return Contract::new(NAME, TITLE, Verdict::NotMeasured, "no stop signal was sent");
+        return judge.not_measured("no stop signal was sent");
     };
     let mut evidence = vec![format!(
         "{sig} sent to pid {} at {}",
@@ -419,19 +410,9 @@ pub(super) fn stop_signal(o: &Observed) -> Contract {
             evidence.push(format!("disposition not readable: {why}"));
             evidence.extend(reactions.iter().cloned());
             return if reacted && !killed {
-                Contract::new(
-                    NAME,
-                    TITLE,
-                    Verdict::Pass,
-                    format!("the process reacted: {}", reactions.join(", ")),
-                )
+                judge.pass(format!("the process reacted: {}", reactions.join(", ")))
             } else {
-                Contract::new(
-                    NAME,
-                    TITLE,
-                    Verdict::Fail,
-                    format!("no reaction to {sig}{kill_note}"),
-                )
+                judge.fail(format!("no reaction to {sig}{kill_note}"))
             }
             .with(evidence);
         }
@@ -458,81 +439,41 @@ pub(super) fn stop_signal(o: &Observed) -> Contract {
     }
     evidence.extend(reactions.iter().cloned());
     let contract = if d.ignored {
-        Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Fail,
-            format!("{} ignores {sig} (SigIgn){kill_note}", d.name),
-        )
+        judge.fail(format!("{} ignores {sig} (SigIgn){kill_note}", d.name))
     } else if !d.caught && d.pid1 {
-        Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Fail,
-            format!(
-                "dropped by the kernel: {} is PID 1 of its PID namespace with no {sig} handler, so \
+        judge.fail(format!(
+            "dropped by the kernel: {} is PID 1 of its PID namespace with no {sig} handler, so \
                  the signal never arrives{kill_note}. Shell form runs the service under /bin/sh: \
                  use the exec form (CMD [\"service\"]), `exec service` in a script, or an init \
                  (tini, docker run --init)",
-                d.name
-            ),
-        )
+            d.name
+        ))
     } else if !d.caught {
         if o.exit.is_some_and(|e| e.signal == Some(o.signal_number)) {
-            Contract::new(
-                NAME,
-                TITLE,
-                Verdict::Warn,
-                format!(
-                    "reaches {} without a handler: the default action ended it at once, nothing \
+            judge.warn(format!(
+                "reaches {} without a handler: the default action ended it at once, nothing \
                      drained",
-                    d.name
-                ),
-            )
+                d.name
+            ))
         } else if reacted && !killed {
-            Contract::new(
-                NAME,
-                TITLE,
-                Verdict::Pass,
-                format!("the process reacted: {}", reactions.join(", ")),
-            )
+            judge.pass(format!("the process reacted: {}", reactions.join(", ")))
         } else {
-            Contract::new(
-                NAME,
-                TITLE,
-                Verdict::Fail,
-                format!("no handler and no reaction to {sig}{kill_note}"),
-            )
+            judge.fail(format!("no handler and no reaction to {sig}{kill_note}"))
         }
     } else if reacted && !killed {
-        Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Pass,
-            format!("caught by {}; {}", d.name, reactions.join(", ")),
-        )
+        judge.pass(format!("caught by {}; {}", d.name, reactions.join(", ")))
     } else if reacted {
-        Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Warn,
-            format!(
-                "caught by {} and it reacted ({}){kill_note}",
-                d.name,
-                reactions.join(", ")
-            ),
-        )
+        judge.warn(format!(
+            "caught by {} and it reacted ({}){kill_note}",
+            d.name,
+            reactions.join(", ")
+        ))
     } else {
-        Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Fail,
-            format!(
-                "caught by {} but nothing changed{kill_note}: the handler does not start a \
+        judge.fail(format!(
+            "caught by {} but nothing changed{kill_note}: the handler does not start a \
                  shutdown",
-                d.name
-            ),
-        )
+            d.name
+        ))
     };
     contract.with(evidence)
 }
@@ -540,13 +481,9 @@ pub(super) fn stop_signal(o: &Observed) -> Contract {
 pub(super) fn listener_open(o: &Observed) -> Contract {
     const NAME: &str = "listener_open";
     const TITLE: &str = "keeps accepting new connections through the drain window";
+    let judge = Judge::new(NAME, TITLE);
     let Some(t0) = o.t0 else {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::NotMeasured,
-            "the service never started",
-        );
+        return judge.not_measured("the service never started");
     };
     let end = t0 + o.drain_window_ms;
     let window = format!("drain window t+0 … {}", at(end, t0));
@@ -557,8 +494,9 @@ pub(super) fn listener_open(o: &Observed) -> Contract {
             r.mode == ConnectionMode::Fresh && r.start_unix_ms.is_some_and(|s| s >= t0 && s <= end)
         })
         .collect();
-    let refused: Vec<&&Record> = fresh
+    let refused: Vec<&Record> = fresh
         .iter()
+        .copied()
         .filter(|r| r.failure == Some(Failure::Connect))
         .collect();
     let mut evidence = vec![format!(
@@ -575,68 +513,40 @@ pub(super) fn listener_open(o: &Observed) -> Contract {
         }
     }
     if !refused.is_empty() {
-        let lines = refused
-            .iter()
-            .take(LISTED)
-            .map(|r| describe(r, t0))
-            .collect();
-        evidence.extend(listed(lines, refused.len()));
+        evidence.extend(described(&refused, t0));
         let first = refused[0].start_unix_ms.unwrap_or(t0);
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Fail,
-            format!(
+        return judge
+            .fail(format!(
                 "{} of {} new connections refused from {}: proxies that have not caught up \
                  yet get errors",
                 refused.len(),
                 fresh.len(),
                 at(first, t0)
-            ),
-        )
-        .with(evidence);
+            ))
+            .with(evidence);
     }
     if fresh.is_empty() {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::NotMeasured,
-            "no request opened a new connection in the drain window (use --connections fresh or mixed)",
+        return judge.not_measured("no request opened a new connection in the drain window (use --connections fresh or mixed)",
         )
         .with(evidence);
     }
-    Contract::new(
-        NAME,
-        TITLE,
-        Verdict::Pass,
-        format!(
+    judge
+        .pass(format!(
             "all {} new connections in the {window} accepted",
             fresh.len()
-        ),
-    )
-    .with(evidence)
+        ))
+        .with(evidence)
 }
 
 pub(super) fn in_flight(o: &Observed) -> Contract {
     const NAME: &str = "in_flight";
     const TITLE: &str = "requests in flight complete";
+    let judge = Judge::new(NAME, TITLE);
     let (Some(t0), Some(_)) = (o.t0, o.signal_at) else {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::NotMeasured,
-            "the service was never stopped",
-        );
+        return judge.not_measured("the service was never stopped");
     };
     let sent = o.signal_at.unwrap_or(t0);
-    let destroyed: Vec<&Record> = o
-        .records
-        .iter()
-        .filter(|r| {
-            r.outcome == Outcome::Unfinished
-                || (r.outcome == Outcome::Failed && r.failure != Some(Failure::Connect))
-        })
-        .collect();
+    let destroyed: Vec<&Record> = o.records.iter().filter(|r| lost(r)).collect();
     // Running when the stop began (t+0) or when the signal went (after a preStop hook).
     let running_at = |when: f64| {
         o.records
@@ -655,51 +565,32 @@ pub(super) fn in_flight(o: &Observed) -> Contract {
         destroyed.len()
     )];
     if !destroyed.is_empty() {
-        let lines = destroyed
-            .iter()
-            .take(LISTED)
-            .map(|r| describe(r, t0))
-            .collect();
-        evidence.extend(listed(lines, destroyed.len()));
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Fail,
-            format!(
+        evidence.extend(described(&destroyed, t0));
+        return judge
+            .fail(format!(
                 "{} requests lost (listed by id, with where each was and when)",
                 destroyed.len()
-            ),
-        )
-        .with(evidence);
+            ))
+            .with(evidence);
     }
     if running == 0 {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::NotMeasured,
-            "nothing was in flight at the stop or the stop signal (raise --slow-rate or --slow)",
+        return judge.not_measured("nothing was in flight at the stop or the stop signal (raise --slow-rate or --slow)",
         )
         .with(evidence);
     }
-    Contract::new(
-        NAME,
-        TITLE,
-        Verdict::Pass,
-        format!("all {running} requests running at the stop completed, none lost"),
-    )
-    .with(evidence)
+    judge
+        .pass(format!(
+            "all {running} requests running at the stop completed, none lost"
+        ))
+        .with(evidence)
 }
 
 pub(super) fn keepalive_close(o: &Observed) -> Contract {
     const NAME: &str = "keepalive_close";
     const TITLE: &str = "keep-alive clients are told to close (Connection: close / GOAWAY)";
+    let judge = Judge::new(NAME, TITLE);
     let Some(t0) = o.t0 else {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::NotMeasured,
-            "the service never started",
-        );
+        return judge.not_measured("the service never started");
     };
     let told = o.told_at.unwrap_or(t0) + NOTICE_MS;
     let kept: Vec<&Record> = o
@@ -750,36 +641,23 @@ pub(super) fn keepalive_close(o: &Observed) -> Contract {
             broken.len()
         )];
         if !broken.is_empty() {
-            let lines = broken
-                .iter()
-                .take(LISTED)
-                .map(|r| describe(r, t0))
-                .collect();
-            evidence.extend(listed(lines, broken.len()));
-            return Contract::new(
-                NAME,
-                TITLE,
-                Verdict::Fail,
-                "the shared connection was closed under running requests (no graceful GOAWAY)",
-            )
-            .with(evidence);
+            evidence.extend(described(&broken, t0));
+            return judge
+                .fail(
+                    "the shared connection was closed under running requests (no graceful GOAWAY)",
+                )
+                .with(evidence);
         }
         return if moved {
-            Contract::new(
-                NAME,
-                TITLE,
-                Verdict::Pass,
-                "the client moved to a new connection with nothing lost (graceful GOAWAY)",
-            )
-            .with(evidence)
+            judge
+                .pass("the client moved to a new connection with nothing lost (graceful GOAWAY)")
+                .with(evidence)
         } else {
-            Contract::new(
-                NAME,
-                TITLE,
-                Verdict::NotMeasured,
-                "the shared connection was never replaced while the client still sent",
-            )
-            .with(evidence)
+            judge
+                .not_measured(
+                    "the shared connection was never replaced while the client still sent",
+                )
+                .with(evidence)
         };
     }
     let said: Vec<&&&Record> = answered.iter().filter(|r| r.connection_close).collect();
@@ -807,12 +685,7 @@ pub(super) fn keepalive_close(o: &Observed) -> Contract {
         })
         .unwrap_or_default();
     if !broken.is_empty() {
-        let lines = broken
-            .iter()
-            .take(LISTED)
-            .map(|r| describe(r, t0))
-            .collect();
-        evidence.extend(listed(lines, broken.len()));
+        evidence.extend(described(&broken, t0));
     }
     let verdict_summary = if answered.is_empty() && broken.is_empty() {
         (
@@ -865,19 +738,17 @@ pub(super) fn keepalive_close(o: &Observed) -> Contract {
             ),
         )
     };
-    Contract::new(NAME, TITLE, verdict_summary.0, verdict_summary.1).with(evidence)
+    judge
+        .verdict(verdict_summary.0, verdict_summary.1)
+        .with(evidence)
 }
 
 pub(super) fn exit(o: &Observed) -> Contract {
     const NAME: &str = "exit";
     const TITLE: &str = "exits 0 inside the grace period";
+    let judge = Judge::new(NAME, TITLE);
     let (Some(t0), Some(exit)) = (o.t0, o.exit) else {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::NotMeasured,
-            "the service was never stopped",
-        );
+        return judge.not_measured("the service was never stopped");
     };
     let when = o.exited_at.map_or_else(|| "?".to_owned(), |e| at(e, t0));
     let budget = o
@@ -891,52 +762,22 @@ pub(super) fn exit(o: &Observed) -> Contract {
         })
         .unwrap_or_default();
     if exit.killed_at_grace {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Fail,
-            format!(
-                "still running at the grace period ({:.1} s): SIGKILLed at {}",
-                o.grace_ms / 1000.0,
-                at(t0 + o.grace_ms, t0)
-            ),
-        );
+        return judge.fail(format!(
+            "still running at the grace period ({:.1} s): SIGKILLed at {}",
+            o.grace_ms / 1000.0,
+            at(t0 + o.grace_ms, t0)
+        ));
     }
     match (exit.code, exit.signal) {
-        (Some(0), _) => Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Pass,
-            format!("exited 0 at {when}{budget}"),
-        ),
-        (Some(code), _) => Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Fail,
-            format!("exited with code {code} at {when}{budget}"),
-        ),
-        (None, Some(s)) if s == o.signal_number => Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Warn,
-            format!(
-                "ended by {}'s default action at {when} (exit status {} in a container)",
-                o.signal_name,
-                128 + s
-            ),
-        ),
-        (None, Some(s)) => Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Fail,
-            format!("ended by signal {s} at {when}"),
-        ),
-        (None, None) => Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Fail,
-            format!("ended at {when}, status unknown"),
-        ),
+        (Some(0), _) => judge.pass(format!("exited 0 at {when}{budget}")),
+        (Some(code), _) => judge.fail(format!("exited with code {code} at {when}{budget}")),
+        (None, Some(s)) if s == o.signal_number => judge.warn(format!(
+            "ended by {}'s default action at {when} (exit status {} in a container)",
+            o.signal_name,
+            128 + s
+        )),
+        (None, Some(s)) => judge.fail(format!("ended by signal {s} at {when}")),
+        (None, None) => judge.fail(format!("ended at {when}, status unknown")),
     }
 }
 
@@ -998,21 +839,14 @@ impl ReportFacts {
 pub(super) fn report(o: &Observed) -> Contract {
     const NAME: &str = "report";
     const TITLE: &str = "the drain report agrees with what the client saw";
+    let judge = Judge::new(NAME, TITLE);
     let Some(r) = &o.report else {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::NotMeasured,
+        return judge.not_measured(
             "no lameduck drain report (on stderr or --report-file): not a lameduck service",
         );
     };
     let Some(t0) = o.t0 else {
-        return Contract::new(
-            NAME,
-            TITLE,
-            Verdict::NotMeasured,
-            "the service never started",
-        );
+        return judge.not_measured("the service never started");
     };
     let mut evidence = vec![format!(
         "report from {}: outcome {}, exit code {}, {} stragglers",
@@ -1047,14 +881,7 @@ pub(super) fn report(o: &Observed) -> Contract {
         }
         None => disagree.push("the report has no drain_started event".to_owned()),
     }
-    let lost = o
-        .records
-        .iter()
-        .filter(|r| {
-            r.outcome == Outcome::Unfinished
-                || (r.outcome == Outcome::Failed && r.failure != Some(Failure::Connect))
-        })
-        .count();
+    let lost = o.records.iter().filter(|r| lost(r)).count();
     let clean = r.outcome.as_deref() == Some("clean");
     if clean && lost > 0 {
         disagree.push(format!(
@@ -1089,16 +916,12 @@ pub(super) fn report(o: &Observed) -> Contract {
     evidence.extend(disagree.iter().cloned());
     evidence.extend(partial.iter().cloned());
     if !disagree.is_empty() {
-        Contract::new(NAME, TITLE, Verdict::Fail, disagree.join("; ")).with(evidence)
+        judge.fail(disagree.join("; ")).with(evidence)
     } else if !partial.is_empty() {
-        Contract::new(NAME, TITLE, Verdict::Warn, partial.join("; ")).with(evidence)
+        judge.warn(partial.join("; ")).with(evidence)
     } else {
-        Contract::new(
-            NAME,
-            TITLE,
-            Verdict::Pass,
-            "exit code, drain start, outcome and after-flip counts agree with the client",
-        )
-        .with(evidence)
+        judge
+            .pass("exit code, drain start, outcome and after-flip counts agree with the client")
+            .with(evidence)
     }
 }
