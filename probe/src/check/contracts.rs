@@ -8,7 +8,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::process::Disposition;
-use super::Observed;
+use super::{Observed, Poll};
 use crate::config::{ConnectionMode, HttpVersion};
 use crate::record::{Failure, Outcome, Record};
 
@@ -253,46 +253,56 @@ pub(super) fn readiness(o: &Observed, expect_serving: bool) -> Contract {
         evidence.push(format!("first {} at {}", p.answer(), at(p.start, t0)));
     }
     if expect_serving {
-        let window_end = t0 + o.drain_window_ms;
-        let in_window: Vec<_> = after.iter().filter(|p| p.start <= window_end).collect();
-        if in_window.is_empty() {
-            return judge
-                .not_measured(
-                    "no readiness poll answered between the stop and the end of the drain window",
-                )
-                .with(evidence);
-        }
-        return match in_window.iter().find(|p| p.status != Some(200)) {
-            None => judge.pass(format!(
-                "200 on all {} polls through the drain window (to {})",
-                in_window.len(),
-                at(window_end, t0)
-            )),
-            Some(p) => judge.fail(format!(
-                "{} at {}, inside the drain window: kubelet's probe would drop the endpoint's \
-                     serving condition",
-                p.answer(),
-                at(p.start, t0)
-            )),
-        }
-        .with(evidence);
+        serving_through_window(&judge, o, t0, &after).with(evidence)
+    } else {
+        turns_not_ready(&judge, o, t0, &after, first_not_ready).with(evidence)
     }
+}
+
+/// Readiness for a service that should stay serving: 200 on every poll in the drain window.
+fn serving_through_window(judge: &Judge<'_>, o: &Observed, t0: f64, after: &[&Poll]) -> Contract {
+    let window_end = t0 + o.drain_window_ms;
+    let in_window: Vec<_> = after.iter().filter(|p| p.start <= window_end).collect();
+    if in_window.is_empty() {
+        return judge.not_measured(
+            "no readiness poll answered between the stop and the end of the drain window",
+        );
+    }
+    match in_window.iter().find(|p| p.status != Some(200)) {
+        None => judge.pass(format!(
+            "200 on all {} polls through the drain window (to {})",
+            in_window.len(),
+            at(window_end, t0)
+        )),
+        Some(p) => judge.fail(format!(
+            "{} at {}, inside the drain window: kubelet's probe would drop the endpoint's \
+             serving condition",
+            p.answer(),
+            at(p.start, t0)
+        )),
+    }
+}
+
+/// Readiness for a service that should turn not-ready once told to stop, and stay so.
+fn turns_not_ready(
+    judge: &Judge<'_>,
+    o: &Observed,
+    t0: f64,
+    after: &[&Poll],
+    first_not_ready: Option<&&Poll>,
+) -> Contract {
     match first_not_ready {
         Some(p) => {
             let back = after
                 .iter()
                 .find(|q| q.start > p.start && q.status == Some(200));
             match back {
-                None => judge
-                    .pass(format!("not ready from {} until the exit", at(p.start, t0)))
-                    .with(evidence),
-                Some(q) => judge
-                    .warn(format!(
-                        "not ready at {}, ready again at {}",
-                        at(p.start, t0),
-                        at(q.start, t0)
-                    ))
-                    .with(evidence),
+                None => judge.pass(format!("not ready from {} until the exit", at(p.start, t0))),
+                Some(q) => judge.warn(format!(
+                    "not ready at {}, ready again at {}",
+                    at(p.start, t0),
+                    at(q.start, t0)
+                )),
             }
         }
         None => {
@@ -301,12 +311,10 @@ pub(super) fn readiness(o: &Observed, expect_serving: bool) -> Contract {
                 |e| format!("until the exit at {}", at(e, t0)),
             );
             judge.fail(format!(
-                    "never answered not-ready ({} polls after the stop) {gone}: a load balancer that \
-                     probes the Pod keeps sending new work",
-                    after.len()
-                ),
-            )
-            .with(evidence)
+                "never answered not-ready ({} polls after the stop) {gone}: a load balancer that \
+                 probes the Pod keeps sending new work",
+                after.len()
+            ))
         }
     }
 }
@@ -366,12 +374,47 @@ pub(super) fn stop_signal(o: &Observed) -> Contract {
         o.target_pid,
         at(sent, t0)
     )];
-    // What changed after the signal, beside the exit.
-    let reactions: Vec<String> = {
-        let mut r = Vec::new();
+    let reaction = Reaction::after(o, t0, sent);
+    let d: &Disposition = match &o.disposition {
+        Ok(d) => d,
+        Err(why) => {
+            evidence.push(format!("disposition not readable: {why}"));
+            evidence.extend(reaction.changes.iter().cloned());
+            return if reaction.reacted() && !reaction.killed {
+                judge.pass(format!(
+                    "the process reacted: {}",
+                    reaction.changes.join(", ")
+                ))
+            } else {
+                judge.fail(format!("no reaction to {sig}{}", reaction.kill_note))
+            }
+            .with(evidence);
+        }
+    };
+    evidence.push(disposition_line(d, sig));
+    if d.blocked {
+        evidence.push(format!("{sig} is blocked (SigBlk) by the main thread"));
+    }
+    evidence.extend(reaction.changes.iter().cloned());
+    signal_verdict(&judge, o, d, &reaction).with(evidence)
+}
+
+/// What the process did after the stop signal.
+struct Reaction {
+    /// What changed after the signal, beside a kill at the grace period.
+    changes: Vec<String>,
+    /// Still running at the grace period, so it was SIGKILLed.
+    killed: bool,
+    /// `; still running at the grace period, SIGKILLed at …` when killed, else empty.
+    kill_note: String,
+}
+
+impl Reaction {
+    fn after(o: &Observed, t0: f64, sent: f64) -> Self {
+        let mut changes = Vec::new();
         if let (Some(e), Some(exit)) = (o.exited_at, o.exit) {
             if !exit.killed_at_grace {
-                r.push(format!("exited at {}", at(e, t0)));
+                changes.push(format!("exited at {}", at(e, t0)));
             }
         }
         if let Some(p) = o
@@ -379,7 +422,7 @@ pub(super) fn stop_signal(o: &Observed) -> Contract {
             .iter()
             .find(|p| p.start >= sent && p.status.is_some_and(|s| s != 200))
         {
-            r.push(format!("readiness {} at {}", p.answer(), at(p.start, t0)));
+            changes.push(format!("readiness {} at {}", p.answer(), at(p.start, t0)));
         }
         if let Some(rec) = o.records.iter().find(|r| {
             // A fresh connection's answer says close because the request asked for it.
@@ -387,37 +430,35 @@ pub(super) fn stop_signal(o: &Observed) -> Contract {
                 && ((r.mode == ConnectionMode::KeepAlive && r.connection_close)
                     || r.served_by_draining())
         }) {
-            r.push(format!(
+            changes.push(format!(
                 "answers changed from {} (Connection: close on kept connections, or a draining phase)",
                 at(rec.start_unix_ms.unwrap_or(sent), t0)
             ));
         }
-        r
-    };
-    let reacted = !reactions.is_empty();
-    let killed = o.exit.is_some_and(|e| e.killed_at_grace);
-    let kill_note = if killed {
-        format!(
-            "; still running at the grace period, SIGKILLed at {}",
-            at(t0 + o.grace_ms, t0)
-        )
-    } else {
-        String::new()
-    };
-    let d: &Disposition = match &o.disposition {
-        Ok(d) => d,
-        Err(why) => {
-            evidence.push(format!("disposition not readable: {why}"));
-            evidence.extend(reactions.iter().cloned());
-            return if reacted && !killed {
-                judge.pass(format!("the process reacted: {}", reactions.join(", ")))
-            } else {
-                judge.fail(format!("no reaction to {sig}{kill_note}"))
-            }
-            .with(evidence);
+        let killed = o.exit.is_some_and(|e| e.killed_at_grace);
+        let kill_note = if killed {
+            format!(
+                "; still running at the grace period, SIGKILLed at {}",
+                at(t0 + o.grace_ms, t0)
+            )
+        } else {
+            String::new()
+        };
+        Reaction {
+            changes,
+            killed,
+            kill_note,
         }
-    };
-    evidence.push(format!(
+    }
+
+    fn reacted(&self) -> bool {
+        !self.changes.is_empty()
+    }
+}
+
+/// `service (pid 7, PID 1 of its PID namespace): SIGTERM caught (SigCgt)`.
+fn disposition_line(d: &Disposition, sig: &str) -> String {
+    format!(
         "{} (pid {}{}): {sig} {}",
         d.name,
         d.pid,
@@ -433,49 +474,50 @@ pub(super) fn stop_signal(o: &Observed) -> Contract {
         } else {
             "default action (neither SigCgt nor SigIgn)"
         }
-    ));
-    if d.blocked {
-        evidence.push(format!("{sig} is blocked (SigBlk) by the main thread"));
-    }
-    evidence.extend(reactions.iter().cloned());
-    let contract = if d.ignored {
+    )
+}
+
+/// The verdict from how the process handles the signal and what it did.
+fn signal_verdict(judge: &Judge<'_>, o: &Observed, d: &Disposition, r: &Reaction) -> Contract {
+    let sig = &o.signal_name;
+    let kill_note = &r.kill_note;
+    let changes = r.changes.join(", ");
+    if d.ignored {
         judge.fail(format!("{} ignores {sig} (SigIgn){kill_note}", d.name))
     } else if !d.caught && d.pid1 {
         judge.fail(format!(
             "dropped by the kernel: {} is PID 1 of its PID namespace with no {sig} handler, so \
-                 the signal never arrives{kill_note}. Shell form runs the service under /bin/sh: \
-                 use the exec form (CMD [\"service\"]), `exec service` in a script, or an init \
-                 (tini, docker run --init)",
+             the signal never arrives{kill_note}. Shell form runs the service under /bin/sh: \
+             use the exec form (CMD [\"service\"]), `exec service` in a script, or an init \
+             (tini, docker run --init)",
             d.name
         ))
     } else if !d.caught {
         if o.exit.is_some_and(|e| e.signal == Some(o.signal_number)) {
             judge.warn(format!(
                 "reaches {} without a handler: the default action ended it at once, nothing \
-                     drained",
+                 drained",
                 d.name
             ))
-        } else if reacted && !killed {
-            judge.pass(format!("the process reacted: {}", reactions.join(", ")))
+        } else if r.reacted() && !r.killed {
+            judge.pass(format!("the process reacted: {changes}"))
         } else {
             judge.fail(format!("no handler and no reaction to {sig}{kill_note}"))
         }
-    } else if reacted && !killed {
-        judge.pass(format!("caught by {}; {}", d.name, reactions.join(", ")))
-    } else if reacted {
+    } else if r.reacted() && !r.killed {
+        judge.pass(format!("caught by {}; {changes}", d.name))
+    } else if r.reacted() {
         judge.warn(format!(
-            "caught by {} and it reacted ({}){kill_note}",
-            d.name,
-            reactions.join(", ")
+            "caught by {} and it reacted ({changes}){kill_note}",
+            d.name
         ))
     } else {
         judge.fail(format!(
             "caught by {} but nothing changed{kill_note}: the handler does not start a \
-                 shutdown",
+             shutdown",
             d.name
         ))
-    };
-    contract.with(evidence)
+    }
 }
 
 pub(super) fn listener_open(o: &Observed) -> Contract {
@@ -616,49 +658,7 @@ pub(super) fn keepalive_close(o: &Observed) -> Contract {
         .collect();
     let from = at(told, t0);
     if o.http == HttpVersion::Http2 {
-        // One shared connection: a graceful GOAWAY to the one open when the service was told
-        // shows as later requests moved to another connection (before anything was sent, or
-        // at their lease), with nothing lost on the old one. Connections opened during the
-        // drain may stay open until the service stops accepting.
-        let told_exact = o.told_at.unwrap_or(t0);
-        let open_at_told = o
-            .records
-            .iter()
-            .filter(|r| {
-                r.mode == ConnectionMode::KeepAlive
-                    && r.start_unix_ms.is_some_and(|s| s < told_exact)
-            })
-            .filter_map(|r| r.conn)
-            .next_back();
-        let moved = o.records.iter().any(|r| {
-            r.mode == ConnectionMode::KeepAlive
-                && r.start_unix_ms.is_some_and(|s| s >= told_exact)
-                && (r.rerouted > 0 || (r.conn.is_some() && r.conn != open_at_told))
-        });
-        let mut evidence = vec![format!(
-            "{} requests on the shared HTTP/2 connection from {from}, {} lost",
-            kept.len(),
-            broken.len()
-        )];
-        if !broken.is_empty() {
-            evidence.extend(described(&broken, t0));
-            return judge
-                .fail(
-                    "the shared connection was closed under running requests (no graceful GOAWAY)",
-                )
-                .with(evidence);
-        }
-        return if moved {
-            judge
-                .pass("the client moved to a new connection with nothing lost (graceful GOAWAY)")
-                .with(evidence)
-        } else {
-            judge
-                .not_measured(
-                    "the shared connection was never replaced while the client still sent",
-                )
-                .with(evidence)
-        };
+        return keepalive_http2(&judge, o, t0, kept.len(), &broken, &from);
     }
     let said: Vec<&&&Record> = answered.iter().filter(|r| r.connection_close).collect();
     let mut evidence = vec![format!(
@@ -687,46 +687,105 @@ pub(super) fn keepalive_close(o: &Observed) -> Contract {
     if !broken.is_empty() {
         evidence.extend(described(&broken, t0));
     }
-    let verdict_summary = if answered.is_empty() && broken.is_empty() {
+    let (verdict, summary) = close_verdict(answered.len(), said.len(), broken.len(), &first_told);
+    judge.verdict(verdict, summary).with(evidence)
+}
+
+/// Keep-alive over HTTP/2: one shared connection. A graceful GOAWAY to the one open when the
+/// service was told shows as later requests moved to another connection (before anything was
+/// sent, or at their lease), with nothing lost on the old one. Connections opened during the
+/// drain may stay open until the service stops accepting.
+fn keepalive_http2(
+    judge: &Judge<'_>,
+    o: &Observed,
+    t0: f64,
+    kept: usize,
+    broken: &[&Record],
+    from: &str,
+) -> Contract {
+    let told_exact = o.told_at.unwrap_or(t0);
+    let open_at_told = o
+        .records
+        .iter()
+        .filter(|r| {
+            r.mode == ConnectionMode::KeepAlive && r.start_unix_ms.is_some_and(|s| s < told_exact)
+        })
+        .filter_map(|r| r.conn)
+        .next_back();
+    let moved = o.records.iter().any(|r| {
+        r.mode == ConnectionMode::KeepAlive
+            && r.start_unix_ms.is_some_and(|s| s >= told_exact)
+            && (r.rerouted > 0 || (r.conn.is_some() && r.conn != open_at_told))
+    });
+    let mut evidence = vec![format!(
+        "{} requests on the shared HTTP/2 connection from {from}, {} lost",
+        kept,
+        broken.len()
+    )];
+    if !broken.is_empty() {
+        evidence.extend(described(broken, t0));
+        return judge
+            .fail("the shared connection was closed under running requests (no graceful GOAWAY)")
+            .with(evidence);
+    }
+    if moved {
+        judge
+            .pass("the client moved to a new connection with nothing lost (graceful GOAWAY)")
+            .with(evidence)
+    } else {
+        judge
+            .not_measured("the shared connection was never replaced while the client still sent")
+            .with(evidence)
+    }
+}
+
+/// The verdict on HTTP/1.1 keep-alive: how many answers after the stop said
+/// `Connection: close` (`said` of `answered`), and how many requests were `broken`.
+fn close_verdict(
+    answered: usize,
+    said: usize,
+    broken: usize,
+    first_told: &str,
+) -> (Verdict, String) {
+    if answered == 0 && broken == 0 {
         (
             Verdict::NotMeasured,
             "no keep-alive request after the service was told to stop (raise --drain-window)"
                 .to_owned(),
         )
-    } else if !broken.is_empty() {
+    } else if !broken == 0 {
         (
             Verdict::Fail,
             format!(
                 "{} requests on kept connections lost: the connections were closed without notice",
-                broken.len()
+                broken
             ),
         )
-    } else if said.is_empty() {
+    } else if said == 0 {
         (
             Verdict::Fail,
             format!(
                 "none of {} keep-alive responses after the stop said Connection: close: pooled \
                  clients keep the connection until it breaks",
-                answered.len()
+                answered
             ),
         )
-    } else if said.len() * 2 < answered.len() {
+    } else if said * 2 < answered {
         (
             Verdict::Fail,
             format!(
                 "{} of {} keep-alive responses after the stop had no Connection: close{first_told}: \
                  pooled clients keep sending here until the listener closes",
-                answered.len() - said.len(),
-                answered.len()
+                answered - said,
+                answered
             ),
         )
-    } else if said.len() < answered.len() {
+    } else if said < answered {
         (
             Verdict::Warn,
             format!(
                 "{} of {} keep-alive responses after the stop said Connection: close{first_told}",
-                said.len(),
-                answered.len()
+                said, answered
             ),
         )
     } else {
@@ -734,13 +793,10 @@ pub(super) fn keepalive_close(o: &Observed) -> Contract {
             Verdict::Pass,
             format!(
                 "all {} keep-alive responses after the stop said Connection: close",
-                answered.len()
+                answered
             ),
         )
-    };
-    judge
-        .verdict(verdict_summary.0, verdict_summary.1)
-        .with(evidence)
+    }
 }
 
 pub(super) fn exit(o: &Observed) -> Contract {
@@ -848,7 +904,7 @@ pub(super) fn report(o: &Observed) -> Contract {
     let Some(t0) = o.t0 else {
         return judge.not_measured("the service never started");
     };
-    let mut evidence = vec![format!(
+    let evidence = vec![format!(
         "report from {}: outcome {}, exit code {}, {} stragglers",
         r.source,
         r.outcome.as_deref().unwrap_or("?"),
@@ -856,63 +912,20 @@ pub(super) fn report(o: &Observed) -> Contract {
             .map_or_else(|| "?".to_owned(), |c| c.to_string()),
         r.stragglers
     )];
-    let mut disagree = Vec::new();
-    let mut partial = Vec::new();
-    if let (Some(code), Some(exit)) = (r.exit_code, o.exit) {
-        if let Some(seen) = exit.code {
-            if i64::from(seen) != code {
-                disagree.push(format!(
-                    "the report says exit code {code}, the process exited {seen}"
-                ));
-            }
-        }
-    }
-    match r.drain_started_unix_ms {
-        Some(started) => {
-            evidence.push(format!("drain_started at {}", at(started, t0)));
-            let latest = o.signal_at.unwrap_or(t0) + 2000.0;
-            if started < t0 - 50.0 || started > latest {
-                disagree.push(format!(
-                    "drain_started at {}, but the stop began at t+0 and the signal went at {}",
-                    at(started, t0),
-                    o.signal_at.map_or_else(|| "?".to_owned(), |s| at(s, t0))
-                ));
-            }
-        }
-        None => disagree.push("the report has no drain_started event".to_owned()),
-    }
-    let lost = o.records.iter().filter(|r| lost(r)).count();
-    let clean = r.outcome.as_deref() == Some("clean");
-    if clean && lost > 0 {
-        disagree.push(format!(
-            "the report says clean, the client lost {lost} requests"
-        ));
-    } else if !clean && lost == 0 && r.stragglers > 0 {
-        partial.push(format!(
-            "the report names {} stragglers, the client lost none (background work?)",
-            r.stragglers
-        ));
-    }
-    // Requests the client sent after the drain started must all be in the report's count of
-    // arrivals after the flip (it may count more: ones sent a moment before it arrived after).
-    if let (Some(server), Some(started)) = (r.after_flip_requests, r.drain_started_unix_ms) {
-        // The report's times are whole milliseconds.
-        let client_after = o
-            .records
-            .iter()
-            .filter(|r| r.status.is_some() && r.start_unix_ms.is_some_and(|s| s >= started + 2.0))
-            .count() as u64;
-        evidence.push(format!(
-            "after the flip: the report counts {server} requests arrived, the client got \
-             {client_after} answers to requests sent after drain_started"
-        ));
-        if client_after > server {
-            disagree.push(format!(
-                "the client got {client_after} answers to requests sent after the drain started, \
-                 the report counts only {server} arrivals"
-            ));
-        }
-    }
+    let mut f = Findings {
+        evidence,
+        disagree: Vec::new(),
+        partial: Vec::new(),
+    };
+    f.exit_code(o, r);
+    f.drain_start(o, r, t0);
+    f.lost_requests(o, r);
+    f.after_flip(o, r);
+    let Findings {
+        mut evidence,
+        disagree,
+        partial,
+    } = f;
     evidence.extend(disagree.iter().cloned());
     evidence.extend(partial.iter().cloned());
     if !disagree.is_empty() {
@@ -923,5 +936,88 @@ pub(super) fn report(o: &Observed) -> Contract {
         judge
             .pass("exit code, drain start, outcome and after-flip counts agree with the client")
             .with(evidence)
+    }
+}
+
+/// What the report contract found: evidence, disagreements (fail) and partial ones (warn).
+struct Findings {
+    evidence: Vec<String>,
+    disagree: Vec<String>,
+    partial: Vec<String>,
+}
+
+impl Findings {
+    /// The report's exit code against the process's.
+    fn exit_code(&mut self, o: &Observed, r: &ReportFacts) {
+        if let (Some(code), Some(exit)) = (r.exit_code, o.exit) {
+            if let Some(seen) = exit.code {
+                if i64::from(seen) != code {
+                    self.disagree.push(format!(
+                        "the report says exit code {code}, the process exited {seen}"
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The report's drain start: between the stop and shortly after the signal.
+    fn drain_start(&mut self, o: &Observed, r: &ReportFacts, t0: f64) {
+        match r.drain_started_unix_ms {
+            Some(started) => {
+                self.evidence
+                    .push(format!("drain_started at {}", at(started, t0)));
+                let latest = o.signal_at.unwrap_or(t0) + 2000.0;
+                if started < t0 - 50.0 || started > latest {
+                    self.disagree.push(format!(
+                        "drain_started at {}, but the stop began at t+0 and the signal went at {}",
+                        at(started, t0),
+                        o.signal_at.map_or_else(|| "?".to_owned(), |s| at(s, t0))
+                    ));
+                }
+            }
+            None => self
+                .disagree
+                .push("the report has no drain_started event".to_owned()),
+        }
+    }
+
+    /// The report's outcome and stragglers against the requests the client lost.
+    fn lost_requests(&mut self, o: &Observed, r: &ReportFacts) {
+        let lost = o.records.iter().filter(|r| lost(r)).count();
+        let clean = r.outcome.as_deref() == Some("clean");
+        if clean && lost > 0 {
+            self.disagree.push(format!(
+                "the report says clean, the client lost {lost} requests"
+            ));
+        } else if !clean && lost == 0 && r.stragglers > 0 {
+            self.partial.push(format!(
+                "the report names {} stragglers, the client lost none (background work?)",
+                r.stragglers
+            ));
+        }
+    }
+
+    /// Requests the client sent after the drain started must all be in the report's count of
+    /// arrivals after the flip (it may count more: ones sent a moment before it arrived after).
+    fn after_flip(&mut self, o: &Observed, r: &ReportFacts) {
+        let (Some(server), Some(started)) = (r.after_flip_requests, r.drain_started_unix_ms) else {
+            return;
+        };
+        // The report's times are whole milliseconds.
+        let client_after = o
+            .records
+            .iter()
+            .filter(|r| r.status.is_some() && r.start_unix_ms.is_some_and(|s| s >= started + 2.0))
+            .count() as u64;
+        self.evidence.push(format!(
+            "after the flip: the report counts {server} requests arrived, the client got \
+             {client_after} answers to requests sent after drain_started"
+        ));
+        if client_after > server {
+            self.disagree.push(format!(
+                "the client got {client_after} answers to requests sent after the drain started, \
+                 the report counts only {server} arrivals"
+            ));
+        }
     }
 }
