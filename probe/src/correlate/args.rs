@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::cli::{clap_outcome, CliError, Command};
+use crate::cli::{subcommand_flags, CliError, Command};
 
 /// The `correlate` command's inputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,15 +49,9 @@ pub fn correlate_usage() -> String {
 }
 
 pub(crate) fn parse_correlate(args: &[String]) -> Result<Command, CliError> {
-    let argv = std::iter::once("correlate".to_owned()).chain(args.iter().cloned());
-    let flags = match CorrelateFlags::try_parse_from(argv) {
+    let flags: CorrelateFlags = match subcommand_flags("correlate", args, Command::CorrelateHelp) {
         Ok(flags) => flags,
-        Err(e) => {
-            return match clap_outcome(e)? {
-                Command::Help => Ok(Command::CorrelateHelp),
-                other => Ok(other),
-            }
-        }
+        Err(done) => return done,
     };
     let reports = flags
         .report
