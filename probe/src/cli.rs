@@ -287,6 +287,20 @@ where
     Ok(Command::Run(Box::new(RunArgs { config, out })))
 }
 
+/// Parses the flags of the sub-command `name`: `Err` holds what to return instead (its own
+/// `help` for `--help`, the version, or the one-line message).
+pub(crate) fn subcommand_flags<F: clap::Parser>(
+    name: &str,
+    args: &[String],
+    help: Command,
+) -> Result<F, Result<Command, CliError>> {
+    let argv = std::iter::once(name.to_owned()).chain(args.iter().cloned());
+    F::try_parse_from(argv).map_err(|e| match clap_outcome(e) {
+        Ok(Command::Help) => Ok(help),
+        other => other,
+    })
+}
+
 /// Turns a clap error into help, version, or the probe's one-line message.
 pub(crate) fn clap_outcome(e: clap::Error) -> Result<Command, CliError> {
     let context = |kind| match e.get(kind) {

@@ -4,35 +4,37 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use lameduck_probe::cli::{parse_args, usage, Command};
+use lameduck_probe::cli::{parse_args, usage, Command, RunArgs};
 use lameduck_probe::correlate::{correlate_usage, run_correlate, CorrelateArgs};
-use lameduck_probe::Probe;
+use lameduck_probe::{Probe, ProbeHandle, ProbeResult};
 
 fn main() -> ExitCode {
-    let run = match parse_args(std::env::args().skip(1)) {
-        Ok(Command::Run(run)) => run,
+    match parse_args(std::env::args().skip(1)) {
+        Ok(Command::Run(run)) => run_main(*run),
         Ok(Command::Help) => {
             print!("{}", usage());
-            return ExitCode::SUCCESS;
+            ExitCode::SUCCESS
         }
         Ok(Command::Version) => {
             println!("lameduck-probe {}", env!("CARGO_PKG_VERSION"));
-            return ExitCode::SUCCESS;
+            ExitCode::SUCCESS
         }
         Ok(Command::CorrelateHelp) => {
             print!("{}", correlate_usage());
-            return ExitCode::SUCCESS;
+            ExitCode::SUCCESS
         }
-        Ok(Command::Correlate(args)) => return correlate_main(&args),
+        Ok(Command::Correlate(args)) => correlate_main(&args),
         #[cfg(unix)]
         Ok(Command::CheckHelp) => {
             print!("{}", lameduck_probe::check::check_usage());
-            return ExitCode::SUCCESS;
+            ExitCode::SUCCESS
         }
         #[cfg(unix)]
-        Ok(Command::Check(args)) => return check_main(&args),
+        Ok(Command::Check(args)) => check_main(&args),
         Err(e) => {
             eprintln!("lameduck-probe: {e}");
             match std::env::args().nth(1).as_deref() {
@@ -41,9 +43,25 @@ fn main() -> ExitCode {
                 }
                 _ => eprintln!("run lameduck-probe --help for the flags"),
             }
-            return ExitCode::from(2);
+            ExitCode::from(2)
         }
-    };
+    }
+}
+
+/// A multi-threaded runtime (`workers` threads, or one per core); `who` prefixes the error.
+fn runtime(workers: Option<usize>, who: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        builder.worker_threads(n);
+    }
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("{who}: cannot start the async runtime: {e}");
+        ExitCode::from(3)
+    })
+}
+
+/// `lameduck-probe`: runs the probe, prints the summary, writes the records when asked.
+fn run_main(run: RunArgs) -> ExitCode {
     // Open the output first: finding it unwritable after a 10-minute run would lose the run.
     let out = match &run.out {
         None => None,
@@ -55,15 +73,9 @@ fn main() -> ExitCode {
             }
         },
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime(None, "lameduck-probe") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("lameduck-probe: cannot start the async runtime: {e}");
-            return ExitCode::from(3);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let probe = match Probe::new(run.config) {
@@ -73,20 +85,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        let handle = probe.handle();
-        let drain_wait = probe.config().drain_wait;
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_err() {
-                return;
-            }
-            eprintln!(
-                "lameduck-probe: stopping; waiting up to {drain_wait:?} for running requests (Ctrl-C again to stop now)"
-            );
-            handle.stop();
-            if tokio::signal::ctrl_c().await.is_ok() {
-                handle.abort();
-            }
-        });
+        stop_on_ctrl_c(probe.handle(), probe.config().drain_wait);
         let result = match probe.run().await {
             Ok(result) => result,
             Err(e) => {
@@ -96,17 +95,8 @@ fn main() -> ExitCode {
         };
         print!("{}", result.summary.table());
         if let Some((path, file)) = out {
-            match result.write_json_lines(file) {
-                Ok(()) => println!(
-                    "{:<24}{} ({} lines)",
-                    "records",
-                    path.display(),
-                    result.records.len()
-                ),
-                Err(e) => {
-                    eprintln!("lameduck-probe: writing {}: {e}", path.display());
-                    return ExitCode::from(3);
-                }
+            if let Err(code) = write_records(&result, &path, file) {
+                return code;
             }
         }
         if result.summary.is_clean() {
@@ -115,6 +105,42 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     })
+}
+
+/// The first Ctrl-C stops sending (running requests get `drain_wait`), the second stops
+/// waiting.
+fn stop_on_ctrl_c(handle: ProbeHandle, drain_wait: Duration) {
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        eprintln!(
+            "lameduck-probe: stopping; waiting up to {drain_wait:?} for running requests (Ctrl-C again to stop now)"
+        );
+        handle.stop();
+        if tokio::signal::ctrl_c().await.is_ok() {
+            handle.abort();
+        }
+    });
+}
+
+/// Writes the records as JSON lines to `--out` and says where.
+fn write_records(result: &ProbeResult, path: &Path, file: BufWriter<File>) -> Result<(), ExitCode> {
+    match result.write_json_lines(file) {
+        Ok(()) => {
+            println!(
+                "{:<24}{} ({} lines)",
+                "records",
+                path.display(),
+                result.records.len()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("lameduck-probe: writing {}: {e}", path.display());
+            Err(ExitCode::from(3))
+        }
+    }
 }
 
 /// `lameduck-probe correlate`: prints the diagnosis, draws the SVG when asked.
@@ -144,16 +170,9 @@ fn correlate_main(args: &CorrelateArgs) -> ExitCode {
 /// `lameduck-probe check`: runs the check, prints the table, writes JSON and JUnit.
 #[cfg(unix)]
 fn check_main(args: &lameduck_probe::check::CheckArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime(Some(2), "lameduck-probe check") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("lameduck-probe check: cannot start the async runtime: {e}");
-            return ExitCode::from(3);
-        }
+        Err(code) => return code,
     };
     let report = match runtime.block_on(lameduck_probe::check::run_check(args)) {
         Ok(report) => report,

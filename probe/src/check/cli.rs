@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use super::{default_traffic, signal_of, CheckArgs, ExpectReadiness, PreStop};
-use crate::cli::{clap_outcome, parse_duration, CliError, Command};
+use crate::cli::{parse_duration, subcommand_flags, CliError, Command};
 use crate::config::{ConnectionMode, HttpVersion};
 
 #[derive(Debug, Parser)]
@@ -167,15 +167,9 @@ fn parse_mode(v: &str) -> Result<ConnectionMode, String> {
 ///
 /// A missing command, target or readiness URL, a bad value; the message names the flag.
 pub fn parse_check(args: &[String]) -> Result<Command, CliError> {
-    let argv = std::iter::once("check".to_owned()).chain(args.iter().cloned());
-    let flags = match CheckFlags::try_parse_from(argv) {
+    let flags: CheckFlags = match subcommand_flags("check", args, Command::CheckHelp) {
         Ok(flags) => flags,
-        Err(e) => {
-            return match clap_outcome(e)? {
-                Command::Help => Ok(Command::CheckHelp),
-                other => Ok(other),
-            }
-        }
+        Err(done) => return done,
     };
     let fail = |m: String| Err(CliError::from_message(m));
     if flags.command.is_empty() {

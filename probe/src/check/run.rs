@@ -1,0 +1,432 @@
+//! The run of a check, step by step as the [module docs](super) list them.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+
+use super::contracts::{self, ReportFacts};
+use super::http::{self, Url};
+use super::{
+    error, process, signal_of, unix_now, CheckArgs, CheckError, CheckReport, ExitView,
+    ExpectReadiness, Observed, Poll, PreStop, AFTER_EXIT, MAX_POLLS, POLL_EVERY, POLL_TIMEOUT,
+};
+use crate::config::{HttpVersion, ProbeConfig};
+use crate::record::Record;
+use crate::runner::Probe;
+use crate::{ProbeError, ProbeHandle, ProbeResult};
+
+/// Runs `args`' command through the whole stop and judges it.
+///
+/// # Errors
+///
+/// Bad URLs or signal names, or a command that cannot be started at all. A service that
+/// starts and misbehaves is a report with failed contracts, not an error.
+pub async fn run_check(args: &CheckArgs) -> Result<CheckReport, CheckError> {
+    let inputs = Inputs::parse(args)?;
+    let traffic = traffic_for(args);
+    let probe = Probe::new(traffic.clone()).map_err(|e| error(format!("invalid setting {e}")))?;
+
+    let started_unix_ms = unix_now();
+    let started = tokio::time::Instant::now();
+    let mut service = process::Service::spawn(&args.command, args.pid_namespace)
+        .await
+        .map_err(error)?;
+    let output = service.output();
+    let mut observed = Observed::before_start(args, &inputs, service.target(), traffic.http);
+
+    // 1. Startup.
+    wait_ready(
+        &mut observed,
+        &mut service,
+        args,
+        &inputs.ready_url,
+        started,
+    )
+    .await;
+    if observed.ready_after.is_none() {
+        service.kill();
+        if observed.exit.is_none() {
+            observed.exit = Some(service.wait_or_kill(tokio::time::Instant::now()).await);
+        }
+        return Ok(finish(args, started_unix_ms, observed, &output, None));
+    }
+
+    // 2. Traffic and probes.
+    let pollers = Pollers::start(args, &inputs);
+    let handle = probe.handle();
+    let traffic_task = tokio::spawn(probe.run());
+    tokio::time::sleep(args.warmup).await;
+
+    // 3. The stop, as kubelet does it: the hook, then the signal; SIGKILL at the grace period.
+    let prestop_text = stop(&mut observed, &mut service, args, &inputs).await;
+
+    // 4. What is still running gets a moment, then the run is cut.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    handle.stop();
+    let (ready_polls, live_polls) = pollers.stop().await;
+    let result = end_traffic(&handle, traffic_task).await;
+    service.kill();
+    observed.records = result?;
+    observed.ready_polls = ready_polls;
+    observed.live_polls = live_polls;
+    Ok(finish(
+        args,
+        started_unix_ms,
+        observed,
+        &output,
+        prestop_text,
+    ))
+}
+
+/// The URLs and the signal from the args, parsed once.
+struct Inputs {
+    ready_url: Url,
+    live_url: Option<Url>,
+    sig: Signal,
+    prestop_url: Option<Url>,
+}
+
+impl Inputs {
+    fn parse(args: &CheckArgs) -> Result<Self, CheckError> {
+        let ready_url = Url::parse(&args.ready_url).map_err(|e| error(format!("--ready: {e}")))?;
+        let live_url = args
+            .live_url
+            .as_deref()
+            .map(Url::parse)
+            .transpose()
+            .map_err(|e| error(format!("--live: {e}")))?;
+        let sig = signal_of(&args.stop_signal).map_err(|e| error(format!("--stop-signal: {e}")))?;
+        let prestop_url = match &args.prestop {
+            Some(PreStop::Http(u)) => {
+                Some(Url::parse(u).map_err(|e| error(format!("--prestop-http: {e}")))?)
+            }
+            _ => None,
+        };
+        Ok(Inputs {
+            ready_url,
+            live_url,
+            sig,
+            prestop_url,
+        })
+    }
+}
+
+/// The traffic for the whole run: through warmup and the drain window, with requests kept
+/// running until the process is gone (the run cuts them after the exit).
+fn traffic_for(args: &CheckArgs) -> ProbeConfig {
+    let mut traffic = args.traffic.clone();
+    traffic.duration = args.warmup + args.drain_window;
+    traffic.drain_wait = args.grace_period + AFTER_EXIT + Duration::from_secs(1);
+    traffic.progress = false;
+    traffic
+}
+
+impl Observed {
+    /// Nothing observed yet: what the args and the started process say.
+    fn before_start(args: &CheckArgs, inputs: &Inputs, target_pid: u32, http: HttpVersion) -> Self {
+        Observed {
+            ready_url: inputs.ready_url.to_string(),
+            live_url: inputs.live_url.as_ref().map(Url::to_string),
+            ready_after: None,
+            startup_error: None,
+            t0: None,
+            told_at: None,
+            signal_at: None,
+            signal_name: format!("{}", inputs.sig),
+            signal_number: inputs.sig as i32,
+            target_pid,
+            disposition: Err("not read".to_owned()),
+            exit: None,
+            exited_at: None,
+            grace_ms: args.grace_period.as_secs_f64() * 1000.0,
+            drain_window_ms: args.drain_window.as_secs_f64() * 1000.0,
+            http,
+            ready_polls: Vec::new(),
+            live_polls: Vec::new(),
+            records: Vec::new(),
+            report: None,
+        }
+    }
+}
+
+/// Polls readiness until 200 (sets `ready_after`), the process ends or the startup timeout
+/// is over (sets `startup_error`).
+async fn wait_ready(
+    observed: &mut Observed,
+    service: &mut process::Service,
+    args: &CheckArgs,
+    ready_url: &Url,
+    started: tokio::time::Instant,
+) {
+    let startup_deadline = started + args.startup_timeout;
+    let mut last = String::from("no poll yet");
+    loop {
+        if let Some(exit) = service.try_exit() {
+            observed.exit = Some(exit);
+            observed.exited_at = Some(unix_now());
+            observed.startup_error = Some(format!(
+                "the process ended before it was ready ({}); last poll: {last}",
+                exit_text(&exit)
+            ));
+            return;
+        }
+        match http::get(ready_url, &args.probe_headers, POLL_TIMEOUT).await {
+            Ok(200) => {
+                observed.ready_after = Some(started.elapsed().as_secs_f64() * 1000.0);
+                return;
+            }
+            Ok(status) => last = format!("{status}"),
+            Err(e) => last = e,
+        }
+        if tokio::time::Instant::now() >= startup_deadline {
+            observed.startup_error = Some(format!(
+                "{ready_url} not 200 within {:?}; last poll: {last}",
+                args.startup_timeout
+            ));
+            return;
+        }
+        tokio::time::sleep(POLL_EVERY).await;
+    }
+}
+
+/// The readiness and liveness pollers, running like kubelet's probes.
+struct Pollers {
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    ready: Arc<Mutex<Vec<Poll>>>,
+    live: Arc<Mutex<Vec<Poll>>>,
+}
+
+impl Pollers {
+    fn start(args: &CheckArgs, inputs: &Inputs) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        let ready = Arc::new(Mutex::new(Vec::new()));
+        let live = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = vec![tokio::spawn(poll_loop(
+            inputs.ready_url.clone(),
+            args.probe_headers.clone(),
+            ready.clone(),
+            stop_rx.clone(),
+        ))];
+        if let Some(url) = &inputs.live_url {
+            tasks.push(tokio::spawn(poll_loop(
+                url.clone(),
+                args.probe_headers.clone(),
+                live.clone(),
+                stop_rx,
+            )));
+        }
+        Pollers {
+            stop,
+            tasks,
+            ready,
+            live,
+        }
+    }
+
+    /// Stops polling; the readiness and the liveness polls.
+    async fn stop(self) -> (Vec<Poll>, Vec<Poll>) {
+        self.stop.send_replace(true);
+        for p in self.tasks {
+            let _ = p.await;
+        }
+        let take =
+            |polls: &Mutex<Vec<Poll>>| std::mem::take(&mut *polls.lock().expect("polls lock"));
+        (take(&self.ready), take(&self.live))
+    }
+}
+
+/// The stop at `t+0`: the preStop hook if there is one, then the signal, then SIGKILL at the
+/// grace period if the process is still there. Returns what the hook did.
+async fn stop(
+    observed: &mut Observed,
+    service: &mut process::Service,
+    args: &CheckArgs,
+    inputs: &Inputs,
+) -> Option<String> {
+    let t0 = unix_now();
+    let kill_at = tokio::time::Instant::now() + args.grace_period;
+    observed.t0 = Some(t0);
+    let mut prestop_text = None;
+    if let Some(hook) = &args.prestop {
+        let (text, informs) = run_prestop(hook, inputs.prestop_url.as_ref(), kill_at).await;
+        if informs {
+            observed.told_at = Some(t0);
+        }
+        prestop_text = Some(format!(
+            "{} ({}; ended at {})",
+            text,
+            hook_name(hook),
+            contracts::at(unix_now(), t0)
+        ));
+    }
+    if let Some(exit) = service.try_exit() {
+        observed.exit = Some(exit);
+        observed.exited_at = Some(unix_now());
+    } else {
+        observed.disposition = process::disposition(service.target(), inputs.sig);
+        let now = unix_now();
+        if let Err(e) = service.signal(inputs.sig) {
+            observed.disposition = Err(e);
+        }
+        observed.signal_at = Some(now);
+        observed.told_at.get_or_insert(now);
+        let exit = service.wait_or_kill(kill_at).await;
+        observed.exited_at = Some(unix_now());
+        observed.exit = Some(exit);
+    }
+    prestop_text
+}
+
+/// Waits [`AFTER_EXIT`] for the traffic to end, then aborts it (what still runs is recorded
+/// `unfinished`, within the runner's abort grace); its records.
+async fn end_traffic(
+    handle: &ProbeHandle,
+    mut traffic_task: tokio::task::JoinHandle<Result<ProbeResult, ProbeError>>,
+) -> Result<Vec<Record>, CheckError> {
+    let result = match tokio::time::timeout(AFTER_EXIT, &mut traffic_task).await {
+        Ok(joined) => joined,
+        Err(_) => {
+            handle.abort();
+            traffic_task.await
+        }
+    };
+    match result {
+        Ok(Ok(result)) => Ok(result.records),
+        Ok(Err(e)) => Err(error(format!("the traffic could not start: {e}"))),
+        Err(e) => Err(error(format!("the traffic task failed: {e}"))),
+    }
+}
+
+/// Polls `url` every [`POLL_EVERY`] until `stop` turns `true`.
+async fn poll_loop(
+    url: Url,
+    headers: Vec<(String, String)>,
+    polls: Arc<Mutex<Vec<Poll>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(POLL_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tick.tick() => {}
+        }
+        let start = unix_now();
+        let result = http::get(&url, &headers, POLL_TIMEOUT).await;
+        let poll = Poll {
+            start,
+            end: unix_now(),
+            status: result.as_ref().ok().copied(),
+            error: result.err(),
+        };
+        let mut polls = polls.lock().expect("polls lock");
+        if polls.len() < MAX_POLLS {
+            polls.push(poll);
+        }
+    }
+}
+
+fn hook_name(hook: &PreStop) -> &'static str {
+    match hook {
+        PreStop::Http(_) => "httpGet",
+        PreStop::Exec(_) => "exec",
+        PreStop::Sleep(_) => "sleep",
+    }
+}
+
+/// Runs the hook until it ends or the grace period is over. Returns what happened and
+/// whether the hook can have told the service (httpGet and exec can, sleep cannot).
+async fn run_prestop(
+    hook: &PreStop,
+    url: Option<&Url>,
+    kill_at: tokio::time::Instant,
+) -> (String, bool) {
+    let left = kill_at.saturating_duration_since(tokio::time::Instant::now());
+    match hook {
+        PreStop::Sleep(d) => {
+            tokio::time::sleep((*d).min(left)).await;
+            (format!("slept {d:?}"), false)
+        }
+        PreStop::Http(text) => {
+            let url = url.expect("parsed with the args");
+            match http::get(url, &[], left).await {
+                Ok(status) => (format!("GET {text}: {status}"), true),
+                Err(e) => (format!("GET {text}: {e}"), true),
+            }
+        }
+        PreStop::Exec(cmd) => {
+            let child = tokio::process::Command::new("sh")
+                .args(["-c", cmd])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .status();
+            match tokio::time::timeout(left, child).await {
+                Ok(Ok(status)) => (format!("sh -c {cmd:?}: {status}"), true),
+                Ok(Err(e)) => (format!("sh -c {cmd:?}: {e}"), true),
+                Err(_) => (
+                    format!("sh -c {cmd:?}: still running at the grace period"),
+                    true,
+                ),
+            }
+        }
+    }
+}
+
+fn exit_text(exit: &ExitView) -> String {
+    match (exit.code, exit.signal) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("signal {s}"),
+        (None, None) => "unknown status".to_owned(),
+    }
+}
+
+fn finish(
+    args: &CheckArgs,
+    started_unix_ms: f64,
+    mut observed: Observed,
+    output: &Arc<Mutex<process::Output>>,
+    prestop: Option<String>,
+) -> CheckReport {
+    let (report_line, stderr_tail) = {
+        let out = output.lock().expect("output lock");
+        let tail: Vec<String> = out.stderr.iter().rev().take(20).rev().cloned().collect();
+        (out.report_line.clone(), tail)
+    };
+    observed.report = match &args.report_file {
+        Some(path) => std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| ReportFacts::parse(&t, &path.display().to_string())),
+        None => None,
+    }
+    .or_else(|| report_line.and_then(|l| ReportFacts::parse(&l, "stderr")));
+    let expect_serving = args.expect_readiness == ExpectReadiness::Serving;
+    let contracts = vec![
+        contracts::startup(&observed),
+        contracts::readiness(&observed, expect_serving),
+        contracts::liveness(&observed),
+        contracts::stop_signal(&observed),
+        contracts::listener_open(&observed),
+        contracts::in_flight(&observed),
+        contracts::keepalive_close(&observed),
+        contracts::exit(&observed),
+        contracts::report(&observed),
+    ];
+    CheckReport {
+        command: args.command.clone(),
+        pid_namespace: args.pid_namespace,
+        started_unix_ms,
+        stop_unix_ms: observed.t0,
+        prestop,
+        signal_unix_ms: observed.signal_at,
+        exit: observed.exit,
+        exit_unix_ms: observed.exited_at,
+        contracts,
+        requests: observed.records.len(),
+        stderr_tail,
+    }
+}
