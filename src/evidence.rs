@@ -162,6 +162,7 @@ impl Arrivals {
 
     /// Counts one request in `slot`. While the slot's entry already says so (every request
     /// after the first of each slot), one relaxed load of the entry, no write.
+    #[cfg(feature = "http")] // only `serve`'s and `axum_serve`'s per-connection services count requests
     #[inline]
     pub(crate) fn note_request(&self, slot: u64) {
         let entry = &self.ring[(slot % RING as u64) as usize];
@@ -173,6 +174,7 @@ impl Arrivals {
     }
 
     /// The first request of a slot.
+    #[cfg(feature = "http")]
     #[cold]
     #[inline(never)]
     fn note_request_slow(&self, entry: &AtomicU64, v: u64) {
