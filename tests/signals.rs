@@ -49,8 +49,12 @@ fn child_main(scenario: &str) -> ! {
             builder = builder.termination_log(Some(path.into()));
         }
         if scenario == "weak-drain" {
-            // The default policy: an idle process has too little traffic to measure.
-            builder = builder.propagation(Propagation::default());
+            // The default policy: an idle process has too little traffic to measure. A grace
+            // of its own, so that waiting to `max` on a loaded machine stays far from the
+            // deadline (the test is about the stderr line, not the budget).
+            builder = builder
+                .grace_period(Duration::from_secs(8))
+                .propagation(Propagation::default());
         }
         if scenario == "stop-quit-builder" {
             builder = builder.signals(Signals::default().stop_signal(StopSignal::Sigquit));
@@ -885,7 +889,7 @@ fn a_drain_call_that_waits_on_weak_evidence_says_so_on_stderr() {
     assert_eq!(&head, b"HTTP/1.1 504");
     kill(&p, "-TERM");
     let (code, _, report, err) = wait_stderr(p, Duration::from_secs(20));
-    assert_eq!(code, 0);
+    assert_eq!(code, 0, "{err}");
     assert_eq!(report.trigger, Some(Trigger::PreStop));
     let line = err
         .lines()
