@@ -44,6 +44,14 @@ fn a_prestop_hook_that_gives_up_mid_drain_does_not_end_the_drain() {
         "6s",
     ];
     let mut inst = Instance::start("hook", free_port(), admin, &dir, &flags);
+    // Ready first (its warm-up gate open): a drain before that commits at once (never served).
+    let ready_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !read_to_close(send_get(([127, 0, 0, 1], admin).into(), "/readyz"))
+        .starts_with("HTTP/1.1 200")
+    {
+        assert!(std::time::Instant::now() < ready_by, "never ready");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let answer = read_to_close(send_get(
         ([127, 0, 0, 1], admin).into(),
         "/drain?timeout=1s",
