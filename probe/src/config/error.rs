@@ -69,7 +69,7 @@ impl Setting {
     }
 }
 
-/// A [`ProbeConfig`] setting that cannot work, with what to change.
+/// A [`ProbeConfig`](crate::ProbeConfig) setting that cannot work, with what to change.
 ///
 /// `Display` names the setting by its command-line flag and its field, e.g.
 /// `--rate (short_rate): must be a number of requests per second ≥ 0 (0 sends none), got -1`.
@@ -89,7 +89,7 @@ impl ConfigError {
         self.setting.names().1
     }
 
-    /// The [`ProbeConfig`] field of the setting to change (`short_rate`).
+    /// The [`ProbeConfig`](crate::ProbeConfig) field of the setting to change (`short_rate`).
     pub fn field(&self) -> &'static str {
         self.setting.names().0
     }
