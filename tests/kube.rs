@@ -20,7 +20,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use lameduck::{
     AdviceRule, AllowanceSource, Drain, DrainReport, EndpointWatch, EventKind, EvidenceKind,
-    MaxReason, Propagation, ReadinessWhileDraining, Trigger,
+    MaxReason, Phase, Propagation, ReadinessWhileDraining, Trigger,
 };
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -430,6 +430,18 @@ async fn finished(d: &Drain) -> DrainReport {
         .expect("the drain finished")
 }
 
+/// Waits (bounded) for the watch's own startup gate, which opens once it has listed (or
+/// failed, or timed out), as kubelet's probe would wait for it.
+async fn ready(d: &Drain) {
+    for _ in 0..1000 {
+        if !d.readiness().reason.contains("waiting for endpoint-watch") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never ready: {:?}", d.readiness());
+}
+
 fn events(r: &DrainReport, kind: EventKind) -> Vec<&lameduck::Event> {
     r.timeline.iter().filter(|e| e.event == kind).collect()
 }
@@ -453,6 +465,7 @@ async fn propagation_waits_for_every_slice_plus_the_allowance_and_the_timeline_s
         .start(&d)
         .unwrap();
     cluster.watching().await;
+    ready(&d).await;
     d.start(Trigger::Api);
 
     // A bookmark, then history compacted under the open watches: 410 Gone, re-list.
@@ -537,6 +550,7 @@ async fn a_short_deletion_grace_shrinks_the_deadlines() {
     // A task that never ends: the quiesce deadline, not the configured 24 s, cuts it.
     d.spawn("stuck", std::future::pending::<()>());
     let origin = tokio::time::Instant::now();
+    ready(&d).await;
     d.start(Trigger::Api);
     // Before the deletion, the configured budget: 30 s − 1 s margin.
     assert!(d.hard_deadline().unwrap() >= origin + Duration::from_secs(29));
@@ -615,6 +629,7 @@ async fn publish_not_ready_addresses_is_not_waited_on_and_gets_advice() {
     // the admin endpoint delays SIGTERM): its changes enter the timeline at 0 ms.
     cluster.delete_pod(30);
     tokio::time::sleep(Duration::from_secs(1)).await;
+    ready(&d).await;
     d.start(Trigger::Api);
     let r = finished(&d).await;
 
@@ -675,6 +690,7 @@ async fn a_forbidden_api_falls_back_to_the_arrival_evidence_and_says_why() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    ready(&d).await;
     d.start(Trigger::Api);
     let r = finished(&d).await;
 
@@ -722,12 +738,79 @@ async fn an_unreachable_api_falls_back_and_says_so() {
         .start(&d)
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
+    ready(&d).await;
     d.start(Trigger::Api);
     let r = finished(&d).await;
     let ev = r.propagation.evidence.as_ref().unwrap();
     assert_eq!(ev.kind, EvidenceKind::Max);
     let why = ev.endpoint_slice_unused.as_deref().unwrap();
     assert!(why.starts_with("unreachable"), "{why}");
+}
+
+#[tokio::test]
+async fn readiness_waits_for_the_watchs_first_list_and_at_most_the_api_timeout() {
+    // A reachable API: not ready until the watch has read the Pod and its slices, so the
+    // slices cannot list this Pod ready before the watch is there to see it.
+    let cluster = Cluster::start().await;
+    set_ready(&cluster, false);
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(50)),
+        ReadinessWhileDraining::Auto,
+    );
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(cluster.client())
+        .start(&d)
+        .unwrap();
+    let r = d.readiness();
+    assert!(!r.ready, "{r:?}");
+    assert_eq!(r.reason, "starting: waiting for endpoint-watch", "{r:?}");
+    ready(&d).await;
+    assert!(d.is_ready(), "{:?}", d.readiness());
+    assert_eq!(d.phase(), Phase::Serving);
+    assert!(
+        cluster.with(|m| m.count("pods", "list") > 0 && m.count("endpointslices", "list") > 0),
+        "ready before the watch listed"
+    );
+
+    // An API that takes the connection and never answers: ready at the api_timeout anyway.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let uri = format!("http://{}", silent.local_addr().unwrap())
+        .parse()
+        .unwrap();
+    let client = kube::Client::try_from(kube::Config::new(uri)).unwrap();
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::fixed(Duration::from_millis(50)),
+        ReadinessWhileDraining::Auto,
+    );
+    let started = std::time::Instant::now();
+    EndpointWatch::from_env()
+        .pod(POD)
+        .namespace(NS)
+        .client(client)
+        .api_timeout(Duration::from_millis(300))
+        .start(&d)
+        .unwrap();
+    assert!(!d.is_ready(), "{:?}", d.readiness());
+    ready(&d).await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "ready after {:?}, before the API timeout and without an answer",
+        started.elapsed()
+    );
+    d.start(Trigger::Api);
+    let r = finished(&d).await;
+    let why = r
+        .propagation
+        .evidence
+        .unwrap()
+        .endpoint_slice_unused
+        .unwrap();
+    assert!(why.starts_with("unreachable"), "{why}");
+    drop(silent);
 }
 
 #[tokio::test]
@@ -743,6 +826,7 @@ async fn without_a_pod_name_the_watch_refuses_and_the_report_says_so() {
     let err = EndpointWatch::from_env().namespace(NS).start(&d);
     let err = err.unwrap_err().to_string();
     assert!(err.starts_with("POD_NAME is not set"), "{err}");
+    ready(&d).await;
     d.start(Trigger::Api);
     let r = finished(&d).await;
     let why = r
@@ -773,6 +857,7 @@ async fn serving_until_stop_names_its_own_condition_and_without_a_deletion_waits
         .unwrap();
     cluster.watching().await;
     // No deletion: kubelet's probe stays green under ServingUntilStop, the slices never move.
+    ready(&d).await;
     d.start(Trigger::Api);
     let r = finished(&d).await;
     let ev = r.propagation.evidence.as_ref().unwrap();
@@ -831,6 +916,7 @@ async fn the_proxy_allowance_is_measured_at_startup_and_reported() {
     set_ready(&cluster, true);
     tokio::time::sleep(Duration::from_millis(600)).await;
     one_connection(addr).await;
+    ready(&d).await;
     d.start(Trigger::Api);
     cluster.delete_pod(30);
     let r = common::drained_clean(&d, server).await;
@@ -894,6 +980,7 @@ async fn without_a_measurement_the_default_allowance_is_named_with_its_source() 
         .start(&d)
         .unwrap();
     cluster.watching().await;
+    ready(&d).await;
     d.start(Trigger::Api);
     cluster.delete_pod(30);
     let r = finished(&d).await;
@@ -951,6 +1038,7 @@ async fn sparse_traffic_and_the_default_allowance_do_not_commit_before_the_arriv
     set_ready(&cluster, true);
     tokio::time::sleep(Duration::from_millis(300)).await;
     one_connection(addr).await;
+    ready(&d).await;
     d.start(Trigger::Api);
     cluster.delete_pod(30);
     let r = common::drained_clean(&d, server).await;

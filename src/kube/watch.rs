@@ -17,7 +17,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::model::Model;
 use crate::link::Source;
-use crate::{Drain, Phase};
+use crate::{Drain, Phase, StartupGate};
 
 /// The default proxy allowance: time granted to proxies after the EndpointSlice shows this
 /// endpoint not ready, before propagation may commit, when nothing was measured at startup
@@ -170,6 +170,14 @@ impl EndpointWatch {
 
     /// Starts watching, on a task of the current runtime that ends when the drain is done.
     ///
+    /// Called while the drain is still starting (before [`Drain::mark_started`] or the last
+    /// startup gate opens), it adds a startup gate of its own, `endpoint-watch`: `/readyz`
+    /// says not ready until the watch has read the Pod and the slices once, so the slices
+    /// cannot list this Pod ready before the watch sees them do it and the proxy allowance is
+    /// measured from that moment. The gate also opens when the API refuses or fails, and at
+    /// [`api_timeout`](Self::api_timeout) (5 s) at the latest: readiness never waits longer
+    /// on the API server.
+    ///
     /// # Errors
     ///
     /// When the Pod's name or namespace is unknown (`POD_NAME`, `POD_NAMESPACE` unset and not
@@ -202,18 +210,21 @@ impl EndpointWatch {
             self.allowance.is_some(),
         );
         link.set_source(Source::Connecting);
+        let mut gate = FirstList(
+            (drain.phase() == Phase::Starting).then(|| drain.startup_gate("endpoint-watch")),
+        );
         let drain = drain.clone();
         tokio::spawn(async move {
             let done = drain.reached(Phase::Done);
             tokio::select! {
-                () = self.run(&drain, pod, namespace) => {}
+                () = self.run(&drain, pod, namespace, &mut gate) => {}
                 () = done => {}
             }
         });
         Ok(())
     }
 
-    async fn run(self, drain: &Drain, pod: String, namespace: String) {
+    async fn run(self, drain: &Drain, pod: String, namespace: String, gate: &mut FirstList) {
         let link = drain.link();
         let client = match self.client {
             Some(c) => c,
@@ -252,6 +263,7 @@ impl EndpointWatch {
                     Some(Ok(e)) => model.on_pod(drain, e),
                     Some(Err(e)) => {
                         model.on_error(drain, "pods", &e);
+                        gate.open_if(model.failed());
                         continue;
                     }
                     None => return,
@@ -260,12 +272,14 @@ impl EndpointWatch {
                     Some(Ok(e)) => model.on_slice(e),
                     Some(Err(e)) => {
                         model.on_error(drain, "endpointslices", &e);
+                        gate.open_if(model.failed());
                         continue;
                     }
                     None => return,
                 },
                 () = &mut api_deadline, if !timed_out => {
                     timed_out = true;
+                    gate.open_if(true);
                     if !model.synced() && !model.failed() {
                         link.set_source(
                             Source::Unavailable(format!(
@@ -279,6 +293,29 @@ impl EndpointWatch {
             }
             model.lookup_services(&services).await;
             model.publish(drain);
+            // After the first publish: the watch has seen the slices as they were before
+            // this Pod could be ready, so the listing it waits for is one it will see.
+            gate.open_if(model.synced());
         }
+    }
+}
+
+/// The `endpoint-watch` startup gate: open once the watch has listed, failed or timed out,
+/// and when the watch ends for any reason (dropped).
+struct FirstList(Option<StartupGate>);
+
+impl FirstList {
+    fn open_if(&mut self, cond: bool) {
+        if cond {
+            if let Some(g) = self.0.take() {
+                g.open();
+            }
+        }
+    }
+}
+
+impl Drop for FirstList {
+    fn drop(&mut self) {
+        self.open_if(true);
     }
 }

@@ -192,9 +192,10 @@ fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
                 .unwrap_or_else(|e| panic!("{}: {e}: {}", path.display(), describe(r)));
             let v: serde_json::Value = serde_json::from_str(&text).expect("report JSON");
             let ev = &v["propagation"]["evidence"];
-            // The slices were read from the real API: the change is in the report. With the
-            // default (unmeasured) allowance the slice step is a floor, so the commit may rest
-            // on the arrival evidence that came later.
+            // The slices were read from the real API: the change is in the report. The
+            // watch's startup gate holds readiness until it has listed, so it sees the slices
+            // list the Pod ready and measures the proxies' delay from there: the commit rests
+            // on the slices plus that measured allowance, never on max.
             assert_eq!(
                 ev["endpoint_slice"]["condition"],
                 "ready=false",
@@ -207,11 +208,16 @@ fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
                 "{}: no slice change in the report: {ev}",
                 p.pod
             );
+            assert_eq!(
+                ev["endpoint_slice"]["allowance_source"],
+                "measured",
+                "{}: the proxy allowance was not measured at startup: {ev}\n{}",
+                p.pod,
+                describe(r)
+            );
             let kind = ev["kind"].as_str().unwrap_or_default();
             assert!(
-                kind == "endpoint_slice"
-                    || (kind == "confidence"
-                        && ev["endpoint_slice"]["allowance_source"] == "default"),
+                kind == "endpoint_slice",
                 "{}: committed on {kind}: {ev}",
                 p.pod
             );
