@@ -144,9 +144,7 @@ impl Drain {
 
     /// A new connection was accepted: counts it in the arrival rate, and as activity while
     /// draining. Returns `true` when it came after the drain started.
-    // Without `http` nothing calls this; it stays compiled (and allowed dead) until the
-    // arrival tally it feeds in `guard.rs` and `evidence.rs` is split out with its own `cfg`.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    #[cfg(feature = "http")]
     pub(crate) fn note_connection(&self, peer: Option<std::net::SocketAddr>) -> bool {
         let core = self.core();
         core.note_arrival();

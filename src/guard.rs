@@ -212,6 +212,7 @@ impl Core {
     /// Counts a new connection in the arrival ring (Serving or not): one relaxed atomic
     /// operation, once per connection, never per request.
     #[inline]
+    #[cfg(feature = "http")]
     pub(crate) fn note_arrival(&self) {
         let slot = Instant::now()
             .saturating_duration_since(self.base)
@@ -230,7 +231,7 @@ impl Core {
     }
 
     /// Connection data is counted from now on (the accept loop starts).
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the accept loop of the `http` feature
+    #[cfg(feature = "http")] // called by the accept loop
     pub(crate) fn observe_arrivals(&self) {
         self.arrivals.observe_from(self.stamp(Instant::now()));
     }
@@ -297,7 +298,7 @@ impl Core {
     }
 
     /// A new connection accepted while draining.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the accept loop of the `http` feature
+    #[cfg(feature = "http")] // called by the accept loop
     pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) {
         let now = self.stamp(Instant::now());
         self.last_activity.fetch_max(now, Ordering::Relaxed);
@@ -314,7 +315,7 @@ impl Core {
     }
 
     /// A request that arrived while draining, on a new or a reused connection.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))] // called by the HTTP layer of the `http` feature
+    #[cfg(feature = "http")] // called by the HTTP layer
     pub(crate) fn note_request(&self, on_new_connection: bool) {
         let c = if on_new_connection {
             &self.after_flip.requests_on_new

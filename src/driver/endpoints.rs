@@ -10,7 +10,9 @@ use super::Driver;
 use crate::evidence::{EvidenceKind, EvidenceReport, MaxReason};
 #[cfg(feature = "kube")]
 use crate::link::Early;
-use crate::link::{Hold, Link};
+use crate::link::Hold;
+#[cfg(any(feature = "http", feature = "kube"))]
+use crate::link::Link;
 use crate::phase::Event;
 #[cfg(feature = "kube")]
 use crate::phase::EventKind;
@@ -21,6 +23,7 @@ const EARLY_EVENT_WINDOW: Duration = Duration::from_secs(60);
 
 impl Driver {
     /// The link the Kubernetes watch writes (and the accept loop, for the startup measurement).
+    #[cfg(any(feature = "http", feature = "kube"))]
     pub(crate) fn link(&self) -> &Link {
         &self.link
     }

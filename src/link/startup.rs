@@ -10,7 +10,7 @@
 //! - A peer that connected before the listing reached this Pod another way (its IP, a Service
 //!   that publishes not-ready addresses, a port-forward): it says nothing about the proxies
 //!   and is left out.
-//! - Bounded: at most [`BEFORE_LIMIT`] peers remembered before the listing, [`PEER_LIMIT`]
+//! - Bounded: at most `BEFORE_LIMIT` peers remembered before the listing, `PEER_LIMIT`
 //!   delays, within [`WINDOW`] of the listing; then measuring stops and each connection costs
 //!   one relaxed load.
 //! - What it cannot see: a proxy whose clients did not connect in the window. The delay also
@@ -19,7 +19,10 @@
 //!   accept loop reports connections here; under `axum::serve` nothing is measured and the
 //!   default applies, as a floor.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
+#[cfg(feature = "http")]
+use std::net::SocketAddr;
+#[cfg(any(feature = "http", feature = "kube"))]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -30,8 +33,10 @@ use tokio::time::Instant;
 use crate::sync::MutexExt;
 
 /// Peers remembered before the listing (to leave them out after it).
+#[cfg(feature = "http")]
 const BEFORE_LIMIT: usize = 64;
 /// Peers measured at most.
+#[cfg(feature = "http")]
 pub(crate) const PEER_LIMIT: usize = 16;
 /// Connections later than this after the listing are not the proxies catching up.
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
@@ -104,6 +109,7 @@ fn is_zero(n: &u64) -> bool {
 #[derive(Default)]
 struct State {
     listed_at: Option<Instant>,
+    #[cfg(feature = "http")]
     before: Vec<IpAddr>,
     left_out: Vec<IpAddr>,
     delays: Vec<(IpAddr, Duration)>,
@@ -113,6 +119,7 @@ struct State {
 #[derive(Default)]
 pub(crate) struct Startup {
     /// Cheap gate for the accept hook: `false` once nothing more can be measured.
+    #[cfg(any(feature = "http", feature = "kube"))]
     measuring: AtomicBool,
     state: Mutex<State>,
 }
@@ -151,6 +158,7 @@ impl Startup {
 
     /// A new connection was accepted before the trigger.
     #[inline]
+    #[cfg(feature = "http")]
     pub(crate) fn note(&self, peer: Option<SocketAddr>) {
         if !self.measuring.load(Ordering::Relaxed) {
             return;
@@ -159,6 +167,7 @@ impl Startup {
     }
 
     #[cold]
+    #[cfg(feature = "http")]
     fn note_slow(&self, peer: Option<SocketAddr>) {
         let Some(ip) = peer.map(|p| p.ip()) else {
             return;
