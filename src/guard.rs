@@ -23,7 +23,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
+#[cfg(feature = "http")]
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -34,28 +36,11 @@ use tokio::time::Instant;
 use crate::counter::Counter;
 use crate::evidence::Arrivals;
 
-/// What is known about a request that is in flight while draining, for the straggler list.
-#[derive(Clone, Debug)]
-pub(crate) struct RequestInfo {
-    pub(crate) method: String,
-    pub(crate) path: String,
-    pub(crate) peer: Option<SocketAddr>,
-    /// When the request started, if known; `None` for requests that entered before the drain
-    /// and were described later (their age is then at least the drain's age).
-    pub(crate) started: Option<Instant>,
-}
+mod registry;
 
-#[derive(Debug, Default)]
-struct Registry {
-    /// The description behind each entry site, by the site's slot.
-    entries: Vec<Option<RequestInfo>>,
-    /// The entry sites, by slot: leaked once each, reused.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    // only the HTTP layer describes requests
-    sites: Vec<&'static Site>,
-    /// Slots whose entry is empty and whose site no guard holds.
-    free: Vec<u32>,
-}
+#[cfg(feature = "http")]
+pub(crate) use registry::RequestInfo;
+use registry::Registry;
 
 /// Counters of what arrived after the drain started (the readiness flip under the default
 /// policy): the observed propagation.
@@ -366,53 +351,6 @@ impl Core {
             notified.await;
         }
     }
-
-    /// The requests registered as in flight while draining.
-    pub(crate) fn registered_requests(&self) -> Vec<RequestInfo> {
-        let reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        reg.entries.iter().flatten().cloned().collect()
-    }
-
-    /// Registers a request for the straggler list: the entry site a guard with `tag` moves to
-    /// (see [`InFlightGuard::adopt`]). Only called while draining.
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn register(&'static self, info: RequestInfo, tag: u32) -> &'static Site {
-        let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        let site = match reg.free.pop() {
-            Some(slot) => {
-                reg.entries[slot as usize] = Some(info);
-                reg.sites[slot as usize]
-            }
-            None => {
-                let slot = u32::try_from(reg.entries.len())
-                    .ok()
-                    .filter(|&s| s != NO_SLOT)
-                    .expect("fewer than 2^32 requests described at once");
-                reg.entries.push(Some(info));
-                let site: &'static Site = Box::leak(Box::new(Site {
-                    core: self,
-                    tag: AtomicU32::new(0),
-                    slot,
-                }));
-                reg.sites.push(site);
-                site
-            }
-        };
-        // Relaxed: the lock orders this store before any use of the site by its new holder.
-        site.tag.store(tag, Ordering::Relaxed);
-        site
-    }
-
-    /// The guard holding the entry site at `slot` is gone.
-    fn unregister(&self, slot: u32) {
-        let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        // An entry emptied at Done stays off the free list (see `release_drain_state`).
-        if let Some(entry) = reg.entries.get_mut(slot as usize) {
-            if entry.take().is_some() {
-                reg.free.push(slot);
-            }
-        }
-    }
 }
 
 /// Counts one unit of in-flight work for as long as it lives.
@@ -494,106 +432,4 @@ impl Drop for InFlightGuard {
 }
 
 #[cfg(all(test, not(lameduck_loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_leaked_block_is_small() {
-        // `DrainBuilder::build` documents the leak's size; keep it honest.
-        let size = std::mem::size_of::<Core>();
-        assert!(size <= 2048, "Core is {size} bytes");
-    }
-
-    #[cfg(feature = "http")] // describes a guard, as the HTTP layer does
-    #[tokio::test]
-    async fn done_frees_what_the_drain_accumulated() {
-        let core = Core::leak();
-        core.start_draining();
-        core.note_connection(Some("127.0.0.1:1".parse().unwrap()));
-        core.note_path(b"ingress", true);
-        let (mut guard, draining) = core.plain().enter();
-        assert!(draining);
-        guard.describe(RequestInfo {
-            method: "GET".into(),
-            path: "/".into(),
-            peer: None,
-            started: None,
-        });
-        assert_eq!(core.registered_requests().len(), 1);
-        core.release_drain_state();
-        assert!(core.after_flip.peers.lock().unwrap().is_empty());
-        assert!(core.after_flip.paths.lock().unwrap().counts().is_empty());
-        assert!(core.registered_requests().is_empty());
-        // The described guard's slot is gone; dropping it only leaves the counter.
-        drop(guard);
-        assert_eq!(core.counter.count(), 0);
-        assert_eq!(
-            core.after_flip.new_connections.load(Ordering::Relaxed),
-            1,
-            "the counters the report reads stay"
-        );
-        // A request described after Done gets an entry of its own, which the old guard's drop
-        // (above) did not free twice.
-        let (mut late, _) = core.plain().enter();
-        late.describe(info("/late"));
-        assert_eq!(core.registered_requests().len(), 1);
-        drop(late);
-        assert!(core.registered_requests().is_empty());
-    }
-
-    #[cfg(feature = "http")]
-    fn info(path: &str) -> RequestInfo {
-        RequestInfo {
-            method: "GET".into(),
-            path: path.into(),
-            peer: None,
-            started: None,
-        }
-    }
-
-    #[cfg(feature = "http")] // describes guards, as the HTTP layer does
-    #[test]
-    fn entry_sites_are_reused_and_keep_the_tag() {
-        let core = Core::leak();
-        core.start_draining();
-        let site: &'static Site = Box::leak(Box::new(Site::new(core, 7)));
-        let describe = |n: usize| -> Vec<InFlightGuard> {
-            (0..n)
-                .map(|i| {
-                    let (mut g, draining) = site.enter();
-                    assert!(draining);
-                    g.describe(info(&format!("/{i}")));
-                    assert!(g.is_described());
-                    assert_eq!(g.tag(), 7, "an entry site carries its guard's tag");
-                    g
-                })
-                .collect()
-        };
-        let first = describe(3);
-        assert_eq!(core.registered_requests().len(), 3);
-        assert_eq!(core.counter.count(), 3);
-        drop(first);
-        assert!(core.registered_requests().is_empty());
-        assert_eq!(core.counter.count(), 0);
-
-        // Three described at once again: the same three entry sites, none leaked anew.
-        let second = describe(3);
-        assert_eq!(core.requests.lock().unwrap().sites.len(), 3);
-        // Describing twice keeps the first entry; adopting a second one releases it at once.
-        let mut g = second.into_iter().next().unwrap();
-        g.describe(info("/again"));
-        let extra = core.register(info("/extra"), 7);
-        g.adopt(extra);
-        let paths: Vec<String> = core
-            .registered_requests()
-            .into_iter()
-            .map(|r| r.path)
-            .collect();
-        assert!(paths.contains(&"/0".to_owned()), "{paths:?}");
-        assert!(!paths.contains(&"/again".to_owned()), "{paths:?}");
-        assert!(!paths.contains(&"/extra".to_owned()), "{paths:?}");
-        drop(g);
-        assert!(core.registered_requests().is_empty());
-        assert_eq!(core.counter.count(), 0);
-    }
-}
+mod tests;
