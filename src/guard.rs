@@ -35,12 +35,13 @@ use tokio::time::Instant;
 
 use crate::counter::Counter;
 use crate::evidence::Arrivals;
+use crate::sync::MutexExt;
 
 mod registry;
 
+use registry::Registry;
 #[cfg(feature = "http")]
 pub(crate) use registry::RequestInfo;
-use registry::Registry;
 
 /// Counters of what arrived after the drain started (the readiness flip under the default
 /// policy): the observed propagation.
@@ -171,21 +172,9 @@ impl Core {
     /// must not be. Called when the drain reaches Done; a guard described before that and
     /// dropped after finds its slot gone, which is harmless.
     pub(crate) fn release_drain_state(&self) {
-        drop(std::mem::take(
-            &mut *self
-                .after_flip
-                .peers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        ));
-        drop(std::mem::take(
-            &mut *self
-                .after_flip
-                .paths
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        ));
-        let mut reg = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        drop(std::mem::take(&mut *self.after_flip.peers.locked()));
+        drop(std::mem::take(&mut *self.after_flip.paths.locked()));
+        let mut reg = self.requests.locked();
         // The sites stay (leaked, and maybe still held by a guard); their descriptions go.
         // An emptied entry is not put on the free list: its site may still have a holder.
         for entry in &mut reg.entries {
@@ -291,11 +280,7 @@ impl Core {
         af.new_connections.fetch_add(1, Ordering::Relaxed);
         af.last_new_connection.fetch_max(now, Ordering::Relaxed);
         if let Some(peer) = peer {
-            *af.peers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(peer.ip())
-                .or_insert(0) += 1;
+            *af.peers.locked().entry(peer.ip()).or_insert(0) += 1;
         }
     }
 
@@ -316,8 +301,7 @@ impl Core {
     pub(crate) fn note_path(&self, label: &[u8], on_new_connection: bool) {
         self.after_flip
             .paths
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .note(label, on_new_connection);
     }
 
