@@ -30,6 +30,10 @@ use super::DrainReport;
 use crate::phase::EventKind;
 use crate::sync::MutexExt;
 
+mod file;
+
+use file::{rename, write_report_file, write_termination_log};
+
 /// How long one sink may take: a log pipe nobody reads, a FIFO, a hung file system must not
 /// keep the process from exiting.
 pub(crate) const SINK_WAIT: Duration = Duration::from_secs(1);
@@ -194,6 +198,13 @@ impl Sinks {
     /// Nothing here goes through tracing: a subscriber may write synchronously to the very
     /// stderr that stalls (the driver logs the report itself, before calling this).
     pub(crate) fn emit(&self, report: &DrainReport, stderr: bool, until: Instant) -> Emitted {
+        let mut out = self.write_durable(report, until);
+        self.write_stderr(report, stderr, until, &mut out);
+        out
+    }
+
+    /// The file and the termination log, by `until` (or [`SINK_WAIT`]).
+    fn write_durable(&self, report: &DrainReport, until: Instant) -> Emitted {
         let mut out = Emitted::default();
         // The file and the termination log at the same time: one stalled does not starve the
         // other. Their threads give up by the same deadline the caller waits for.
@@ -241,6 +252,12 @@ impl Sinks {
                 ));
             }
         }
+        out
+    }
+
+    /// The stderr line (when `stderr`) and each error not said before; a stalled stderr is
+    /// named in a rewrite of the file, time permitting.
+    fn write_stderr(&self, report: &DrainReport, stderr: bool, until: Instant, out: &mut Emitted) {
         let mut text = String::new();
         if stderr && self.stderr {
             // The line says what the file and the log achieved: the exit code and the
@@ -277,7 +294,6 @@ impl Sinks {
                 out.errors.push(e);
             }
         }
-        out
     }
 
     /// Starts writing the report file, unless it stalled before.
@@ -307,298 +323,5 @@ pub(crate) fn log_report(report: &DrainReport, json: &str) {
     );
 }
 
-fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::rename(from, to)
-}
-
-/// Whether `path` must be written in place: it exists and is not a regular file (a FIFO, a
-/// device, `/dev/stderr` on a pipe), or it is a link under `/dev` (`/dev/stdout` to a file)
-/// or anything under `/proc`, where renaming over the link would replace it.
-fn in_place(path: &Path) -> bool {
-    let link_in_dev = path.starts_with("/dev")
-        && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
-    link_in_dev || path.starts_with("/proc") || std::fs::metadata(path).is_ok_and(|m| !m.is_file())
-}
-
-/// Writes the report to `path`; see the [module docs](self). `rename` is
-/// [`std::fs::rename`], or a stand-in for a test.
-fn write_report_file(
-    path: &Path,
-    contents: &str,
-    until: Instant,
-    rename: fn(&Path, &Path) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    use std::fs;
-    if in_place(path) {
-        return write_without_blocking(path, contents, until, false);
-    }
-    let name = path.file_name().ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")
-    })?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let (tmp, mut f) = create_temporary(&dir, name)?;
-    let written = f
-        .write_all(contents.as_bytes())
-        .and_then(|()| f.sync_all())
-        .and_then(|()| rename(&tmp, path));
-    drop(f);
-    match written {
-        Ok(()) => {}
-        // A bind mount (a Kubernetes `subPath` file mount) cannot be renamed over: write it
-        // in place. Not atomic, but the only way the report reaches that volume.
-        Err(e) if os::is_busy(&e) => {
-            let _ = fs::remove_file(&tmp);
-            let mut f = os::flags(
-                fs::OpenOptions::new().write(true).truncate(true),
-                os::NO_FOLLOW | os::NON_BLOCKING,
-            )
-            .open(path)?;
-            f.write_all(contents.as_bytes())?;
-            return f.sync_all();
-        }
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
-    }
-    // The rename is durable once the directory is synced; some file systems cannot sync a
-    // directory, and the report is in place either way.
-    if let Ok(d) = fs::File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
-
-/// Creates `.<name>.<random>.tmp` in `dir`, exclusively: an existing file or symlink of that
-/// name is never opened (`O_EXCL` does not follow a symlink), another name is drawn instead.
-fn create_temporary(
-    dir: &Path,
-    name: &std::ffi::OsStr,
-) -> std::io::Result<(PathBuf, std::fs::File)> {
-    use std::hash::BuildHasher as _;
-    let mut last = None;
-    for attempt in 0u32..8 {
-        // A hasher with the process's random keys over the time and the attempt: nobody
-        // outside can predict the name (the process id alone is 1 in a container).
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let random = std::hash::RandomState::new().hash_one((nanos, attempt, std::process::id()));
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".{random:016x}.tmp"));
-        let tmp = dir.join(tmp_name);
-        match os::flags(
-            std::fs::OpenOptions::new().write(true).create_new(true),
-            os::NO_FOLLOW,
-        )
-        .open(&tmp)
-        {
-            Ok(f) => return Ok((tmp, f)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| std::io::Error::other("no temporary name was free")))
-}
-
-/// Writes `contents` to an existing file in place without ever blocking past `until`: opened
-/// with `O_NONBLOCK` (a FIFO without a reader fails at once), a full pipe retried until the
-/// deadline.
-fn write_without_blocking(
-    path: &Path,
-    contents: &str,
-    until: Instant,
-    truncate: bool,
-) -> std::io::Result<()> {
-    let mut f = os::flags(
-        std::fs::OpenOptions::new().write(true).truncate(truncate),
-        os::NON_BLOCKING,
-    )
-    .open(path)
-    .map_err(|e| {
-        if os::no_reader(&e, path) {
-            std::io::Error::new(e.kind(), "no process reads the FIFO")
-        } else {
-            e
-        }
-    })?;
-    let mut rest = contents.as_bytes();
-    while !rest.is_empty() {
-        match f.write(rest) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => rest = &rest[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= until {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "the reader did not take the report in time ({} of {} bytes written; is it stalled?)",
-                            contents.len() - rest.len(),
-                            contents.len()
-                        ),
-                    ));
-                }
-                std::thread::sleep(PIPE_RETRY);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Open flags, where the platform has them.
-#[cfg(unix)]
-mod os {
-    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
-
-    pub(super) const NO_FOLLOW: i32 = libc::O_NOFOLLOW;
-    /// Also `O_NOCTTY`: a terminal given as the report file must not become ours.
-    pub(super) const NON_BLOCKING: i32 = libc::O_NONBLOCK | libc::O_NOCTTY;
-
-    pub(super) fn flags(o: &mut std::fs::OpenOptions, flags: i32) -> &mut std::fs::OpenOptions {
-        o.custom_flags(flags)
-    }
-
-    /// Rename said the target is busy: a mount point.
-    pub(super) fn is_busy(e: &std::io::Error) -> bool {
-        e.raw_os_error() == Some(libc::EBUSY)
-    }
-
-    /// A non-blocking open of a FIFO that nobody reads.
-    pub(super) fn no_reader(e: &std::io::Error, path: &std::path::Path) -> bool {
-        e.raw_os_error() == Some(libc::ENXIO)
-            && std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
-    }
-}
-
-#[cfg(not(unix))]
-mod os {
-    pub(super) const NO_FOLLOW: i32 = 0;
-    pub(super) const NON_BLOCKING: i32 = 0;
-
-    pub(super) fn flags(o: &mut std::fs::OpenOptions, _: i32) -> &mut std::fs::OpenOptions {
-        o
-    }
-
-    pub(super) fn is_busy(e: &std::io::Error) -> bool {
-        e.kind() == std::io::ErrorKind::ResourceBusy
-    }
-
-    pub(super) fn no_reader(_: &std::io::Error, _: &std::path::Path) -> bool {
-        false
-    }
-}
-
-/// Writes the summary to the termination log if the path exists. Kubernetes creates
-/// `/dev/termination-log` (a bind mount: written in place, it cannot be renamed over);
-/// elsewhere it is missing and this is quiet.
-fn write_termination_log(path: &Path, summary: &str, until: Instant) -> std::io::Result<()> {
-    match write_without_blocking(path, summary, until, true) {
-        // Outside Kubernetes the file is missing: nothing to write, nothing failed.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        other => other,
-    }
-}
-
 #[cfg(all(test, unix))]
-mod tests {
-    use super::*;
-
-    fn scratch(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("lameduck-report-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    fn soon() -> Instant {
-        Instant::now() + Duration::from_secs(5)
-    }
-
-    fn names(dir: &Path) -> Vec<std::ffi::OsString> {
-        let mut v: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        v.sort();
-        v
-    }
-
-    #[test]
-    fn the_report_file_is_replaced_whole_and_leaves_no_temporary_file() {
-        let dir = scratch("whole");
-        let path = dir.join("report.json");
-        std::fs::write(&path, "previous\n").unwrap();
-        write_report_file(&path, "new\n", soon(), rename).unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
-        assert_eq!(names(&dir), [std::ffi::OsString::from("report.json")]);
-        let missing = dir.join("missing").join("r.json");
-        let err = write_report_file(&missing, "x", soon(), rename).unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn the_temporary_file_is_never_opened_through_a_symlink() {
-        let dir = scratch("symlink");
-        let victim = dir.join("victim");
-        std::fs::write(&victim, "precious\n").unwrap();
-        // Whatever name is drawn, an existing entry (here a symlink) is refused, not followed.
-        let link = dir.join(".report.json.planted.tmp");
-        std::os::unix::fs::symlink(&victim, &link).unwrap();
-        let err = os::flags(
-            std::fs::OpenOptions::new().write(true).create_new(true),
-            os::NO_FOLLOW,
-        )
-        .open(&link)
-        .unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
-        // Two draws give two names: nobody can plant one ahead.
-        let (a, fa) = create_temporary(&dir, "report.json".as_ref()).unwrap();
-        let (b, fb) = create_temporary(&dir, "report.json".as_ref()).unwrap();
-        assert_ne!(a, b);
-        drop((fa, fb));
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_target_that_cannot_be_renamed_over_is_written_in_place() {
-        let dir = scratch("busy");
-        let path = dir.join("report.json");
-        std::fs::write(&path, "a much longer previous report\n").unwrap();
-        // What rename says when the target is a mount point (a `subPath` file mount).
-        fn busy(_: &Path, _: &Path) -> std::io::Result<()> {
-            Err(std::io::Error::from_raw_os_error(libc::EBUSY))
-        }
-        write_report_file(&path, "new\n", soon(), busy).unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
-        assert_eq!(names(&dir), [std::ffi::OsString::from("report.json")]);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_fifo_without_a_reader_fails_at_once() {
-        let dir = scratch("fifo");
-        let path = dir.join("report.fifo");
-        assert!(std::process::Command::new("mkfifo")
-            .arg(&path)
-            .status()
-            .unwrap()
-            .success());
-        let start = Instant::now();
-        let err = write_report_file(&path, "x\n", soon(), rename).unwrap_err();
-        assert!(start.elapsed() < SINK_WAIT, "{:?}", start.elapsed());
-        assert_eq!(err.to_string(), "no process reads the FIFO");
-        // Still the FIFO: written in place, never renamed over.
-        use std::os::unix::fs::FileTypeExt as _;
-        assert!(std::fs::metadata(&path).unwrap().file_type().is_fifo());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+mod tests;

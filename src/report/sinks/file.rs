@@ -1,0 +1,216 @@
+//! Writing one file without blocking past a deadline: the report file replaced through an
+//! exclusive temporary file (or in place), and the termination log.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::PIPE_RETRY;
+
+pub(super) fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::rename(from, to)
+}
+
+/// Whether `path` must be written in place: it exists and is not a regular file (a FIFO, a
+/// device, `/dev/stderr` on a pipe), or it is a link under `/dev` (`/dev/stdout` to a file)
+/// or anything under `/proc`, where renaming over the link would replace it.
+fn in_place(path: &Path) -> bool {
+    let link_in_dev = path.starts_with("/dev")
+        && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    link_in_dev || path.starts_with("/proc") || std::fs::metadata(path).is_ok_and(|m| !m.is_file())
+}
+
+/// Writes the report to `path`; see the [module docs](self). `rename` is
+/// [`std::fs::rename`], or a stand-in for a test.
+pub(super) fn write_report_file(
+    path: &Path,
+    contents: &str,
+    until: Instant,
+    rename: fn(&Path, &Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    use std::fs;
+    if in_place(path) {
+        return write_without_blocking(path, contents, until, false);
+    }
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let (tmp, mut f) = create_temporary(&dir, name)?;
+    let written = f
+        .write_all(contents.as_bytes())
+        .and_then(|()| f.sync_all())
+        .and_then(|()| rename(&tmp, path));
+    drop(f);
+    match written {
+        Ok(()) => {}
+        // A bind mount (a Kubernetes `subPath` file mount) cannot be renamed over: write it
+        // in place. Not atomic, but the only way the report reaches that volume.
+        Err(e) if os::is_busy(&e) => {
+            let _ = fs::remove_file(&tmp);
+            let mut f = os::flags(
+                fs::OpenOptions::new().write(true).truncate(true),
+                os::NO_FOLLOW | os::NON_BLOCKING,
+            )
+            .open(path)?;
+            f.write_all(contents.as_bytes())?;
+            return f.sync_all();
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+    }
+    // The rename is durable once the directory is synced; some file systems cannot sync a
+    // directory, and the report is in place either way.
+    if let Ok(d) = fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Creates `.<name>.<random>.tmp` in `dir`, exclusively: an existing file or symlink of that
+/// name is never opened (`O_EXCL` does not follow a symlink), another name is drawn instead.
+pub(super) fn create_temporary(
+    dir: &Path,
+    name: &std::ffi::OsStr,
+) -> std::io::Result<(PathBuf, std::fs::File)> {
+    use std::hash::BuildHasher as _;
+    let mut last = None;
+    for attempt in 0u32..8 {
+        // A hasher with the process's random keys over the time and the attempt: nobody
+        // outside can predict the name (the process id alone is 1 in a container).
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let random = std::hash::RandomState::new().hash_one((nanos, attempt, std::process::id()));
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{random:016x}.tmp"));
+        let tmp = dir.join(tmp_name);
+        match os::flags(
+            std::fs::OpenOptions::new().write(true).create_new(true),
+            os::NO_FOLLOW,
+        )
+        .open(&tmp)
+        {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no temporary name was free")))
+}
+
+/// Writes `contents` to an existing file in place without ever blocking past `until`: opened
+/// with `O_NONBLOCK` (a FIFO without a reader fails at once), a full pipe retried until the
+/// deadline.
+fn write_without_blocking(
+    path: &Path,
+    contents: &str,
+    until: Instant,
+    truncate: bool,
+) -> std::io::Result<()> {
+    let mut f = os::flags(
+        std::fs::OpenOptions::new().write(true).truncate(truncate),
+        os::NON_BLOCKING,
+    )
+    .open(path)
+    .map_err(|e| {
+        if os::no_reader(&e, path) {
+            std::io::Error::new(e.kind(), "no process reads the FIFO")
+        } else {
+            e
+        }
+    })?;
+    let mut rest = contents.as_bytes();
+    while !rest.is_empty() {
+        match f.write(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= until {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "the reader did not take the report in time ({} of {} bytes written; is it stalled?)",
+                            contents.len() - rest.len(),
+                            contents.len()
+                        ),
+                    ));
+                }
+                std::thread::sleep(PIPE_RETRY);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Open flags, where the platform has them.
+#[cfg(unix)]
+pub(super) mod os {
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+
+    pub(in crate::report::sinks) const NO_FOLLOW: i32 = libc::O_NOFOLLOW;
+    /// Also `O_NOCTTY`: a terminal given as the report file must not become ours.
+    pub(in crate::report::sinks) const NON_BLOCKING: i32 = libc::O_NONBLOCK | libc::O_NOCTTY;
+
+    pub(in crate::report::sinks) fn flags(
+        o: &mut std::fs::OpenOptions,
+        flags: i32,
+    ) -> &mut std::fs::OpenOptions {
+        o.custom_flags(flags)
+    }
+
+    /// Rename said the target is busy: a mount point.
+    pub(in crate::report::sinks) fn is_busy(e: &std::io::Error) -> bool {
+        e.raw_os_error() == Some(libc::EBUSY)
+    }
+
+    /// A non-blocking open of a FIFO that nobody reads.
+    pub(in crate::report::sinks) fn no_reader(e: &std::io::Error, path: &std::path::Path) -> bool {
+        e.raw_os_error() == Some(libc::ENXIO)
+            && std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+    }
+}
+
+#[cfg(not(unix))]
+pub(super) mod os {
+    pub(in crate::report::sinks) const NO_FOLLOW: i32 = 0;
+    pub(in crate::report::sinks) const NON_BLOCKING: i32 = 0;
+
+    pub(in crate::report::sinks) fn flags(
+        o: &mut std::fs::OpenOptions,
+        _: i32,
+    ) -> &mut std::fs::OpenOptions {
+        o
+    }
+
+    pub(in crate::report::sinks) fn is_busy(e: &std::io::Error) -> bool {
+        e.kind() == std::io::ErrorKind::ResourceBusy
+    }
+
+    pub(in crate::report::sinks) fn no_reader(_: &std::io::Error, _: &std::path::Path) -> bool {
+        false
+    }
+}
+
+/// Writes the summary to the termination log if the path exists. Kubernetes creates
+/// `/dev/termination-log` (a bind mount: written in place, it cannot be renamed over);
+/// elsewhere it is missing and this is quiet.
+pub(super) fn write_termination_log(
+    path: &Path,
+    summary: &str,
+    until: Instant,
+) -> std::io::Result<()> {
+    match write_without_blocking(path, summary, until, true) {
+        // Outside Kubernetes the file is missing: nothing to write, nothing failed.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
