@@ -3,111 +3,25 @@
 //! Field names are an interface: tools parse them. They only grow (new optional fields); they
 //! are not renamed.
 
-use std::sync::atomic::Ordering;
-
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
 
 use crate::action::ActionResult;
 use crate::closers::CloserResult;
 use crate::evidence::EvidenceReport;
-use crate::guard::Core;
 use crate::phase::{Event, EventKind, Trigger};
 use crate::readiness::{ProbeSources, ReadinessWhileDraining};
-use crate::sync::MutexExt;
 use crate::tasks::TaskEnd;
 
 mod advice;
+mod after_flip;
 mod sinks;
 mod summary;
 
 pub use advice::{Advice, AdviceLevel, AdviceRule};
+pub use after_flip::{AfterFlipReport, PathCount, PeerCount};
 
-/// The evidence in JSON, without what a `fixed` policy did not measure: a set delay reads no
-/// arrival rate, so its `weak`, `epsilon_ppm`, slot counts and the like would only mislead.
-pub(crate) mod evidence_json {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+pub(crate) mod evidence_json;
 
-    use crate::evidence::{EvidenceKind, EvidenceReport};
-
-    /// What a `fixed` policy's evidence says.
-    #[derive(Serialize)]
-    struct Fixed<'a> {
-        kind: EvidenceKind,
-        silence_ms: u64,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        endpoint_slice_unused: Option<&'a str>,
-    }
-
-    pub(crate) fn serialize<S: Serializer>(
-        e: &Option<EvidenceReport>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        match e {
-            Some(e) if e.kind == EvidenceKind::Fixed => Some(Fixed {
-                kind: e.kind,
-                silence_ms: e.silence_ms,
-                endpoint_slice_unused: e.endpoint_slice_unused.as_deref(),
-            })
-            .serialize(s),
-            e => e.serialize(s),
-        }
-    }
-
-    /// A `fixed` policy's evidence as the report keeps it: its kind and the silence, nothing
-    /// it did not measure (so the report reads back from its JSON unchanged), and why a started
-    /// `EndpointWatch` failed, if it did.
-    pub(crate) fn fixed_only(mut e: EvidenceReport) -> EvidenceReport {
-        if e.kind == EvidenceKind::Fixed {
-            e.max_reason = None;
-            e.weak = None;
-            e.slot_ms = 0;
-            e.slots_observed = 0;
-            e.empty_slots = 0;
-            e.p_empty_ppm = None;
-            e.rate_per_1000s = None;
-            e.epsilon_ppm = 0;
-            e.t_conf_ms = None;
-            e.fallback_ms = None;
-            e.slots_after_trigger = 0;
-            e.requests_seen = false;
-            e.stay_empty_ppm = None;
-            e.longest_gap_ms = None;
-            e.rule = None;
-            e.endpoint_slice = None;
-            // A watch that was started and failed is worth keeping whatever the policy; a
-            // build without the feature, or no watch, is a choice.
-            e.endpoint_slice_unused = e.endpoint_slice_unused.filter(|why| {
-                !why.starts_with("the kube feature is not built")
-                    && !why.starts_with("no EndpointWatch was started")
-            });
-        }
-        e
-    }
-
-    /// Reads both shapes: the numbers a fixed policy's JSON leaves out read as zero.
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<EvidenceReport>, D::Error> {
-        let Some(mut v) = Option::<serde_json::Value>::deserialize(d)? else {
-            return Ok(None);
-        };
-        if let Some(map) = v.as_object_mut() {
-            for key in [
-                "slot_ms",
-                "slots_observed",
-                "empty_slots",
-                "epsilon_ppm",
-                "silence_ms",
-            ] {
-                map.entry(key).or_insert(serde_json::Value::from(0u64));
-            }
-        }
-        serde_json::from_value(v)
-            .map(Some)
-            .map_err(serde::de::Error::custom)
-    }
-}
 pub(crate) use sinks::{log_report, stderr_bounded, Emitted, Sinks, STDERR_WAIT};
 
 /// Kubernetes keeps at most this many bytes of a container's termination message.
@@ -228,98 +142,6 @@ pub struct PolicyReport {
         with = "evidence_json"
     )]
     pub evidence: Option<EvidenceReport>,
-}
-
-/// New connections from one peer address after the drain started.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PeerCount {
-    /// The peer's IP address.
-    pub peer: String,
-    /// How many new connections it opened after the drain started.
-    pub new_connections: u64,
-}
-
-/// What arrived after the drain started (the readiness flip, under the default policy). This is
-/// the observed propagation: it says what reached *this* process, through whatever paths
-/// reached it, and nothing about other proxies.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct AfterFlipReport {
-    /// Connections accepted after the drain started.
-    pub new_connections: u64,
-    /// Requests that arrived on those new connections.
-    pub requests_on_new_connections: u64,
-    /// Requests that arrived on connections opened before the drain (pooled keep-alive).
-    pub requests_on_reused_connections: u64,
-    /// When the last new connection arrived, in milliseconds after the drain started; `None` if
-    /// none arrived.
-    pub last_new_connection_ms: Option<u64>,
-    /// Peers by number of new connections, most first (at most 10).
-    pub peers: Vec<PeerCount>,
-    /// The same requests by the route they took, from the `x-traffic-path` request header
-    /// (the rollout probe sets it; a proxy can too): which path still sent work after the
-    /// drain started. The 16 most frequent labels over the drain, most requests first, then
-    /// `other` (a client sending many labels cannot push the busy ones out: a label with more
-    /// than 1/16 of the labelled requests is always kept, counted exactly from when it was
-    /// kept); empty when no request carried the header.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub paths: Vec<PathCount>,
-}
-
-impl AfterFlipReport {
-    /// What `core` counted after the drain started at `origin`.
-    pub(crate) fn from_core(core: &Core, origin: Instant) -> Self {
-        let af = &core.after_flip;
-        let mut peers: Vec<PeerCount> = af
-            .peers
-            .locked()
-            .iter()
-            .map(|(ip, n)| PeerCount {
-                peer: ip.to_string(),
-                new_connections: *n,
-            })
-            .collect();
-        peers.sort_by(|a, b| {
-            b.new_connections
-                .cmp(&a.new_connections)
-                .then(a.peer.cmp(&b.peer))
-        });
-        peers.truncate(10);
-        // Relaxed: plain statistics, read once the drain's work is over.
-        let last_new = core
-            .unstamp(af.last_new_connection.load(Ordering::Relaxed))
-            .map(|t| t.saturating_duration_since(origin).as_millis() as u64);
-        AfterFlipReport {
-            new_connections: af.new_connections.load(Ordering::Relaxed),
-            requests_on_new_connections: af.requests_on_new.load(Ordering::Relaxed),
-            requests_on_reused_connections: af.requests_on_reused.load(Ordering::Relaxed),
-            last_new_connection_ms: last_new,
-            peers,
-            paths: af
-                .paths
-                .locked()
-                .counts()
-                .into_iter()
-                .map(|(path, on_new, on_reused)| PathCount {
-                    path,
-                    requests_on_new_connections: on_new,
-                    requests_on_reused_connections: on_reused,
-                })
-                .collect(),
-        }
-    }
-}
-
-/// Requests after the drain started that came by one route (`x-traffic-path`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PathCount {
-    /// The label, or `other` for the labels not kept (and what they had before they were
-    /// dropped).
-    pub path: String,
-    /// Requests on connections opened after the drain started: this route still routed here.
-    pub requests_on_new_connections: u64,
-    /// Requests on connections opened before it.
-    pub requests_on_reused_connections: u64,
 }
 
 /// When the signal that started the drain was received, and when the runtime noticed it.

@@ -1,0 +1,101 @@
+//! What arrived after the drain started: the observed propagation, as counted by the core.
+
+use std::sync::atomic::Ordering;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::guard::Core;
+use crate::sync::MutexExt;
+
+/// New connections from one peer address after the drain started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerCount {
+    /// The peer's IP address.
+    pub peer: String,
+    /// How many new connections it opened after the drain started.
+    pub new_connections: u64,
+}
+
+/// What arrived after the drain started (the readiness flip, under the default policy). This is
+/// the observed propagation: it says what reached *this* process, through whatever paths
+/// reached it, and nothing about other proxies.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct AfterFlipReport {
+    /// Connections accepted after the drain started.
+    pub new_connections: u64,
+    /// Requests that arrived on those new connections.
+    pub requests_on_new_connections: u64,
+    /// Requests that arrived on connections opened before the drain (pooled keep-alive).
+    pub requests_on_reused_connections: u64,
+    /// When the last new connection arrived, in milliseconds after the drain started; `None` if
+    /// none arrived.
+    pub last_new_connection_ms: Option<u64>,
+    /// Peers by number of new connections, most first (at most 10).
+    pub peers: Vec<PeerCount>,
+    /// The same requests by the route they took, from the `x-traffic-path` request header
+    /// (the rollout probe sets it; a proxy can too): which path still sent work after the
+    /// drain started. The 16 most frequent labels over the drain, most requests first, then
+    /// `other` (a client sending many labels cannot push the busy ones out: a label with more
+    /// than 1/16 of the labelled requests is always kept, counted exactly from when it was
+    /// kept); empty when no request carried the header.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathCount>,
+}
+
+impl AfterFlipReport {
+    /// What `core` counted after the drain started at `origin`.
+    pub(crate) fn from_core(core: &Core, origin: Instant) -> Self {
+        let af = &core.after_flip;
+        let mut peers: Vec<PeerCount> = af
+            .peers
+            .locked()
+            .iter()
+            .map(|(ip, n)| PeerCount {
+                peer: ip.to_string(),
+                new_connections: *n,
+            })
+            .collect();
+        peers.sort_by(|a, b| {
+            b.new_connections
+                .cmp(&a.new_connections)
+                .then(a.peer.cmp(&b.peer))
+        });
+        peers.truncate(10);
+        // Relaxed: plain statistics, read once the drain's work is over.
+        let last_new = core
+            .unstamp(af.last_new_connection.load(Ordering::Relaxed))
+            .map(|t| t.saturating_duration_since(origin).as_millis() as u64);
+        AfterFlipReport {
+            new_connections: af.new_connections.load(Ordering::Relaxed),
+            requests_on_new_connections: af.requests_on_new.load(Ordering::Relaxed),
+            requests_on_reused_connections: af.requests_on_reused.load(Ordering::Relaxed),
+            last_new_connection_ms: last_new,
+            peers,
+            paths: af
+                .paths
+                .locked()
+                .counts()
+                .into_iter()
+                .map(|(path, on_new, on_reused)| PathCount {
+                    path,
+                    requests_on_new_connections: on_new,
+                    requests_on_reused_connections: on_reused,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Requests after the drain started that came by one route (`x-traffic-path`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathCount {
+    /// The label, or `other` for the labels not kept (and what they had before they were
+    /// dropped).
+    pub path: String,
+    /// Requests on connections opened after the drain started: this route still routed here.
+    pub requests_on_new_connections: u64,
+    /// Requests on connections opened before it.
+    pub requests_on_reused_connections: u64,
+}
