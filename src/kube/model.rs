@@ -316,43 +316,8 @@ impl Model {
         }
         let now = Instant::now();
         let unix = unix_ms_now();
-        let record = self.first_sync_done;
         let first_sync = !self.first_sync_done;
-        let mut names: BTreeSet<String> = self.slices.keys().cloned().collect();
-        names.extend(self.mine.keys().cloned());
-        for name in names {
-            let slice = self.slices.get(&name);
-            let now_c = slice.and_then(|s| self.conditions_in(s));
-            let service = slice
-                .and_then(|s| s.service.clone())
-                .or_else(|| self.ever.get(&name).cloned().flatten());
-            let before = self.mine.get(&name).copied().flatten();
-            if now_c.is_some() {
-                self.ever.insert(name.clone(), service.clone());
-            }
-            if before != now_c && record {
-                let svc = service.as_deref().unwrap_or("no service label");
-                let detail = match (before, now_c) {
-                    (Some(a), Some(b)) => {
-                        format!("service {svc}: {}", Conditions::describe_change(a, b))
-                    }
-                    (None, Some(b)) => format!("service {svc}: listed, {}", b.describe()),
-                    (Some(_), None) if slice.is_some() => {
-                        format!("service {svc}: removed from the slice")
-                    }
-                    (Some(_), None) => format!("service {svc}: slice deleted"),
-                    (None, None) => unreachable!("only changes are recorded"),
-                };
-                drain.record_external(
-                    EventKind::EndpointChanged,
-                    Some(name.clone()),
-                    detail,
-                    now,
-                    unix,
-                );
-            }
-            self.mine.insert(name, now_c);
-        }
+        self.record_changes(drain, now, unix);
         self.first_sync_done = true;
 
         let pnra: Vec<String> = self
@@ -410,6 +375,47 @@ impl Model {
             Some(why) => link.set_source(Source::Unavailable(why.clone())),
             None if !link.is_watching() => link.set_source(Source::Watching),
             None => {}
+        }
+    }
+
+    /// Each slice's conditions for this Pod against what was last published: a change is an
+    /// event (from the second sync on: the first only learns the state).
+    fn record_changes(&mut self, drain: &Drain, now: Instant, unix: u64) {
+        let record = self.first_sync_done;
+        let mut names: BTreeSet<String> = self.slices.keys().cloned().collect();
+        names.extend(self.mine.keys().cloned());
+        for name in names {
+            let slice = self.slices.get(&name);
+            let now_c = slice.and_then(|s| self.conditions_in(s));
+            let service = slice
+                .and_then(|s| s.service.clone())
+                .or_else(|| self.ever.get(&name).cloned().flatten());
+            let before = self.mine.get(&name).copied().flatten();
+            if now_c.is_some() {
+                self.ever.insert(name.clone(), service.clone());
+            }
+            if before != now_c && record {
+                let svc = service.as_deref().unwrap_or("no service label");
+                let detail = match (before, now_c) {
+                    (Some(a), Some(b)) => {
+                        format!("service {svc}: {}", Conditions::describe_change(a, b))
+                    }
+                    (None, Some(b)) => format!("service {svc}: listed, {}", b.describe()),
+                    (Some(_), None) if slice.is_some() => {
+                        format!("service {svc}: removed from the slice")
+                    }
+                    (Some(_), None) => format!("service {svc}: slice deleted"),
+                    (None, None) => unreachable!("only changes are recorded"),
+                };
+                drain.record_external(
+                    EventKind::EndpointChanged,
+                    Some(name.clone()),
+                    detail,
+                    now,
+                    unix,
+                );
+            }
+            self.mine.insert(name, now_c);
         }
     }
 }
