@@ -61,21 +61,7 @@ impl Driver {
                 self.budget.safety_margin / 4,
             );
         }
-        tracing::info!(
-            event = "drain_started",
-            trigger = trigger.as_str(),
-            in_flight = self.core.counter.count(),
-            grace_ms = self.budget.grace_period.as_millis() as u64,
-            "lameduck: drain_started"
-        );
-        if self.readiness.flips_at_trigger() {
-            tracing::info!(
-                event = "readiness_flipped",
-                at_ms = 0u64,
-                policy = self.readiness.as_str(),
-                "lameduck: readiness_flipped"
-            );
-        }
+        self.log_start(trigger);
         self.core.start_draining();
         self.set_phase(Phase::Draining);
         self.tokens.drain.cancel();
@@ -94,6 +80,25 @@ impl Driver {
             span,
         ));
         true
+    }
+
+    /// The log lines of the drain's start (the timeline has the same events).
+    fn log_start(&self, trigger: Trigger) {
+        tracing::info!(
+            event = "drain_started",
+            trigger = trigger.as_str(),
+            in_flight = self.core.counter.count(),
+            grace_ms = self.budget.grace_period.as_millis() as u64,
+            "lameduck: drain_started"
+        );
+        if self.readiness.flips_at_trigger() {
+            tracing::info!(
+                event = "readiness_flipped",
+                at_ms = 0u64,
+                policy = self.readiness.as_str(),
+                "lameduck: readiness_flipped"
+            );
+        }
     }
 
     /// A signal arrived (on the signal thread; `at` and `unix_ms` are its receipt): start the
