@@ -20,20 +20,22 @@ use crate::driver::{Driver, Status};
 use crate::exit::ExitHolds;
 use crate::guard::{Core, InFlightGuard};
 use crate::phase::{unix_ms_now, Event, Phase, Trigger};
-#[cfg(feature = "admin")]
-use crate::readiness::ProbeCaller;
-use crate::readiness::{Caller, Readiness, ReadinessState, ReadinessWhileDraining};
+use crate::readiness::{Caller, ReadinessState, ReadinessWhileDraining};
 use crate::report::DrainReport;
 use crate::signal::{Receipt, Signals};
 
+#[cfg(feature = "admin")]
+mod admin;
 mod builder;
 #[cfg(feature = "kube")]
 mod kube;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod ready;
 mod work;
 
 pub use builder::{DrainBuilder, PROXY_LABEL_ENV};
+pub use ready::StartupGate;
 
 pub(crate) struct Inner {
     readiness: ReadinessState,
@@ -95,39 +97,6 @@ impl std::fmt::Debug for Drain {
     }
 }
 
-/// A startup gate: readiness stays false until every gate is [`open`](Self::open)ed.
-///
-/// Dropping a gate without opening it keeps it closed for good (readiness never turns true) and
-/// logs a warning: a warm-up that failed must not make the service look ready.
-#[derive(Debug)]
-#[must_use = "readiness stays false until the gate is opened"]
-pub struct StartupGate {
-    drain: Drain,
-    index: usize,
-    opened: bool,
-}
-
-impl StartupGate {
-    /// Opens the gate. When it was the last closed one, the phase moves to Serving.
-    pub fn open(mut self) {
-        self.opened = true;
-        let name = self.drain.inner.readiness.open_gate(self.index);
-        tracing::info!(gate = %name, "lameduck: startup gate opened");
-        self.drain.maybe_serving();
-    }
-}
-
-impl Drop for StartupGate {
-    fn drop(&mut self) {
-        if !self.opened {
-            tracing::warn!(
-                gate = %self.drain.inner.readiness.gate_name(self.index),
-                "lameduck: startup gate dropped without open(); readiness stays false"
-            );
-        }
-    }
-}
-
 impl Drain {
     /// The hot-path block, for the add-ons (HTTP layer, `serve`, metrics) that count on it.
     /// The one seam through which they reach the coordinator's counters.
@@ -157,48 +126,6 @@ impl Drain {
             self.inner.driver.link().note_startup_connection(peer);
         }
         draining
-    }
-
-    /// Says, once per call, that a `/drain` caller is about to wait on weak evidence: the
-    /// propagation policy cannot commit before `max`, so the answer comes `max` after the
-    /// trigger. A tracing event, and one stderr line when no subscriber would print it.
-    #[cfg(feature = "admin")]
-    pub(crate) fn say_weak_wait(&self, wait: &str) {
-        if self.phase() >= Phase::StoppedAccepting {
-            return;
-        }
-        let driver = &self.inner.driver;
-        let Some(e) = driver.evidence_now() else {
-            return;
-        };
-        let (crate::EvidenceKind::Max, Some(weak)) = (e.kind, e.weak) else {
-            return;
-        };
-        let max_ms = driver.policy_report().max_ms;
-        tracing::info!(
-            wait,
-            weak = weak.as_str(),
-            max_ms,
-            "lameduck: /drain waits for the propagation max: too little traffic to measure"
-        );
-        if !tracing::dispatcher::has_been_set() {
-            let line = format!(
-                "lameduck: /drain (wait={wait}) answers when the drain is done: too little traffic to \
-                 measure propagation ({}), so it waits for max, {max_ms} ms after the trigger; \
-                 `/drain?wait=none` answers at once, `/status` shows the drain\n",
-                weak.as_str()
-            );
-            // Bounded, and off the runtime: a stalled stderr must not hold the answer.
-            tokio::task::spawn_blocking(move || {
-                crate::report::stderr_bounded(line, crate::report::STDERR_WAIT)
-            });
-        }
-    }
-
-    /// Answers owed to admin callers before the process exits.
-    #[cfg(feature = "admin")]
-    pub(crate) fn exit_holds(&self) -> &ExitHolds {
-        &self.inner.exit
     }
 }
 
@@ -297,134 +224,6 @@ impl Drain {
     /// `true` from the first trigger on.
     pub fn is_draining(&self) -> bool {
         self.core().counter.is_draining()
-    }
-
-    /// A startup gate named `name`. Readiness is false until every gate is opened.
-    ///
-    /// Create every gate before the phase can turn Serving — before [`run`](Self::run) or the
-    /// server starts — since opening the last closed gate (or starting with none) makes the
-    /// service ready.
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
-    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
-    /// use lameduck::Phase;
-    ///
-    /// let cache = drain.startup_gate("cache");
-    /// drain.mark_started(); // what `run` and `serve` do; no effect while a gate is closed
-    /// assert_eq!(drain.phase(), Phase::Starting);
-    /// assert!(!drain.is_ready());
-    ///
-    /// tokio::spawn(async move {
-    ///     // ... load the cache ...
-    ///     cache.open();
-    /// });
-    /// drain.reached(Phase::Serving).await;
-    /// assert!(drain.is_ready());
-    /// # }
-    /// ```
-    pub fn startup_gate(&self, name: impl Into<String>) -> StartupGate {
-        let name = name.into();
-        let index = self.inner.readiness.add_gate(name.clone());
-        self.inner.driver.note_startup_gate();
-        if self.phase() != Phase::Starting {
-            tracing::warn!(gate = %name, "lameduck: startup gate created after startup; it only affects readiness reporting");
-        }
-        StartupGate {
-            drain: self.clone(),
-            index,
-            opened: false,
-        }
-    }
-
-    /// Adds a readiness check evaluated on every `/readyz`. Keep it local: readiness must not
-    /// depend on shared downstream services, or one slow database takes every replica out of
-    /// the load balancer at once.
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
-    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
-    /// use std::sync::atomic::{AtomicBool, Ordering};
-    /// use std::sync::Arc;
-    ///
-    /// let disk_ok = Arc::new(AtomicBool::new(true));
-    /// let flag = Arc::clone(&disk_ok);
-    /// drain.readiness_check("scratch-disk", move || {
-    ///     if flag.load(Ordering::Relaxed) { Ok(()) } else { Err("disk full") }
-    /// });
-    /// drain.mark_started();
-    /// assert!(drain.is_ready());
-    /// disk_ok.store(false, Ordering::Relaxed);
-    /// assert_eq!(drain.readiness().reason, "check scratch-disk failed: disk full");
-    /// # }
-    /// ```
-    pub fn readiness_check<F, E>(&self, name: impl Into<String>, check: F)
-    where
-        F: Fn() -> Result<(), E> + Send + Sync + 'static,
-        E: Into<crate::BoxError>,
-    {
-        self.inner.readiness.add_check(
-            name.into(),
-            Arc::new(move || check().map_err(|e| e.into().to_string())),
-        );
-    }
-
-    /// Marks startup complete if no gate is closed (Starting → Serving). Called by
-    /// [`run`](Self::run), by `serve`, and when the last gate opens.
-    pub fn mark_started(&self) {
-        self.maybe_serving();
-    }
-
-    fn maybe_serving(&self) {
-        if self.inner.readiness.all_gates_open() {
-            self.inner.driver.mark_serving();
-        }
-    }
-
-    /// `true` when `/readyz` answers 200 to callers other than kubelet's probe (see
-    /// [`ReadinessWhileDraining::Auto`]).
-    pub fn is_ready(&self) -> bool {
-        self.readiness().ready
-    }
-
-    /// Readiness with its reason and every check, as a caller other than kubelet's probe sees
-    /// it (see [`ReadinessWhileDraining::Auto`]).
-    pub fn readiness(&self) -> Readiness {
-        self.readiness_for(Caller::Other)
-    }
-
-    /// Readiness as `caller` sees it: `/readyz` passes who asked.
-    pub(crate) fn readiness_for(&self, caller: Caller) -> Readiness {
-        self.readiness_in(self.phase(), caller, caller.describe())
-    }
-
-    /// Readiness as a classified `/readyz` caller sees it; the caller is counted in the table
-    /// of probe sources.
-    #[cfg(feature = "admin")]
-    pub(crate) fn readiness_for_probe(&self, probe: &ProbeCaller) -> Readiness {
-        let phase = self.phase();
-        self.inner
-            .driver
-            .probe_sources()
-            .record(probe, phase == Phase::Draining);
-        self.readiness_in(phase, probe.caller(), &probe.describe())
-    }
-
-    /// Readiness in `phase` as `caller` (described as `who`) sees it, with the propagation
-    /// evidence once draining.
-    fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> Readiness {
-        let evidence = if phase >= Phase::Draining {
-            self.inner.driver.evidence_now()
-        } else {
-            None
-        };
-        self.inner.readiness.evaluate(phase, caller, who, evidence)
     }
 
     /// A token that fires at `drain_started`: readiness flips, cancel-on-drain work stops

@@ -1,0 +1,47 @@
+//! What the admin endpoint needs of the handle (feature `admin`).
+
+use super::Drain;
+use crate::exit::ExitHolds;
+use crate::phase::Phase;
+
+impl Drain {
+    /// Says, once per call, that a `/drain` caller is about to wait on weak evidence: the
+    /// propagation policy cannot commit before `max`, so the answer comes `max` after the
+    /// trigger. A tracing event, and one stderr line when no subscriber would print it.
+    pub(crate) fn say_weak_wait(&self, wait: &str) {
+        if self.phase() >= Phase::StoppedAccepting {
+            return;
+        }
+        let driver = &self.inner.driver;
+        let Some(e) = driver.evidence_now() else {
+            return;
+        };
+        let (crate::EvidenceKind::Max, Some(weak)) = (e.kind, e.weak) else {
+            return;
+        };
+        let max_ms = driver.policy_report().max_ms;
+        tracing::info!(
+            wait,
+            weak = weak.as_str(),
+            max_ms,
+            "lameduck: /drain waits for the propagation max: too little traffic to measure"
+        );
+        if !tracing::dispatcher::has_been_set() {
+            let line = format!(
+                "lameduck: /drain (wait={wait}) answers when the drain is done: too little traffic to \
+                 measure propagation ({}), so it waits for max, {max_ms} ms after the trigger; \
+                 `/drain?wait=none` answers at once, `/status` shows the drain\n",
+                weak.as_str()
+            );
+            // Bounded, and off the runtime: a stalled stderr must not hold the answer.
+            tokio::task::spawn_blocking(move || {
+                crate::report::stderr_bounded(line, crate::report::STDERR_WAIT)
+            });
+        }
+    }
+
+    /// Answers owed to admin callers before the process exits.
+    pub(crate) fn exit_holds(&self) -> &ExitHolds {
+        &self.inner.exit
+    }
+}

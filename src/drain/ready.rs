@@ -1,0 +1,172 @@
+//! Readiness on the handle: startup gates, readiness checks, and what `/readyz` answers.
+
+use std::sync::Arc;
+
+use super::Drain;
+use crate::phase::Phase;
+#[cfg(feature = "admin")]
+use crate::readiness::ProbeCaller;
+use crate::readiness::{Caller, Readiness};
+
+/// A startup gate: readiness stays false until every gate is [`open`](Self::open)ed.
+///
+/// Dropping a gate without opening it keeps it closed for good (readiness never turns true) and
+/// logs a warning: a warm-up that failed must not make the service look ready.
+#[derive(Debug)]
+#[must_use = "readiness stays false until the gate is opened"]
+pub struct StartupGate {
+    drain: Drain,
+    index: usize,
+    opened: bool,
+}
+
+impl StartupGate {
+    /// Opens the gate. When it was the last closed one, the phase moves to Serving.
+    pub fn open(mut self) {
+        self.opened = true;
+        let name = self.drain.inner.readiness.open_gate(self.index);
+        tracing::info!(gate = %name, "lameduck: startup gate opened");
+        self.drain.maybe_serving();
+    }
+}
+
+impl Drop for StartupGate {
+    fn drop(&mut self) {
+        if !self.opened {
+            tracing::warn!(
+                gate = %self.drain.inner.readiness.gate_name(self.index),
+                "lameduck: startup gate dropped without open(); readiness stays false"
+            );
+        }
+    }
+}
+
+impl Drain {
+    /// A startup gate named `name`. Readiness is false until every gate is opened.
+    ///
+    /// Create every gate before the phase can turn Serving — before [`run`](Self::run) or the
+    /// server starts — since opening the last closed gate (or starting with none) makes the
+    /// service ready.
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use lameduck::Phase;
+    ///
+    /// let cache = drain.startup_gate("cache");
+    /// drain.mark_started(); // what `run` and `serve` do; no effect while a gate is closed
+    /// assert_eq!(drain.phase(), Phase::Starting);
+    /// assert!(!drain.is_ready());
+    ///
+    /// tokio::spawn(async move {
+    ///     // ... load the cache ...
+    ///     cache.open();
+    /// });
+    /// drain.reached(Phase::Serving).await;
+    /// assert!(drain.is_ready());
+    /// # }
+    /// ```
+    pub fn startup_gate(&self, name: impl Into<String>) -> StartupGate {
+        let name = name.into();
+        let index = self.inner.readiness.add_gate(name.clone());
+        self.inner.driver.note_startup_gate();
+        if self.phase() != Phase::Starting {
+            tracing::warn!(gate = %name, "lameduck: startup gate created after startup; it only affects readiness reporting");
+        }
+        StartupGate {
+            drain: self.clone(),
+            index,
+            opened: false,
+        }
+    }
+
+    /// Adds a readiness check evaluated on every `/readyz`. Keep it local: readiness must not
+    /// depend on shared downstream services, or one slow database takes every replica out of
+    /// the load balancer at once.
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+    /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let disk_ok = Arc::new(AtomicBool::new(true));
+    /// let flag = Arc::clone(&disk_ok);
+    /// drain.readiness_check("scratch-disk", move || {
+    ///     if flag.load(Ordering::Relaxed) { Ok(()) } else { Err("disk full") }
+    /// });
+    /// drain.mark_started();
+    /// assert!(drain.is_ready());
+    /// disk_ok.store(false, Ordering::Relaxed);
+    /// assert_eq!(drain.readiness().reason, "check scratch-disk failed: disk full");
+    /// # }
+    /// ```
+    pub fn readiness_check<F, E>(&self, name: impl Into<String>, check: F)
+    where
+        F: Fn() -> Result<(), E> + Send + Sync + 'static,
+        E: Into<crate::BoxError>,
+    {
+        self.inner.readiness.add_check(
+            name.into(),
+            Arc::new(move || check().map_err(|e| e.into().to_string())),
+        );
+    }
+
+    /// Marks startup complete if no gate is closed (Starting → Serving). Called by
+    /// [`run`](Self::run), by `serve`, and when the last gate opens.
+    pub fn mark_started(&self) {
+        self.maybe_serving();
+    }
+
+    fn maybe_serving(&self) {
+        if self.inner.readiness.all_gates_open() {
+            self.inner.driver.mark_serving();
+        }
+    }
+
+    /// `true` when `/readyz` answers 200 to callers other than kubelet's probe (see
+    /// [`ReadinessWhileDraining::Auto`]).
+    pub fn is_ready(&self) -> bool {
+        self.readiness().ready
+    }
+
+    /// Readiness with its reason and every check, as a caller other than kubelet's probe sees
+    /// it (see [`ReadinessWhileDraining::Auto`]).
+    pub fn readiness(&self) -> Readiness {
+        self.readiness_for(Caller::Other)
+    }
+
+    /// Readiness as `caller` sees it: `/readyz` passes who asked.
+    pub(crate) fn readiness_for(&self, caller: Caller) -> Readiness {
+        self.readiness_in(self.phase(), caller, caller.describe())
+    }
+
+    /// Readiness as a classified `/readyz` caller sees it; the caller is counted in the table
+    /// of probe sources.
+    #[cfg(feature = "admin")]
+    pub(crate) fn readiness_for_probe(&self, probe: &ProbeCaller) -> Readiness {
+        let phase = self.phase();
+        self.inner
+            .driver
+            .probe_sources()
+            .record(probe, phase == Phase::Draining);
+        self.readiness_in(phase, probe.caller(), &probe.describe())
+    }
+
+    /// Readiness in `phase` as `caller` (described as `who`) sees it, with the propagation
+    /// evidence once draining.
+    fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> Readiness {
+        let evidence = if phase >= Phase::Draining {
+            self.inner.driver.evidence_now()
+        } else {
+            None
+        };
+        self.inner.readiness.evaluate(phase, caller, who, evidence)
+    }
+}
