@@ -99,7 +99,7 @@ async fn one_drain() -> Sample {
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(axum::serve(listener, drain.admin_router()).into_future());
+    let server = tokio::spawn(axum::serve(listener, drain.admin().router()).into_future());
     let stream = TcpStream::connect(addr).await.unwrap();
     stream.set_nodelay(true).unwrap();
     let (mut client, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))

@@ -246,10 +246,14 @@ async fn run(args: Args) -> i32 {
         drain.spawn("stuck-task", std::future::pending::<()>());
     }
     // Closed after the requests and tasks that use it.
-    drain.on_close_with_timeout("db-pool", Duration::from_secs(2), || async {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        Ok::<_, std::io::Error>(())
-    });
+    drain.on_close_with(
+        "db-pool",
+        lameduck::CloseOptions::new().timeout(Duration::from_secs(2)),
+        || async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok::<_, std::io::Error>(())
+        },
+    );
 
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,

@@ -157,14 +157,6 @@ impl Drain {
         let _ = rx.wait_for(|p| *p >= phase).await;
     }
 
-    /// Resolves at the next phase change and returns the new phase.
-    pub async fn phase_changed(&self) -> Phase {
-        let mut rx = self.subscribe();
-        let _ = rx.changed().await;
-        let p = *rx.borrow();
-        p
-    }
-
     /// The validated budget.
     pub fn budget(&self) -> Budget {
         self.inner.driver.budget
@@ -267,8 +259,9 @@ impl Drain {
         self.inner.driver.tokens.deadline.clone()
     }
 
-    /// The quiesce deadline, once the drain has started.
-    pub fn deadline(&self) -> Option<Instant> {
+    /// The quiesce deadline, once the drain has started: when
+    /// [`deadline_exceeded`](Self::deadline_exceeded) fires.
+    pub fn quiesce_deadline(&self) -> Option<Instant> {
         self.inner.driver.quiesce_deadline()
     }
 

@@ -188,7 +188,7 @@ async fn later_triggers_do_not_move_the_origin() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!drain.start(Trigger::Sigterm));
     assert_eq!(
-        drain.deadline().unwrap(),
+        drain.quiesce_deadline().unwrap(),
         t0 + drain.budget().quiesce_deadline()
     );
     let report = drain.drained().await;

@@ -99,11 +99,15 @@ async fn closers_run_in_reverse_order_and_failures_do_not_stop_the_next() {
         Ok::<_, std::io::Error>(())
     });
     let r = ran.clone();
-    drain.on_close_with_timeout("queue", Duration::from_millis(300), move || async move {
-        r.lock().unwrap().push("queue");
-        std::future::pending::<()>().await;
-        Ok::<_, std::io::Error>(())
-    });
+    drain.on_close_with(
+        "queue",
+        lameduck::CloseOptions::new().timeout(Duration::from_millis(300)),
+        move || async move {
+            r.lock().unwrap().push("queue");
+            std::future::pending::<()>().await;
+            Ok::<_, std::io::Error>(())
+        },
+    );
     drain.start(Trigger::Api);
     let report = drain.drained().await;
     assert_eq!(

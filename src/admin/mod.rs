@@ -1,7 +1,7 @@
 //! The admin listener: probes, the `preStop` drain endpoint, status, and a `preStop` client.
 //!
-//! [`Drain::admin_router`] builds an [`axum::Router`] for a **separate** listener that kubelet
-//! and operators talk to. It is not the service's traffic port and must not be in the
+//! `drain.admin().router()` ([`Drain::admin`]) builds an [`axum::Router`] for a **separate**
+//! listener that kubelet and operators talk to. It is not the service's traffic port and must not be in the
 //! Kubernetes Service.
 //!
 //! | Route | Methods | Answers |
@@ -46,7 +46,7 @@
 //! [`Drain::run`] does not return before every `/drain?wait=…` caller got its answer, fully
 //! written (bounded by the hard deadline), while connections that owe nothing close at once
 //! and never hold the exit.
-//! The router alone ([`Drain::admin_router`]) can be served by `axum::serve` too, without the
+//! The router alone (`drain.admin().router()`) can be served by `axum::serve` too, without the
 //! timeout and the cap; `run` then waits until each `/drain` answer is handed to axum, not
 //! until it is written.
 //!
@@ -106,24 +106,6 @@ pub use serve::{AdminServe, DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_MAX
 use crate::Drain;
 
 impl Drain {
-    /// The admin router with its defaults: token from env `LAMEDUCK_ADMIN_TOKEN` (none when
-    /// unset or empty), 1 KiB body limit. See the [`admin`](crate::admin) module for the routes.
-    ///
-    /// Same as `drain.admin().router()`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # fn demo() -> Result<(), lameduck::ConfigError> {
-    /// let drain = lameduck::Drain::builder().build()?;
-    /// let admin: axum::Router = drain.admin_router();
-    /// # Ok(()) }
-    /// ```
-    #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
-    pub fn admin_router(&self) -> axum::Router {
-        self.admin().router()
-    }
-
     /// A builder for the admin router, to set the token or the body limit.
     ///
     /// # Examples

@@ -131,13 +131,13 @@ impl Drain {
     }
 
     /// `true` when `/readyz` answers 200 to callers other than kubelet's probe (see
-    /// [`ReadinessWhileDraining::Auto`]).
+    /// [`ReadinessWhileDraining::Auto`](crate::ReadinessWhileDraining::Auto)).
     pub fn is_ready(&self) -> bool {
         self.readiness().ready
     }
 
     /// Readiness with its reason and every check, as a caller other than kubelet's probe sees
-    /// it (see [`ReadinessWhileDraining::Auto`]).
+    /// it (see [`ReadinessWhileDraining::Auto`](crate::ReadinessWhileDraining::Auto)).
     pub fn readiness(&self) -> Readiness {
         self.readiness_for(Caller::Other)
     }

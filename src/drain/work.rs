@@ -157,22 +157,6 @@ impl Drain {
         self.on_close_with(name, CloseOptions::new(), close);
     }
 
-    /// Like [`on_close`](Self::on_close), bounded by its own `timeout` instead of a fair share
-    /// (and always by what is left of the budget). Same as
-    /// `on_close_with(name, CloseOptions::new().timeout(timeout), close)`.
-    pub fn on_close_with_timeout<F, Fut, E>(
-        &self,
-        name: impl Into<String>,
-        timeout: Duration,
-        close: F,
-    ) where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<(), E>> + Send + 'static,
-        E: Into<BoxError> + 'static,
-    {
-        self.on_close_with(name, CloseOptions::new().timeout(timeout), close);
-    }
-
     /// Like [`on_close`](Self::on_close), with [`CloseOptions`]: a timeout of its own, or
     /// *critical* (keeps its time however long the closers before it take).
     ///

@@ -65,7 +65,7 @@ async fn token_defaults_to_the_environment() {
     // The only test that touches this variable; every other router sets its token explicitly.
     std::env::set_var(lameduck::admin::ADMIN_TOKEN_ENV, format!("  {TOKEN}\n"));
     let drain = serving();
-    let addr = serve(drain.admin_router()).await;
+    let addr = serve(drain.admin().router()).await;
     let options = PrestopOptions::from_env();
     std::env::remove_var(lameduck::admin::ADMIN_TOKEN_ENV);
     assert_eq!(options.token.as_deref(), Some(TOKEN));
