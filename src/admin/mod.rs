@@ -1,8 +1,8 @@
 //! The admin listener: probes, the `preStop` drain endpoint, status, and a `preStop` client.
 //!
 //! `drain.admin().router()` ([`Drain::admin`]) builds an [`axum::Router`] for a **separate**
-//! listener that kubelet and operators talk to. It is not the service's traffic port and must not be in the
-//! Kubernetes Service.
+//! listener that kubelet and operators talk to. It is not the service's traffic port and must
+//! not be in the Kubernetes Service.
 //!
 //! | Route | Methods | Answers |
 //! |---|---|---|
