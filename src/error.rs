@@ -79,7 +79,8 @@ impl ConfigError {
         self.kind == Kind::Env
     }
 
-    /// `true` if a duration string could not be parsed (see [`parse_duration`](crate::parse_duration)).
+    /// `true` if a string could not be parsed: a duration (see [`parse_duration`](crate::parse_duration))
+    /// or a name (a `LAMEDUCK_*` variable, `str::parse` of a setting, `/drain`'s query).
     pub fn is_parse(&self) -> bool {
         self.kind == Kind::Parse
     }

@@ -160,16 +160,19 @@ pub use self::server::{
     serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
 };
 pub use action::ActionResult;
-pub use advice::advise;
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions, CloserResult};
 pub use drain::{Drain, DrainBuilder, StartupGate, PROXY_LABEL_ENV};
 pub use driver::{Status, STATUS_TIMELINE_LIMIT};
 pub use error::ConfigError;
-/// One drain's propagation in virtual time, for the simulation that checks ε. Not a public
-/// API: no stability promise.
+/// Internals that this crate's own tests, examples and benchmarks reach: the advice rules and
+/// one drain's propagation in virtual time (the simulation that checks ε). Not a public API: no
+/// stability promise.
 #[doc(hidden)]
-pub use evidence::sim as __evidence_sim;
+pub mod __private {
+    pub use crate::advice::advise;
+    pub use crate::evidence::sim as evidence_sim;
+}
 pub use evidence::{EvidenceKind, EvidenceReport, MaxReason, SilenceRule, WeakEvidence};
 pub use guard::InFlightGuard;
 pub use link::{

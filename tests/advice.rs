@@ -1,8 +1,7 @@
 //! The advice rules, fed with recorded (synthetic) drains.
 
-use lameduck::{
-    advise, AdviceLevel, CommitReason, DrainReport, Event, EventKind, Outcome, PeerCount,
-};
+use lameduck::__private::advise;
+use lameduck::{AdviceLevel, CommitReason, DrainReport, Event, EventKind, Outcome, PeerCount};
 
 fn ev(kind: EventKind, at_ms: u64) -> Event {
     let mut e: Event = serde_json::from_value(serde_json::json!({

@@ -1,5 +1,5 @@
 //! The propagation simulation: arrival processes, a seeded generator, and the runs that drive
-//! lameduck's own estimator and policy check (`lameduck::__evidence_sim::drain`) in virtual
+//! lameduck's own estimator and policy check (`lameduck::__private::evidence_sim::drain`) in virtual
 //! time. Shared by `tests/evidence_sim.rs` (run by `cargo test`) and
 //! `examples/evidence_sim.rs` (the full table).
 //!
@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use lameduck::__evidence_sim::drain;
+use lameduck::__private::evidence_sim::drain;
 use lameduck::{EvidenceKind, Propagation, SilenceRule};
 
 /// splitmix64: small, seeded, good enough to draw arrival times.

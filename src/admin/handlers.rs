@@ -13,7 +13,8 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::query::{shorten, Params, Wait};
-use crate::{parse_duration, Drain, Trigger};
+use crate::budget::parse_duration;
+use crate::{Drain, Trigger};
 
 /// The environment variable the admin router reads its bearer token from by default.
 ///
