@@ -37,8 +37,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::Router;
 use http::Request;
-use http_body::{Frame, SizeHint};
-use hyper::body::Bytes;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -50,6 +48,11 @@ use tokio_util::sync::CancellationToken;
 use crate::http::accept::Acceptor;
 use crate::sync::MutexExt;
 use crate::Drain;
+
+mod owed;
+
+pub(crate) use owed::Held;
+use owed::{Busy, Reading};
 
 /// The admin server's default HTTP/1 header-read timeout: probes send their head at once.
 pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -389,114 +392,5 @@ impl<F: Future> Future for Watched<'_, F> {
             self.slots.changed.notify_one();
         }
         r
-    }
-}
-
-/// Counts one admin request as in progress on its connection until dropped.
-struct Busy(Arc<Slot>);
-
-impl Busy {
-    fn new(slot: Arc<Slot>) -> Self {
-        // Release: the cap's eviction check must not miss a request that started.
-        slot.owed.fetch_add(OWED, Ordering::Release);
-        slot.started.fetch_add(1, Ordering::Release);
-        Self(slot)
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        self.0.owed.fetch_sub(OWED, Ordering::Release);
-    }
-}
-
-/// A request body that, while a handler waits for it, takes its request out of the busy
-/// count: a client that sent a head and withholds its body is owed nothing yet, so it can be
-/// evicted at the cap and closed at exit.
-struct Reading {
-    inner: Incoming,
-    slot: Arc<Slot>,
-    waiting: bool,
-}
-
-impl Reading {
-    fn new(inner: Incoming, slot: Arc<Slot>) -> Self {
-        Self {
-            inner,
-            slot,
-            waiting: false,
-        }
-    }
-
-    fn set_waiting(&mut self, waiting: bool) {
-        if self.waiting != waiting {
-            self.waiting = waiting;
-            // Release: pairs with the eviction check's Acquire.
-            if waiting {
-                self.slot.owed.fetch_add(READING, Ordering::Release);
-            } else {
-                self.slot.owed.fetch_sub(READING, Ordering::Release);
-            }
-        }
-    }
-}
-
-impl http_body::Body for Reading {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = &mut *self;
-        let r = Pin::new(&mut this.inner).poll_frame(cx);
-        let waiting = match &r {
-            Poll::Pending => true,
-            Poll::Ready(Some(Ok(_))) => !this.inner.is_end_stream(),
-            Poll::Ready(_) => false,
-        };
-        this.set_waiting(waiting);
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-impl Drop for Reading {
-    fn drop(&mut self) {
-        self.set_waiting(false);
-    }
-}
-
-/// A response body that keeps `_hold` alive until the body is done or dropped.
-pub(crate) struct Held<T> {
-    pub(crate) inner: Body,
-    pub(crate) _hold: T,
-}
-
-impl<T: Unpin> http_body::Body for Held<T> {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

@@ -93,37 +93,18 @@ impl ConnTask {
             meta,
             tokens,
         } = self;
-        // Best effort: responses are small writes that should not wait for Nagle.
-        let _ = stream.set_nodelay(true);
         let core = counted.0;
-        let io = WatchedIo::new(stream, core, meta.id(), meta.peer());
-        let svc = ConnService {
-            inner: svc,
-            meta: meta.clone(),
-            core: counted.0,
-            always: tokens.conn_meta_always,
-            #[cfg(feature = "axum")]
-            connect_info: tokens.connect_info,
-        };
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+        let io = watched_io(stream, core, &meta);
+        let svc = ConnService::new(svc, &meta, core, &tokens);
+        let conn = builder.serve_connection_with_upgrades(io, svc);
         let mut conn = pin!(conn);
-        // A connection that arrives while draining came from a client (or proxy) that still
-        // routes here; a GOAWAY right after its first request would only make it reconnect for
-        // every call, each reconnect racing the GOAWAY. It gets its GOAWAY at
-        // `stopped_accepting`, with the idle HTTP/1 connections.
-        let accepted_while_draining = tokens.drain.is_cancelled();
-        let mut draining = accepted_while_draining;
-        let mut shutdown_sent = false;
-        let mut idle_closed = false;
-        // An HTTP/2 connection after its GOAWAY: in flight until it closes (see `Pending`).
-        let mut h2_closing: Option<Pending> = None;
+        let mut stage = Stage::new(tokens.drain.is_cancelled());
         loop {
             let proto = meta.proto();
-            if draining && !shutdown_sent && proto == PROTO_H2 && !accepted_while_draining {
+            if stage.goaway_due(proto) {
                 tracing::debug!(conn = meta.id(), "lameduck: GOAWAY to HTTP/2 connection");
                 conn.as_mut().graceful_shutdown();
-                shutdown_sent = true;
-                h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
+                stage.note_shutdown_sent(true, core, &meta);
             }
             // `select!` polls every enabled branch on each wake-up of this task — about once
             // per request — and each poll of a `cancelled()` future locks its token. The stop
@@ -133,7 +114,7 @@ impl ConnTask {
             // of a body and a write that then stalls are never both uncounted.
             let held = HeldWhilePolled {
                 fut: conn.as_mut(),
-                core: draining.then_some(core),
+                core: stage.draining.then_some(core),
             };
             tokio::select! {
                 res = held => {
@@ -142,31 +123,86 @@ impl ConnTask {
                     }
                     break;
                 }
-                () = tokens.drain.cancelled(), if !draining => draining = true,
-                () = meta.shared().proto_known.notified(), if draining && !shutdown_sent && !accepted_while_draining && proto == PROTO_UNKNOWN => {}
-                () = tokens.idle_close.cancelled(), if draining && !idle_closed => {
-                    idle_closed = true;
-                    if !shutdown_sent {
+                () = tokens.drain.cancelled(), if !stage.draining => stage.draining = true,
+                () = meta.shared().proto_known.notified(), if stage.awaits_proto(proto) => {}
+                () = tokens.idle_close.cancelled(), if stage.draining && !stage.idle_closed => {
+                    stage.idle_closed = true;
+                    if !stage.shutdown_sent {
                         // HTTP/1: closes now if idle, after the current response if busy.
                         conn.as_mut().graceful_shutdown();
-                        shutdown_sent = true;
-                        if meta.proto() == PROTO_H2 {
-                            h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
-                        }
+                        stage.note_shutdown_sent(meta.proto() == PROTO_H2, core, &meta);
                     }
                 }
-                () = tokens.deadline.cancelled(), if draining => {
+                () = tokens.deadline.cancelled(), if stage.draining => {
                     tracing::debug!(conn = meta.id(), "lameduck: quiesce deadline; force-closing connection");
                     break;
                 }
-                () = tokens.closing.cancelled(), if idle_closed && meta.requests() == 0 => {
+                () = tokens.closing.cancelled(), if stage.idle_closed && meta.requests() == 0 => {
                     tracing::debug!(conn = meta.id(), "lameduck: no request head by the end of the drain; closing connection");
                     break;
                 }
             }
         }
-        drop(h2_closing);
+        drop(stage);
         drop(counted);
+    }
+}
+
+/// The socket, with `TCP_NODELAY` set and its writes watched for a slow reader.
+fn watched_io(stream: TcpStream, core: &'static Core, meta: &ConnMeta) -> TokioIo<WatchedIo> {
+    // Best effort: responses are small writes that should not wait for Nagle.
+    let _ = stream.set_nodelay(true);
+    TokioIo::new(WatchedIo::new(stream, core, meta.id(), meta.peer()))
+}
+
+/// How far a connection's staged shutdown has got.
+struct Stage {
+    /// A connection that arrives while draining came from a client (or proxy) that still
+    /// routes here; a GOAWAY right after its first request would only make it reconnect for
+    /// every call, each reconnect racing the GOAWAY. It gets its GOAWAY at
+    /// `stopped_accepting`, with the idle HTTP/1 connections.
+    accepted_while_draining: bool,
+    draining: bool,
+    shutdown_sent: bool,
+    idle_closed: bool,
+    /// An HTTP/2 connection after its GOAWAY: in flight until it closes (see `Pending`).
+    h2_closing: Option<Pending>,
+}
+
+impl Stage {
+    fn new(accepted_while_draining: bool) -> Self {
+        Self {
+            accepted_while_draining,
+            draining: accepted_while_draining,
+            shutdown_sent: false,
+            idle_closed: false,
+            h2_closing: None,
+        }
+    }
+
+    /// An HTTP/2 connection open before the drain started is owed its GOAWAY.
+    #[inline]
+    fn goaway_due(&self, proto: u8) -> bool {
+        self.draining && !self.shutdown_sent && proto == PROTO_H2 && !self.accepted_while_draining
+    }
+
+    /// The GOAWAY would be due if the connection turns out to be HTTP/2: wait for its first
+    /// request to tell.
+    #[inline]
+    fn awaits_proto(&self, proto: u8) -> bool {
+        self.draining
+            && !self.shutdown_sent
+            && !self.accepted_while_draining
+            && proto == PROTO_UNKNOWN
+    }
+
+    /// The connection's graceful shutdown was just asked for; an HTTP/2 one counts as in
+    /// flight from its GOAWAY until it closes.
+    fn note_shutdown_sent(&mut self, h2: bool, core: &'static Core, meta: &ConnMeta) {
+        self.shutdown_sent = true;
+        if h2 {
+            self.h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
+        }
     }
 }
 
@@ -196,6 +232,24 @@ pub(super) struct ConnService<S> {
     always: bool,
     #[cfg(feature = "axum")]
     connect_info: bool,
+}
+
+impl<S> ConnService<S> {
+    fn new(
+        inner: TowerToHyperService<S>,
+        meta: &ConnMeta,
+        core: &'static Core,
+        tokens: &Tokens,
+    ) -> Self {
+        Self {
+            inner,
+            meta: meta.clone(),
+            core,
+            always: tokens.conn_meta_always,
+            #[cfg(feature = "axum")]
+            connect_info: tokens.connect_info,
+        }
+    }
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for ConnService<S>

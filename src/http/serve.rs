@@ -42,28 +42,22 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::{pin, Pin};
-use std::sync::Arc;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
 use http_body::Body;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::{Drain, Phase};
+use crate::{BoxError, Drain};
 
-use super::accept::Acceptor;
-use super::conn::ConnMeta;
-use super::connection::{ConnTask, Tokens};
-use crate::BoxError;
+mod accept_loop;
+mod bound;
+mod state;
+
+use state::with_state;
 
 /// A header-read timeout for [`Serve::header_read_timeout`] when the port faces clients you do
 /// not trust: above the common 60 s idle timeouts of load balancers, so their pooled
@@ -99,10 +93,10 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   gone.
 /// * Accept errors (out of file descriptors and the like) do not end the loop: they are
 ///   logged, and the loop backs off briefly (10 ms doubling to 1 s) and continues.
-/// * Attaches a [`ConnMeta`] to every request that arrives while draining, which is when the
-///   [`DrainLayer`](crate::DrainLayer) reads it to count requests on new versus reused
-///   connections. While Serving it attaches nothing, so a request costs no allocation here;
-///   handlers that read `ConnMeta` on every request turn that on with
+/// * Attaches a [`ConnMeta`](crate::ConnMeta) to every request that arrives while draining,
+///   which is when the [`DrainLayer`](crate::DrainLayer) reads it to count requests on new
+///   versus reused connections. While Serving it attaches nothing, so a request costs no
+///   allocation here; handlers that read `ConnMeta` on every request turn that on with
 ///   [`Serve::conn_meta_on_every_request`]. Sets `TCP_NODELAY` on accepted sockets.
 /// * Counts a connection whose response bytes wait for a slow reader as in flight until they
 ///   have been handed to the socket, and names it as a `response` straggler at the quiesce
@@ -196,43 +190,6 @@ where
         }),
         running: None,
     }
-}
-
-/// Gives an `axum::Router` handed to [`serve`] its state, as `axum::serve` does once (through
-/// `into_make_service`): until then axum builds each handler into a route, and applies each
-/// `Router::layer` to it, anew on every request (measured: 3 allocations and ~700 instructions
-/// per request for a router with the drain layer). The router as it is and the router inside a
-/// `DrainService` are recognised; any other service is left as it is, and a router wrapped in a
-/// service of the caller's is the caller's to prepare (`router.with_state(())`).
-#[cfg(feature = "axum")]
-fn with_state<S: 'static>(mut service: S) -> S {
-    use super::{RefuseAfterStop, RequestLine, Unnamed};
-    use crate::DrainService;
-    use axum::Router;
-
-    fn give(router: &mut Router) {
-        *router = router.clone().with_state(());
-    }
-    let any = &mut service as &mut dyn std::any::Any;
-    // The router as it is, or wrapped in the drain layer (the guides' other placement).
-    if let Some(r) = any.downcast_mut::<Router>() {
-        give(r);
-    } else if let Some(s) = any.downcast_mut::<DrainService<Router>>() {
-        give(s.get_mut());
-    } else if let Some(s) = any.downcast_mut::<DrainService<Router, RequestLine>>() {
-        give(s.get_mut());
-    } else if let Some(s) = any.downcast_mut::<DrainService<Router, Unnamed, RefuseAfterStop>>() {
-        give(s.get_mut());
-    } else if let Some(s) = any.downcast_mut::<DrainService<Router, RequestLine, RefuseAfterStop>>()
-    {
-        give(s.get_mut());
-    }
-    service
-}
-
-#[cfg(not(feature = "axum"))]
-fn with_state<S>(service: S) -> S {
-    service
 }
 
 /// The future returned by [`serve`]; resolves when every connection is gone.
@@ -348,8 +305,8 @@ impl<S> Serve<S> {
         self
     }
 
-    /// Attaches a [`ConnMeta`] to every request's extensions, for handlers that read it
-    /// (`Extension<ConnMeta>` in axum, `req.extensions().get::<ConnMeta>()`).
+    /// Attaches a [`ConnMeta`](crate::ConnMeta) to every request's extensions, for handlers
+    /// that read it (`Extension<ConnMeta>` in axum, `req.extensions().get::<ConnMeta>()`).
     ///
     /// Off by default: inserting into a request's extensions allocates (the extension map and
     /// the boxed value, about 200 instructions and 2 allocations per request), and the drain
@@ -390,7 +347,8 @@ impl<S> Serve<S> {
     ///
     /// Off by default, like axum's own: the two inserts cost every request allocations (the
     /// extension map and a box per value; `tests/alloc.rs` counts them), in every phase. With
-    /// it on, the layer reads the `ConnMeta` from there; [`ConnMeta::request_index`] is set.
+    /// it on, the layer reads the `ConnMeta` from there;
+    /// [`ConnMeta::request_index`](crate::ConnMeta::request_index) is set.
     ///
     /// # Examples
     ///
@@ -433,7 +391,7 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         if let Some(setup) = this.setup.take() {
-            this.running = Some(Box::pin(run(setup)));
+            this.running = Some(Box::pin(accept_loop::run(setup)));
         }
         match &mut this.running {
             Some(fut) => fut.as_mut().poll(cx),
@@ -447,184 +405,5 @@ impl<S> fmt::Debug for Serve<S> {
         f.debug_struct("Serve")
             .field("started", &self.running.is_some())
             .finish_non_exhaustive()
-    }
-}
-
-/// When the listener closes: at `stopped_accepting`, or — when keeping it open for refusals —
-/// when the drain leaves StoppedAccepting (zero in flight, or the deadline).
-async fn listener_closes(drain: &Drain, keep_listening: bool) {
-    if keep_listening {
-        tokio::select! {
-            () = drain.reached(Phase::Closing) => {}
-            () = drain.deadline_exceeded().cancelled_owned() => {}
-        }
-    } else {
-        drain.stopped_accepting().cancelled_owned().await;
-    }
-}
-
-async fn run<S, B>(setup: Setup<S>)
-where
-    S: tower_service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-{
-    let Setup {
-        listener,
-        service,
-        drain,
-        keep_listening,
-        header_read_timeout,
-        max_connections,
-        conn_meta_always,
-        #[cfg(feature = "axum")]
-        connect_info,
-    } = setup;
-    let bound = match max_connections {
-        MaxConnections::Given(n) => Some(n),
-        MaxConnections::FromLimit => descriptor_limit().map(bound_for_limit),
-    };
-    // One permit per open connection, held by its task.
-    let permits = bound.map(|n| Arc::new(Semaphore::new(n)));
-    drain.mark_started();
-    drain.note_server(crate::report::ServerReport {
-        header_read_timeout_ms: header_read_timeout.map(|t| t.as_millis() as u64),
-    });
-    // From now on every accepted connection counts in the arrival rate (the evidence).
-    drain.core().observe_arrivals();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    if let Some(t) = header_read_timeout {
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(t);
-    }
-    // Extended CONNECT, so WebSockets work over HTTP/2 too.
-    builder.http2().enable_connect_protocol();
-    let tokens = Tokens {
-        drain: drain.drain_started(),
-        idle_close: CancellationToken::new(),
-        deadline: drain.deadline_exceeded(),
-        closing: CancellationToken::new(),
-        conn_meta_always,
-        #[cfg(feature = "axum")]
-        connect_info,
-    };
-    let tracker = TaskTracker::new();
-    let mut acceptor = Acceptor::new(listener, "");
-    {
-        let mut closes = pin!(listener_closes(&drain, keep_listening));
-        let mut at_bound = false;
-        loop {
-            let permit = match &permits {
-                None => None,
-                Some(p) => match Arc::clone(p).try_acquire_owned() {
-                    Ok(permit) => {
-                        at_bound = false;
-                        Some(permit)
-                    }
-                    Err(_) => {
-                        // Once per episode at the bound, not once per connection.
-                        if !at_bound {
-                            at_bound = true;
-                            tracing::warn!(
-                                max_connections = bound,
-                                "lameduck: connection bound reached; not accepting until a connection closes"
-                            );
-                        }
-                        tokio::select! {
-                            biased;
-                            () = closes.as_mut() => break,
-                            permit = Arc::clone(p).acquire_owned() => {
-                                Some(permit.expect("the semaphore is never closed"))
-                            }
-                        }
-                    }
-                },
-            };
-            let Some((stream, peer)) = acceptor.next(closes.as_mut()).await else {
-                break;
-            };
-            let after_drain = drain.note_connection(Some(peer));
-            let meta = ConnMeta::new(Some(peer), Some(after_drain));
-            let conn = ConnTask::new(drain.core(), meta, tokens.clone());
-            let svc = TowerToHyperService::new(service.clone());
-            let run = conn.run(builder.clone(), stream, svc);
-            match permit {
-                None => tracker.spawn(run),
-                Some(permit) => tracker.spawn(async move {
-                    run.await;
-                    drop(permit);
-                }),
-            };
-        }
-    }
-    drop(acceptor);
-    tracing::info!(
-        connections = drain.connections(),
-        "lameduck: listener closed; waiting for connections to finish"
-    );
-    tokens.idle_close.cancel();
-    tracker.close();
-    tokio::select! {
-        () = tracker.wait() => {}
-        () = drain.reached(Phase::Closing) => {
-            // Nothing is in flight any more: connections still waiting for a first request
-            // head (slowloris, or a client that connected and went quiet) hold nothing.
-            tokens.closing.cancel();
-            tracker.wait().await;
-        }
-    }
-}
-
-/// The process's soft limit on open file descriptors, when it can be read and is not unlimited.
-fn descriptor_limit() -> Option<usize> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    soft_nofile(&limits)
-}
-
-/// The soft value of the `Max open files` line of a `/proc/<pid>/limits` text.
-fn soft_nofile(limits: &str) -> Option<usize> {
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    line["Max open files".len()..]
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// The default connection bound for a descriptor limit: the limit less a reserve of a quarter
-/// of it, at least 128, at most half of it.
-fn bound_for_limit(limit: usize) -> usize {
-    let reserve = (limit / 4).max(128).min(limit / 2);
-    (limit - reserve).max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_soft_descriptor_limit_is_read() {
-        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
-                      Max processes             63448                63448                processes \n\
-                      Max open files            1024                 1048576              files     \n";
-        assert_eq!(soft_nofile(limits), Some(1024));
-        let unlimited =
-            "Max open files            unlimited            unlimited            files\n";
-        assert_eq!(soft_nofile(unlimited), None);
-        assert_eq!(soft_nofile(""), None);
-    }
-
-    #[test]
-    fn the_default_bound_keeps_a_reserve() {
-        assert_eq!(bound_for_limit(1024), 768);
-        assert_eq!(bound_for_limit(1 << 20), 786_432);
-        assert_eq!(bound_for_limit(256), 128);
-        assert_eq!(bound_for_limit(100), 50);
-        assert_eq!(bound_for_limit(1), 1);
     }
 }

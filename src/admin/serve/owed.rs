@@ -1,0 +1,123 @@
+//! The admin server's per-request accounting: a request owes an answer ([`Busy`]) from the
+//! handler's call until its response body is handed to hyper ([`Held`]), except while the
+//! handler waits for the request body ([`Reading`]).
+
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use http_body::{Frame, SizeHint};
+use hyper::body::{Bytes, Incoming};
+
+use super::{Slot, OWED, READING};
+
+/// Counts one admin request as in progress on its connection until dropped.
+pub(super) struct Busy(Arc<Slot>);
+
+impl Busy {
+    pub(super) fn new(slot: Arc<Slot>) -> Self {
+        // Release: the cap's eviction check must not miss a request that started.
+        slot.owed.fetch_add(OWED, Ordering::Release);
+        slot.started.fetch_add(1, Ordering::Release);
+        Self(slot)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.owed.fetch_sub(OWED, Ordering::Release);
+    }
+}
+
+/// A request body that, while a handler waits for it, takes its request out of the busy
+/// count: a client that sent a head and withholds its body is owed nothing yet, so it can be
+/// evicted at the cap and closed at exit.
+pub(super) struct Reading {
+    inner: Incoming,
+    slot: Arc<Slot>,
+    waiting: bool,
+}
+
+impl Reading {
+    pub(super) fn new(inner: Incoming, slot: Arc<Slot>) -> Self {
+        Self {
+            inner,
+            slot,
+            waiting: false,
+        }
+    }
+
+    fn set_waiting(&mut self, waiting: bool) {
+        if self.waiting != waiting {
+            self.waiting = waiting;
+            // Release: pairs with the eviction check's Acquire.
+            if waiting {
+                self.slot.owed.fetch_add(READING, Ordering::Release);
+            } else {
+                self.slot.owed.fetch_sub(READING, Ordering::Release);
+            }
+        }
+    }
+}
+
+impl http_body::Body for Reading {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        let waiting = match &r {
+            Poll::Pending => true,
+            Poll::Ready(Some(Ok(_))) => !this.inner.is_end_stream(),
+            Poll::Ready(_) => false,
+        };
+        this.set_waiting(waiting);
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.set_waiting(false);
+    }
+}
+
+/// A response body that keeps `_hold` alive until the body is done or dropped.
+pub(crate) struct Held<T> {
+    pub(crate) inner: Body,
+    pub(crate) _hold: T,
+}
+
+impl<T: Unpin> http_body::Body for Held<T> {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
