@@ -346,7 +346,7 @@ impl Drain {
         let driver = &self.inner.driver;
         driver.note_owned_by_run();
         self.install_signals();
-        self.mark_started();
+        self.mark_serving();
         let mut report = self.drained().await;
         if !self.inner.signals.is_none() {
             driver

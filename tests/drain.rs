@@ -21,7 +21,7 @@ async fn phases_move_forward_in_order() {
         .unwrap();
     let mut rx = drain.subscribe();
     assert_eq!(drain.phase(), Phase::Starting);
-    drain.mark_started();
+    drain.mark_serving();
     assert_eq!(drain.phase(), Phase::Serving);
 
     let seen = tokio::spawn(async move {
@@ -87,7 +87,7 @@ async fn readiness_is_false_until_every_gate_opens() {
     let drain = quiet_builder().build().unwrap();
     let warm = drain.startup_gate("cache-warmup");
     let migrations = drain.startup_gate("migrations");
-    drain.mark_started();
+    drain.mark_serving();
     assert_eq!(drain.phase(), Phase::Starting);
     let r = drain.readiness();
     assert!(!r.ready);
@@ -106,7 +106,7 @@ async fn a_dropped_gate_keeps_readiness_false() {
     let drain = quiet_builder().build().unwrap();
     let gate = drain.startup_gate("warmup");
     drop(gate);
-    drain.mark_started();
+    drain.mark_serving();
     assert!(!drain.is_ready());
     assert_eq!(drain.phase(), Phase::Starting);
     assert!(drain
@@ -119,7 +119,7 @@ async fn a_dropped_gate_keeps_readiness_false() {
 #[tokio::test(start_paused = true)]
 async fn readiness_checks_are_listed_and_can_fail() {
     let drain = quiet_builder().build().unwrap();
-    drain.mark_started();
+    drain.mark_serving();
     let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let h = healthy.clone();
     drain.readiness_check("local-disk", move || {
@@ -140,7 +140,7 @@ async fn readiness_checks_are_listed_and_can_fail() {
 #[tokio::test(start_paused = true)]
 async fn exactly_one_of_many_concurrent_starts_wins() {
     let drain = quiet_builder().build().unwrap();
-    drain.mark_started();
+    drain.mark_serving();
     let mut handles = Vec::new();
     for i in 0..100 {
         let d = drain.clone();
@@ -666,7 +666,7 @@ async fn readiness_through_a_drain(
         .propagation(Propagation::fixed(Duration::from_secs(1)))
         .build()
         .unwrap();
-    drain.mark_started();
+    drain.mark_serving();
     let mut seen = vec![(drain.phase(), drain.is_ready())];
     let guard = drain.enter();
     drain.start(Trigger::Sigterm);
@@ -729,7 +729,7 @@ async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
         .propagation(Propagation::fixed(ms(100)))
         .build()
         .unwrap();
-    drain.mark_started();
+    drain.mark_serving();
     let triggers = [
         Trigger::Api,
         Trigger::PreStop,
@@ -802,7 +802,7 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
         .propagation(Propagation::fixed(Duration::from_secs(40)))
         .build()
         .unwrap();
-    drain.mark_started();
+    drain.mark_serving();
     let (listener, addr) = common::bind().await;
     let router = drain.admin().without_token().router();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
@@ -866,7 +866,7 @@ async fn a_drain_before_the_process_ever_served_stops_accepting_at_once() {
         .build()
         .unwrap();
     let _warm_up = drain.startup_gate("warm-up");
-    drain.mark_started();
+    drain.mark_serving();
     assert_eq!(drain.phase(), Phase::Starting);
     let t0 = Instant::now();
     assert!(drain.start(Trigger::Sigterm));
@@ -901,7 +901,7 @@ async fn status_shows_both_readiness_answers_under_auto() {
         .propagation(Propagation::fixed(ms(500)))
         .build()
         .unwrap();
-    drain.mark_started();
+    drain.mark_serving();
     let s = drain.status();
     assert!(s.ready && s.ready_for_kubelet);
     assert!(drain.start(Trigger::Api));

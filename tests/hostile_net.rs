@@ -333,7 +333,7 @@ async fn admin_server(drain: &lameduck::Drain, cap: usize) -> std::net::SocketAd
 #[tokio::test]
 async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
     let drain = drain(secs(30), Propagation::fixed(ms(1500)));
-    drain.mark_started();
+    drain.mark_serving();
     let addr = admin_server(&drain, 8).await;
 
     // A preStop caller waiting for the drain: busy, never evicted.

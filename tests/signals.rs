@@ -109,7 +109,7 @@ fn child_main(scenario: &str) -> ! {
             other => panic!("unknown scenario {other}"),
         }
         drain.install_signals();
-        drain.mark_started();
+        drain.mark_serving();
         // Tells the parent the drain started, a synchronisation point for its next signal.
         let started = drain.clone();
         tokio::spawn(async move {

@@ -152,7 +152,7 @@ pub(crate) fn drain() -> Drain {
         .termination_log(None)
         .build()
         .expect("valid drain settings");
-    drain.mark_started();
+    drain.mark_serving();
     drain
 }
 

@@ -153,7 +153,7 @@ mod tests {
                 .propagation(Propagation::fixed(Duration::from_secs(2)))
                 .build()
                 .unwrap();
-            drain.mark_started();
+            drain.mark_serving();
             let core = drain.core();
             drain.start(Trigger::Sigterm);
 

@@ -57,7 +57,7 @@ impl Drain {
     /// use lameduck::Phase;
     ///
     /// let cache = drain.startup_gate("cache");
-    /// drain.mark_started(); // what `run` and `serve` do; no effect while a gate is closed
+    /// drain.mark_serving(); // what `run` and `serve` do; no effect while a gate is closed
     /// assert_eq!(drain.phase(), Phase::Starting);
     /// assert!(!drain.is_ready());
     ///
@@ -101,7 +101,7 @@ impl Drain {
     /// drain.readiness_check("scratch-disk", move || {
     ///     if flag.load(Ordering::Relaxed) { Ok(()) } else { Err("disk full") }
     /// });
-    /// drain.mark_started();
+    /// drain.mark_serving();
     /// assert!(drain.is_ready());
     /// disk_ok.store(false, Ordering::Relaxed);
     /// assert_eq!(drain.readiness().reason, "check scratch-disk failed: disk full");
@@ -120,7 +120,7 @@ impl Drain {
 
     /// Marks startup complete if no gate is closed (Starting → Serving). Called by
     /// [`run`](Self::run), by `serve`, and when the last gate opens.
-    pub fn mark_started(&self) {
+    pub fn mark_serving(&self) {
         self.maybe_serving();
     }
 

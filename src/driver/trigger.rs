@@ -44,7 +44,7 @@ impl Driver {
                 st.timeline.push(e);
             }
             st.evidence = Some(self.policy.evidence_at(self.core, now));
-            // Without a gate, Starting may only mean nobody called `mark_started` (an accept
+            // Without a gate, Starting may only mean nobody called `mark_serving` (an accept
             // loop of the application's own): then the proxies' view is unknown, so wait.
             st.never_served = was_starting && st.gated;
             st.signals_installed

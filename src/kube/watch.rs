@@ -170,7 +170,7 @@ impl EndpointWatch {
 
     /// Starts watching, on a task of the current runtime that ends when the drain is done.
     ///
-    /// Called while the drain is still starting (before [`Drain::mark_started`] or the last
+    /// Called while the drain is still starting (before [`Drain::mark_serving`] or the last
     /// startup gate opens), it adds a startup gate of its own, `endpoint-watch`: `/readyz`
     /// says not ready until the watch has read the Pod and the slices once, so the slices
     /// cannot list this Pod ready before the watch sees them do it and the proxy allowance is

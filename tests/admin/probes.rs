@@ -134,7 +134,7 @@ async fn readyz_stays_ready_until_stop_under_serving_until_stop() {
         .readiness_while_draining(ReadinessWhileDraining::ServingUntilStop)
         .build()
         .unwrap();
-    drain.mark_started();
+    drain.mark_serving();
     let addr = serve_open(&drain).await;
     let guard = drain.enter();
     drain.start(Trigger::Api);

@@ -47,7 +47,7 @@ pub(super) struct Stats {
 }
 
 impl Stats {
-    pub(super) fn mark_started(&self, origin: Instant) {
+    pub(super) fn mark_serving(&self, origin: Instant) {
         *self.started.lock().expect("stats lock") = Some(origin);
     }
 

@@ -301,7 +301,7 @@ impl Probe {
         let started_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        handle.stats().mark_started(origin);
+        handle.stats().mark_serving(origin);
         let shared = Arc::new(Shared {
             run_tag: run_tag(started_unix_ms),
             config,
