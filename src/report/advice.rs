@@ -1,5 +1,6 @@
 //! The report's advice: each line, how much it matters, and the rule it comes from. The
-//! rules themselves are in `advice.rs`; this is only what the report holds.
+//! rules themselves are in `advice.rs` (the table) and `advice/`; this is only what the report
+//! holds.
 
 use serde::{Deserialize, Serialize};
 
