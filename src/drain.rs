@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::Budget;
+use crate::driver::ExitHolds;
 use crate::driver::{Driver, Status};
-use crate::exit::ExitHolds;
 use crate::guard::{Core, InFlightGuard};
 use crate::phase::{unix_ms_now, Event, Phase, Trigger};
 use crate::readiness::{Caller, ReadinessState, ReadinessWhileDraining};

@@ -7,9 +7,13 @@
 //!   counter's draining flag, and spawns the one driver task. Later triggers only raise the
 //!   count of one `signal_received` event per trigger kind, so the timeline stays bounded
 //!   whatever the number of triggers; once the Done event is in, the timeline is final.
-//! * Every lifecycle event and every phase change goes through one funnel
-//!   ([`Driver::push`], [`Driver::set_phase`]): one log line per event, and the metrics
-//!   (feature `metrics`) are sampled at each of them.
+//! * Every event is appended through one funnel, `Timeline::push` (`timeline.rs`), which
+//!   drops it once the timeline is final. Events after the start go through [`Driver::push`]
+//!   (one log line each, and the metrics, feature `metrics`, sampled), phase changes through
+//!   [`Driver::set_phase`]. Three appends log on their own or not at all: the start's events,
+//!   pushed under the same lock that fixes the origin (a concurrent trigger must see both);
+//!   the Kubernetes events seen before the trigger, added at 0 ms; and the watchdog's Done,
+//!   which must not log to the stderr that may be stalled.
 //! * The final report is written by exactly one of the driver and the watchdog thread: each
 //!   claims the `emission` flag with a compare-exchange before writing. Under `run` the
 //!   watchdog stays armed until the report's last write (after Done) is over, so no sink can
@@ -47,7 +51,10 @@ mod endpoints;
 mod exit;
 mod status;
 mod steps;
+mod timeline;
 mod trigger;
+
+pub(crate) use exit::ExitHolds;
 
 pub use status::{Status, STATUS_TIMELINE_LIMIT};
 
@@ -73,16 +80,13 @@ struct Origin {
 struct Lifecycle {
     origin: Option<Origin>,
     trigger: Option<Trigger>,
-    timeline: Vec<Event>,
+    /// Every event of the drain, appended only through its `push`.
+    timeline: timeline::Timeline,
     /// A signal arrived (any kind): after a `preStop` drain, `run` may return.
     stop_seen: bool,
     signals_installed: bool,
     /// `run` owns the process: the stderr line is written once, at exit, with the exit event.
     owned_by_run: bool,
-    /// The timeline is final (the Done event is in); later signals go to `late_signals`.
-    frozen: bool,
-    /// Signals received after Done, one event per trigger kind, added to the report at exit.
-    late_signals: Vec<Event>,
     /// Receipt of the signal that started the drain, and when the driver first ran (unix ms).
     receipt: Option<u64>,
     noticed: Option<u64>,
@@ -279,9 +283,7 @@ impl Driver {
         {
             let mut st = self.lock();
             // Nothing is appended once the timeline is final (the report is built from it).
-            if !st.frozen {
-                st.timeline.push(e);
-            }
+            st.timeline.push(e);
         }
         self.observe();
     }
@@ -364,7 +366,7 @@ impl Driver {
     }
 
     pub(crate) fn timeline(&self) -> Vec<Event> {
-        self.lock().timeline.clone()
+        self.lock().timeline.events().to_vec()
     }
 
     pub(crate) fn report(&self) -> Option<DrainReport> {

@@ -104,7 +104,6 @@ mod drain;
 mod driver;
 mod error;
 mod evidence;
-mod exit;
 mod guard;
 // Public under `server`: a module named `http` would make `use lameduck::*;` shadow the `http`
 // crate (E0659). The file keeps its name and the crate its `crate::http::…` paths.

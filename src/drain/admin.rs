@@ -1,7 +1,7 @@
 //! What the admin endpoint needs of the handle (feature `admin`).
 
 use super::Drain;
-use crate::exit::ExitHolds;
+use crate::driver::ExitHolds;
 use crate::phase::Phase;
 
 impl Drain {

@@ -8,9 +8,9 @@ use tokio::time::Instant;
 
 use super::{Drain, Inner};
 use crate::budget::{Budget, DurationDisplay, GRACE_PERIOD_ENV};
+use crate::driver::ExitHolds;
 use crate::driver::{Driver, Settings};
 use crate::error::ConfigError;
-use crate::exit::ExitHolds;
 use crate::guard::Core;
 use crate::phase::{unix_ms_now, Trigger};
 use crate::propagation::Propagation;

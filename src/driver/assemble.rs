@@ -69,7 +69,7 @@ impl Driver {
             propagation.evidence = st.committed.clone();
             (
                 st.trigger,
-                st.timeline.clone(),
+                st.timeline.events().to_vec(),
                 st.receipt,
                 st.noticed,
                 st.server.clone(),

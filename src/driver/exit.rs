@@ -1,5 +1,7 @@
 //! The end of the process: the wait for the stop signal after a `preStop` drain, the last
 //! write of the report, and the watchdog that exits when the runtime is starved.
+//!
+//! What the exit waits for, the answers owed to admin callers, is in `holds`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,6 +16,10 @@ use crate::report::{
     STDERR_WAIT,
 };
 use crate::signal::StopSignal;
+
+mod holds;
+
+pub(crate) use holds::ExitHolds;
 
 impl Driver {
     /// After a drain a `preStop` call started and that ended before the stop signal came:
@@ -88,7 +94,7 @@ impl Driver {
     pub(crate) async fn finish(&self, mut report: DrainReport) -> DrainReport {
         let (late, origin) = {
             let st = self.lock();
-            (st.late_signals.clone(), st.origin)
+            (st.timeline.late().to_vec(), st.origin)
         };
         report.timeline.extend(late);
         let at = origin.map_or(Duration::ZERO, |o| o.at.elapsed());
@@ -160,7 +166,7 @@ impl Driver {
             let mut e = Event::new(EventKind::Done, used, unix_ms);
             e.detail = Some("forced: runtime starved".to_owned());
             st.timeline.push(e);
-            st.frozen = true;
+            st.timeline.freeze();
         }
         self.forced.store(true, Ordering::Release);
         let mut report = self.build_report(origin.at, Outcome::Forced, stragglers, Vec::new());

@@ -64,9 +64,9 @@ impl Driver {
     pub(crate) fn status(&self, phase: Phase, ready: bool, ready_for_kubelet: bool) -> Status {
         let (trigger, timeline, timeline_omitted, origin) = {
             let st = self.lock();
-            let all = &st.timeline;
+            let all = st.timeline.events();
             let (timeline, omitted) = if all.len() <= STATUS_TIMELINE_LIMIT {
-                (all.clone(), 0)
+                (all.to_vec(), 0)
             } else {
                 // The start and the end say the most: keep both halves, count the middle.
                 let half = STATUS_TIMELINE_LIMIT / 2;

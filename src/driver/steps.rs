@@ -180,7 +180,7 @@ impl Driver {
         self.push_detail(EventKind::Done, outcome.as_str());
         let owned_by_run = {
             let mut st = self.lock();
-            st.frozen = true;
+            st.timeline.freeze();
             st.owned_by_run
         };
         let mut report = self.build_report(origin, outcome, stragglers, closers);

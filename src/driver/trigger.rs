@@ -138,11 +138,7 @@ impl Driver {
 /// Records a trigger after the first: collapsed into the first event of its kind (a count),
 /// or a new `signal_received` event; into the late signals once the timeline is final.
 fn record_repeat(st: &mut Lifecycle, origin: Origin, trigger: Trigger, now: Instant, unix_ms: u64) {
-    let timeline = if st.frozen {
-        &mut st.late_signals
-    } else {
-        &mut st.timeline
-    };
+    let timeline = st.timeline.signals_mut();
     if let Some(e) = timeline
         .iter_mut()
         .find(|e| e.event == EventKind::SignalReceived && e.trigger == Some(trigger))
