@@ -125,7 +125,7 @@ pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> AxumServe 
             drain.mark_serving();
             // From now on every accepted connection counts in the arrival rate, as under
             // `lameduck::serve`: an idle server has a rate of zero, not no data.
-            drain.core().observe_arrivals();
+            drain.core().observed().observe_arrivals();
             tokio::select! {
                 result = server => {
                     // axum 0.8 retries accept errors itself and has no other error to return;
@@ -215,7 +215,7 @@ impl Service<Request> for ConnService {
 
     fn call(&mut self, mut req: Request) -> Self::Future {
         // The propagation evidence counts requests too (see `lameduck::serve`'s connection).
-        self.core.note_request_arrival();
+        self.core.observed().note_request_arrival();
         let extensions = req.extensions_mut();
         extensions.insert(ConnectInfo(self.meta.for_request()));
         // The bridge for existing `ConnectInfo<SocketAddr>` extractors.

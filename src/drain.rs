@@ -116,10 +116,10 @@ impl Drain {
     #[cfg(feature = "http")]
     pub(crate) fn note_connection(&self, peer: Option<std::net::SocketAddr>) -> bool {
         let core = self.core();
-        core.note_arrival();
+        core.observed().note_arrival();
         let draining = core.counter.is_draining();
         if draining {
-            core.note_connection(peer);
+            core.observed().note_connection(peer);
         } else {
             // The startup measurement of the proxies' delay (feature `kube`); one relaxed
             // load once it is over.
@@ -193,7 +193,7 @@ impl Drain {
     pub fn enter(&self) -> InFlightGuard {
         let (guard, draining) = self.inner.driver.plain.enter();
         if draining {
-            self.core().record_activity();
+            self.core().observed().record_activity();
         }
         guard
     }

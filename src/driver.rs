@@ -225,15 +225,14 @@ impl Driver {
     /// What the metrics are set from now.
     #[cfg(feature = "metrics")]
     pub(crate) fn sample(&self) -> crate::metrics::Sample {
-        let af = &self.core.after_flip;
+        let af = self.core.observed().after_flip();
         crate::metrics::Sample {
             phase: self.phase(),
             in_flight: self.core.counter.count(),
             connections: self.connections(),
             tasks: self.tasks.len(),
-            // Relaxed: plain statistics for a gauge.
-            requests_on_new: af.requests_on_new.load(Ordering::Relaxed),
-            requests_on_reused: af.requests_on_reused.load(Ordering::Relaxed),
+            requests_on_new: af.requests_on_new,
+            requests_on_reused: af.requests_on_reused,
         }
     }
 
@@ -251,7 +250,7 @@ impl Driver {
     }
 
     pub(crate) fn connections(&self) -> usize {
-        self.core.connections.load(Ordering::Relaxed)
+        self.core.observed().connections()
     }
 
     /// An event of `kind`, now, timed from the origin.
@@ -313,7 +312,7 @@ impl Driver {
             }
         });
         if moved {
-            self.core.mark_serving();
+            self.core.observed().mark_serving();
             tracing::info!("lameduck: serving");
             self.observe();
         }

@@ -98,7 +98,6 @@
 //!   a slot of it. Slots after the trigger older than a ring-turn read as empty, which only
 //!   lengthens the silence asked for.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -113,13 +112,12 @@ pub use fit::SilenceRule;
 use fit::Slots;
 pub use report::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
 
-/// The length of one slot of the arrival ring.
-pub(crate) const SLOT: Duration = Duration::from_millis(250);
+use crate::observed::RING;
+pub(crate) use crate::observed::{slot_of, Arrivals, SLOT};
+
 /// How far back before the trigger the process is observed.
 pub(crate) const WINDOW: Duration = Duration::from_secs(30);
 const WINDOW_SLOTS: u64 = (WINDOW.as_millis() / SLOT.as_millis()) as u64;
-/// Ring entries: more than the window, so the trigger's slot never overwrites one of it.
-const RING: usize = 128;
 /// Fewer observed slots than this (5 s) is not enough to tell a rate from a burst.
 pub(crate) const MIN_SLOTS: u64 = 20;
 /// The default accepted chance that a connection would still have arrived had routing not
@@ -129,107 +127,6 @@ pub(crate) const DEFAULT_EPSILON: f64 = 1e-3;
 const _: () = assert!(RING as u64 > WINDOW_SLOTS);
 const _: () = assert!(WINDOW_SLOTS <= 128, "the window is copied into a u128");
 const _: () = assert!(fit::MAX_SEQ as u64 > WINDOW_SLOTS + RING as u64);
-
-/// Which slots saw activity: a new connection, or a request.
-///
-/// Each ring entry holds `(slot + 1) << 1 | connection` for the latest slot that wrote it, so
-/// `fetch_max` keeps the newest slot, and within one slot a connection over a request.
-#[derive(Debug)]
-pub(crate) struct Arrivals {
-    ring: [AtomicU64; RING],
-    /// Nanoseconds since `Core::base` + 1 of when connections started to be counted; 0 = no
-    /// source of connection data (neither `serve` nor `ConnMeta` through `axum::serve`).
-    observing_since: AtomicU64,
-    /// At least one request was counted (not only connections).
-    requests_seen: AtomicBool,
-}
-
-impl Arrivals {
-    pub(crate) fn new() -> Self {
-        Self {
-            ring: std::array::from_fn(|_| AtomicU64::new(0)),
-            observing_since: AtomicU64::new(0),
-            requests_seen: AtomicBool::new(false),
-        }
-    }
-
-    /// Counts one new connection in slot `slot`. One relaxed atomic operation: the value is
-    /// read by the driver, which tolerates a slot seen a moment late.
-    #[inline]
-    pub(crate) fn record(&self, slot: u64) {
-        self.ring[(slot % RING as u64) as usize]
-            .fetch_max(((slot + 1) << 1) | 1, Ordering::Relaxed);
-    }
-
-    /// Counts one request in `slot`. While the slot's entry already says so (every request
-    /// after the first of each slot), one relaxed load of the entry, no write.
-    #[cfg(feature = "http")] // only `serve`'s and `axum_serve`'s per-connection services count requests
-    #[inline]
-    pub(crate) fn note_request(&self, slot: u64) {
-        let entry = &self.ring[(slot % RING as u64) as usize];
-        let v = (slot + 1) << 1;
-        // Relaxed: read by the driver, which tolerates a slot seen a moment late.
-        if entry.load(Ordering::Relaxed) < v {
-            self.note_request_slow(entry, v);
-        }
-    }
-
-    /// The first request of a slot.
-    #[cfg(feature = "http")]
-    #[cold]
-    #[inline(never)]
-    fn note_request_slow(&self, entry: &AtomicU64, v: u64) {
-        entry.fetch_max(v, Ordering::Relaxed);
-        if !self.requests_seen.load(Ordering::Relaxed) {
-            self.requests_seen.store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// Connection data is available from `stamp` on (the first caller wins).
-    pub(crate) fn observe_from(&self, stamp: u64) {
-        // A plain load first: after the first connection this is never written again.
-        if self.observing_since.load(Ordering::Relaxed) == 0 {
-            let _ = self.observing_since.compare_exchange(
-                0,
-                stamp,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-        }
-    }
-
-    fn observing_since(&self) -> u64 {
-        self.observing_since.load(Ordering::Relaxed)
-    }
-
-    /// Whether `slot` saw activity, and whether a new connection: `(active, connection)`. An
-    /// entry from another ring-turn reads as empty.
-    fn activity(&self, slot: u64) -> (bool, bool) {
-        let v = self.ring[(slot % RING as u64) as usize].load(Ordering::Relaxed);
-        if v >> 1 == slot + 1 {
-            (true, v & 1 == 1)
-        } else {
-            (false, false)
-        }
-    }
-
-    fn requests_seen(&self) -> bool {
-        self.requests_seen.load(Ordering::Relaxed)
-    }
-}
-
-/// The slot of `t`, counted from `base`. No 128-bit division: it runs on every request.
-#[inline]
-pub(crate) fn slot_of(base: Instant, t: Instant) -> u64 {
-    const PER_SEC: u64 = 1_000_000_000 / SLOT.as_nanos() as u64;
-    let d = t.saturating_duration_since(base);
-    d.as_secs() * PER_SEC + u64::from(d.subsec_nanos() / SLOT.as_nanos() as u32)
-}
-
-const _: () = assert!(
-    1_000_000_000 % SLOT.as_nanos() == 0,
-    "a slot divides a second"
-);
 
 /// The window before the trigger, copied at the trigger (the ring turns over during a long
 /// drain).

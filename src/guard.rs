@@ -21,20 +21,16 @@
 //!   `Notify::notify_waiters`; waiters enable their `Notified` before checking the count, so a
 //!   wake-up between the check and the sleep is never lost (see `counter.rs` for the model).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::net::IpAddr;
+use std::sync::atomic::AtomicU32;
 #[cfg(feature = "http")]
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use crate::counter::Counter;
-use crate::evidence::Arrivals;
+use crate::observed::Observed;
 use crate::sync::MutexExt;
 
 mod registry;
@@ -43,42 +39,14 @@ use registry::Registry;
 #[cfg(feature = "http")]
 pub(crate) use registry::RequestInfo;
 
-/// Counters of what arrived after the drain started (the readiness flip under the default
-/// policy): the observed propagation.
-#[derive(Debug, Default)]
-pub(crate) struct AfterFlip {
-    pub(crate) new_connections: AtomicU64,
-    pub(crate) requests_on_new: AtomicU64,
-    pub(crate) requests_on_reused: AtomicU64,
-    /// Nanoseconds since `Core::base` + 1 of the last new connection; 0 = none.
-    pub(crate) last_new_connection: AtomicU64,
-    pub(crate) peers: Mutex<HashMap<IpAddr, u64>>,
-    /// Requests by traffic-path label (`x-traffic-path`), the most frequent kept.
-    pub(crate) paths: Mutex<crate::path_counts::PathCounts>,
-}
-
 /// The hot-path block, leaked once per coordinator (`size_of::<Core>()` is checked below).
 #[derive(Debug)]
 pub(crate) struct Core {
     pub(crate) counter: Counter,
     zero: Notify,
-    pub(crate) base: Instant,
-    /// Nanoseconds since `base` + 1 of the last new request or connection while draining;
-    /// 0 = none yet.
-    last_activity: AtomicU64,
-    /// Nanoseconds since `base` + 1 of the drain start; 0 = not draining. Lets the HTTP layer
-    /// tell, without a lock, whether a connection was accepted before or after the drain.
-    #[cfg(feature = "http")]
-    drain_started: AtomicU64,
-    pub(crate) connections: AtomicUsize,
-    pub(crate) after_flip: AfterFlip,
-    /// Which recent slots saw a new connection, while Serving too: the propagation evidence.
-    pub(crate) arrivals: Arrivals,
-    /// Nanoseconds since `base` + 1 of the move to Serving; 0 = not yet.
-    serving_since: AtomicU64,
+    /// What the drain observes beside the count (`observed.rs`).
+    observed: Observed,
     requests: Mutex<Registry>,
-    /// Connections whose response bytes wait for a slow peer (`lameduck::serve`).
-    pub(crate) stalls: crate::stall::Stalls,
     /// The site of guards taken outside the HTTP layer; set by [`Core::leak`].
     plain: OnceLock<&'static Site>,
     /// The option sets of this coordinator's drain layers, found by a guard's tag; read only
@@ -143,16 +111,8 @@ impl Core {
         let core: &'static Core = Box::leak(Box::new(Core {
             counter: Counter::new(),
             zero: Notify::new(),
-            base: Instant::now(),
-            last_activity: AtomicU64::new(0),
-            #[cfg(feature = "http")]
-            drain_started: AtomicU64::new(0),
-            connections: AtomicUsize::new(0),
-            after_flip: AfterFlip::default(),
-            arrivals: Arrivals::new(),
-            serving_since: AtomicU64::new(0),
+            observed: Observed::new(),
             requests: Mutex::new(Registry::default()),
-            stalls: crate::stall::Stalls::default(),
             plain: OnceLock::new(),
             #[cfg(feature = "http")]
             layer_options: Default::default(),
@@ -172,8 +132,7 @@ impl Core {
     /// must not be. Called when the drain reaches Done; a guard described before that and
     /// dropped after finds its slot gone, which is harmless.
     pub(crate) fn release_drain_state(&self) {
-        drop(std::mem::take(&mut *self.after_flip.peers.locked()));
-        drop(std::mem::take(&mut *self.after_flip.paths.locked()));
+        self.observed.release();
         let mut reg = self.requests.locked();
         // The sites stay (leaked, and maybe still held by a guard); their descriptions go.
         // An emptied entry is not put on the free list: its site may still have a holder.
@@ -183,58 +142,10 @@ impl Core {
         reg.free = Vec::new();
     }
 
-    /// Counts a new connection in the arrival ring (Serving or not): one relaxed atomic
-    /// operation, once per connection, never per request.
+    /// What the drain observes beside the count.
     #[inline]
-    #[cfg(feature = "http")]
-    pub(crate) fn note_arrival(&self) {
-        let slot = Instant::now()
-            .saturating_duration_since(self.base)
-            .as_nanos()
-            / crate::evidence::SLOT.as_nanos();
-        self.arrivals.record(slot as u64);
-    }
-
-    /// Counts a request in the arrival ring: the clock read, and one relaxed load of the
-    /// ring entry of the slot (a write only for the first request of a slot).
-    #[inline]
-    #[cfg(feature = "http")] // `serve`'s and `axum::serve`'s per-connection service only
-    pub(crate) fn note_request_arrival(&self) {
-        let slot = crate::evidence::slot_of(self.base, Instant::now());
-        self.arrivals.note_request(slot);
-    }
-
-    /// Connection data is counted from now on (the accept loop starts).
-    #[cfg(feature = "http")] // called by the accept loop
-    pub(crate) fn observe_arrivals(&self) {
-        self.arrivals.observe_from(self.stamp(Instant::now()));
-    }
-
-    /// The phase moved to Serving: slots before it say nothing about routing.
-    pub(crate) fn mark_serving(&self) {
-        let _ = self.serving_since.compare_exchange(
-            0,
-            self.stamp(Instant::now()),
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-    }
-
-    pub(crate) fn serving_since(&self) -> Option<Instant> {
-        self.unstamp(self.serving_since.load(Ordering::Relaxed))
-    }
-
-    /// The last new connection counted while draining.
-    pub(crate) fn last_new_connection(&self) -> Option<Instant> {
-        self.unstamp(self.after_flip.last_new_connection.load(Ordering::Relaxed))
-    }
-
-    fn stamp(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.base).as_nanos() as u64 + 1
-    }
-
-    pub(crate) fn unstamp(&self, v: u64) -> Option<Instant> {
-        (v != 0).then(|| self.base + Duration::from_nanos(v - 1))
+    pub(crate) fn observed(&self) -> &Observed {
+        &self.observed
     }
 
     /// Takes a guard that is not an arrival: no activity is recorded for the propagation
@@ -245,78 +156,13 @@ impl Core {
         self.plain().enter().0
     }
 
-    /// [`record_activity`](Self::record_activity) for a request that arrived while draining,
-    /// out of line (the HTTP layer's cold path).
-    #[cfg(feature = "http")] // the `http` feature's layer only
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn note_request_activity(&self) {
-        self.record_activity();
-    }
-
-    pub(crate) fn record_activity(&self) {
-        let now = self.stamp(Instant::now());
-        // Relaxed: a timestamp read by the propagation policy, which tolerates staleness of a
-        // few nanoseconds; fetch_max keeps it monotonic across threads.
-        self.last_activity.fetch_max(now, Ordering::Relaxed);
-    }
-
-    pub(crate) fn last_activity(&self) -> Option<Instant> {
-        self.unstamp(self.last_activity.load(Ordering::Relaxed))
-    }
-
-    /// When the drain started, once the stamp is visible (see `start_draining`).
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn drain_started(&self) -> Option<Instant> {
-        self.unstamp(self.drain_started.load(Ordering::Acquire))
-    }
-
-    /// A new connection accepted while draining.
-    #[cfg(feature = "http")] // called by the accept loop
-    pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) {
-        let now = self.stamp(Instant::now());
-        self.last_activity.fetch_max(now, Ordering::Relaxed);
-        let af = &self.after_flip;
-        af.new_connections.fetch_add(1, Ordering::Relaxed);
-        af.last_new_connection.fetch_max(now, Ordering::Relaxed);
-        if let Some(peer) = peer {
-            *af.peers.locked().entry(peer.ip()).or_insert(0) += 1;
-        }
-    }
-
-    /// A request that arrived while draining, on a new or a reused connection.
-    #[cfg(feature = "http")] // called by the HTTP layer
-    pub(crate) fn note_request(&self, on_new_connection: bool) {
-        let c = if on_new_connection {
-            &self.after_flip.requests_on_new
-        } else {
-            &self.after_flip.requests_on_reused
-        };
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A request that arrived while draining carried this traffic-path label. Only while
-    /// draining (the layer's cold path), so a short lock is fine.
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn note_path(&self, label: &[u8], on_new_connection: bool) {
-        self.after_flip
-            .paths
-            .locked()
-            .note(label, on_new_connection);
-    }
-
     pub(crate) fn wake_zero(&self) {
         self.zero.notify_waiters();
     }
 
     /// Sets the draining flag and wakes waiters if nothing is in flight.
     pub(crate) fn start_draining(&self) {
-        // Release, before the flag is set: a reader that Acquire-loads a non-zero stamp sees a
-        // consistent instant. Readers that learned about the drain from the flag alone may
-        // still see 0 for a moment and must treat that as "unknown".
-        #[cfg(feature = "http")]
-        self.drain_started
-            .store(self.stamp(Instant::now()), Ordering::Release);
+        self.observed.mark_drain_started();
         if self.counter.start_draining() {
             self.wake_zero();
         }

@@ -118,6 +118,7 @@ mod kube;
 mod link;
 mod loom;
 mod names;
+mod observed;
 mod path_counts;
 mod phase;
 mod propagation;

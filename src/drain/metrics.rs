@@ -159,10 +159,10 @@ mod tests {
 
             tokio::time::sleep(Duration::from_millis(700)).await;
             // A request on a connection from before the drain, then a new connection with two.
-            core.note_request(false);
+            core.observed().note_request(false);
             assert!(drain.note_connection(Some("10.0.0.7:40000".parse().unwrap())));
-            core.note_request(true);
-            core.note_request(true);
+            core.observed().note_request(true);
+            core.observed().note_request(true);
 
             // Mid-drain sample: the totals so far, without any per-request recording.
             drain.record_metrics();
@@ -217,7 +217,7 @@ mod tests {
                 .build()
                 .unwrap();
             drain.start(Trigger::Api);
-            drain.core().note_request(false);
+            drain.core().observed().note_request(false);
             drain.drained().await;
         });
         let r = Reading::take(&snap);

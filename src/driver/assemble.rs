@@ -28,7 +28,7 @@ impl Driver {
             out.push(s);
         }
         // Responses handed to the connection whose bytes still wait for the peer to read them.
-        let stalled = self.core.stalls.snapshot();
+        let stalled = self.core.observed().stalls().snapshot();
         for w in &stalled {
             let mut s = Straggler::new(StragglerKind::Response, w.describe(), age(w.since));
             s.peer = w.peer.map(|p| p.to_string());

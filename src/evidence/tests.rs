@@ -137,7 +137,7 @@ fn drain(p: Propagation) -> Drain {
         .termination_log(None)
         .build()
         .unwrap();
-    d.core().observe_arrivals();
+    d.core().observed().observe_arrivals();
     d.mark_serving();
     d
 }

@@ -12,8 +12,9 @@ fn the_leaked_block_is_small() {
 async fn done_frees_what_the_drain_accumulated() {
     let core = Core::leak();
     core.start_draining();
-    core.note_connection(Some("127.0.0.1:1".parse().unwrap()));
-    core.note_path(b"ingress", true);
+    core.observed()
+        .note_connection(Some("127.0.0.1:1".parse().unwrap()));
+    core.observed().note_path(b"ingress", true);
     let (mut guard, draining) = core.plain().enter();
     assert!(draining);
     guard.describe(RequestInfo {
@@ -24,14 +25,14 @@ async fn done_frees_what_the_drain_accumulated() {
     });
     assert_eq!(core.registered_requests().len(), 1);
     core.release_drain_state();
-    assert!(core.after_flip.peers.lock().unwrap().is_empty());
-    assert!(core.after_flip.paths.lock().unwrap().counts().is_empty());
+    assert!(core.observed().peers().is_empty());
+    assert!(core.observed().paths().is_empty());
     assert!(core.registered_requests().is_empty());
     // The described guard's slot is gone; dropping it only leaves the counter.
     drop(guard);
     assert_eq!(core.counter.count(), 0);
     assert_eq!(
-        core.after_flip.new_connections.load(Ordering::Relaxed),
+        core.observed().after_flip().new_connections,
         1,
         "the counters the report reads stay"
     );

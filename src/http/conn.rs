@@ -198,6 +198,7 @@ impl ConnMeta {
         match self.conn.accepted_while_draining {
             Some(known) => known,
             None => core
+                .observed()
                 .drain_started()
                 .is_some_and(|started| self.conn.accepted_at >= started),
         }
@@ -269,6 +270,6 @@ impl axum::extract::connect_info::Connected<SocketAddr> for ConnMeta {
 /// custom loop): counts it in `core`'s arrival rate, observed from the coordinator's build on
 /// (the server runs from then on, and slots before Serving are left out anyway).
 pub(crate) fn note_accepted(core: &Core) {
-    core.arrivals.observe_from(1);
-    core.note_arrival();
+    core.observed().observe_arrivals_from_build();
+    core.observed().note_arrival();
 }

@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use http::{Request, Response, Version};
@@ -46,14 +45,14 @@ pub(super) struct Counted(&'static Core);
 impl Counted {
     fn new(core: &'static Core) -> Self {
         // Relaxed: a gauge for status and reports; nothing synchronises through it.
-        core.connections.fetch_add(1, Ordering::Relaxed);
+        core.observed().connection_opened();
         Self(core)
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+        self.0.observed().connection_closed();
     }
 }
 
@@ -266,7 +265,7 @@ where
         // The propagation evidence: requests, not only new connections, say how often this
         // process is picked (a pooling proxy opens few connections). A clock read and one
         // relaxed load, and a write only for the first request of a 250 ms slot.
-        self.core.note_request_arrival();
+        self.core.observed().note_request_arrival();
         if index == 0 {
             let proto = if req.version() == Version::HTTP_2 {
                 PROTO_H2

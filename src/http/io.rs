@@ -54,7 +54,7 @@ impl Pending {
     /// closes it once every stream has sent everything, including data queued behind the
     /// peer's flow-control window, which the socket never sees. Only called while draining.
     pub(crate) fn after_goaway(core: &'static Core, conn: u64, peer: Option<SocketAddr>) -> Self {
-        let entry = core.stalls.register(conn, true, peer, 0);
+        let entry = core.observed().stalls().register(conn, true, peer, 0);
         Self {
             entry: Some(entry),
             guard: core.hold(),
@@ -67,7 +67,7 @@ impl Drop for Pending {
         // Unregister before the guard leaves (a field, dropped after this), so whoever sees
         // zero in flight sees no stalled write.
         if let Some(e) = &self.entry {
-            self.guard.core().stalls.unregister(e);
+            self.guard.core().observed().stalls().unregister(e);
         }
     }
 }
@@ -117,10 +117,12 @@ impl WatchedIo {
         // Registered lazily: a write that stalled while Serving is named at the next poll after
         // the drain started (the connection task polls the connection when the drain starts).
         if pending.entry.is_none() && core.counter.is_draining() {
-            pending.entry = Some(
-                core.stalls
-                    .register(self.conn, false, self.peer, self.written),
-            );
+            pending.entry = Some(core.observed().stalls().register(
+                self.conn,
+                false,
+                self.peer,
+                self.written,
+            ));
         }
     }
 

@@ -115,7 +115,7 @@ where
             // A call before the request is moved: without it, the compiler hoists the move of
             // the request into the cold call's argument above the branch, and the hot path
             // pays for a copy it does not use.
-            self.core().note_request_activity();
+            self.core().observed().note_request_activity();
             self.call_draining(req, guard.tag(), &mut entry)
         } else {
             self.inner.call(req)
@@ -161,7 +161,7 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     {
-        self.core().record_activity();
+        self.core().observed().record_activity();
         let line = N::capture(&req);
         let meta = self.note_arrival(&req);
         if self.refuses() {
@@ -192,12 +192,12 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
             // Under axum::serve nobody saw the accept: count the connection on its first
             // request after the drain. Under lameduck::serve the accept loop already did.
             if m.claim_record() {
-                core.note_connection(m.peer());
+                core.observed().note_connection(m.peer());
             }
         }
-        core.note_request(on_new);
+        core.observed().note_request(on_new);
         if let Some(label) = req.headers().get(TRAFFIC_PATH_HEADER) {
-            core.note_path(label.as_bytes(), on_new);
+            core.observed().note_path(label.as_bytes(), on_new);
         }
         meta
     }

@@ -78,19 +78,33 @@ impl Policy {
             } => (epsilon, max, fallback),
             Policy::Fixed(d) => (DEFAULT_EPSILON, d, None),
         };
-        let window = Window::at(&core.arrivals, core.base, now, core.serving_since());
+        let window = Window::at(
+            core.observed().arrivals(),
+            core.observed().base(),
+            now,
+            core.observed().serving_since(),
+        );
         let mut evidence = Evidence::new(window, epsilon, max, fallback);
-        evidence.refit(&core.arrivals, None, slot_of(core.base, now));
+        evidence.refit(
+            core.observed().arrivals(),
+            None,
+            slot_of(core.observed().base(), now),
+        );
         evidence
     }
 
     /// Refits `evidence` with what arrived since the trigger `origin`, as of now.
     pub(crate) fn refit(core: &Core, origin: Instant, evidence: &mut Evidence) {
         let last = core
+            .observed()
             .last_new_connection()
             .filter(|&t| t >= origin)
-            .map(|t| slot_of(core.base, t));
-        evidence.refit(&core.arrivals, last, slot_of(core.base, Instant::now()));
+            .map(|t| slot_of(core.observed().base(), t));
+        evidence.refit(
+            core.observed().arrivals(),
+            last,
+            slot_of(core.observed().base(), Instant::now()),
+        );
     }
 
     /// What the policy expects to commit on, while it waits, with the slices' `hold`.
@@ -205,8 +219,8 @@ impl Policy {
             let max_at = max_at();
             let seen = Seen {
                 now: Instant::now(),
-                last_connection: core.last_new_connection(),
-                last_activity: core.last_activity(),
+                last_connection: core.observed().last_new_connection(),
+                last_activity: core.observed().last_activity(),
             };
             match self.check(origin, max_at, evidence, seen, link.hold()) {
                 Check::Max => return (CommitReason::Max, EvidenceKind::Max),
@@ -236,6 +250,10 @@ impl Policy {
 
 /// Silence so far: since the later of the trigger and the last new connection.
 pub(crate) fn silence(core: &Core, origin: Instant) -> Duration {
-    let last = core.last_new_connection().unwrap_or(origin).max(origin);
+    let last = core
+        .observed()
+        .last_new_connection()
+        .unwrap_or(origin)
+        .max(origin);
     Instant::now().saturating_duration_since(last)
 }

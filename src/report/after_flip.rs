@@ -1,12 +1,9 @@
 //! What arrived after the drain started: the observed propagation, as counted by the core.
 
-use std::sync::atomic::Ordering;
-
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::guard::Core;
-use crate::sync::MutexExt;
 
 /// New connections from one peer address after the drain started.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,14 +44,13 @@ pub struct AfterFlipReport {
 impl AfterFlipReport {
     /// What `core` counted after the drain started at `origin`.
     pub(crate) fn from_core(core: &Core, origin: Instant) -> Self {
-        let af = &core.after_flip;
-        let mut peers: Vec<PeerCount> = af
-            .peers
-            .locked()
-            .iter()
+        let observed = core.observed();
+        let mut peers: Vec<PeerCount> = observed
+            .peers()
+            .into_iter()
             .map(|(ip, n)| PeerCount {
                 peer: ip.to_string(),
-                new_connections: *n,
+                new_connections: n,
             })
             .collect();
         peers.sort_by(|a, b| {
@@ -63,20 +59,17 @@ impl AfterFlipReport {
                 .then(a.peer.cmp(&b.peer))
         });
         peers.truncate(10);
-        // Relaxed: plain statistics, read once the drain's work is over.
-        let last_new = core
-            .unstamp(af.last_new_connection.load(Ordering::Relaxed))
-            .map(|t| t.saturating_duration_since(origin).as_millis() as u64);
+        let counts = observed.after_flip();
         AfterFlipReport {
-            new_connections: af.new_connections.load(Ordering::Relaxed),
-            requests_on_new_connections: af.requests_on_new.load(Ordering::Relaxed),
-            requests_on_reused_connections: af.requests_on_reused.load(Ordering::Relaxed),
-            last_new_connection_ms: last_new,
+            new_connections: counts.new_connections,
+            requests_on_new_connections: counts.requests_on_new,
+            requests_on_reused_connections: counts.requests_on_reused,
+            last_new_connection_ms: counts
+                .last_new_connection
+                .map(|t| t.saturating_duration_since(origin).as_millis() as u64),
             peers,
-            paths: af
-                .paths
-                .locked()
-                .counts()
+            paths: observed
+                .paths()
                 .into_iter()
                 .map(|(path, on_new, on_reused)| PathCount {
                     path,

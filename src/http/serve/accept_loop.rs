@@ -84,7 +84,7 @@ fn announce_start(drain: &Drain, header_read_timeout: Option<Duration>) {
     drain.note_server(crate::report::ServerReport {
         header_read_timeout_ms: header_read_timeout.map(|t| t.as_millis() as u64),
     });
-    drain.core().observe_arrivals();
+    drain.core().observed().observe_arrivals();
 }
 
 /// The hyper builder every connection is served with.
