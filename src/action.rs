@@ -7,8 +7,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tokio::task::JoinHandle;
 
 /// How a resource closer or a recovery action ended, as the report records it
-/// ([`CloserResult::result`](crate::CloserResult::result),
-/// [`Straggler::recovery`](crate::Straggler::recovery)).
+/// ([`CloserResult::result`](crate::report::CloserResult::result),
+/// [`Straggler::recovery`](crate::report::Straggler::recovery)).
 ///
 /// In JSON a string: `ok`, `error: <message>`, `panicked`, `aborted`, `timed_out` or
 /// `skipped`.

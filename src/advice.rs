@@ -23,7 +23,7 @@
 //! rule that would repeat another's conditions to exclude it belongs in the same function,
 //! as one `if … else if` (the propagation rules are one such chain).
 //!
-//! [`AdviceRule`]: crate::AdviceRule
+//! [`AdviceRule`]: crate::report::AdviceRule
 
 use crate::phase::{CommitReason, Event, EventKind};
 use crate::report::{Advice, AdviceLevel, AdviceRule, DrainReport};

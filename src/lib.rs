@@ -4,8 +4,9 @@
 //! readiness, keeps serving whatever still arrives while load balancers catch up, counts
 //! in-flight requests and background tasks, closes resources in order once the work that uses
 //! them is done, and exits inside the Pod's `terminationGracePeriodSeconds` — then explains the
-//! drain with a [`DrainReport`]. The service's life is a line of [phases](Phase), from
-//! `Starting` to `Done`; [`Phase`] draws it, with what moves it from one phase to the next.
+//! drain with a [`DrainReport`] (its parts are in [`report`]). The service's life is a line of
+//! [phases](Phase), from `Starting` to `Done`; [`Phase`] draws it, with what moves it from one
+//! phase to the next.
 //!
 //! # Quick start
 //!
@@ -123,7 +124,6 @@ mod path_counts;
 mod phase;
 mod propagation;
 mod readiness;
-mod report;
 mod signal;
 mod stall;
 mod sync;
@@ -147,6 +147,7 @@ pub mod guide;
 pub mod drain_metrics;
 #[cfg(feature = "metrics")]
 use self::drain_metrics as metrics;
+pub mod report;
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -159,9 +160,8 @@ pub use self::kube::{EndpointWatch, KubeError, DEFAULT_PROXY_ALLOWANCE};
 pub use self::server::{
     serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
 };
-pub use action::ActionResult;
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
-pub use closers::{BoxError, CloseOptions, CloserResult};
+pub use closers::{BoxError, CloseOptions};
 pub use drain::{Drain, DrainBuilder, StartupGate, PROXY_LABEL_ENV};
 pub use driver::{Status, STATUS_TIMELINE_LIMIT};
 pub use error::ConfigError;
@@ -173,24 +173,13 @@ pub mod __private {
     pub use crate::advice::advise;
     pub use crate::evidence::sim as evidence_sim;
 }
-pub use evidence::{EvidenceKind, EvidenceReport, MaxReason, SilenceRule, WeakEvidence};
 pub use guard::InFlightGuard;
-pub use link::{
-    AllowanceSource, DeletionBudget, EndpointSliceEvidence, PeerDelay, StartupMeasurement,
-};
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
-pub use readiness::{
-    ProbeClass, ProbeSource, ProbeSources, Readiness, ReadinessWhileDraining, KNATIVE_PROBE_HEADER,
-    PROBE_HEADER,
-};
-pub use report::{
-    Advice, AdviceLevel, AdviceRule, AfterFlipReport, BudgetReport, DrainReport, Outcome,
-    PathCount, PeerCount, PodInfo, PolicyKind, PolicyReport, ServerReport, SignalReceipt,
-    StopSignalWait, Straggler, StragglerKind, TERMINATION_LOG_LIMIT,
-};
+pub use readiness::{Readiness, ReadinessWhileDraining, KNATIVE_PROBE_HEADER, PROBE_HEADER};
+pub use report::DrainReport;
 pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
-pub use tasks::{TaskContext, TaskEnd, TaskResult};
+pub use tasks::TaskContext;
 
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]

@@ -369,7 +369,7 @@ impl Link {
 }
 
 /// The EndpointSlice evidence behind a propagation commit (feature `kube`): part of
-/// [`EvidenceReport`](crate::EvidenceReport).
+/// [`EvidenceReport`](crate::report::EvidenceReport).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointSliceEvidence {
     /// The endpoint condition waited for: `ready=false` (or, under
@@ -406,7 +406,7 @@ pub struct EndpointSliceEvidence {
 }
 
 /// The budget of this deletion, when the Pod's `deletionGracePeriodSeconds` left less than
-/// `grace_period` (feature `kube`): part of [`BudgetReport`](crate::BudgetReport). Margin,
+/// `grace_period` (feature `kube`): part of [`BudgetReport`](crate::report::BudgetReport). Margin,
 /// close budget and propagation `max` shrink in the same proportion as the grace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeletionBudget {

@@ -40,7 +40,7 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 /// that still routes here shows up as new connections) — fitted as a busy/empty chain, so that
 /// traffic that pauses for seconds is judged by its pauses, with a tail no lighter than a
 /// power law, and never shorter than the longest gap seen while routing was unchanged. The
-/// report's [`EvidenceReport::rule`](crate::EvidenceReport::rule) names the bound that set it;
+/// report's [`EvidenceReport::rule`](crate::report::EvidenceReport::rule) names the bound that set it;
 /// the Kubernetes guide has the model, what it cannot see, and the simulation that checks ε.
 /// Connections are counted by `lameduck::serve`, `lameduck::axum_serve`, or
 /// `ConnMeta::accepted` in an accept loop of one's own; requests by the first two. Plain
@@ -50,7 +50,7 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 /// connections), less than 5 s of slots, or a `T_conf` beyond `max` — the policy waits to
 /// `max`, or to the fallback set with [`quiet_suffices_after`](Self::quiet_suffices_after),
 /// and the report says so. `min` is the floor: never before it. The report's
-/// [`EvidenceReport`](crate::EvidenceReport) names the evidence that committed.
+/// [`EvidenceReport`](crate::report::EvidenceReport) names the evidence that committed.
 ///
 /// With the `kube` feature and an `EndpointWatch` started, the EndpointSlice is the
 /// authoritative step: no commit before every slice that lists the Pod shows it not ready,

@@ -1,16 +1,26 @@
-//! The drain report: one JSON document that explains a drain after the fact.
+//! The parts of the drain report: the types its fields hold.
+//!
+//! A [`DrainReport`] is one JSON document that explains a drain after the fact. The crate root
+//! keeps [`DrainReport`] (also here); this module holds what it is made of — the budget as
+//! spent, the outcome, the propagation policy and its evidence, the stragglers, tasks, closers
+//! and recovery actions, the probe callers, the traffic after the flip and the advice.
 //!
 //! Field names are an interface: tools parse them. They only grow (new optional fields); they
 //! are not renamed.
 
 use serde::{Deserialize, Serialize};
 
-use crate::action::ActionResult;
-use crate::closers::CloserResult;
-use crate::evidence::EvidenceReport;
 use crate::phase::{Event, EventKind, Trigger};
-use crate::readiness::{ProbeSources, ReadinessWhileDraining};
-use crate::tasks::TaskEnd;
+use crate::readiness::ReadinessWhileDraining;
+
+pub use crate::action::ActionResult;
+pub use crate::closers::CloserResult;
+pub use crate::evidence::{EvidenceKind, EvidenceReport, MaxReason, SilenceRule, WeakEvidence};
+pub use crate::link::{
+    AllowanceSource, DeletionBudget, EndpointSliceEvidence, PeerDelay, StartupMeasurement,
+};
+pub use crate::readiness::{ProbeClass, ProbeSource, ProbeSources};
+pub use crate::tasks::{TaskEnd, TaskResult};
 
 mod advice;
 mod after_flip;
@@ -82,7 +92,7 @@ pub struct BudgetReport {
     /// This deletion's budget, when the Pod's `deletionGracePeriodSeconds` left less than
     /// `grace_ms` (feature `kube`): the deadlines the drain kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deletion: Option<crate::DeletionBudget>,
+    pub deletion: Option<DeletionBudget>,
 }
 
 impl BudgetReport {

@@ -1,7 +1,8 @@
 //! The advice rules, fed with recorded (synthetic) drains.
 
 use lameduck::__private::advise;
-use lameduck::{AdviceLevel, CommitReason, DrainReport, Event, EventKind, Outcome, PeerCount};
+use lameduck::report::{AdviceLevel, Outcome, PeerCount};
+use lameduck::{CommitReason, DrainReport, Event, EventKind};
 
 fn ev(kind: EventKind, at_ms: u64) -> Event {
     let mut e: Event = serde_json::from_value(serde_json::json!({
@@ -219,7 +220,7 @@ fn panicked_tasks_and_skipped_or_failed_closers_are_named() {
 
 #[test]
 fn a_server_idle_timeout_below_common_proxy_idle_timeouts_is_a_warning() {
-    use lameduck::ServerReport;
+    use lameduck::report::ServerReport;
     let mut r = base();
     let with_timeout = |ms: u64| {
         let mut s = ServerReport::default();
@@ -247,7 +248,7 @@ fn a_server_idle_timeout_below_common_proxy_idle_timeouts_is_a_warning() {
 }
 
 /// Evidence that could not decide, so the wait ran to `max`.
-fn weak_at_max(weak: &str) -> lameduck::EvidenceReport {
+fn weak_at_max(weak: &str) -> lameduck::report::EvidenceReport {
     from_json(serde_json::json!({
         "kind": "max", "max_reason": "not_enough_evidence", "weak": weak,
         "slot_ms": 250, "slots_observed": 120, "empty_slots": 118,

@@ -10,9 +10,8 @@ use std::net::SocketAddr;
 use common::*;
 use http::StatusCode;
 use http_body_util::BodyExt;
-use lameduck::{
-    AfterFlipReport, ConnMeta, Drain, DrainReport, EventKind, Outcome, Phase, Propagation, Trigger,
-};
+use lameduck::report::{AfterFlipReport, Outcome};
+use lameduck::{ConnMeta, Drain, DrainReport, EventKind, Phase, Propagation, Trigger};
 use tokio::task::JoinHandle;
 
 /// Runs the app under `axum::serve`, as the guide says: graceful shutdown at
@@ -157,7 +156,7 @@ fn names_the_endless_stream(report: &DrainReport) {
     assert!(report
         .stragglers
         .iter()
-        .any(|s| s.kind == lameduck::StragglerKind::Request && s.name == "GET /forever"));
+        .any(|s| s.kind == lameduck::report::StragglerKind::Request && s.name == "GET /forever"));
 }
 
 /// The test app plus two routes that extract `ConnectInfo` the two ways handlers do.

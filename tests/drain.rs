@@ -649,7 +649,7 @@ async fn force_skips_the_waits_and_reports_forced() {
     assert!(drain.force());
     assert!(!drain.force());
     let report = drain.drained().await;
-    assert_eq!(report.outcome, lameduck::Outcome::Forced);
+    assert_eq!(report.outcome, lameduck::report::Outcome::Forced);
     assert_eq!(report.exit_code, 1);
     assert!(report.budget.used_ms < 1000);
 }

@@ -13,9 +13,9 @@ use axum::Router;
 use common::{bind, h1, secs, send1, text, within};
 use http::{Request, StatusCode};
 use http_body_util::Empty;
+use lameduck::report::{EvidenceKind, MaxReason, WeakEvidence};
 use lameduck::{
-    CommitReason, ConnMeta, Drain, EventKind, EvidenceKind, MaxReason, Phase, Propagation,
-    ReadinessWhileDraining, Trigger, WeakEvidence,
+    CommitReason, ConnMeta, Drain, EventKind, Phase, Propagation, ReadinessWhileDraining, Trigger,
 };
 use tokio::sync::{Mutex, MutexGuard};
 use tokio::task::JoinHandle;
@@ -409,7 +409,7 @@ async fn readiness_auto_knows_kubelet_by_probe_header_when_a_mesh_rewrites_its_u
         .probe_sources
         .sources
         .iter()
-        .filter(|s| s.classified_as == lameduck::ProbeClass::Kubelet)
+        .filter(|s| s.classified_as == lameduck::report::ProbeClass::Kubelet)
         .collect();
     assert_eq!(kubelet_rows.len(), 2, "{}", report.to_json());
 }

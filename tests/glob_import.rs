@@ -37,5 +37,5 @@ async fn a_glob_import_leaves_axum_http_and_metrics_alone() {
     gauge!(drain_metrics::IN_FLIGHT_REQUESTS).set(0.0);
     drain.start(Trigger::Api);
     let ((), ()) = tokio::join!(serve, axum_serve);
-    assert_eq!(drain.drained().await.outcome, Outcome::Clean);
+    assert_eq!(drain.drained().await.outcome, report::Outcome::Clean);
 }

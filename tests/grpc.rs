@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use common::{bind, drain, eventually, has_event, ms, quiet_builder, secs, within};
 use hyper_util::rt::TokioIo;
-use lameduck::{Drain, EventKind, Outcome, Phase, Propagation, ReadinessWhileDraining, Trigger};
+use lameduck::report::Outcome;
+use lameduck::{Drain, EventKind, Phase, Propagation, ReadinessWhileDraining, Trigger};
 use slow::{SlowClient, SlowServer};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;

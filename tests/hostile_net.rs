@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use axum::routing::get;
 use common::*;
-use lameduck::{DrainReport, EventKind, Outcome, Phase, Propagation, Straggler, Trigger};
+use lameduck::report::{Outcome, Straggler};
+use lameduck::{DrainReport, EventKind, Phase, Propagation, Trigger};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -73,7 +74,7 @@ fn cut_response(report: &DrainReport) -> &Straggler {
     report
         .stragglers
         .iter()
-        .find(|s| s.kind == lameduck::StragglerKind::Response)
+        .find(|s| s.kind == lameduck::report::StragglerKind::Response)
         .unwrap_or_else(|| panic!("the response is named: {:?}", report.stragglers))
 }
 

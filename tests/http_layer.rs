@@ -13,7 +13,8 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use lameduck::{EventKind, Outcome, Phase, Propagation, Trigger};
+use lameduck::report::Outcome;
+use lameduck::{EventKind, Phase, Propagation, Trigger};
 
 #[tokio::test]
 async fn reused_connection_gets_connection_close_while_draining_and_next_request_uses_a_new_one() {

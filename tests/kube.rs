@@ -18,9 +18,10 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use lameduck::report::{AdviceRule, AllowanceSource, EvidenceKind, MaxReason};
 use lameduck::{
-    AdviceRule, AllowanceSource, Drain, DrainReport, EndpointWatch, EventKind, EvidenceKind,
-    MaxReason, Phase, Propagation, ReadinessWhileDraining, Trigger,
+    Drain, DrainReport, EndpointWatch, EventKind, Phase, Propagation, ReadinessWhileDraining,
+    Trigger,
 };
 use serde_json::{json, Value};
 use tokio::sync::mpsc;

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{ms, secs};
-use lameduck::{Drain, Outcome, Propagation, Trigger};
+use lameduck::report::Outcome;
+use lameduck::{Drain, Propagation, Trigger};
 
 #[derive(Default)]
 struct Queue {
@@ -123,7 +124,7 @@ async fn a_stuck_item_is_requeued_by_the_recovery_action_at_the_deadline() {
     let st = &report.stragglers[0];
     assert_eq!(
         (st.name.as_str(), st.recovery.clone()),
-        ("queue-consumer", Some(lameduck::ActionResult::Ok))
+        ("queue-consumer", Some(lameduck::report::ActionResult::Ok))
     );
     assert_eq!(
         q.items.lock().unwrap().front(),

@@ -9,7 +9,8 @@ use std::time::Duration;
 use common::*;
 use http::StatusCode;
 use http_body_util::BodyExt;
-use lameduck::{EventKind, Outcome, Phase, Propagation, Trigger};
+use lameduck::report::Outcome;
+use lameduck::{EventKind, Phase, Propagation, Trigger};
 
 #[tokio::test]
 async fn idle_keep_alive_connection_is_closed_only_at_stopped_accepting() {
@@ -207,7 +208,7 @@ async fn quiesce_deadline_cuts_a_never_ending_stream_names_it_and_serve_returns(
     let straggler = report
         .stragglers
         .iter()
-        .find(|s| s.kind == lameduck::StragglerKind::Request)
+        .find(|s| s.kind == lameduck::report::StragglerKind::Request)
         .expect("the stream is named as a straggler");
     assert_eq!(straggler.name, "GET /forever");
 
@@ -247,7 +248,7 @@ async fn by_default_a_stream_from_before_the_trigger_is_an_undescribed_straggler
     let mut requests: Vec<_> = report
         .stragglers
         .iter()
-        .filter(|s| s.kind == lameduck::StragglerKind::Request)
+        .filter(|s| s.kind == lameduck::report::StragglerKind::Request)
         .map(|s| (s.name.as_str(), s.peer.is_some()))
         .collect();
     requests.sort_unstable();

@@ -7,9 +7,8 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lameduck::{
-    Drain, DrainReport, EventKind, Outcome, Phase, Propagation, Signals, StopSignal, Trigger,
-};
+use lameduck::report::Outcome;
+use lameduck::{Drain, DrainReport, EventKind, Phase, Propagation, Signals, StopSignal, Trigger};
 
 const CHILD_ENV: &str = "LAMEDUCK_SIGNAL_CHILD";
 /// The report file a child writes, for the scenarios that use one.

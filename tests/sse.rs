@@ -9,7 +9,8 @@ mod ticks;
 use std::time::Duration;
 
 use common::{bind, drain, has_event, within};
-use lameduck::{Drain, EventKind, Outcome, Phase, Propagation, Trigger};
+use lameduck::report::Outcome;
+use lameduck::{Drain, EventKind, Phase, Propagation, Trigger};
 use ticks::EventStream;
 use tokio::sync::oneshot;
 

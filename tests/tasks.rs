@@ -6,10 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{ms, quiet_builder, secs};
-use lameduck::{
-    ActionResult, CloseOptions, DrainReport, EventKind, Outcome, Phase, Propagation, Trigger,
-    TERMINATION_LOG_LIMIT,
-};
+use lameduck::report::{ActionResult, Outcome, StragglerKind, TaskResult, TERMINATION_LOG_LIMIT};
+use lameduck::{CloseOptions, DrainReport, EventKind, Phase, Propagation, Trigger};
 use tokio::time::Instant;
 
 /// Grace 10 s, a fixed 100 ms propagation delay.
@@ -226,11 +224,11 @@ async fn a_task_that_never_ends_is_a_straggler_and_the_drain_still_finishes() {
         drain.budget().quiesce_deadline().as_millis() as u64
     );
     assert_eq!(report.stragglers.len(), 1);
-    assert_eq!(report.stragglers[0].kind, lameduck::StragglerKind::Task);
+    assert_eq!(report.stragglers[0].kind, StragglerKind::Task);
     assert_eq!(report.stragglers[0].name, "stuck-export");
     assert!(*closer_ran.lock().unwrap(), "closing still got its time");
     assert_eq!(report.tasks.len(), 1);
-    assert_eq!(report.tasks[0].result, lameduck::TaskResult::Aborted);
+    assert_eq!(report.tasks[0].result, TaskResult::Aborted);
     assert_eq!(drain.tasks(), 0);
 }
 
@@ -242,7 +240,7 @@ async fn a_request_still_in_flight_at_the_deadline_is_a_straggler() {
     let report = drain.drained().await;
     assert_eq!(report.outcome, Outcome::DeadlineExceeded);
     assert_eq!(report.stragglers.len(), 1);
-    assert_eq!(report.stragglers[0].kind, lameduck::StragglerKind::Request);
+    assert_eq!(report.stragglers[0].kind, StragglerKind::Request);
     assert!(report.event(EventKind::InFlightZero).is_none());
 }
 
@@ -259,7 +257,7 @@ async fn a_panicking_task_is_recorded_and_does_not_take_the_coordinator_down() {
     let report = drain.drained().await;
     assert_eq!(report.tasks.len(), 1);
     assert_eq!(report.tasks[0].name, "bad-job");
-    assert_eq!(report.tasks[0].result, lameduck::TaskResult::Panicked);
+    assert_eq!(report.tasks[0].result, TaskResult::Panicked);
     // A panicked task is recorded; the drain itself is clean.
     assert_eq!(report.outcome, Outcome::Clean);
 }
@@ -408,7 +406,7 @@ async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
     assert_eq!(report.trigger, Some(Trigger::TaskPanic));
     assert_eq!(report.tasks.len(), 1);
     assert_eq!(report.tasks[0].name, "exporter");
-    assert_eq!(report.tasks[0].result, lameduck::TaskResult::Panicked);
+    assert_eq!(report.tasks[0].result, TaskResult::Panicked);
     assert!(report.summary().contains("task exporter panicked"));
 
     // Without the setting the panic is recorded and nothing starts.
@@ -420,7 +418,7 @@ async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
     calm.start(Trigger::Api);
     let report = calm.drained().await;
     assert_eq!(report.trigger, Some(Trigger::Api));
-    assert_eq!(report.tasks[0].result, lameduck::TaskResult::Panicked);
+    assert_eq!(report.tasks[0].result, TaskResult::Panicked);
 }
 
 #[tokio::test(start_paused = true)]
@@ -480,8 +478,8 @@ async fn spawn_hands_back_tokios_handle_with_the_output_the_panic_and_the_abort(
     assert_eq!(
         ended,
         [
-            ("boom", lameduck::TaskResult::Panicked),
-            ("stuck", lameduck::TaskResult::Aborted)
+            ("boom", TaskResult::Panicked),
+            ("stuck", TaskResult::Aborted)
         ],
         "the report still names what panicked or was cut: {ended:?}"
     );

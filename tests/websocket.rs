@@ -9,7 +9,8 @@ mod ws;
 use std::time::{Duration, Instant};
 
 use common::{bind, drain, eventually, ms, secs, within};
-use lameduck::{Drain, EventKind, Outcome, Phase, Propagation, Trigger};
+use lameduck::report::Outcome;
+use lameduck::{Drain, EventKind, Phase, Propagation, Trigger};
 use ws::{follow, End, GOING_AWAY};
 
 async fn replica(spread: Duration) -> (Drain, std::net::SocketAddr) {

@@ -18,7 +18,8 @@
 use std::time::Duration;
 
 use lameduck::__private::evidence_sim::drain;
-use lameduck::{EvidenceKind, Propagation, SilenceRule};
+use lameduck::report::{EvidenceKind, SilenceRule};
+use lameduck::Propagation;
 
 /// splitmix64: small, seeded, good enough to draw arrival times.
 pub(crate) struct Rng(u64);

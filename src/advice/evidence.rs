@@ -147,7 +147,7 @@ fn confidence(cx: &Ctx<'_>, e: &EvidenceReport) -> Advice {
             secs(e.longest_gap_ms.unwrap_or(0)),
             secs(e.t_conf_ms.unwrap_or(0).max(cx.quiet)),
             e.epsilon_ppm as f64 / 1e6,
-            e.rule.map_or("none", crate::SilenceRule::as_str),
+            e.rule.map_or("none", crate::report::SilenceRule::as_str),
             secs(e.silence_ms)
         ),
     )

@@ -16,7 +16,7 @@ impl Drain {
         let Some(e) = driver.evidence_now() else {
             return;
         };
-        let (crate::EvidenceKind::Max, Some(weak)) = (e.kind, e.weak) else {
+        let (crate::report::EvidenceKind::Max, Some(weak)) = (e.kind, e.weak) else {
             return;
         };
         let max_ms = driver.policy_report().max_ms;

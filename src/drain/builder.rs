@@ -139,7 +139,8 @@ impl DrainBuilder {
     /// ```
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
-    /// use lameduck::{Drain, Signals, TaskResult, Trigger};
+    /// use lameduck::report::TaskResult;
+    /// use lameduck::{Drain, Signals, Trigger};
     ///
     /// let drain = Drain::builder()
     ///     .drain_on_task_panic(true)

@@ -168,6 +168,7 @@ impl Drain {
     /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
     /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
     /// use std::time::Duration;
+    /// use lameduck::report::ActionResult;
     /// use lameduck::{CloseOptions, Trigger};
     ///
     /// // Registered first, closed last: the pool gets its time even if the exporter hangs.
@@ -179,8 +180,8 @@ impl Drain {
     /// });
     /// drain.start(Trigger::Api);
     /// let report = drain.drained().await;
-    /// assert_eq!(report.closers[0].result, lameduck::ActionResult::TimedOut); // the exporter, cut to leave time
-    /// assert_eq!(report.closers[1].result, lameduck::ActionResult::Ok); // the database
+    /// assert_eq!(report.closers[0].result, ActionResult::TimedOut); // the exporter, cut to leave time
+    /// assert_eq!(report.closers[1].result, ActionResult::Ok); // the database
     /// # }
     /// ```
     pub fn on_close_with<F, Fut, E>(&self, name: impl Into<String>, options: CloseOptions, close: F)

@@ -96,7 +96,7 @@ impl MaxReason {
 }
 
 /// The evidence behind the propagation commit, with its numbers. Part of
-/// [`PolicyReport`](crate::PolicyReport); while draining, [`Status`](crate::Status) shows the
+/// [`PolicyReport`](crate::report::PolicyReport); while draining, [`Status`](crate::Status) shows the
 /// evidence the policy is waiting on.
 ///
 /// Fractions and rates are integers so the report stays exactly comparable: `p_empty_ppm` is
@@ -161,7 +161,7 @@ pub struct EvidenceReport {
     pub silence_ms: u64,
     /// The EndpointSlice evidence (feature `kube`), when the slices were watched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint_slice: Option<crate::EndpointSliceEvidence>,
+    pub endpoint_slice: Option<crate::report::EndpointSliceEvidence>,
     /// Why the EndpointSlice was not the evidence, when it was not: the feature is not built,
     /// no watch was started, the API refused or could not be reached, no slice lists the Pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]

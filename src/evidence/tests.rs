@@ -248,7 +248,7 @@ async fn sparse_traffic_waits_to_max_and_says_so() {
     let weak = report
         .advice
         .iter()
-        .find(|a| a.rule == crate::AdviceRule::WeakEvidence)
+        .find(|a| a.rule == crate::report::AdviceRule::WeakEvidence)
         .unwrap();
     assert!(
         weak.message.contains("new connections/s before the drain"),
@@ -317,10 +317,10 @@ async fn no_connection_data_waits_to_max_and_names_the_fix() {
     let a = report
         .advice
         .iter()
-        .find(|a| a.rule == crate::AdviceRule::NoConnectionData)
+        .find(|a| a.rule == crate::report::AdviceRule::NoConnectionData)
         .unwrap();
     // Nothing arrived at all: an idle process, not a wiring gap.
-    assert_eq!(a.level, crate::AdviceLevel::Info);
+    assert_eq!(a.level, crate::report::AdviceLevel::Info);
     assert!(a.message.starts_with("nothing arrived"), "{}", a.message);
 }
 

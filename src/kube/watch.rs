@@ -60,7 +60,8 @@ impl std::error::Error for KubeError {}
 /// * Propagation does not commit before every slice shows the endpoint not ready (an endpoint
 ///   removed from its slice counts), plus the [proxy allowance](Self::proxy_allowance), and
 ///   the quiet window still holds. The report's
-///   [`EvidenceReport::endpoint_slice`](crate::EvidenceReport::endpoint_slice) has the numbers.
+///   [`EvidenceReport::endpoint_slice`](crate::report::EvidenceReport::endpoint_slice) has the
+///   numbers.
 /// * The Pod's `deletionTimestamp` and `deletionGracePeriodSeconds` are this deletion's real
 ///   budget: `kubectl delete --grace-period=5` shrinks the hard and quiesce deadlines and
 ///   `max` ([`EventKind::BudgetTightened`](crate::EventKind::BudgetTightened), the report's `budget.deletion`).
@@ -69,7 +70,7 @@ impl std::error::Error for KubeError {}
 ///
 /// When the API refuses (RBAC), cannot be reached, or no slice lists the Pod, the drain works
 /// as without the feature and the report's
-/// [`endpoint_slice_unused`](crate::EvidenceReport::endpoint_slice_unused) says why. The
+/// [`endpoint_slice_unused`](crate::report::EvidenceReport::endpoint_slice_unused) says why. The
 /// service account needs `get`, `list`, `watch` on its own Pod, `list`, `watch` on
 /// EndpointSlices and `get` on Services (`examples/k8s/role.yaml`).
 ///
@@ -154,7 +155,7 @@ impl EndpointWatch {
     /// as a floor only: the drain then also waits for what the arrival evidence alone would
     /// commit on (to `max` on sparse traffic), since an assumed 2 s is no proof. A value set
     /// here is trusted like a measurement. The report's
-    /// [`EndpointSliceEvidence::allowance_source`](crate::EndpointSliceEvidence::allowance_source)
+    /// [`EndpointSliceEvidence::allowance_source`](crate::report::EndpointSliceEvidence::allowance_source)
     /// says which it was, and `startup` has the measurement.
     pub fn proxy_allowance(mut self, d: Duration) -> Self {
         self.allowance = Some(d);

@@ -41,7 +41,8 @@ pub(crate) const PEER_LIMIT: usize = 16;
 /// Connections later than this after the listing are not the proxies catching up.
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 
-/// Where the proxy allowance came from: [`EndpointSliceEvidence::allowance_source`](crate::EndpointSliceEvidence::allowance_source).
+/// Where the proxy allowance came from:
+/// [`EndpointSliceEvidence::allowance_source`](crate::report::EndpointSliceEvidence::allowance_source).
 ///
 /// In JSON: `measured`, `configured`, `default`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -87,7 +88,7 @@ pub struct PeerDelay {
 }
 
 /// The startup measurement behind a measured allowance (feature `kube`): part of
-/// [`EndpointSliceEvidence`](crate::EndpointSliceEvidence).
+/// [`EndpointSliceEvidence`](crate::report::EndpointSliceEvidence).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StartupMeasurement {
     /// Per peer, its first new connection after the listing (at most 16 peers).

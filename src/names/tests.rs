@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::report::*;
 use crate::*;
 
 const KUBERNETES_GUIDE: &str = include_str!("../docs/kubernetes.md");

@@ -178,7 +178,7 @@ pub async fn start_serve_describing(drain: &Drain, probe: Probe) -> (SocketAddr,
 /// the caller's own checks.
 pub async fn drained_clean(drain: &Drain, server: JoinHandle<()>) -> lameduck::DrainReport {
     let report = within("drain done", drain.drained()).await;
-    assert_eq!(report.outcome, lameduck::Outcome::Clean);
+    assert_eq!(report.outcome, lameduck::report::Outcome::Clean);
     within("serve returns", server).await.unwrap();
     report
 }

@@ -5,7 +5,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use lameduck::{EventKind, Outcome, Trigger};
+use lameduck::report::Outcome;
+use lameduck::{EventKind, Trigger};
 
 use crate::procs::{free_port, scratch, Instance};
 

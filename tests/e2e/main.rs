@@ -13,7 +13,8 @@ mod procs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lameduck::{EventKind, Outcome};
+use lameduck::report::Outcome;
+use lameduck::EventKind;
 use lameduck_probe::correlate::{correlate, ReportView};
 use lameduck_probe::{ConnectionMode, Probe, ProbeConfig, ProbeResult};
 use procs::{free_port, haproxy, nginx, nginx_reload, require, scratch, wait_haproxy, Instance};
