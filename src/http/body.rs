@@ -23,8 +23,8 @@ pin_project! {
     ///
     /// Released at drop rather than on the last frame, as tower-http's `InFlightRequests`
     /// does: hyper's HTTP/1 writer never polls a sized body for its end (it stops at
-    /// `is_end_stream`), so a check on every frame would cost every request about 25
-    /// instructions and never fire there. A server that keeps a finished body alive keeps its
+    /// `is_end_stream`), so a check on every frame would cost every request and never fire
+    /// there. A server that keeps a finished body alive keeps its
     /// request counted until it lets go of the body.
     ///
     /// Data and error types are the inner body's. Its size is the inner body's plus 16 bytes

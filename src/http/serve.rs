@@ -245,8 +245,8 @@ impl<S> Serve<S> {
     /// that exceeds it is closed.
     ///
     /// Off by default because of its price: hyper (1.12) allocates and registers a timer for
-    /// every request head, about +2,200 instructions and one allocation per request (measured
-    /// with `benches/callgrind.sh`, see BENCHMARKS.md). Without it a client that never finishes
+    /// every request head, an allocation per request (`benches/callgrind.sh` measures it; the
+    /// figures are in BENCHMARKS.md). Without it a client that never finishes
     /// its head still cannot hold up a drain: connections that never sent a byte close at
     /// `stopped_accepting`, and half-sent heads at Closing. Set it when the port faces clients
     /// you do not trust ([`SUGGESTED_HEADER_READ_TIMEOUT`], 75 s).
@@ -309,7 +309,7 @@ impl<S> Serve<S> {
     /// that read it (`Extension<ConnMeta>` in axum, `req.extensions().get::<ConnMeta>()`).
     ///
     /// Off by default: inserting into a request's extensions allocates (the extension map and
-    /// the boxed value, about 200 instructions and 2 allocations per request), and the drain
+    /// the boxed value: two allocations per request), and the drain
     /// needs the value only for requests that arrive while draining, so by default `serve`
     /// attaches it only to those. With this on, every request carries it, in every phase.
     ///

@@ -2,8 +2,8 @@
 
 /// Gives an `axum::Router` handed to [`serve`](super::serve) its state, as `axum::serve` does
 /// once (through `into_make_service`): until then axum builds each handler into a route, and
-/// applies each `Router::layer` to it, anew on every request (measured: 3 allocations and ~700
-/// instructions per request for a router with the drain layer). The router as it is and the
+/// applies each `Router::layer` to it, anew on every request (allocations and instructions on
+/// every request; BENCHMARKS.md has the figures). The router as it is and the
 /// router inside a `DrainService` are recognised; any other service is left as it is, and a
 /// router wrapped in a service of the caller's is the caller's to prepare
 /// (`router.with_state(())`).
