@@ -45,9 +45,13 @@
 //! ```
 //!
 //! and at least one more than **the longest gap seen** (a silence that already happened while
-//! routing was unchanged proves nothing). The silence asked for, `T_conf`, is k + 1 slots, so
-//! that a silence that long holds k whole empty slots wherever it starts. The report names the
-//! bound that set it ([`SilenceRule`]: `markov` or `longest_gap`).
+//! routing was unchanged proves nothing). The silence asked for, `T_conf`, is k slots, counted
+//! on the slot grid: from the end of the slot of the last new connection (or of the trigger's),
+//! so that it is k whole empty slots, the runs the chain counts. The silence since the
+//! connection itself is thus between `T_conf` and `T_conf` + 250 ms. (Counting from the
+//! connection instead needs k + 1 slots to hold k whole ones wherever it starts, an eighth of a
+//! second more on average: the first estimator did.) The report names the bound that set it
+//! ([`SilenceRule`]: `markov` or `longest_gap`).
 //!
 //! Why this and not the fraction of empty slots alone (the first estimator): slots are not
 //! independent. A client that works for 5 s and pauses for 5 s leaves half the slots empty,
@@ -136,6 +140,8 @@ pub(crate) struct Window {
     bits: u128,
     first: u64,
     trigger_slot: u64,
+    /// Where slot 0 begins: the grid the required silence is counted on.
+    base: Instant,
 }
 
 impl Window {
@@ -169,6 +175,7 @@ impl Window {
             bits,
             first,
             trigger_slot,
+            base,
         })
     }
 
@@ -254,9 +261,20 @@ impl Evidence {
         self.estimate.and_then(|e| e.required())
     }
 
-    /// The silence needed, when the data can say.
+    /// The silence needed, when the data can say: whole empty slots, counted from the end of
+    /// the slot of the last new connection (see [`Evidence::conf_at`]).
     pub(crate) fn t_conf(&self) -> Option<Duration> {
         self.required().map(|(t, _)| t)
+    }
+
+    /// When the silence after `last`, the last new connection (or the trigger), proves the
+    /// run of empty slots the fit asks for: the end of `last`'s slot plus `t_conf`, so that
+    /// the slots counted are the whole slots of the chain, wherever `last` fell in its own.
+    pub(crate) fn conf_at(&self, last: Instant) -> Option<Instant> {
+        let t = self.t_conf()?;
+        let base = self.window?.base;
+        let end = (slot_of(base, last) + 1) * SLOT.as_nanos() as u64;
+        Some((base + Duration::from_nanos(end)).max(last) + t)
     }
 
     /// Why the data cannot decide the commit, if it cannot.

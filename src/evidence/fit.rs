@@ -220,9 +220,8 @@ impl Estimate {
         } else {
             (k_markov, SilenceRule::Markov)
         };
-        // k whole empty slots fit in a silence of k + 1 slots wherever it starts in its slot:
-        // a silence that long proves a run of at least k.
-        Some((SLOT * (k as u32 + 1), rule))
+        // k whole empty slots: the drain counts them from the end of the last busy slot.
+        Some((SLOT * k as u32, rule))
     }
 
     /// The fewest empty slots k such that a run of k (or of the elapsed part plus k) has

@@ -144,8 +144,10 @@ pub struct EvidenceReport {
     pub longest_gap_ms: Option<u64>,
     /// ε, the accepted chance that a connection would still have come, in millionths.
     pub epsilon_ppm: u64,
-    /// The silence the evidence asks for, in milliseconds (before `max` bounds it); absent
-    /// when even four times `max` would not be enough.
+    /// The silence the evidence asks for, in milliseconds (before `max` bounds it): whole
+    /// empty slots, counted from the end of the slot of the later of the trigger and the last
+    /// new connection (so `silence_ms` at the commit is up to one slot more). Absent when even
+    /// four times `max` would not be enough.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub t_conf_ms: Option<u64>,
     /// The bound that set `t_conf_ms`: `markov` or `longest_gap`.

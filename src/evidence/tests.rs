@@ -161,17 +161,19 @@ async fn dense_traffic_commits_soon_after_the_last_connection() {
     let d = drain(Propagation::default());
     arrivals(&d, Duration::from_millis(50), 600).await; // 20/s for 30 s
     assert!(d.start(Trigger::Api));
-    // The proxies keep sending for 2 s more, then move on.
+    // The proxies keep sending for 2 s more, then move on; the last connection comes at
+    // 2.1 s, 100 ms into its slot.
     arrivals(&d, Duration::from_millis(50), 40).await;
+    arrivals(&d, Duration::from_millis(100), 1).await;
     let (at, ev) = committed(&d).await;
     assert_eq!(ev.kind, EvidenceKind::Confidence, "{ev:?}");
     assert_eq!((ev.slots_observed, ev.empty_slots), (120, 0));
-    assert!(ev.t_conf_ms.unwrap() < 1000, "{ev:?}");
-    // Last connection at 2 s; the evidence (750 ms: three empty slots) asks for more than
-    // quiet (500 ms), and sets the commit.
-    assert_eq!(ev.t_conf_ms, Some(750), "{ev:?}");
+    // Two whole empty slots, counted from the end of the last connection's slot (2.25 s):
+    // the commit at 2.75 s, 650 ms of silence, more than quiet (500 ms).
+    assert_eq!(ev.t_conf_ms, Some(500), "{ev:?}");
+    assert_eq!(ev.rule, Some(SilenceRule::Markov));
     assert_eq!(at, 2750);
-    assert_eq!(ev.silence_ms, 750);
+    assert_eq!(ev.silence_ms, 650);
 }
 
 #[tokio::test(start_paused = true)]
@@ -204,8 +206,9 @@ async fn a_moderate_rate_asks_for_its_own_silence_and_learns_from_the_drain() {
     assert_eq!(ev.longest_gap_ms, Some(250));
     let t = ev.t_conf_ms.unwrap();
     assert!((3000..10_000).contains(&t), "{ev:?}");
-    // The timer wakes on the next whole millisecond.
-    assert!((2750 + t..=2751 + t).contains(&at), "{at} vs 2750 + {t}");
+    // Counted from the end of the last connection's slot (3 s); the timer wakes on the next
+    // whole millisecond.
+    assert!((3000 + t..=3001 + t).contains(&at), "{at} vs 3000 + {t}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -295,7 +298,9 @@ async fn a_process_younger_than_the_window_uses_only_what_it_saw() {
     // Fewer slots, more doubt: longer than the 1 s of a full window, still short.
     let t = ev.t_conf_ms.unwrap();
     assert!((1000..=2000).contains(&t), "{ev:?}");
-    assert_eq!(at, t);
+    // Nothing after the trigger (at the start of its slot): the whole slots are counted from
+    // the end of the trigger's.
+    assert_eq!(at, 250 + t);
 }
 
 #[tokio::test(start_paused = true)]

@@ -161,13 +161,15 @@ impl Policy {
         } else {
             seen.last_activity.unwrap_or(origin).max(origin)
         };
-        let conf_at = t_conf.map_or(max_at, |t| last_conn + t);
+        // Counted on the slot grid: the chain's k empty slots are whole slots.
+        let proved_at = t_conf.and_then(|_| evidence.conf_at(last_conn));
+        let conf_at = proved_at.unwrap_or(max_at);
         let (conf_at, kind) = match hold {
             // The slices are the authoritative step: no commit before they stop routing
             // here plus the proxies' allowance; strong arrival evidence still adds its
             // silence, weak evidence no longer waits to `max`.
             Hold::Until(allowed) => (
-                t_conf.map_or(allowed, |t| allowed.max(last_conn + t)),
+                proved_at.map_or(allowed, |t| allowed.max(t)),
                 EvidenceKind::EndpointSlice,
             ),
             Hold::Pending => (max_at, EvidenceKind::EndpointSlice),
