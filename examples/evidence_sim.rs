@@ -30,7 +30,10 @@ fn main() {
         if !p.name().contains(filter.as_str()) {
             continue;
         }
-        for (j, phase) in [Phase::Random, Phase::GapStart].into_iter().enumerate() {
+        for (j, phase) in [Phase::Random, Phase::GapStart, Phase::Young]
+            .into_iter()
+            .enumerate()
+        {
             let s = simulate(p, phase, runs, seed ^ ((i as u64) << 8 | j as u64));
             let (lo, hi) = clopper_pearson(s.lost, s.runs);
             if p.held_to_epsilon() && lo > 1e-3 {

@@ -47,7 +47,7 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 /// `axum::serve` counts nothing here: its connect-info hook cannot name a coordinator.
 ///
 /// With too little evidence — no connection data (the layer alone sees requests, not
-/// connections), less than 5 s of slots, or a `T_conf` beyond `max` — the policy waits to
+/// connections), less than 15 s of slots, or a `T_conf` beyond `max` — the policy waits to
 /// `max`, or to the fallback set with [`quiet_suffices_after`](Self::quiet_suffices_after),
 /// and the report says so. `min` is the floor: never before it. The report's
 /// [`EvidenceReport`](crate::report::EvidenceReport) names the evidence that committed.

@@ -17,7 +17,10 @@ const EPSILON: f64 = 1e-3;
 fn every_process_of_the_family_holds_epsilon() {
     let mut broken = Vec::new();
     for (i, p) in family().iter().enumerate() {
-        for (j, phase) in [Phase::Random, Phase::GapStart].into_iter().enumerate() {
+        for (j, phase) in [Phase::Random, Phase::GapStart, Phase::Young]
+            .into_iter()
+            .enumerate()
+        {
             let s = simulate(p, phase, RUNS, 0x5eed ^ ((i as u64) << 8 | j as u64));
             let (lower, _) = clopper_pearson(s.lost, s.runs);
             if p.held_to_epsilon() && lower > EPSILON {
@@ -53,7 +56,7 @@ fn on_off_traffic_does_not_commit_inside_its_pauses() {
             off,
             every: 0.1,
         };
-        for phase in [Phase::Random, Phase::GapStart] {
+        for phase in [Phase::Random, Phase::GapStart, Phase::Young] {
             let s = simulate(&p, phase, RUNS, 55);
             assert_eq!(s.lost, 0, "{}: {s:?}", p.name());
         }

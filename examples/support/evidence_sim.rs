@@ -12,6 +12,11 @@
 //! evidence (`confidence`), that is what ε bounds; after a commit at `max` (the proxies were
 //! slower than `max`, the traffic never went quiet), no rule could have helped and it is
 //! counted apart. A fixed 5 s sleep is run on the same traces.
+//!
+//! The third phase, *young*: the process has served only 6–30 s when the trigger comes (a
+//! random instant), and the proxies began routing here a log-uniform 0.2–40 s after it
+//! started serving (so the window holds the proxies' startup, and is short, or empty); the
+//! traffic is the process's from t = 0, of which only what came after that startup arrives.
 
 #![allow(dead_code)] // each user takes what it needs
 
@@ -299,6 +304,9 @@ pub(crate) enum Phase {
     Random,
     /// Right after an arrival: at the start of the gap a random instant fell in.
     GapStart,
+    /// A random instant 6–30 s after serving began, the proxies routing here from a random
+    /// startup delay on.
+    Young,
 }
 
 impl Phase {
@@ -306,6 +314,7 @@ impl Phase {
         match self {
             Phase::Random => "random",
             Phase::GapStart => "gap start",
+            Phase::Young => "young",
         }
     }
 }
@@ -329,15 +338,23 @@ pub(crate) const SLEEP: f64 = 5.0;
 
 /// One drain of `process` with the trigger at `phase`, seeded by `rng`.
 pub(crate) fn run(process: &Process, phase: Phase, rng: &mut Rng) -> Run {
-    let instant = rng.uniform(40.0, 70.0);
+    let instant = if phase == Phase::Young {
+        rng.uniform(6.0, 30.0)
+    } else {
+        rng.uniform(40.0, 70.0)
+    };
     let proxy = rng.log_uniform(0.2, 40.0);
     // Only the last 30 s before the trigger are read; up to 60 s of history are drawn, so
     // the window is full even when the trigger moves back to the start of a long gap.
     let from = (instant - 60.0).max(0.0);
     let horizon = 110.0;
     let mut trace = process.arrivals(rng, from, horizon, instant);
+    if phase == Phase::Young {
+        let startup = rng.log_uniform(0.2, 40.0);
+        trace.retain(|&t| t >= startup);
+    }
     let trigger = match phase {
-        Phase::Random => instant,
+        Phase::Random | Phase::Young => instant,
         Phase::GapStart => match trace.iter().rev().find(|&&t| t < instant) {
             Some(&t) => t + 1e-6,
             None => instant,

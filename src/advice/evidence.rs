@@ -79,8 +79,8 @@ fn too_few_slots(cx: &Ctx<'_>, e: &EvidenceReport, stopped_ms: u64) -> Advice {
         AdviceRule::WeakEvidence,
         stopped_ms,
         format!(
-            "the process had served for only {} before the drain, too short to measure a rate: \
-             waited {} (max). {}",
+            "the process had served for only {} before the drain, too short to measure a rate \
+             (15 s at least): waited {} (max). {}",
             secs(e.slots_observed * e.slot_ms),
             secs(stopped_ms),
             what_to_set(cx)

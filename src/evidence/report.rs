@@ -17,7 +17,8 @@ pub enum WeakEvidence {
     /// `lameduck::axum_serve` and `ConnMeta::accepted` do; axum's own `ConnectInfo` hook
     /// cannot) — a worker with no HTTP, or a raw `axum::serve`.
     NoConnectionData,
-    /// The process had been serving for less than 5 s before the trigger.
+    /// The process had been serving for less than 15 s before the trigger: too short a window
+    /// to have seen the traffic's slower phases.
     TooFewSlots,
     /// New connections were too rare before the trigger: the silence needed for confidence
     /// is longer than `max`.
