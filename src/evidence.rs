@@ -268,20 +268,15 @@ impl Evidence {
         self.estimate.and_then(|e| e.required())
     }
 
-    /// The silence needed, when the data can say: whole empty slots, counted from the end of
-    /// the slot of the last new connection (see [`Evidence::conf_at`]).
-    pub(crate) fn t_conf(&self) -> Option<Duration> {
-        self.required().map(|(t, _)| t)
-    }
-
     /// When the silence after `last`, the last new connection (or the trigger), proves the
-    /// run of empty slots the fit asks for: the end of `last`'s slot plus `t_conf`, so that
-    /// the slots counted are the whole slots of the chain, wherever `last` fell in its own.
+    /// run of empty slots the fit asks for: the end of `last`'s slot plus the silence needed
+    /// (`T_conf`), so that the slots counted are the whole slots of the chain, wherever `last`
+    /// fell in its own.
     pub(crate) fn conf_at(&self, last: Instant) -> Option<Instant> {
-        let t = self.t_conf()?;
+        let (t, _) = self.required()?;
         let base = self.window?.base;
         let end = (slot_of(base, last) + 1) * SLOT.as_nanos() as u64;
-        Some((base + Duration::from_nanos(end)).max(last) + t)
+        Some(base + Duration::from_nanos(end) + t)
     }
 
     /// Why the data cannot decide the commit, if it cannot.

@@ -145,12 +145,6 @@ impl Policy {
         if seen.now >= max_at {
             return Check::Max;
         }
-        // `None`: the arrival data cannot say how long to wait; only the fallback or max can.
-        let t_conf = if evidence.weak().is_some() {
-            None
-        } else {
-            evidence.t_conf()
-        };
         let last_conn = seen.last_connection.unwrap_or(origin).max(origin);
         // With connection data, only new connections are routing decisions: requests on
         // open connections (a pool, an HTTP/2 connection accepted during the drain, which
@@ -161,8 +155,13 @@ impl Policy {
         } else {
             seen.last_activity.unwrap_or(origin).max(origin)
         };
-        // Counted on the slot grid: the chain's k empty slots are whole slots.
-        let proved_at = t_conf.and_then(|_| evidence.conf_at(last_conn));
+        // When the silence proves convergence, counted on the slot grid; `None`: the arrival
+        // data cannot say how long to wait, only the fallback or max can.
+        let proved_at = if evidence.weak().is_some() {
+            None
+        } else {
+            evidence.conf_at(last_conn)
+        };
         let conf_at = proved_at.unwrap_or(max_at);
         let (conf_at, kind) = match hold {
             // The slices are the authoritative step: no commit before they stop routing
