@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use axum::extract::connect_info::{ConnectInfo, Connected};
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::Request;
 use axum::response::Response;
 use axum::serve::IncomingStream;
@@ -184,8 +184,8 @@ impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
 
     fn call(&mut self, stream: IncomingStream<'_, TcpListener>) -> Self::Future {
         let peer = *stream.remote_addr();
-        let meta = <ConnMeta as Connected<IncomingStream<'_, TcpListener>>>::connect_info(stream);
-        note_accepted(self.core);
+        let path = note_accepted(self.core, Some(peer));
+        let meta = ConnMeta::counted(Some(peer), None, self.core, path);
         ready(Ok(ConnService {
             router: self.router.clone(),
             meta,
@@ -215,7 +215,7 @@ impl Service<Request> for ConnService {
 
     fn call(&mut self, mut req: Request) -> Self::Future {
         // The propagation evidence counts requests too (see `lameduck::serve`'s connection).
-        self.core.observed().note_request_arrival();
+        self.core.observed().note_request_arrival(self.meta.path());
         let extensions = req.extensions_mut();
         extensions.insert(ConnectInfo(self.meta.for_request()));
         // The bridge for existing `ConnectInfo<SocketAddr>` extractors.

@@ -111,21 +111,25 @@ impl Drain {
         self.inner.driver.note_server(server);
     }
 
-    /// A new connection was accepted: counts it in the arrival rate, and as activity while
-    /// draining. Returns `true` when it came after the drain started.
+    /// A new connection was accepted: counts it in its path's arrival rate, and as activity
+    /// while draining. Returns `true` when it came after the drain started, and the path its
+    /// requests are counted on.
     #[cfg(feature = "http")]
-    pub(crate) fn note_connection(&self, peer: Option<std::net::SocketAddr>) -> bool {
+    pub(crate) fn note_connection(
+        &self,
+        peer: Option<std::net::SocketAddr>,
+    ) -> (bool, crate::observed::PathId) {
         let core = self.core();
-        core.observed().note_arrival();
+        let path = core.observed().note_arrival(peer.map(|p| p.ip()));
         let draining = core.counter.is_draining();
         if draining {
-            core.observed().note_connection(peer);
+            core.observed().note_connection(peer, path);
         } else {
             // The startup measurement of the proxies' delay (feature `kube`); one relaxed
             // load once it is over.
             self.inner.driver.link().note_startup_connection(peer);
         }
-        draining
+        (draining, path)
     }
 }
 

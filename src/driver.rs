@@ -382,7 +382,7 @@ impl Driver {
     pub(crate) fn evidence_now(&self) -> Option<EvidenceReport> {
         let (evidence, committed, origin) = {
             let st = self.lock();
-            (st.evidence, st.committed.clone(), st.origin)
+            (st.evidence.clone(), st.committed.clone(), st.origin)
         };
         if committed.is_some() {
             return committed;

@@ -106,6 +106,7 @@
 //!   a slot of it. Slots after the trigger older than a ring-turn read as empty, which only
 //!   lengthens the silence asked for.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -118,10 +119,12 @@ pub mod sim;
 pub(crate) use fit::Estimate;
 pub use fit::SilenceRule;
 use fit::Slots;
-pub use report::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
+pub use report::{
+    EvidenceKind, EvidenceReport, MaxReason, PathEvidence, PathRouting, WeakEvidence,
+};
 
-use crate::observed::RING;
 pub(crate) use crate::observed::{slot_of, Arrivals, SLOT};
+use crate::observed::{PathId, RING};
 
 /// How far back before the trigger the process is observed.
 pub(crate) const WINDOW: Duration = Duration::from_secs(30);
@@ -139,16 +142,39 @@ const _: () = assert!(RING as u64 > WINDOW_SLOTS);
 const _: () = assert!(WINDOW_SLOTS <= 128, "the window is copied into a u128");
 const _: () = assert!(fit::MAX_SEQ as u64 > WINDOW_SLOTS + RING as u64);
 
-/// The window before the trigger, copied at the trigger (the ring turns over during a long
-/// drain).
+/// Whether `after` new connections since the trigger are more than a path with `open`
+/// connections at the trigger sends by reconnecting them: each closed connection reconnects
+/// through its proxy and lands here again with chance 1/n, so n ≥ 2 endpoints give about
+/// `open` more (2·`open` at most on average); three times that plus four is beyond the wave
+/// (a pool of 32 would need 100, more than 8 standard deviations above its mean with two
+/// endpoints). A path beyond it keeps coming back after being told to close: it routes per
+/// request (an L7 proxy), or through a proxy that still sends it all here.
+pub(crate) fn beyond_wave(open: u32, after: u32) -> bool {
+    u64::from(after) > 3 * u64::from(open) + 4
+}
+
+/// One path's slots in the window before the trigger.
 #[derive(Clone, Copy, Debug, PartialEq)]
+struct PathWindow {
+    path: PathId,
+    peer: Option<IpAddr>,
+    /// Bit i: slot `first + i` saw a new connection or a request.
+    activity: u128,
+    /// Bit i: slot `first + i` saw a new connection.
+    connections: u128,
+    /// Connections of the path open at the trigger.
+    open: u32,
+}
+
+/// The window before the trigger, per path, copied at the trigger (the ring turns over during
+/// a long drain).
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Window {
-    /// Bit i: slot `first + i` saw activity.
-    bits: u128,
     first: u64,
     trigger_slot: u64,
     /// Where slot 0 begins: the grid the required silence is counted on.
     base: Instant,
+    paths: Vec<PathWindow>,
 }
 
 impl Window {
@@ -172,17 +198,30 @@ impl Window {
         let first = first
             .max(trigger_slot.saturating_sub(WINDOW_SLOTS))
             .min(trigger_slot);
-        let mut bits = 0u128;
-        for (i, k) in (first..trigger_slot).enumerate() {
-            if arrivals.activity(k).0 {
-                bits |= 1 << i;
+        let mut paths = Vec::new();
+        for (path, peer) in arrivals.paths() {
+            let (mut activity, mut connections) = (0u128, 0u128);
+            for (i, k) in (first..trigger_slot).enumerate() {
+                let (active, connection) = arrivals.activity(path, k);
+                activity |= u128::from(active) << i;
+                connections |= u128::from(connection) << i;
+            }
+            let open = arrivals.open(path);
+            if activity != 0 || open > 0 {
+                paths.push(PathWindow {
+                    path,
+                    peer,
+                    activity,
+                    connections,
+                    open,
+                });
             }
         }
         Some(Self {
-            bits,
             first,
             trigger_slot,
             base,
+            paths,
         })
     }
 
@@ -191,12 +230,104 @@ impl Window {
     }
 }
 
-/// The whole evidence as the driver holds it: the window taken at the trigger, the fit of the
-/// latest check, and the policy's numbers.
+/// One path's evidence at the latest check: how it is routed, and the fits its silence is
+/// judged by.
 #[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct PathFit {
+    pub(crate) path: PathId,
+    pub(crate) peer: Option<IpAddr>,
+    pub(crate) routing: PathRouting,
+    /// Connections open at the trigger, and new ones since.
+    pub(crate) open: u32,
+    pub(crate) after: u32,
+    /// The last new connection of the path after the trigger.
+    pub(crate) last: Option<Instant>,
+    /// The fit of the path's activity (requests and new connections) before the trigger, and
+    /// for a path routed per request its new connections after it: what a proxy that routes
+    /// per request would keep sending.
+    pub(crate) activity: Estimate,
+    /// The fit of the path's new connections alone before the trigger, when it opened some
+    /// and is not routed per request: fresh connections keep coming while a proxy routes
+    /// here, whatever the path's kept connections do, so the silence must satisfy both.
+    pub(crate) fresh: Option<Estimate>,
+}
+
+impl PathFit {
+    /// Whether the path holds the commit: it carried traffic before the trigger, or has sent
+    /// more since than its reconnect wave.
+    pub(crate) fn counts(&self) -> bool {
+        match self.routing {
+            PathRouting::New => {
+                (self.open == 0 && self.after > 0) || beyond_wave(self.open, self.after)
+            }
+            _ => self.activity.slots_before > 0 && self.activity.busy() > 0,
+        }
+    }
+
+    /// The silence the path needs, and the fit that set it; `None` when the data cannot say.
+    pub(crate) fn required(&self) -> Option<(Duration, SilenceRule, &Estimate)> {
+        if self.routing == PathRouting::New {
+            return None;
+        }
+        let (t, rule) = self.activity.required()?;
+        match &self.fresh {
+            None => Some((t, rule, &self.activity)),
+            Some(f) => {
+                let (tf, rf) = f.required()?;
+                Some(if tf > t {
+                    (tf, rf, f)
+                } else {
+                    (t, rule, &self.activity)
+                })
+            }
+        }
+    }
+
+    /// The estimate to show for the path: the one that set its silence, or the activity's.
+    pub(crate) fn shown(&self) -> &Estimate {
+        match self.required() {
+            Some((_, _, e)) => e,
+            None => match &self.fresh {
+                Some(f) if f.required().is_none() => f,
+                _ => &self.activity,
+            },
+        }
+    }
+
+    /// Why the path's data cannot decide the commit, if it cannot.
+    pub(crate) fn weak(&self, max: Duration) -> Option<WeakEvidence> {
+        if self.routing == PathRouting::New {
+            return Some(WeakEvidence::NewPath);
+        }
+        if self.activity.slots_before + self.activity.slots_after < MIN_SLOTS {
+            return Some(WeakEvidence::TooFewSlots);
+        }
+        match self.required() {
+            Some((t, _, _)) if t < max => None,
+            _ => Some(WeakEvidence::TooSparse),
+        }
+    }
+
+    /// When the path's silence proves the run of empty slots its fit asks for: the end of the
+    /// slot of its last new connection (or of the trigger's) plus the silence needed, so the
+    /// slots counted are whole slots of the chain.
+    fn conf_at(&self, base: Instant, origin: Instant) -> Option<Instant> {
+        let (t, _, _) = self.required()?;
+        let last = self.last.unwrap_or(origin).max(origin);
+        let end = (slot_of(base, last) + 1) * SLOT.as_nanos() as u64;
+        Some(base + Duration::from_nanos(end) + t)
+    }
+}
+
+/// The whole evidence as the driver holds it: the window taken at the trigger, the fits of
+/// the latest check, and the policy's numbers.
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Evidence {
     window: Option<Window>,
-    pub(crate) estimate: Option<Estimate>,
+    /// Per path, as of the latest check; the trigger instant (slots after it are fitted).
+    pub(crate) fits: Vec<PathFit>,
+    origin: Option<Instant>,
+    requests_seen: bool,
     pub(crate) epsilon: f64,
     /// `max`, to tell "too sparse" from "never went quiet", and the drain's horizon.
     pub(crate) max: Duration,
@@ -213,83 +344,179 @@ impl Evidence {
     ) -> Self {
         Self {
             window,
-            estimate: None,
+            fits: Vec::new(),
+            origin: None,
+            requests_seen: false,
             epsilon,
             max,
             fallback,
         }
     }
 
-    /// Fits the chain to the window and to the slots from the trigger's up to
-    /// `last_connection`, the slot of the last new connection after the trigger: arrivals
-    /// during the drain are samples of the routing while some of it still went on, and the
-    /// silence after the last one is what is being tested. `now` is the current slot (older
-    /// slots than a ring-turn read as empty).
-    pub(crate) fn refit(&mut self, arrivals: &Arrivals, last_connection: Option<u64>, now: u64) {
-        let Some(w) = self.window else {
-            self.estimate = None;
+    /// The trigger, once refitted.
+    pub(crate) fn origin_instant(&self) -> Option<Instant> {
+        self.origin
+    }
+
+    /// Whether connection data exists at all (a server counted connections).
+    pub(crate) fn has_data(&self) -> bool {
+        self.window.is_some()
+    }
+
+    /// Refits every path to its window and to what arrived since the trigger `origin`: its
+    /// new connections (their number against the connections it had open decides whether it
+    /// routes per request) and, for a path that does, the slots from the trigger's up to its
+    /// last new connection — samples of the routing while some of it still went on; the
+    /// silence after it is what is being tested. `now` is the current slot (older slots than
+    /// a ring-turn read as empty).
+    pub(crate) fn refit(&mut self, arrivals: &Arrivals, origin: Instant, now: u64) {
+        let Some(w) = &self.window else {
+            self.fits.clear();
             return;
         };
-        let mut slots = Slots::new();
-        for i in 0..w.slots() {
-            slots.push(w.bits & (1 << i) != 0);
-        }
+        self.origin = Some(origin);
+        self.requests_seen = arrivals.requests_seen();
+        let unstamp = |stamp: u64| (stamp != 0).then(|| w.base + Duration::from_nanos(stamp - 1));
+        let mut fits = Vec::with_capacity(w.paths.len());
         let before = w.slots() as usize;
-        let end = last_connection.filter(|&s| s >= w.trigger_slot);
-        if let Some(end) = end {
-            // The newest slots are the ones to keep, should the drain outlast the buffer.
-            let room = (fit::MAX_SEQ - before) as u64;
-            let start = w.trigger_slot.max((end + 1).saturating_sub(room));
-            for k in start..=end {
-                let (active, connection) = if k + RING as u64 <= now {
-                    (false, false)
+        for (path, peer) in arrivals.paths() {
+            let (after, last) = arrivals.after(path);
+            let last = unstamp(last).filter(|&t| t >= origin);
+            let pw = w.paths.iter().find(|p| p.path == path);
+            let Some(pw) = pw.filter(|p| p.activity != 0) else {
+                if after > 0 {
+                    let mut slots = Slots::new();
+                    (0..before).for_each(|_| slots.push(false));
+                    fits.push(PathFit {
+                        path,
+                        peer,
+                        routing: PathRouting::New,
+                        open: pw.map_or(0, |p| p.open),
+                        after,
+                        last,
+                        activity: Estimate::fit(
+                            &slots,
+                            before,
+                            self.requests_seen,
+                            self.epsilon,
+                            self.max,
+                        ),
+                        fresh: None,
+                    });
+                }
+                continue;
+            };
+            let per_request = beyond_wave(pw.open, after);
+            let mut slots = Slots::new();
+            for i in 0..before {
+                slots.push(pw.activity & (1 << i) != 0);
+            }
+            if let Some(end) = last.map(|t| slot_of(w.base, t)).filter(|_| per_request) {
+                // The newest slots are the ones to keep, should the drain outlast the buffer.
+                let room = (fit::MAX_SEQ - before) as u64;
+                let start = w.trigger_slot.max((end + 1).saturating_sub(room));
+                for k in start..=end {
+                    let (active, connection) = if k + RING as u64 <= now {
+                        (false, false)
+                    } else {
+                        arrivals.activity(path, k)
+                    };
+                    // In the trigger's slot, what came before the trigger counts as before it.
+                    slots.push(if k == w.trigger_slot {
+                        active
+                    } else {
+                        connection
+                    });
+                }
+            }
+            let activity =
+                Estimate::fit(&slots, before, self.requests_seen, self.epsilon, self.max);
+            let fresh = (!per_request && pw.connections != 0).then(|| {
+                let mut slots = Slots::new();
+                for i in 0..before {
+                    slots.push(pw.connections & (1 << i) != 0);
+                }
+                Estimate::fit(&slots, before, false, self.epsilon, self.max)
+            });
+            fits.push(PathFit {
+                path,
+                peer,
+                routing: if per_request {
+                    PathRouting::PerRequest
+                } else if pw.connections != 0 {
+                    PathRouting::Connections
                 } else {
-                    arrivals.activity(k)
-                };
-                // In the trigger's slot, what came before the trigger counts as before it.
-                slots.push(if k == w.trigger_slot {
-                    active
-                } else {
-                    connection
-                });
+                    PathRouting::Pool
+                },
+                open: pw.open,
+                after,
+                last,
+                activity,
+                fresh,
+            });
+        }
+        self.fits = fits;
+    }
+
+    /// The path that sets the commit: the first that cannot say (in the order too few
+    /// slots, a new path, too sparse), else the one whose proof comes last.
+    pub(crate) fn binding(&self) -> Option<&PathFit> {
+        let origin = self.origin?;
+        let base = self.window.as_ref()?.base;
+        let counted = || self.fits.iter().filter(|f| f.counts());
+        for w in [
+            WeakEvidence::TooFewSlots,
+            WeakEvidence::NewPath,
+            WeakEvidence::TooSparse,
+        ] {
+            if let Some(f) = counted().find(|f| f.weak(self.max) == Some(w)) {
+                return Some(f);
             }
         }
-        self.estimate = Some(Estimate::fit(
-            &slots,
-            before,
-            arrivals.requests_seen(),
-            self.epsilon,
-            self.max,
-        ));
+        counted().max_by_key(|f| f.conf_at(base, origin))
     }
 
-    /// The silence needed and the rule that set it, when the data can say.
+    /// The silence the binding path needs and the rule that set it, when the data can say.
     pub(crate) fn required(&self) -> Option<(Duration, SilenceRule)> {
-        self.estimate.and_then(|e| e.required())
+        self.binding()
+            .and_then(|f| f.required())
+            .map(|(t, r, _)| (t, r))
     }
 
-    /// When the silence after `last`, the last new connection (or the trigger), proves the
-    /// run of empty slots the fit asks for: the end of `last`'s slot plus the silence needed
-    /// (`T_conf`), so that the slots counted are the whole slots of the chain, wherever `last`
-    /// fell in its own.
-    pub(crate) fn conf_at(&self, last: Instant) -> Option<Instant> {
-        let (t, _) = self.required()?;
-        let base = self.window?.base;
-        let end = (slot_of(base, last) + 1) * SLOT.as_nanos() as u64;
-        Some(base + Duration::from_nanos(end) + t)
+    /// When the silence of every path that carried traffic proves the run of empty slots its
+    /// own fit asks for (see [`PathFit`]): the latest of them. `None` when some path's data
+    /// cannot say, or none carried traffic.
+    pub(crate) fn conf_at(&self) -> Option<Instant> {
+        if self.weak().is_some() {
+            return None;
+        }
+        let origin = self.origin?;
+        let base = self.window.as_ref()?.base;
+        self.fits
+            .iter()
+            .filter(|f| f.counts())
+            .map(|f| f.conf_at(base, origin))
+            .max()
+            .flatten()
     }
 
     /// Why the data cannot decide the commit, if it cannot.
     pub(crate) fn weak(&self) -> Option<WeakEvidence> {
-        match self.estimate {
-            None => Some(WeakEvidence::NoConnectionData),
-            Some(e) if e.slots_before + e.slots_after < MIN_SLOTS => {
-                Some(WeakEvidence::TooFewSlots)
-            }
-            Some(e) if e.required().is_none_or(|(t, _)| t >= self.max) => {
-                Some(WeakEvidence::TooSparse)
-            }
-            Some(_) => None,
+        let Some(w) = &self.window else {
+            return Some(WeakEvidence::NoConnectionData);
+        };
+        if self.origin.is_none() {
+            return Some(if w.slots() < MIN_SLOTS {
+                WeakEvidence::TooFewSlots
+            } else {
+                WeakEvidence::TooSparse
+            });
+        }
+        match self.binding() {
+            // Nothing carried traffic: no rate to weigh a silence by.
+            None if w.slots() < MIN_SLOTS => Some(WeakEvidence::TooFewSlots),
+            None => Some(WeakEvidence::TooSparse),
+            Some(f) => f.weak(self.max),
         }
     }
 }

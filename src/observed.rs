@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 #[cfg(feature = "http")]
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -32,13 +32,62 @@ pub(crate) const SLOT: Duration = Duration::from_millis(250);
 /// it.
 pub(crate) const RING: usize = 128;
 
-/// Which slots saw activity: a new connection, or a request.
+/// Paths the arrival evidence tells apart: one row per peer address, up to `PATHS − 1` of them,
+/// and one row, [`PathId::OTHER`], for the rest (and for connections of no known peer).
+pub(crate) const PATHS: usize = 16;
+
+/// A row of [`Arrivals`]: the path a connection's arrivals are counted on. Resolved once per
+/// connection; each of its requests is counted on it without a lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct PathId(u8);
+
+impl PathId {
+    /// The shared row: peers beyond the table, and connections of no known peer.
+    pub(crate) const OTHER: PathId = PathId(PATHS as u8 - 1);
+
+    pub(crate) fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+/// One path's counts.
+#[derive(Debug)]
+struct Row {
+    /// A hash of the peer address with its low bit set; 0 = free. Claimed once, never freed
+    /// (a coordinator lives as long as its process).
+    key: AtomicU64,
+    peer: OnceLock<IpAddr>,
+    /// Which recent slots saw activity: `(slot + 1) << 1 | connection` of the latest slot
+    /// that wrote the entry (32 bits: slots of 250 ms wrap after 17 years of serving).
+    ring: [AtomicU32; RING],
+    /// Connections of this path open now.
+    open: AtomicU32,
+    /// New connections since the drain started, and the stamp of the last (0 = none).
+    after: AtomicU32,
+    last_after: AtomicU64,
+}
+
+impl Row {
+    fn new() -> Self {
+        Self {
+            key: AtomicU64::new(0),
+            peer: OnceLock::new(),
+            ring: std::array::from_fn(|_| AtomicU32::new(0)),
+            open: AtomicU32::new(0),
+            after: AtomicU32::new(0),
+            last_after: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Which slots saw activity — a new connection, or a request — per path.
 ///
 /// Each ring entry holds `(slot + 1) << 1 | connection` for the latest slot that wrote it, so
 /// `fetch_max` keeps the newest slot, and within one slot a connection over a request.
 #[derive(Debug)]
 pub(crate) struct Arrivals {
-    ring: [AtomicU64; RING],
+    /// Boxed: the rows are most of a coordinator's leaked block, and `Core` stays small.
+    rows: Box<[Row; PATHS]>,
     /// Nanoseconds since `Observed::base` + 1 of when connections started to be counted; 0 = no
     /// source of connection data (neither `serve` nor `ConnMeta` through `axum::serve`).
     observing_since: AtomicU64,
@@ -46,45 +95,146 @@ pub(crate) struct Arrivals {
     requests_seen: AtomicBool,
 }
 
+/// A ring entry's slot part: `slot + 1` in 31 bits (0 = never written).
+#[inline]
+fn entry(slot: u64) -> u32 {
+    ((slot + 1) & 0x7fff_ffff) as u32
+}
+
+/// A hash of `ip` with its low bit set (0 marks a free row). Deterministic: a peer cannot
+/// pick its row, and two peers sharing one only merge their evidence.
+fn key_of(ip: IpAddr) -> u64 {
+    let bits: u128 = match ip.to_canonical() {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6) ^ (1 << 127),
+    };
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    mix(mix(bits as u64) ^ (bits >> 64) as u64) | 1
+}
+
 impl Arrivals {
     pub(crate) fn new() -> Self {
         Self {
-            ring: std::array::from_fn(|_| AtomicU64::new(0)),
+            rows: Box::new(std::array::from_fn(|_| Row::new())),
             observing_since: AtomicU64::new(0),
             requests_seen: AtomicBool::new(false),
         }
     }
 
-    /// Counts one new connection in slot `slot`. One relaxed atomic operation: the value is
-    /// read by the driver, which tolerates a slot seen a moment late.
-    #[inline]
-    pub(crate) fn record(&self, slot: u64) {
-        self.ring[(slot % RING as u64) as usize]
-            .fetch_max(((slot + 1) << 1) | 1, Ordering::Relaxed);
+    /// The row of `peer`, claimed on its first connection; [`PathId::OTHER`] without a peer
+    /// or once every row is taken. Once per connection: a few relaxed loads, a
+    /// compare-exchange for a peer's first.
+    pub(crate) fn path_of(&self, peer: Option<IpAddr>) -> PathId {
+        let Some(ip) = peer else {
+            return PathId::OTHER;
+        };
+        let key = key_of(ip);
+        let keyed = PATHS - 1;
+        let start = (key >> 1) as usize % keyed;
+        for i in (start..keyed).chain(0..start) {
+            let row = &self.rows[i];
+            // Relaxed: the key alone identifies the row; the peer address is for the report.
+            let mut current = row.key.load(Ordering::Relaxed);
+            if current == 0 {
+                match row
+                    .key
+                    .compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed)
+                {
+                    Ok(_) => {
+                        let _ = row.peer.set(ip.to_canonical());
+                        return PathId(i as u8);
+                    }
+                    Err(now) => current = now,
+                }
+            }
+            if current == key {
+                return PathId(i as u8);
+            }
+        }
+        PathId::OTHER
     }
 
-    /// Counts one request in `slot`. While the slot's entry already says so (every request
-    /// after the first of each slot), one relaxed load of the entry, no write.
-    #[cfg(feature = "http")] // only `serve`'s and `axum_serve`'s per-connection services count requests
+    /// The paths in use, with their peer address (`None` for [`PathId::OTHER`]).
+    pub(crate) fn paths(&self) -> impl Iterator<Item = (PathId, Option<IpAddr>)> + '_ {
+        self.rows.iter().enumerate().filter_map(|(i, row)| {
+            let id = PathId(i as u8);
+            if id == PathId::OTHER {
+                Some((id, None))
+            } else if row.key.load(Ordering::Relaxed) != 0 {
+                Some((id, row.peer.get().copied()))
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Counts one new connection of `path` in slot `slot`. One relaxed atomic operation: the
+    /// value is read by the driver, which tolerates a slot seen a moment late.
     #[inline]
-    pub(crate) fn note_request(&self, slot: u64) {
-        let entry = &self.ring[(slot % RING as u64) as usize];
-        let v = (slot + 1) << 1;
+    pub(crate) fn record(&self, path: PathId, slot: u64) {
+        self.rows[path.index()].ring[(slot % RING as u64) as usize]
+            .fetch_max((entry(slot) << 1) | 1, Ordering::Relaxed);
+    }
+
+    /// Counts one request of `path` in `slot`. While the slot's entry already says so (every
+    /// request after the first of each slot), one relaxed load of the entry, no write.
+    #[inline]
+    pub(crate) fn note_request(&self, path: PathId, slot: u64) {
+        let entry_ref = &self.rows[path.index()].ring[(slot % RING as u64) as usize];
+        let v = entry(slot) << 1;
         // Relaxed: read by the driver, which tolerates a slot seen a moment late.
-        if entry.load(Ordering::Relaxed) < v {
-            self.note_request_slow(entry, v);
+        if entry_ref.load(Ordering::Relaxed) < v {
+            self.note_request_slow(entry_ref, v);
         }
     }
 
     /// The first request of a slot.
-    #[cfg(feature = "http")]
     #[cold]
     #[inline(never)]
-    fn note_request_slow(&self, entry: &AtomicU64, v: u64) {
+    fn note_request_slow(&self, entry: &AtomicU32, v: u32) {
         entry.fetch_max(v, Ordering::Relaxed);
         if !self.requests_seen.load(Ordering::Relaxed) {
             self.requests_seen.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// A connection of `path` opened (counted until [`closed`](Self::closed)).
+    #[inline]
+    pub(crate) fn opened(&self, path: PathId) {
+        // Relaxed: a gauge read at the trigger; nothing synchronises through it.
+        self.rows[path.index()].open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection of `path` closed.
+    #[inline]
+    pub(crate) fn closed(&self, path: PathId) {
+        self.rows[path.index()].open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Connections of `path` open now.
+    pub(crate) fn open(&self, path: PathId) -> u32 {
+        self.rows[path.index()].open.load(Ordering::Relaxed)
+    }
+
+    /// A new connection of `path` after the drain started, at `stamp` (see `Observed`).
+    pub(crate) fn after_drain(&self, path: PathId, stamp: u64) {
+        let row = &self.rows[path.index()];
+        row.after.fetch_add(1, Ordering::Relaxed);
+        row.last_after.fetch_max(stamp, Ordering::Relaxed);
+    }
+
+    /// New connections of `path` since the drain started, and the stamp of the last (0 =
+    /// none).
+    pub(crate) fn after(&self, path: PathId) -> (u32, u64) {
+        let row = &self.rows[path.index()];
+        (
+            row.after.load(Ordering::Relaxed),
+            row.last_after.load(Ordering::Relaxed),
+        )
     }
 
     /// Connection data is available from `stamp` on (the first caller wins).
@@ -104,11 +254,11 @@ impl Arrivals {
         self.observing_since.load(Ordering::Relaxed)
     }
 
-    /// Whether `slot` saw activity, and whether a new connection: `(active, connection)`. An
-    /// entry from another ring-turn reads as empty.
-    pub(crate) fn activity(&self, slot: u64) -> (bool, bool) {
-        let v = self.ring[(slot % RING as u64) as usize].load(Ordering::Relaxed);
-        if v >> 1 == slot + 1 {
+    /// Whether `slot` saw activity on `path`, and whether a new connection: `(active,
+    /// connection)`. An entry from another ring-turn reads as empty.
+    pub(crate) fn activity(&self, path: PathId, slot: u64) -> (bool, bool) {
+        let v = self.rows[path.index()].ring[(slot % RING as u64) as usize].load(Ordering::Relaxed);
+        if v >> 1 == entry(slot) {
             (true, v & 1 == 1)
         } else {
             (false, false)
@@ -226,25 +376,25 @@ impl Observed {
         self.connections.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Counts a new connection in the arrival ring (Serving or not): one relaxed atomic
-    /// operation, once per connection, never per request.
+    /// Counts a new connection from `peer` in its path's arrival ring (Serving or not) and
+    /// returns the path, for the connection to count its requests on: a few relaxed atomic
+    /// operations, once per connection, never per request.
     #[inline]
     #[cfg(feature = "http")]
-    pub(crate) fn note_arrival(&self) {
-        let slot = Instant::now()
-            .saturating_duration_since(self.base)
-            .as_nanos()
-            / SLOT.as_nanos();
-        self.arrivals.record(slot as u64);
+    pub(crate) fn note_arrival(&self, peer: Option<IpAddr>) -> PathId {
+        let path = self.arrivals.path_of(peer);
+        self.arrivals
+            .record(path, slot_of(self.base, Instant::now()));
+        path
     }
 
-    /// Counts a request in the arrival ring: the clock read, and one relaxed load of the
-    /// ring entry of the slot (a write only for the first request of a slot).
+    /// Counts a request of `path` in the arrival ring: the clock read, and one relaxed load
+    /// of the ring entry of the slot (a write only for the first request of a slot).
     #[inline]
     #[cfg(feature = "http")] // `serve`'s and `axum::serve`'s per-connection service only
-    pub(crate) fn note_request_arrival(&self) {
+    pub(crate) fn note_request_arrival(&self, path: PathId) {
         let slot = slot_of(self.base, Instant::now());
-        self.arrivals.note_request(slot);
+        self.arrivals.note_request(path, slot);
     }
 
     /// Connection data is counted from now on (the accept loop starts).
@@ -325,8 +475,9 @@ impl Observed {
 
     /// A new connection accepted while draining.
     #[cfg(feature = "http")] // called by the accept loop
-    pub(crate) fn note_connection(&self, peer: Option<SocketAddr>) {
+    pub(crate) fn note_connection(&self, peer: Option<SocketAddr>, path: PathId) {
         let now = self.stamp(Instant::now());
+        self.arrivals.after_drain(path, now);
         self.last_activity.fetch_max(now, Ordering::Relaxed);
         let af = &self.after_flip;
         af.new_connections.fetch_add(1, Ordering::Relaxed);

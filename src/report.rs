@@ -15,7 +15,9 @@ use crate::readiness::ReadinessWhileDraining;
 
 pub use crate::action::ActionResult;
 pub use crate::closers::CloserResult;
-pub use crate::evidence::{EvidenceKind, EvidenceReport, MaxReason, SilenceRule, WeakEvidence};
+pub use crate::evidence::{
+    EvidenceKind, EvidenceReport, MaxReason, PathEvidence, PathRouting, SilenceRule, WeakEvidence,
+};
 pub use crate::link::{
     AllowanceSource, DeletionBudget, EndpointSliceEvidence, PeerDelay, StartupMeasurement,
 };

@@ -160,7 +160,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(700)).await;
             // A request on a connection from before the drain, then a new connection with two.
             core.observed().note_request(false);
-            assert!(drain.note_connection(Some("10.0.0.7:40000".parse().unwrap())));
+            assert!(
+                drain
+                    .note_connection(Some("10.0.0.7:40000".parse().unwrap()))
+                    .0
+            );
             core.observed().note_request(true);
             core.observed().note_request(true);
 

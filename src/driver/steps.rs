@@ -68,7 +68,10 @@ impl Driver {
     async fn propagate(&self, origin: Instant) -> CommitReason {
         let (mut evidence, never_served) = {
             let st = self.lock();
-            let evidence = st.evidence.expect("the evidence is taken with the origin");
+            let evidence = st
+                .evidence
+                .clone()
+                .expect("the evidence is taken with the origin");
             (evidence, st.never_served)
         };
         let (reason, kind) = if never_served {

@@ -165,6 +165,11 @@ impl Estimate {
         self.slots_before + self.slots_after
     }
 
+    /// Observed slots with activity.
+    pub(crate) fn busy(&self) -> u64 {
+        self.observed() - self.empty
+    }
+
     /// p̂, the chance that a slot is empty, with half a slot of doubt either way.
     pub(crate) fn p_empty(&self) -> f64 {
         (self.empty as f64 + 0.5) / (self.observed() as f64 + 1.0)

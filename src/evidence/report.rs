@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Evidence, SilenceRule, SLOT};
+use super::{Evidence, PathFit, SilenceRule, SLOT};
 
 /// Why the arrival data cannot say how long to wait.
 ///
-/// In JSON: `no_connection_data`, `too_few_slots`, `too_sparse`.
+/// In JSON: `no_connection_data`, `too_few_slots`, `too_sparse`, `new_path`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -23,6 +23,78 @@ pub enum WeakEvidence {
     /// New connections were too rare before the trigger: the silence needed for confidence
     /// is longer than `max`.
     TooSparse,
+    /// A peer that sent nothing in the window before the trigger kept opening connections
+    /// after it (more than a reconnect wave of the connections it had open): some proxy still
+    /// routes it here, and there is no rate of its own to weigh its silence by.
+    NewPath,
+}
+
+/// How a path (a peer address) reaches the process, as its arrivals show.
+///
+/// In JSON: `per_request`, `connections`, `pool`, `new`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PathRouting {
+    /// After the trigger it kept opening connections beyond the reconnect wave of those it had
+    /// open: each of its requests is a routing decision (an L7 proxy such as HAProxy or
+    /// Envoy, which comes back on a new connection for as long as it routes here). Judged by
+    /// its request rate.
+    PerRequest,
+    /// It opened new connections before the trigger: fresh connections keep coming through a
+    /// proxy that still routes here. Judged by its rate of new connections and by its
+    /// activity, whichever needs the longer silence.
+    Connections,
+    /// Only requests on kept connections before the trigger, and no more since than their
+    /// reconnect wave: a client pool, which moves away on the drain's `Connection: close`
+    /// (or GOAWAY) whatever the proxies do. Judged by its activity, in case it is a proxy
+    /// routing per request that has not shown it yet.
+    Pool,
+    /// Nothing before the trigger: it holds the drain (`weak` = `new_path`) once it sends
+    /// more than a reconnect wave.
+    New,
+}
+
+impl PathRouting {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        crate::names::of(&self)
+    }
+}
+
+/// One path's evidence: a peer address (or `other`, the peers beyond the table of 15 and
+/// connections of no known peer), how it is routed, and what its silence needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PathEvidence {
+    /// The peer address, or `other`.
+    pub peer: String,
+    /// How the path reaches the process.
+    pub routing: PathRouting,
+    /// Whether the path held the commit: it carried traffic before the trigger, or (a new
+    /// path) sent more than a reconnect wave since.
+    pub counted: bool,
+    /// Slots of the window before the trigger with activity (requests or new connections),
+    /// and with new connections.
+    pub active_slots: u64,
+    /// Slots of the window before the trigger with new connections.
+    pub connection_slots: u64,
+    /// Connections of the path open at the trigger.
+    pub open_at_trigger: u32,
+    /// New connections of the path since the trigger.
+    pub new_after_trigger: u32,
+    /// λ̂ of the fit that set the path's silence, in arrivals per 1000 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_1000s: Option<u64>,
+    /// The silence the path needs, in milliseconds (see [`EvidenceReport::t_conf_ms`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_conf_ms: Option<u64>,
+    /// Why the path's data could not say, when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weak: Option<WeakEvidence>,
+    /// Silence of the path so far: since the later of the trigger and its last new
+    /// connection, in milliseconds.
+    pub silence_ms: u64,
 }
 
 impl WeakEvidence {
@@ -169,6 +241,14 @@ pub struct EvidenceReport {
     /// no watch was started, the API refused or could not be reached, no slice lists the Pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_slice_unused: Option<String>,
+    /// The path whose evidence set the commit (its silence came last, or its data could not
+    /// say): a peer address, or `other`. The slot counts, rates and `t_conf_ms` above are
+    /// this path's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    /// Every path seen, the busiest first (at most 16).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathEvidence>,
 }
 
 impl EvidenceReport {
@@ -253,8 +333,37 @@ impl Evidence {
         let ms = |d: Duration| d.as_millis() as u64;
         let ppm = |x: f64| (x * 1e6).round() as u64;
         let weak = self.weak();
-        let e = self.estimate;
+        let binding = self.binding();
+        let e = binding.map(|f| *f.shown());
         let required = self.required();
+        let now = tokio::time::Instant::now();
+        let peer_name = |f: &PathFit| f.peer.map_or_else(|| "other".to_owned(), |p| p.to_string());
+        let mut paths: Vec<PathEvidence> = self
+            .fits
+            .iter()
+            .map(|f| {
+                let shown = f.shown();
+                let since = f.last.or(self.origin_instant()).unwrap_or(now);
+                PathEvidence {
+                    peer: peer_name(f),
+                    routing: f.routing,
+                    counted: f.counts(),
+                    active_slots: f.activity.busy().min(f.activity.slots_before),
+                    connection_slots: f.fresh.map_or(0, |x| x.busy()),
+                    open_at_trigger: f.open,
+                    new_after_trigger: f.after,
+                    rate_per_1000s: (f.routing != PathRouting::New)
+                        .then(|| (shown.rate() * 1000.0).round() as u64),
+                    t_conf_ms: f.required().map(|(t, _, _)| ms(t)),
+                    weak: f.weak(self.max),
+                    silence_ms: ms(now.saturating_duration_since(since)),
+                }
+            })
+            .collect();
+        paths.sort_by(|a, b| {
+            (b.active_slots + u64::from(b.new_after_trigger))
+                .cmp(&(a.active_slots + u64::from(a.new_after_trigger)))
+        });
         EvidenceReport {
             kind,
             max_reason: (kind == EvidenceKind::Max).then(|| {
@@ -269,7 +378,7 @@ impl Evidence {
             slots_observed: e.map_or(0, |e| e.slots_before),
             slots_after_trigger: e.map_or(0, |e| e.slots_after),
             empty_slots: e.map_or(0, |e| e.empty),
-            requests_seen: e.is_some_and(|e| e.requests_seen),
+            requests_seen: self.requests_seen,
             p_empty_ppm: e.map(|e| ppm(e.p_empty())),
             rate_per_1000s: e.map(|e| (e.rate() * 1000.0).round() as u64),
             stay_empty_ppm: e.map(|e| ppm(e.stay_empty())),
@@ -281,6 +390,8 @@ impl Evidence {
             silence_ms: ms(silence),
             endpoint_slice: None,
             endpoint_slice_unused: None,
+            held_by: binding.map(peer_name),
+            paths,
         }
     }
 }

@@ -1,10 +1,11 @@
 //! One drain in virtual time over an arrival trace, for the simulation that checks ε
 //! (`tests/evidence_sim.rs`, `examples/evidence_sim.rs`). Not a public API: it exists so the
 //! simulation drives the estimator and the policy check the drain itself runs — the same
-//! ring, the same window, the same fit, the same `Policy::check` — and not a copy of their
+//! rows, the same window, the same fits, the same `Policy::check` — and not a copy of their
 //! formulas. Nothing sleeps: the loop jumps from one check to the instant the check asks for,
 //! as the drain's task would wake.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -12,6 +13,7 @@ use tokio::time::Instant;
 use super::{slot_of, Arrivals, Evidence, EvidenceKind, EvidenceReport, Window};
 use crate::budget::Budget;
 use crate::link::Hold;
+use crate::observed::PathId;
 use crate::propagation::{Check, Policy, Seen};
 use crate::{ConfigError, Propagation};
 
@@ -32,58 +34,110 @@ impl Outcome {
     }
 }
 
-/// Runs the propagation policy of a drain triggered at `trigger` over `arrivals` (sorted
-/// instants of activity, from the start of serving: each a new connection), with the budget
-/// of `grace` and nothing in flight. The caller ends `arrivals` where the proxies stopped
-/// routing here.
+/// What happened on a path at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum What {
+    /// A new connection that carries one request and closes (a fresh-connection client).
+    Fresh,
+    /// A new connection kept open (a pool's), with its first request.
+    Open,
+    /// A request on a kept connection.
+    Request,
+    /// A kept connection closed.
+    Close,
+}
+
+/// One arrival of a trace: when, on which path (a peer address of its own per path), what.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct Arrival {
+    /// From the start of serving.
+    pub at: Duration,
+    /// The path: peers 198.18.0.1, 198.18.0.2, … for 0, 1, ….
+    pub path: u16,
+    /// What arrived.
+    pub what: What,
+}
+
+impl Arrival {
+    /// An arrival of `what` on `path` at `at`.
+    pub fn new(at: Duration, path: u16, what: What) -> Self {
+        Self { at, path, what }
+    }
+}
+
+/// Runs the propagation policy of a drain triggered at `trigger` over `arrivals` (sorted by
+/// time, from the start of serving), with the budget of `grace` and nothing in flight. The
+/// caller ends each path's arrivals where its proxy stopped routing here.
 pub fn drain(
-    arrivals: &[Duration],
+    arrivals: &[Arrival],
     trigger: Duration,
     propagation: &Propagation,
     grace: Duration,
 ) -> Result<Outcome, ConfigError> {
     let budget = Budget::resolve(Some(grace), None, None, None)?;
     let policy = propagation.resolve(&budget)?;
-    let Policy::Quiet { max, .. } = policy else {
+    let Policy::Quiet {
+        max,
+        epsilon,
+        fallback,
+        ..
+    } = policy
+    else {
         return Err(ConfigError::propagation(
             "the simulation runs the quiet policy; a fixed delay needs none",
         ));
     };
     let base = Instant::from_std(std::time::Instant::now());
-    let ring = Arrivals::new();
-    ring.observe_from(1);
+    let stamp = |t: Instant| t.saturating_duration_since(base).as_nanos() as u64 + 1;
+    let rows = Arrivals::new();
+    rows.observe_from(1);
+    let paths: Vec<PathId> = (0..=arrivals.iter().map(|a| a.path).max().unwrap_or(0))
+        .map(|p| {
+            let [hi, lo] = p.to_be_bytes();
+            let ip = Ipv4Addr::new(198, 18, hi, lo.wrapping_add(1));
+            rows.path_of(Some(IpAddr::V4(ip)))
+        })
+        .collect();
     let mut next = 0;
     let mut last_connection = None;
     let origin = base + trigger;
-    // Feeds the ring up to `now`, in time order, as the accept loop would have.
+    // Feeds the rows up to `now`, in time order, as the accept loop and the connections
+    // would have.
     let mut feed = |now: Instant, last: &mut Option<Instant>| {
-        while let Some(&t) = arrivals.get(next) {
-            let at = base + t;
+        while let Some(a) = arrivals.get(next) {
+            let at = base + a.at;
             if at > now {
                 break;
             }
-            ring.record(slot_of(base, at));
-            if at >= origin {
-                *last = Some(at);
+            let path = paths[usize::from(a.path)];
+            let slot = slot_of(base, at);
+            match a.what {
+                What::Fresh | What::Open => {
+                    rows.record(path, slot);
+                    if a.what == What::Open {
+                        rows.opened(path);
+                    }
+                    if at >= origin {
+                        rows.after_drain(path, stamp(at));
+                        *last = Some(at);
+                    }
+                }
+                What::Request => rows.note_request(path, slot),
+                What::Close => rows.closed(path),
             }
             next += 1;
         }
     };
     feed(origin, &mut last_connection);
-    let (epsilon, fallback) = match policy {
-        Policy::Quiet {
-            epsilon, fallback, ..
-        } => (epsilon, fallback),
-        Policy::Fixed(_) => unreachable!("checked above"),
-    };
-    let window = Window::at(&ring, base, origin, Some(base));
+    let window = Window::at(&rows, base, origin, Some(base));
     let mut evidence = Evidence::new(window, epsilon, max, fallback);
     let max_at = origin + max;
     let mut now = origin;
     loop {
         feed(now, &mut last_connection);
-        let last = last_connection.map(|t| slot_of(base, t));
-        evidence.refit(&ring, last, slot_of(base, now));
+        evidence.refit(&rows, origin, slot_of(base, now));
         let seen = Seen {
             now,
             last_connection,

@@ -79,35 +79,57 @@ fn a_gap_running_at_the_trigger_counts_against_the_silence() {
     assert!(t > dense, "{t:?} vs {dense:?}");
 }
 
+const P: PathId = PathId::OTHER;
+
 #[test]
 fn ring_entries_from_an_older_turn_read_as_empty() {
     let a = Arrivals::new();
-    a.record(5);
-    assert_eq!(a.activity(5), (true, true));
-    assert_eq!(a.activity(5 + RING as u64), (false, false));
-    a.record(5 + RING as u64);
-    assert_eq!(a.activity(5), (false, false));
+    a.record(P, 5);
+    assert_eq!(a.activity(P, 5), (true, true));
+    assert_eq!(a.activity(P, 5 + RING as u64), (false, false));
+    a.record(P, 5 + RING as u64);
+    assert_eq!(a.activity(P, 5), (false, false));
     // A late write of the older slot does not hide the newer one.
-    a.record(5);
-    assert_eq!(a.activity(5 + RING as u64), (true, true));
+    a.record(P, 5);
+    assert_eq!(a.activity(P, 5 + RING as u64), (true, true));
 }
 
 #[test]
 fn a_request_marks_its_slot_and_a_connection_wins_over_it() {
     let a = Arrivals::new();
     assert!(!a.requests_seen());
-    a.note_request(7);
-    a.note_request(7);
-    assert_eq!(a.activity(7), (true, false));
+    a.note_request(P, 7);
+    a.note_request(P, 7);
+    assert_eq!(a.activity(P, 7), (true, false));
     assert!(a.requests_seen());
     // A connection in the same slot marks it; a later request does not unmark it.
-    a.record(7);
-    a.note_request(7);
-    assert_eq!(a.activity(7), (true, true));
+    a.record(P, 7);
+    a.note_request(P, 7);
+    assert_eq!(a.activity(P, 7), (true, true));
     // A request of an older ring-turn does not hide a newer slot.
-    a.note_request(7 + RING as u64);
-    a.note_request(7);
-    assert_eq!(a.activity(7 + RING as u64), (true, false));
+    a.note_request(P, 7 + RING as u64);
+    a.note_request(P, 7);
+    assert_eq!(a.activity(P, 7 + RING as u64), (true, false));
+}
+
+#[test]
+fn each_peer_gets_a_row_of_its_own_until_the_table_is_full() {
+    let a = Arrivals::new();
+    let ip = |i: u8| Some(std::net::IpAddr::from([198, 18, 0, i]));
+    let first = a.path_of(ip(1));
+    assert_eq!(a.path_of(ip(1)), first, "the same peer, the same row");
+    let mut seen = std::collections::HashSet::new();
+    for i in 1..=15 {
+        let p = a.path_of(ip(i));
+        assert_ne!(p, PathId::OTHER, "peer {i}");
+        assert!(seen.insert(p), "peer {i} shares a row");
+    }
+    assert_eq!(a.path_of(ip(16)), PathId::OTHER, "beyond the table");
+    assert_eq!(a.path_of(None), PathId::OTHER);
+    // An IPv4-mapped IPv6 address is the same peer.
+    let mapped = "::ffff:198.18.0.3".parse::<std::net::IpAddr>().unwrap();
+    assert_eq!(a.path_of(Some(mapped)), a.path_of(ip(3)));
+    assert_eq!(a.paths().count(), 16);
 }
 
 #[test]

@@ -12,8 +12,10 @@ fn the_leaked_block_is_small() {
 async fn done_frees_what_the_drain_accumulated() {
     let core = Core::leak();
     core.start_draining();
-    core.observed()
-        .note_connection(Some("127.0.0.1:1".parse().unwrap()));
+    core.observed().note_connection(
+        Some("127.0.0.1:1".parse().unwrap()),
+        crate::observed::PathId::OTHER,
+    );
     core.observed().note_path(b"ingress", true);
     let (mut guard, draining) = core.plain().enter();
     assert!(draining);

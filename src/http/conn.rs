@@ -20,6 +20,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::guard::Core;
+use crate::observed::PathId;
 
 /// Connection ids are unique per process, whatever accepted the connection.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -41,6 +42,17 @@ pub(crate) struct ConnShared {
     /// Woken once when `proto` becomes known, so a connection task waiting to send GOAWAY
     /// learns it without polling.
     pub(crate) proto_known: Notify,
+    /// The arrival path the connection is counted on, open until this is dropped; `None`
+    /// when no coordinator counted it (`axum::serve`'s own hook).
+    path: Option<(&'static Core, PathId)>,
+}
+
+impl Drop for ConnShared {
+    fn drop(&mut self) {
+        if let Some((core, path)) = self.path {
+            core.observed().arrivals().closed(path);
+        }
+    }
 }
 
 /// Facts about the connection a request arrived on: a process-unique id, when it was accepted,
@@ -118,11 +130,32 @@ impl ConnMeta {
     /// assert_eq!(first.id(), second.id());
     /// ```
     pub fn accepted(drain: &crate::Drain, peer: Option<SocketAddr>) -> Self {
-        note_accepted(drain.core());
-        Self::new(peer, None)
+        let path = note_accepted(drain.core(), peer);
+        Self::counted(peer, None, drain.core(), path)
     }
 
+    /// Metadata for a connection counted by no coordinator.
     pub(crate) fn new(peer: Option<SocketAddr>, accepted_while_draining: Option<bool>) -> Self {
+        Self::with_path(peer, accepted_while_draining, None)
+    }
+
+    /// Metadata for a connection `core` counted on `path`: open on it until the last copy is
+    /// dropped.
+    pub(crate) fn counted(
+        peer: Option<SocketAddr>,
+        accepted_while_draining: Option<bool>,
+        core: &'static Core,
+        path: PathId,
+    ) -> Self {
+        core.observed().arrivals().opened(path);
+        Self::with_path(peer, accepted_while_draining, Some((core, path)))
+    }
+
+    fn with_path(
+        peer: Option<SocketAddr>,
+        accepted_while_draining: Option<bool>,
+        path: Option<(&'static Core, PathId)>,
+    ) -> Self {
         Self {
             conn: Arc::new(ConnShared {
                 // Relaxed: ids only need to be unique, not ordered with anything.
@@ -134,6 +167,7 @@ impl ConnMeta {
                 recorded: AtomicBool::new(accepted_while_draining == Some(true)),
                 proto: AtomicU8::new(PROTO_UNKNOWN),
                 proto_known: Notify::new(),
+                path,
             }),
             index: None,
         }
@@ -225,6 +259,13 @@ impl ConnMeta {
     pub(crate) fn shared(&self) -> &ConnShared {
         &self.conn
     }
+
+    /// The arrival path the connection is counted on ([`PathId::OTHER`] when none counted
+    /// it).
+    #[inline]
+    pub(crate) fn path(&self) -> PathId {
+        self.conn.path.map_or(PathId::OTHER, |(_, p)| p)
+    }
 }
 
 impl fmt::Debug for ConnMeta {
@@ -269,7 +310,7 @@ impl axum::extract::connect_info::Connected<SocketAddr> for ConnMeta {
 /// A connection accepted by a server other than [`serve`](crate::serve) (`axum_serve`, a
 /// custom loop): counts it in `core`'s arrival rate, observed from the coordinator's build on
 /// (the server runs from then on, and slots before Serving are left out anyway).
-pub(crate) fn note_accepted(core: &Core) {
+pub(crate) fn note_accepted(core: &Core, peer: Option<SocketAddr>) -> PathId {
     core.observed().observe_arrivals_from_build();
-    core.observed().note_arrival();
+    core.observed().note_arrival(peer.map(|p| p.ip()))
 }

@@ -265,7 +265,7 @@ where
         // The propagation evidence: requests, not only new connections, say how often this
         // process is picked (a pooling proxy opens few connections). A clock read and one
         // relaxed load, and a write only for the first request of a 250 ms slot.
-        self.core.observed().note_request_arrival();
+        self.core.observed().note_request_arrival(self.meta.path());
         if index == 0 {
             let proto = if req.version() == Version::HTTP_2 {
                 PROTO_H2

@@ -192,7 +192,7 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
             // Under axum::serve nobody saw the accept: count the connection on its first
             // request after the drain. Under lameduck::serve the accept loop already did.
             if m.claim_record() {
-                core.observed().note_connection(m.peer());
+                core.observed().note_connection(m.peer(), m.path());
             }
         }
         core.observed().note_request(on_new);

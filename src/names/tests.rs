@@ -284,8 +284,20 @@ fn evidence_names_are_documented() {
         NoConnectionData,
         TooFewSlots,
         TooSparse,
+        NewPath,
     });
     check(&weak, |v| v.as_str().to_owned());
+    let routing = all!(PathRouting {
+        PerRequest,
+        Connections,
+        Pool,
+        New,
+    });
+    check(&routing, |v| v.as_str().to_owned());
+    assert_eq!(
+        missing_in_guide("propagation.evidence", &routing),
+        Vec::<String>::new()
+    );
     let rules = all!(SilenceRule { Markov, LongestGap });
     check(&rules, |v| v.as_str().to_owned());
     assert_eq!(

@@ -87,7 +87,7 @@ impl Policy {
         let mut evidence = Evidence::new(window, epsilon, max, fallback);
         evidence.refit(
             core.observed().arrivals(),
-            None,
+            now,
             slot_of(core.observed().base(), now),
         );
         evidence
@@ -95,14 +95,9 @@ impl Policy {
 
     /// Refits `evidence` with what arrived since the trigger `origin`, as of now.
     pub(crate) fn refit(core: &Core, origin: Instant, evidence: &mut Evidence) {
-        let last = core
-            .observed()
-            .last_new_connection()
-            .filter(|&t| t >= origin)
-            .map(|t| slot_of(core.observed().base(), t));
         evidence.refit(
             core.observed().arrivals(),
-            last,
+            origin,
             slot_of(core.observed().base(), Instant::now()),
         );
     }
@@ -150,18 +145,14 @@ impl Policy {
         // open connections (a pool, an HTTP/2 connection accepted during the drain, which
         // gets its GOAWAY at the commit) say nothing about the proxies and must not hold
         // the window open. Without it, requests are the only signal there is.
-        let last = if evidence.estimate.is_some() {
+        let last = if evidence.has_data() {
             last_conn
         } else {
             seen.last_activity.unwrap_or(origin).max(origin)
         };
-        // When the silence proves convergence, counted on the slot grid; `None`: the arrival
-        // data cannot say how long to wait, only the fallback or max can.
-        let proved_at = if evidence.weak().is_some() {
-            None
-        } else {
-            evidence.conf_at(last_conn)
-        };
+        // When every path's silence proves its convergence, counted on the slot grid;
+        // `None`: the arrival data cannot say how long to wait, only the fallback or max can.
+        let proved_at = evidence.conf_at();
         let conf_at = proved_at.unwrap_or(max_at);
         let (conf_at, kind) = match hold {
             // The slices are the authoritative step: no commit before they stop routing

@@ -50,6 +50,8 @@ pub(crate) fn fixed_only(mut e: EvidenceReport) -> EvidenceReport {
         e.longest_gap_ms = None;
         e.rule = None;
         e.endpoint_slice = None;
+        e.held_by = None;
+        e.paths.clear();
         // A watch that was started and failed is worth keeping whatever the policy; a
         // build without the feature, or no watch, is a choice.
         e.endpoint_slice_unused = e.endpoint_slice_unused.filter(|why| {

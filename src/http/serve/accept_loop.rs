@@ -155,8 +155,8 @@ impl<S> Connections<S> {
         B::Data: Send,
         B::Error: Into<BoxError>,
     {
-        let after_drain = self.drain.note_connection(Some(peer));
-        let meta = ConnMeta::new(Some(peer), Some(after_drain));
+        let (after_drain, path) = self.drain.note_connection(Some(peer));
+        let meta = ConnMeta::counted(Some(peer), Some(after_drain), self.drain.core(), path);
         let conn = ConnTask::new(self.drain.core(), meta, self.tokens.clone());
         let svc = TowerToHyperService::new(self.service.clone());
         let run = conn.run(self.builder.clone(), stream, svc);
