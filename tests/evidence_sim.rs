@@ -8,7 +8,10 @@
 #[path = "../examples/support/evidence_sim.rs"]
 mod sim;
 
-use sim::{clopper_pearson, family, simulate, Phase, Process};
+use sim::{
+    clopper_pearson, family, scenarios, simulate, simulate_scenario, Phase, Pool, Process,
+    Scenario, Shares, Spread,
+};
 
 const RUNS: u64 = 300;
 const EPSILON: f64 = 1e-3;
@@ -74,4 +77,55 @@ fn a_pause_at_the_trigger_is_what_no_local_evidence_can_tell() {
     assert!(!p.held_to_epsilon());
     let s = simulate(&p, Phase::Random, RUNS, 77);
     assert!(s.lost > 0, "{s:?}");
+}
+
+#[test]
+fn pools_and_many_proxies_hold_epsilon() {
+    let mut broken = Vec::new();
+    for (i, sc) in scenarios().iter().enumerate() {
+        let s = simulate_scenario(sc, RUNS, 0x9001 ^ i as u64);
+        let (lower, _) = clopper_pearson(s.lost, s.runs);
+        if lower > EPSILON {
+            broken.push(format!(
+                "{}: {} of {} lost after a commit on evidence",
+                sc.name(),
+                s.lost,
+                s.runs
+            ));
+        }
+    }
+    assert!(broken.is_empty(), "ε broken:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn a_pool_beside_a_trickle_does_not_make_the_trickle_look_dense() {
+    // The cell: a kept-alive pool and fresh connections from one peer. Its requests
+    // made every slot busy and the drain committed on a short silence; the trickle must be
+    // judged by its own rate.
+    let sc = Scenario::Pooled {
+        pool: Pool {
+            conns: 32,
+            rate: 22.0,
+            endpoints: 2,
+        },
+        fresh: 2.5,
+        same_peer: true,
+    };
+    let s = simulate_scenario(&sc, RUNS, 32);
+    assert_eq!(s.lost, 0, "{s:?}");
+}
+
+#[test]
+fn a_dense_fast_proxy_does_not_prove_a_slow_one() {
+    // Two nodes: most traffic through one converging within 2 s, a trickle through a
+    // straggler 5–40 s behind. The total's silence says nothing about the straggler.
+    let sc = Scenario::Proxies {
+        n: 2,
+        shares: Shares::Zipf,
+        spread: Spread::Straggler,
+        fresh: 50.0,
+        pool: None,
+    };
+    let s = simulate_scenario(&sc, RUNS, 33);
+    assert_eq!(s.lost, 0, "{s:?}");
 }

@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use lameduck::__private::evidence_sim::drain;
+use lameduck::__private::evidence_sim::{drain, Arrival, What};
 use lameduck::report::{EvidenceKind, SilenceRule};
 use lameduck::Propagation;
 
@@ -371,7 +371,10 @@ pub(crate) fn run(process: &Process, phase: Phase, rng: &mut Rng) -> Run {
     }
     let stop = trigger + proxy;
     trace.retain(|&t| t < stop);
-    let arrivals: Vec<Duration> = trace.iter().map(|&t| Duration::from_secs_f64(t)).collect();
+    let arrivals: Vec<Arrival> = trace
+        .iter()
+        .map(|&t| Arrival::new(Duration::from_secs_f64(t), 0, What::Fresh))
+        .collect();
     let out = drain(
         &arrivals,
         Duration::from_secs_f64(trigger),
@@ -505,5 +508,348 @@ pub(crate) fn summarize(runs: &[Run]) -> Summary {
 pub(crate) fn simulate(process: &Process, phase: Phase, n: u64, seed: u64) -> Summary {
     let mut rng = Rng::new(seed);
     let runs: Vec<Run> = (0..n).map(|_| run(process, phase, &mut rng)).collect();
+    summarize(&runs)
+}
+
+// ---- Scenarios beyond one process through one proxy: kept-alive pools, many proxies ----
+
+/// How the proxies' convergence times spread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spread {
+    /// Each proxy log-uniform in 0.2–40 s after the trigger, independently.
+    LogUniform,
+    /// All but one log-uniform in 0.2–2 s; one straggler log-uniform in 5–40 s.
+    Straggler,
+}
+
+/// How the traffic splits over the proxies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shares {
+    Equal,
+    /// Proxy i carries a share proportional to 1/i.
+    Zipf,
+}
+
+/// A kept-alive client pool: `conns` connections to this process, `rate` requests/s over them
+/// in all; when the server closes one, the client reconnects through its proxy on its next
+/// request and lands here again with chance 1/`endpoints` while the proxy still routes here,
+/// else elsewhere, where it stays.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pool {
+    pub(crate) conns: u32,
+    pub(crate) rate: f64,
+    pub(crate) endpoints: u32,
+}
+
+/// A drain's traffic: per proxy, fresh connections and pools, each on a path (peer) of its
+/// own or sharing one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scenario {
+    /// One proxy: a pool, and fresh connections at `fresh` per second (already the share
+    /// that lands here), from the same peer or from two.
+    Pooled {
+        pool: Pool,
+        fresh: f64,
+        same_peer: bool,
+    },
+    /// `n` proxies converging on their own schedules, each with its share of `fresh`
+    /// connections per second from a peer of its own, and, with `pool`, a pool of its own
+    /// from another peer.
+    Proxies {
+        n: u32,
+        shares: Shares,
+        spread: Spread,
+        fresh: f64,
+        pool: Option<Pool>,
+    },
+}
+
+impl Scenario {
+    pub(crate) fn name(&self) -> String {
+        let pool = |p: &Pool| {
+            format!(
+                "pool of {} at {}/s ({} endpoints)",
+                p.conns, p.rate, p.endpoints
+            )
+        };
+        match self {
+            Scenario::Pooled {
+                pool: p,
+                fresh,
+                same_peer,
+            } => {
+                if *fresh == 0.0 {
+                    pool(p)
+                } else {
+                    format!(
+                        "{} + fresh {fresh}/s, {}",
+                        pool(p),
+                        if *same_peer { "one peer" } else { "two peers" }
+                    )
+                }
+            }
+            Scenario::Proxies {
+                n,
+                shares,
+                spread,
+                fresh,
+                pool: p,
+            } => format!(
+                "{n} proxies, {}, {}, fresh {fresh}/s{}",
+                match shares {
+                    Shares::Equal => "equal shares",
+                    Shares::Zipf => "Zipf shares",
+                },
+                match spread {
+                    Spread::LogUniform => "each 0.2–40 s",
+                    Spread::Straggler => "one straggler",
+                },
+                p.map_or(String::new(), |p| format!(" + a {} each", pool(&p)))
+            ),
+        }
+    }
+}
+
+/// The scenarios the simulation covers beside the single-process family.
+pub(crate) fn scenarios() -> Vec<Scenario> {
+    let pool = Pool {
+        conns: 32,
+        rate: 22.0,
+        endpoints: 2,
+    };
+    let mut out = vec![
+        Scenario::Pooled {
+            pool,
+            fresh: 0.0,
+            same_peer: false,
+        },
+        Scenario::Pooled {
+            pool,
+            fresh: 2.5,
+            same_peer: true,
+        },
+        Scenario::Pooled {
+            pool,
+            fresh: 2.5,
+            same_peer: false,
+        },
+        Scenario::Pooled {
+            pool,
+            fresh: 0.33,
+            same_peer: true,
+        },
+        Scenario::Pooled {
+            pool: Pool {
+                conns: 4,
+                rate: 50.0,
+                endpoints: 2,
+            },
+            fresh: 25.0,
+            same_peer: true,
+        },
+    ];
+    for n in [2, 5, 20] {
+        for shares in [Shares::Equal, Shares::Zipf] {
+            for spread in [Spread::LogUniform, Spread::Straggler] {
+                out.push(Scenario::Proxies {
+                    n,
+                    shares,
+                    spread,
+                    fresh: 50.0,
+                    pool: None,
+                });
+            }
+        }
+    }
+    for n in [2, 5] {
+        out.push(Scenario::Proxies {
+            n,
+            shares: Shares::Equal,
+            spread: Spread::LogUniform,
+            fresh: 50.0,
+            pool: Some(pool),
+        });
+    }
+    out
+}
+
+/// One pool connection's requests after the trigger, each with the coin that says whether a
+/// reconnect at that request would land here.
+struct PoolConn {
+    after: Vec<(f64, bool)>,
+}
+
+impl PoolConn {
+    /// Whether the connection delivers a new connection here at or after `commit` while its
+    /// proxy (converging at `stop`) still routes here: closed by the drain (or at the commit,
+    /// should it still be open then), it reconnects on its next request.
+    fn lost(&self, commit: f64, stop: f64) -> bool {
+        for (i, &(t, here)) in self.after.iter().enumerate() {
+            let reconnect = i > 0 || t >= commit;
+            if !reconnect {
+                continue; // served on the kept connection, which closes after it
+            }
+            if !(t < stop && here) {
+                return false; // landed elsewhere, and stays there
+            }
+            if t >= commit {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Appends `pool`'s arrivals on `path` from `from` (connections opened then, long before the
+/// window) to `horizon`, the drain triggered at `trigger`, its proxy routing here until
+/// `stop`; returns the connections, for the losses.
+fn pool_trace(
+    rng: &mut Rng,
+    pool: Pool,
+    path: u16,
+    (from, trigger, stop, horizon): (f64, f64, f64, f64),
+    out: &mut Vec<(f64, u16, What)>,
+) -> Vec<PoolConn> {
+    let per = pool.rate / f64::from(pool.conns);
+    let mut conns = Vec::new();
+    for _ in 0..pool.conns {
+        out.push((from, path, What::Open));
+        let mut t = from;
+        let mut after = Vec::new();
+        loop {
+            t += rng.exp(per);
+            if t >= horizon {
+                break;
+            }
+            if t < trigger {
+                out.push((t, path, What::Request));
+            } else {
+                let here = rng.unit() < 1.0 / f64::from(pool.endpoints);
+                after.push((t, here));
+            }
+        }
+        // Before any commit: the first request after the trigger on the kept connection, then
+        // reconnects for as long as they land here.
+        for (i, &(t, here)) in after.iter().enumerate() {
+            if i == 0 {
+                out.push((t, path, What::Request));
+                out.push((t + 1e-4, path, What::Close));
+                continue;
+            }
+            if !(t < stop && here) {
+                break;
+            }
+            out.push((t, path, What::Open));
+            out.push((t + 1e-4, path, What::Close));
+        }
+        conns.push(PoolConn { after });
+    }
+    conns
+}
+
+/// One drain of a scenario, at a random trigger.
+pub(crate) fn run_scenario(scenario: &Scenario, rng: &mut Rng) -> Run {
+    let trigger = rng.uniform(40.0, 70.0);
+    let from = trigger - 60.0;
+    let horizon = trigger + 70.0;
+    let mut out: Vec<(f64, u16, What)> = Vec::new();
+    // Per proxy: when it stops routing here; the fresh arrivals and pools it carries.
+    let mut fresh: Vec<(f64, f64)> = Vec::new(); // (time, stop) of every fresh arrival here
+    let mut pools: Vec<(PoolConn, f64)> = Vec::new();
+    let stops: Vec<f64>;
+    match *scenario {
+        Scenario::Pooled {
+            pool,
+            fresh: rate,
+            same_peer,
+        } => {
+            let stop = trigger + rng.log_uniform(0.2, 40.0);
+            stops = vec![stop];
+            let mut ts = Vec::new();
+            poisson(rng, rate, from, stop, &mut ts);
+            let fresh_path = if same_peer { 0 } else { 1 };
+            for t in ts {
+                out.push((t, fresh_path, What::Fresh));
+                fresh.push((t, stop));
+            }
+            for c in pool_trace(rng, pool, 0, (from, trigger, stop, horizon), &mut out) {
+                pools.push((c, stop));
+            }
+        }
+        Scenario::Proxies {
+            n,
+            shares,
+            spread,
+            fresh: rate,
+            pool,
+        } => {
+            let weights: Vec<f64> = (1..=n)
+                .map(|i| match shares {
+                    Shares::Equal => 1.0,
+                    Shares::Zipf => 1.0 / f64::from(i),
+                })
+                .collect();
+            let total: f64 = weights.iter().sum();
+            let straggler = (rng.unit() * f64::from(n)) as u32;
+            stops = (0..n)
+                .map(|i| {
+                    trigger
+                        + match spread {
+                            Spread::LogUniform => rng.log_uniform(0.2, 40.0),
+                            Spread::Straggler if i == straggler => rng.log_uniform(5.0, 40.0),
+                            Spread::Straggler => rng.log_uniform(0.2, 2.0),
+                        }
+                })
+                .collect();
+            for i in 0..n {
+                let stop = stops[i as usize];
+                let mut ts = Vec::new();
+                poisson(rng, rate * weights[i as usize] / total, from, stop, &mut ts);
+                let path = (2 * i) as u16;
+                for t in ts {
+                    out.push((t, path, What::Fresh));
+                    fresh.push((t, stop));
+                }
+                if let Some(pool) = pool {
+                    let window = (from, trigger, stop, horizon);
+                    for c in pool_trace(rng, pool, path + 1, window, &mut out) {
+                        pools.push((c, stop));
+                    }
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let arrivals: Vec<Arrival> = out
+        .iter()
+        .map(|&(t, path, what)| Arrival::new(Duration::from_secs_f64(t.max(0.0)), path, what))
+        .collect();
+    let o = drain(
+        &arrivals,
+        Duration::from_secs_f64(trigger),
+        &Propagation::default(),
+        Duration::from_secs(30),
+    )
+    .expect("the default policy");
+    let commit = o.commit.as_secs_f64();
+    let lost_at = |c: f64| {
+        let at = trigger + c;
+        fresh.iter().any(|&(t, _)| t >= at) || pools.iter().any(|(p, stop)| p.lost(at, *stop))
+    };
+    let slowest = stops.iter().copied().fold(trigger, f64::max) - trigger;
+    Run {
+        proxy: slowest,
+        commit,
+        kind: o.kind(),
+        rule: o.evidence.rule,
+        lost: lost_at(commit),
+        lost_sleep: lost_at(SLEEP),
+    }
+}
+
+/// Runs `n` drains of `scenario`, seeded by `seed`.
+pub(crate) fn simulate_scenario(scenario: &Scenario, n: u64, seed: u64) -> Summary {
+    let mut rng = Rng::new(seed);
+    let runs: Vec<Run> = (0..n).map(|_| run_scenario(scenario, &mut rng)).collect();
     summarize(&runs)
 }
