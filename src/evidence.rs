@@ -316,7 +316,7 @@ impl PathFit {
     ///
     /// A path that kept connections open at the trigger and is not routed per request (a
     /// pool) also waits until each of them has been closed — a kept connection closed by the
-    /// commit reconnects through a proxy that may still route here — and for a silence as
+    /// commit reconnects through a proxy that may still route here — and for a silence twice as
     /// long as its reconnect wave lasted: a connection that landed here again reconnects on
     /// its next request, about as long after as the pool took to use its connections once.
     /// Until then the path asks to be checked again at the next slot (`next`).
