@@ -204,8 +204,8 @@ impl StragglerKind {
     }
 }
 
-/// Work still running at the quiesce deadline, or an admin connection cut at the exit with an
-/// answer its peer had not taken.
+/// Work still running at the quiesce deadline or when the exit was forced, or an admin
+/// connection cut at the exit with an answer its peer had not taken.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Straggler {
