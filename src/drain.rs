@@ -366,6 +366,8 @@ impl Drain {
             }
             None => settle.await,
         }
+        // Admin connections whose peer did not take its answer, cut while settling.
+        report.stragglers.extend(self.inner.exit.take_cut());
         driver.finish(report).await
     }
 

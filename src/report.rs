@@ -194,7 +194,8 @@ pub enum StragglerKind {
     /// A background task.
     Task,
     /// Response bytes handed to a connection of `lameduck::serve`, still waiting for the peer
-    /// to read them.
+    /// to read them; or an admin answer its peer had not taken when the process was about to
+    /// exit (that connection was cut).
     Response,
 }
 
@@ -205,12 +206,14 @@ impl StragglerKind {
     }
 }
 
-/// Work still running at the quiesce deadline.
+/// Work still running at the quiesce deadline or when the exit was forced, or an admin
+/// connection cut at the exit with an answer its peer had not taken.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Straggler {
     /// `request`, `task`, or `response` (a connection of `lameduck::serve` whose response
-    /// bytes were still waiting for the peer to read them).
+    /// bytes were still waiting for the peer to read them, or an admin connection cut at the
+    /// exit).
     pub kind: StragglerKind,
     /// For a request `METHOD /path`; for a task its name; for a response the peer and the
     /// bytes written on its connection so far.

@@ -8,6 +8,9 @@
 //!   time is right even when every worker is blocked, and the budget counts from it.
 //! * The first trigger of a process that installed the handlers arms the driver's watchdog
 //!   (see `driver/exit.rs`).
+//! * A repeat of the same signal within [`ECHO_WINDOW`] of its last counted delivery is an
+//!   echo of it (GNU `timeout` signals the child, then its process group): recorded, never
+//!   counted as a second signal, so it never forces the exit.
 
 use crate::error::ConfigError;
 use crate::phase::Trigger;
@@ -92,6 +95,10 @@ impl std::str::FromStr for StopSignal {
 /// | the stop signal (default SIGTERM)       | starts the drain  | exit now (forced) |
 /// | SIGTERM, SIGINT                         | starts the drain  | exit now (forced) |
 /// | SIGQUIT, when it is not the stop signal | exit now (forced) | exit now (forced) |
+///
+/// A repeat of the same signal within 100 ms of the last one counted is the same request sent
+/// twice (GNU `timeout` signals its child, then the child's process group), not a second
+/// one: it is recorded and forces nothing.
 ///
 /// The stop signal is [`StopSignal`]: set here, else env `LAMEDUCK_STOP_SIGNAL`, else SIGTERM.
 /// A signal after a `preStop` hook started the drain is the *first* signal: it forces
@@ -205,6 +212,35 @@ impl Signals {
     }
 }
 
+/// How soon a repeat of the same signal is an echo of it, not a second request: longer than
+/// any sender's two deliveries of one request (microseconds apart, stretched by a loaded
+/// machine), shorter than a person can press a key twice.
+pub(crate) const ECHO_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Counts signals as the table in [`Signals`] sees them, folding echoes.
+#[derive(Debug, Default)]
+pub(crate) struct SignalCount {
+    n: u64,
+    /// The last signal counted and its receipt.
+    last: Option<(Trigger, std::time::Instant)>,
+}
+
+impl SignalCount {
+    /// The 1-based count of `trigger` received at `at`, or `None` when it is an echo of the
+    /// last signal counted. The window runs from that counted signal, so a stream of repeats
+    /// cannot stretch it.
+    pub(crate) fn count(&mut self, trigger: Trigger, at: std::time::Instant) -> Option<u64> {
+        if let Some((last, last_at)) = self.last {
+            if last == trigger && at.saturating_duration_since(last_at) < ECHO_WINDOW {
+                return None;
+            }
+        }
+        self.n += 1;
+        self.last = Some((trigger, at));
+        Some(self.n)
+    }
+}
+
 /// When a signal was received, on the signal thread's clocks.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Receipt {
@@ -246,18 +282,21 @@ where
     std::thread::Builder::new()
         .name("lameduck-signals".to_owned())
         .spawn(move || {
-            let mut n = 0u64;
+            let mut count = SignalCount::default();
             for sig in signals.forever() {
                 let receipt = Receipt::now();
-                n += 1;
                 let trigger = match sig {
                     SIGTERM => Trigger::Sigterm,
                     SIGINT => Trigger::Sigint,
                     _ => Trigger::Sigquit,
                 };
+                // An echo is recorded like any repeat; it forces nothing of its own.
+                let force = count
+                    .count(trigger, receipt.at)
+                    .is_some_and(|n| which.forces(trigger, n));
                 // Spawning the driver from this thread needs the runtime's context.
                 let _rt = handle.enter();
-                deliver(trigger, receipt, which.forces(trigger, n));
+                deliver(trigger, receipt, force);
             }
         })?;
     Ok(())
@@ -278,4 +317,29 @@ where
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_repeat_within_the_echo_window_is_not_counted() {
+        let t0 = Instant::now();
+        let mut c = SignalCount::default();
+        assert_eq!(c.count(Trigger::Sigterm, t0), Some(1));
+        assert_eq!(
+            c.count(Trigger::Sigterm, t0 + Duration::from_micros(30)),
+            None
+        );
+        // The window runs from the counted signal: repeats do not stretch it.
+        assert_eq!(c.count(Trigger::Sigterm, t0 + ECHO_WINDOW / 2), None);
+        assert_eq!(c.count(Trigger::Sigterm, t0 + ECHO_WINDOW), Some(2));
+        // Another signal is never an echo.
+        assert_eq!(
+            c.count(Trigger::Sigint, t0 + ECHO_WINDOW + Duration::from_micros(1)),
+            Some(3)
+        );
+    }
 }

@@ -644,6 +644,7 @@ async fn dropping_an_unfinished_future_releases_the_guard() {
 async fn force_skips_the_waits_and_reports_forced() {
     let drain = quiet_builder().build().unwrap();
     let _stuck = drain.enter();
+    drain.spawn("flush", std::future::pending::<()>());
     drain.start(Trigger::Sigint);
     tokio::time::sleep(ms(100)).await;
     assert!(drain.force());
@@ -652,6 +653,22 @@ async fn force_skips_the_waits_and_reports_forced() {
     assert_eq!(report.outcome, lameduck::report::Outcome::Forced);
     assert_eq!(report.exit_code, 1);
     assert!(report.budget.used_ms < 1000);
+    // What the force cut is named, as at the deadline: the request and the task.
+    use lameduck::report::StragglerKind;
+    let kinds: Vec<_> = report.stragglers.iter().map(|s| s.kind).collect();
+    assert!(
+        kinds.contains(&StragglerKind::Request),
+        "{:?}",
+        report.stragglers
+    );
+    assert!(
+        report
+            .stragglers
+            .iter()
+            .any(|s| s.kind == StragglerKind::Task && s.name == "flush"),
+        "{:?}",
+        report.stragglers
+    );
 }
 
 // ---------- readiness while draining is a policy ----------

@@ -187,6 +187,78 @@ async fn an_http2_response_stuck_behind_flow_control_is_in_flight_and_named() {
     within("serve returns", server).await.unwrap();
 }
 
+/// An HTTP/2 (prior knowledge) connection that keeps every stream's flow-control window at
+/// zero (`SETTINGS_INITIAL_WINDOW_SIZE = 0`) and sent `GET {path}`: the answer's head arrives,
+/// its body never can. Dropping it closes the connection.
+struct ZeroWindow {
+    /// The client's address, as the server sees the peer.
+    local: std::net::SocketAddr,
+    _send: h2::client::SendRequest<bytes::Bytes>,
+    _response: http::Response<h2::RecvStream>,
+    conn: tokio::task::JoinHandle<Result<(), h2::Error>>,
+}
+
+impl Drop for ZeroWindow {
+    fn drop(&mut self) {
+        self.conn.abort();
+    }
+}
+
+/// Opens a [`ZeroWindow`] connection and waits for the head of its answer (the handler ran).
+async fn zero_window_get(addr: std::net::SocketAddr, path: &str) -> ZeroWindow {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let local = stream.local_addr().unwrap();
+    let (send, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(stream)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut send = send.ready().await.unwrap();
+    let req = http::Request::builder()
+        .uri(format!("http://test{path}"))
+        .body(())
+        .unwrap();
+    let (response, _) = send.send_request(req, true).unwrap();
+    let response = response.await.expect("the answer's head");
+    assert!(!response.body().is_end_stream(), "a body is owed");
+    ZeroWindow {
+        local,
+        _send: send,
+        _response: response,
+        conn,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_request_behind_a_shut_window_is_cut_and_named_at_the_deadline() {
+    let drain = drain(secs(4), Propagation::fixed(ms(300)));
+    let (listener, addr) = bind().await;
+    let app = axum::Router::new()
+        .route("/small", get(|| async { "ok" }))
+        .layer(drain.layer());
+    let server = tokio::spawn(lameduck::serve(listener, app, &drain));
+
+    let stuck = within("zero-window head", zero_window_get(addr, "/small")).await;
+    eventually("the owed answer counts as in flight", || {
+        drain.in_flight() == 1
+    })
+    .await;
+    assert!(drain.start(Trigger::Api));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    let peer = stuck.local.to_string();
+    assert!(
+        report
+            .stragglers
+            .iter()
+            .any(|s| s.peer.as_deref() == Some(peer.as_str())),
+        "the connection from {peer} is named: {:?}",
+        report.stragglers
+    );
+    within("serve returns", server).await.unwrap();
+}
+
 /// Partial request heads that are never finished.
 async fn slowloris(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
     let mut out = Vec::with_capacity(n);
@@ -373,6 +445,54 @@ async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
         .expect("the waiting /drain caller got a complete answer");
     assert_eq!(code, 200);
     assert!(body.contains("\"phase\":\"done\""), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_window_http2_connections_do_not_lock_kubelet_probes_out() {
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
+    drain.mark_serving();
+    let addr = admin_server(&drain, lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS).await;
+
+    // Every slot holds an answer its peer will never take.
+    let mut stuck = Vec::new();
+    for _ in 0..lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS {
+        stuck.push(within("zero-window head", zero_window_get(addr, "/livez")).await);
+    }
+    // kubelet's HTTP/1.1 probes, all answered.
+    for path in ["/livez", "/readyz"].into_iter().cycle().take(10) {
+        let (code, body) = within("probe answers", raw_get(addr, path))
+            .await
+            .unwrap_or_else(|| panic!("a complete {path} answer"));
+        assert_eq!(code, 200, "{path}: {body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_answer_behind_a_shut_http2_window_does_not_hold_the_exit_and_is_named() {
+    // A hard deadline far past the test's patience: only cutting the connection lets `run`
+    // return in time.
+    let drain = drain(secs(60), Propagation::fixed(ms(100)));
+    let addr = admin_server(&drain, lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS).await;
+    let run = {
+        let drain = drain.clone();
+        tokio::spawn(async move { drain.run().await })
+    };
+    let stuck = within("zero-window head", zero_window_get(addr, "/livez")).await;
+    assert!(drain.start(Trigger::Api));
+    let report = within("run returns", run).await.unwrap();
+
+    let peer = stuck.local.to_string();
+    let cut = report
+        .stragglers
+        .iter()
+        .find(|s| s.peer.as_deref() == Some(peer.as_str()))
+        .unwrap_or_else(|| panic!("the cut connection is named: {:?}", report.stragglers));
+    assert_eq!(cut.kind, lameduck::report::StragglerKind::Response);
+    assert!(
+        cut.name.contains("HTTP/2") && cut.name.contains("GET /livez"),
+        "{}",
+        cut.name
+    );
 }
 
 #[tokio::test]

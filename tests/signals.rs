@@ -17,6 +17,9 @@ const REPORT_ENV: &str = "LAMEDUCK_TEST_REPORT_FILE";
 const TERMINATION_LOG_ENV: &str = "LAMEDUCK_TEST_TERMINATION_LOG";
 /// The admin port a child serves on, for the scenario that calls `/drain`.
 const ADMIN_PORT_ENV: &str = "LAMEDUCK_TEST_ADMIN_PORT";
+/// Longer than the window (100 ms) in which a repeat of the same signal is an echo of the
+/// first (a sender signalling the child, then its group), not a second request.
+const SECOND_REQUEST_GAP: Duration = Duration::from_millis(300);
 
 /// Child side: build a coordinator, announce readiness, run, exit with the report's code.
 fn child_main(scenario: &str) -> ! {
@@ -317,11 +320,41 @@ fn a_second_sigint_forces_the_exit() {
     // Synchronisation point: the child says the first signal started the drain, so the
     // second is a delivery of its own (pending signals of one kind would merge).
     wait_for_stdout(&mut p, "DRAINING");
+    // A person's second signal: past the echo window of the first.
+    std::thread::sleep(SECOND_REQUEST_GAP);
     kill(&p, "-INT");
     let (code, _, report) = wait(p, Duration::from_secs(20));
     assert_eq!(code, 1);
     assert_eq!(report.outcome, Outcome::Forced);
     assert_eq!(report.trigger, Some(Trigger::Sigint));
+}
+
+#[test]
+fn a_sigterm_repeated_within_milliseconds_is_one_request_and_forces_nothing() {
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let p = spawn(
+        "a_sigterm_repeated_within_milliseconds_is_one_request_and_forces_nothing",
+        "idle",
+    );
+    // As GNU `timeout` does (the child, then its process group), a few milliseconds apart so
+    // that the signal thread takes each as a delivery of its own rather than one pending
+    // signal: the shell's builtin `kill`, with an external `sleep` between.
+    let pid = p.child.id();
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "kill -TERM {pid}; sleep 0.002; kill -TERM {pid}; sleep 0.002; kill -TERM {pid}"
+        ))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill failed");
+    let (code, _, report) = wait(p, Duration::from_secs(20));
+    assert_eq!(report.outcome, Outcome::Clean, "{:?}", report.timeline);
+    assert_eq!(code, 0);
+    assert_eq!(report.trigger, Some(Trigger::Sigterm));
 }
 
 #[test]
@@ -438,6 +471,8 @@ fn a_second_signal_of_any_kind_forces_the_exit() {
     // Synchronisation point: the child says the first signal started the drain, so the
     // second is a delivery of its own (pending signals of one kind would merge).
     wait_for_stdout(&mut p, "DRAINING");
+    // A person's second signal: past the echo window of the first.
+    std::thread::sleep(SECOND_REQUEST_GAP);
     kill(&p, "-TERM");
     let (code, _, report) = wait(p, Duration::from_secs(20));
     assert_eq!(code, 1);

@@ -6,13 +6,17 @@
 //!
 //! * At most `max_connections` connections are open. A new connection at the cap evicts the
 //!   connection that owes least: an idle keep-alive connection first, then one that has not
-//!   delivered a request head (silent, a head still arriving), oldest first; only when every
-//!   open connection is busy is the new one refused (closed at once). So a flood of slow or
-//!   silent connections cannot lock kubelet's probes out, and an answer being computed or
-//!   written is never cut to make room.
-//! * *Busy* means an answer is owed: from the handler's call until its response body is handed
-//!   to hyper, except while the handler waits for the request body (a client that withholds
-//!   its body is owed nothing yet). Probes never read a body, so they are busy from their call.
+//!   delivered a request head (silent, a head still arriving), then one whose answers wait
+//!   for the peer to take them, oldest first; only when every open connection is busy is the
+//!   new one refused (closed at once). So a flood of slow, silent or non-reading connections
+//!   cannot lock kubelet's probes out, and an answer being computed is never cut to make room.
+//! * *Busy* means an answer is being computed: from the handler's call until it returns,
+//!   except while it waits for the request body (a client that withholds its body is owed
+//!   nothing yet). Probes never read a body, so they are busy from their call.
+//! * *Delivering* means a computed answer's body has not been handed to hyper yet. For a peer
+//!   that reads, that lasts no longer than the poll that computed it (admin answers are
+//!   small); only the peer can make it last (an HTTP/2 stream window it keeps at zero, a full
+//!   socket), so the server owes it nothing it can still do.
 //! * A connection whose client may have sent bytes its task has not read yet (just accepted,
 //!   or woken by its socket since its last poll) is never evicted: under a flood the accept
 //!   loop can run ahead of the connection tasks, and a probe whose head has arrived must be
@@ -21,13 +25,17 @@
 //! * HTTP/1 request heads must arrive within the header-read timeout, `/drain` bodies too.
 //! * Every connection task runs as owed work of the drain's exit holds: when
 //!   [`Drain::run`](crate::Drain::run) is about to return, the listener closes, connections
-//!   that owe nothing (idle, a head or a body still arriving) close at once, and busy ones
-//!   finish their response (hyper's graceful shutdown writes it out) before `run` returns.
+//!   that owe nothing (idle, a head or a body still arriving) close at once, and busy or
+//!   delivering ones finish their response (hyper's graceful shutdown writes it out) before
+//!   `run` returns — within [`DELIVERY_WAIT`]: by then every answer is computed, and a
+//!   connection still owing one has a peer that does not read. It is cut, and the report
+//!   names it (a `response` straggler).
 
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,6 +54,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::http::accept::Acceptor;
+use crate::report::{Straggler, StragglerKind};
 use crate::sync::MutexExt;
 use crate::Drain;
 
@@ -103,15 +112,25 @@ impl fmt::Debug for AdminServe {
     }
 }
 
+/// How long a connection that owes an answer when the process is about to exit may take to
+/// deliver it before it is cut: every answer is computed by then and small, so only a peer
+/// that does not read needs longer.
+const DELIVERY_WAIT: Duration = Duration::from_secs(2);
+
 /// One open admin connection, as the cap sees it.
 struct Slot {
     accepted: Instant,
+    peer: SocketAddr,
     /// Low half: requests whose response has not been fully handed to hyper yet (answers
     /// owed). High half: how many of those are waiting for their request body, which owes the
     /// client nothing yet. One word, so that one load sees both.
     owed: AtomicU64,
+    /// Answers computed whose body hyper has not taken yet (see the module docs).
+    delivering: AtomicU64,
     /// Requests started on the connection so far.
     started: AtomicUsize,
+    /// The last request started, for the report when the connection is cut at exit.
+    last: Mutex<Option<LastRequest>>,
     /// Wake-ups of the connection's task by its socket (or its timers), counting acceptance
     /// as the first.
     wakes: AtomicU64,
@@ -125,12 +144,25 @@ struct Slot {
 const OWED: u64 = 1;
 const READING: u64 = 1 << 32;
 
+/// What the report names of a connection's last request.
+struct LastRequest {
+    line: String,
+    http2: bool,
+    at: Instant,
+}
+
+/// The longest request path kept for the report.
+const MAX_NAMED_PATH: usize = 128;
+
 impl Slot {
-    fn new() -> Self {
+    fn new(peer: SocketAddr) -> Self {
         Self {
             accepted: Instant::now(),
+            peer,
             owed: AtomicU64::new(0),
+            delivering: AtomicU64::new(0),
             started: AtomicUsize::new(0),
+            last: Mutex::new(None),
             wakes: AtomicU64::new(1),
             read: AtomicU64::new(0),
             evict: CancellationToken::new(),
@@ -153,6 +185,66 @@ impl Slot {
         // (or finished its body) is seen by the cap's eviction check.
         let v = self.owed.load(Ordering::Acquire);
         (v & (READING - 1)) > (v >> 32)
+    }
+
+    /// A computed answer has not been handed to hyper yet.
+    fn is_delivering(&self) -> bool {
+        // Acquire: pairs with the Release of `Delivering`. Read after `owed` (see
+        // `Busy::computed`), so an answer is seen busy or delivering, never neither.
+        self.delivering.load(Ordering::Acquire) > 0
+    }
+
+    /// An answer is being computed or delivered.
+    fn owes(&self) -> bool {
+        self.is_busy() || self.is_delivering()
+    }
+
+    /// Which connection the cap evicts first (lowest): idle keep-alive (it had its answers),
+    /// then no request head yet, then answers waiting for the peer to take them.
+    fn eviction_rank(&self) -> u8 {
+        if self.is_delivering() {
+            2
+        } else if self.started.load(Ordering::Acquire) == 0 {
+            1
+        } else {
+            0
+        }
+    }
+
+    fn note_request<B>(&self, req: &Request<B>) {
+        let path = req.uri().path();
+        let mut end = path.len().min(MAX_NAMED_PATH);
+        while !path.is_char_boundary(end) {
+            end -= 1;
+        }
+        *self.last.locked() = Some(LastRequest {
+            line: format!("{} {}", req.method(), &path[..end]),
+            http2: req.version() == http::Version::HTTP_2,
+            at: Instant::now(),
+        });
+    }
+
+    /// The report's name for this connection, cut at exit with an answer undelivered.
+    fn cut_at_exit(&self) -> Straggler {
+        let last = self.last.locked();
+        let (proto, line, since) = match &*last {
+            Some(l) => (
+                if l.http2 { "HTTP/2" } else { "HTTP/1" },
+                l.line.as_str(),
+                l.at,
+            ),
+            None => ("HTTP", "a request", self.accepted),
+        };
+        let name = format!(
+            "admin {proto} connection from {}: the answer to {line} was not taken within {} ms \
+             of the exit (the peer does not read: a full socket, or an HTTP/2 flow-control \
+             window kept shut); connection cut",
+            self.peer,
+            DELIVERY_WAIT.as_millis()
+        );
+        let mut s = Straggler::new(StragglerKind::Response, name, since.elapsed());
+        s.peer = Some(self.peer.to_string());
+        s
     }
 }
 
@@ -179,9 +271,10 @@ struct Slots {
 impl Slots {
     /// Makes room for `slot`, evicting the connection that owes least: first an idle
     /// keep-alive connection (it had its answers), then one that has not delivered a request
-    /// head, oldest first. Never a busy one, and never one whose task has not yet read what
-    /// its client sent: a probe in a flood of silent connections has its head read before
-    /// anything can evict it, however long its task waits for a thread.
+    /// head, then one whose answers wait for its peer to take them, oldest first. Never a busy
+    /// one, and never one whose task has not yet read what its client sent: a probe in a flood
+    /// of silent connections has its head read before anything can evict it, however long its
+    /// task waits for a thread.
     fn admit(&self, slot: &Arc<Slot>, cap: usize) -> Admission {
         let mut open = self.open.locked();
         if open.len() >= cap {
@@ -194,7 +287,7 @@ impl Slots {
                     unread |= u;
                     !u && !s.is_busy()
                 })
-                .min_by_key(|(_, s)| (s.started.load(Ordering::Acquire) == 0, s.accepted))
+                .min_by_key(|(_, s)| (s.eviction_rank(), s.accepted))
                 .map(|(i, _)| i);
             match victim {
                 Some(i) => {
@@ -235,8 +328,8 @@ async fn run(
     let slots = Arc::new(Slots::default());
     let mut acceptor = Acceptor::new(listener, "admin ");
     let mut stop = pin!(exiting.cancelled());
-    while let Some((stream, _)) = acceptor.next(stop.as_mut()).await {
-        let slot = Arc::new(Slot::new());
+    while let Some((stream, peer)) = acceptor.next(stop.as_mut()).await {
+        let slot = Arc::new(Slot::new(peer));
         let give_up = Instant::now() + FRESH_WAIT;
         let admitted = loop {
             match slots.admit(&slot, cap) {
@@ -264,7 +357,7 @@ async fn run(
             router.clone(),
             slot,
             Arc::clone(&slots),
-            exiting.clone(),
+            drain.clone(),
         );
         drain.exit_holds().spawn(conn);
     }
@@ -277,20 +370,23 @@ async fn serve_conn(
     router: Router,
     slot: Arc<Slot>,
     slots: Arc<Slots>,
-    exiting: CancellationToken,
+    drain: Drain,
 ) {
     let _ = stream.set_nodelay(true);
+    let exiting = drain.exit_holds().exiting().clone();
     let counted = Arc::clone(&slot);
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        counted.note_request(&req);
         let busy = Busy::new(Arc::clone(&counted));
         let req = req.map(|body| Reading::new(body, Arc::clone(&counted)));
         let mut router = router.clone();
         async move {
             let res = tower_service::Service::call(&mut router, req).await?;
+            let delivering = busy.computed();
             Ok::<_, Infallible>(res.map(|body| {
                 Body::new(Held {
                     inner: body,
-                    _hold: busy,
+                    _hold: delivering,
                 })
             }))
         }
@@ -302,7 +398,8 @@ async fn serve_conn(
         task: Mutex::new(None),
     });
     let waker = Waker::from(Arc::clone(&wake));
-    let mut shutting_down = false;
+    // Set once the process is about to exit and an answer is still owed.
+    let mut cut_at: Option<Instant> = None;
     loop {
         let watched = Watched {
             conn: conn.as_mut(),
@@ -321,18 +418,37 @@ async fn serve_conn(
                 tracing::debug!("lameduck: admin connection evicted at the connection cap");
                 break;
             }
-            () = exiting.cancelled(), if !shutting_down => {
-                shutting_down = true;
-                if !slot.is_busy() {
+            () = exiting.cancelled(), if cut_at.is_none() => {
+                if !slot.owes() {
                     // Nothing owed: idle, or a head or a body still arriving.
                     break;
                 }
-                // Busy: finishes the answer (and writes it out), then closes.
+                // Finishes the answer (and writes it out), then closes; a peer that does not
+                // take it does not hold the exit.
                 conn.as_mut().graceful_shutdown();
+                cut_at = Some(Instant::now() + DELIVERY_WAIT);
+            }
+            () = sleep_until_some(cut_at) => {
+                if slot.owes() {
+                    tracing::warn!(
+                        peer = %slot.peer,
+                        "lameduck: admin answer not taken by its peer at exit; connection cut"
+                    );
+                    drain.exit_holds().note_cut(slot.cut_at_exit());
+                }
+                break;
             }
         }
     }
     slots.remove(&slot);
+}
+
+/// Sleeps until `at`; never resolves for `None`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The waker the connection is polled with: marks the slot `unread` when the socket (or a

@@ -154,6 +154,10 @@ impl Driver {
             }
         }
         if self.is_forced() {
+            // What the force cuts is named, as at the deadline (unless the deadline came first).
+            if !deadline_hit {
+                stragglers = self.collect_stragglers(Instant::now(), origin);
+            }
             self.tokens.deadline.cancel();
             self.tasks.abort_all();
         }

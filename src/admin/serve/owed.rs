@@ -1,6 +1,8 @@
 //! The admin server's per-request accounting: a request owes an answer ([`Busy`]) from the
-//! handler's call until its response body is handed to hyper ([`Held`]), except while the
-//! handler waits for the request body ([`Reading`]).
+//! handler's call until the handler has returned it, except while the handler waits for the
+//! request body ([`Reading`]); the answer is then being delivered ([`Delivering`]) until its
+//! body is handed to hyper ([`Held`]), which only the peer can delay (a full socket, an
+//! HTTP/2 flow-control window it keeps shut).
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -13,7 +15,8 @@ use hyper::body::{Bytes, Incoming};
 
 use super::{Slot, OWED, READING};
 
-/// Counts one admin request as in progress on its connection until dropped.
+/// Counts one admin request as in progress on its connection until its answer is computed
+/// ([`computed`](Self::computed)) or the request is dropped.
 pub(super) struct Busy(Arc<Slot>);
 
 impl Busy {
@@ -22,6 +25,25 @@ impl Busy {
         slot.owed.fetch_add(OWED, Ordering::Release);
         slot.started.fetch_add(1, Ordering::Release);
         Self(slot)
+    }
+
+    /// The handler returned its answer: from now on only its delivery is owed.
+    pub(super) fn computed(self) -> Delivering {
+        // Release, before `self` leaves the busy count: a check that sees the request no
+        // longer busy (its Acquire load of `owed` first) sees it delivering.
+        self.0.delivering.fetch_add(1, Ordering::Release);
+        Delivering(Arc::clone(&self.0))
+    }
+}
+
+/// Counts one computed answer as being delivered on its connection until its body is handed
+/// to hyper (or dropped, with the connection).
+pub(super) struct Delivering(Arc<Slot>);
+
+impl Drop for Delivering {
+    fn drop(&mut self) {
+        // Release: pairs with the exit's and the eviction check's Acquire.
+        self.0.delivering.fetch_sub(1, Ordering::Release);
     }
 }
 

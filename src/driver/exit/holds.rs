@@ -8,8 +8,10 @@
 //! * [`Drain::run`](crate::Drain::run) fires `exiting` as its last step (after `Done`, and after
 //!   SIGTERM in the `preStop` case), then waits until nothing is tracked — bounded by the hard
 //!   deadline, or one second when that has already passed. Admin connections stop accepting and
-//!   close idle connections when `exiting` fires, and finish the responses they are writing.
+//!   close idle connections when `exiting` fires, and finish the responses they are writing;
+//!   one whose peer does not take its answer is cut and noted here, for the last report.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -17,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 #[cfg(feature = "admin")]
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
+
+use crate::report::Straggler;
+use crate::sync::MutexExt;
 
 /// How long `run` waits for admin answers when the hard deadline has already passed (a drain
 /// that finished after a `preStop` call and then waited for SIGTERM).
@@ -26,6 +31,8 @@ const LATE_EXIT_WAIT: Duration = Duration::from_secs(1);
 pub(crate) struct ExitHolds {
     tracker: TaskTracker,
     exiting: CancellationToken,
+    /// Admin connections cut at exit with an answer their peer did not take.
+    cut: Mutex<Vec<Straggler>>,
 }
 
 #[cfg(feature = "admin")]
@@ -47,9 +54,19 @@ impl ExitHolds {
     pub(crate) fn exiting(&self) -> &CancellationToken {
         &self.exiting
     }
+
+    /// Records a connection cut at exit with an answer undelivered, for the last report.
+    pub(crate) fn note_cut(&self, straggler: Straggler) {
+        self.cut.locked().push(straggler);
+    }
 }
 
 impl ExitHolds {
+    /// The connections cut at exit so far (see [`note_cut`](Self::note_cut)).
+    pub(crate) fn take_cut(&self) -> Vec<Straggler> {
+        std::mem::take(&mut *self.cut.locked())
+    }
+
     /// The last step of `run`: lets admin servers finish what they owe, bounded by `hard`
     /// (the hard deadline) or, when that has passed, a second.
     pub(crate) async fn settle(&self, hard: Option<Instant>) {

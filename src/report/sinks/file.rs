@@ -11,13 +11,26 @@ pub(super) fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::rename(from, to)
 }
 
-/// Whether `path` must be written in place: it exists and is not a regular file (a FIFO, a
-/// device, `/dev/stderr` on a pipe), or it is a link under `/dev` (`/dev/stdout` to a file)
-/// or anything under `/proc`, where renaming over the link would replace it.
+/// Whether `path` is the system's own: under `/dev` or `/proc`, where links (`/dev/stderr`,
+/// `/proc/self/fd/2`) are followed. Anywhere else a symbolic link at the report path may have
+/// been planted by whoever can write its directory (an `emptyDir` shared with a sidecar), and
+/// is never followed.
+fn system_path(path: &Path) -> bool {
+    path.starts_with("/dev") || path.starts_with("/proc")
+}
+
+/// Whether `path` must be written in place: it is the system's own and not a regular file
+/// (`/dev/stderr` on a pipe, a link to a file, a device), or, elsewhere, it is itself (not
+/// through a link) neither a regular file nor a link (a FIFO). A link elsewhere is replaced
+/// like a regular file, never followed.
 fn in_place(path: &Path) -> bool {
-    let link_in_dev = path.starts_with("/dev")
-        && std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
-    link_in_dev || path.starts_with("/proc") || std::fs::metadata(path).is_ok_and(|m| !m.is_file())
+    if system_path(path) {
+        let link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+        return link
+            || path.starts_with("/proc")
+            || std::fs::metadata(path).is_ok_and(|m| !m.is_file());
+    }
+    std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file() && !m.file_type().is_symlink())
 }
 
 /// Writes the report to `path`; see the [module docs](self). `rename` is
@@ -30,7 +43,7 @@ pub(super) fn write_report_file(
 ) -> std::io::Result<()> {
     use std::fs;
     if in_place(path) {
-        return write_without_blocking(path, contents, until, false);
+        return write_without_blocking(path, contents, until, Open::Append);
     }
     let name = path.file_name().ok_or_else(|| {
         std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")
@@ -105,27 +118,59 @@ pub(super) fn create_temporary(
     Err(last.unwrap_or_else(|| std::io::Error::other("no temporary name was free")))
 }
 
+/// How [`write_without_blocking`] opens its file.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    /// Truncated first: the file holds this text only (the termination log).
+    Truncate,
+    /// At its end (`O_APPEND`): `/dev/stderr` or `/proc/self/fd/N` reaching a log file are
+    /// a new open of that file, at offset 0 without it, over the log's first lines.
+    Append,
+}
+
 /// Writes `contents` to an existing file in place without ever blocking past `until`: opened
 /// with `O_NONBLOCK` (a FIFO without a reader fails at once), a full pipe retried until the
-/// deadline.
+/// deadline. Outside `/dev` and `/proc` a link is not followed (`O_NOFOLLOW`, against a link
+/// planted after the check) and only a regular file or a FIFO is written: a device node
+/// there is nobody's report file.
 fn write_without_blocking(
     path: &Path,
     contents: &str,
     until: Instant,
-    truncate: bool,
+    open: Open,
 ) -> std::io::Result<()> {
-    let mut f = os::flags(
-        std::fs::OpenOptions::new().write(true).truncate(truncate),
-        os::NON_BLOCKING,
-    )
-    .open(path)
-    .map_err(|e| {
+    let system = system_path(path);
+    let mut flags = os::NON_BLOCKING;
+    if !system {
+        flags |= os::NO_FOLLOW;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    match open {
+        Open::Truncate => options.write(true).truncate(true),
+        Open::Append => options.append(true),
+    };
+    let mut f = os::flags(&mut options, flags).open(path).map_err(|e| {
         if os::no_reader(&e, path) {
             std::io::Error::new(e.kind(), "no process reads the FIFO")
+        } else if os::is_link(&e) {
+            std::io::Error::new(
+                e.kind(),
+                "the path became a symbolic link while the report was written: not followed",
+            )
         } else {
             e
         }
     })?;
+    if !system {
+        let kind = f.metadata()?.file_type();
+        if !kind.is_file() && !os::is_fifo(&kind) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the path is neither a regular file nor a FIFO (a device node?): not written; \
+                 name a file, a FIFO, or a path under /dev",
+            ));
+        }
+    }
     let mut rest = contents.as_bytes();
     while !rest.is_empty() {
         match f.write(rest) {
@@ -172,6 +217,15 @@ pub(super) mod os {
         e.raw_os_error() == Some(libc::EBUSY)
     }
 
+    /// An `O_NOFOLLOW` open met a symbolic link.
+    pub(in crate::report::sinks) fn is_link(e: &std::io::Error) -> bool {
+        e.raw_os_error() == Some(libc::ELOOP)
+    }
+
+    pub(in crate::report::sinks) fn is_fifo(kind: &std::fs::FileType) -> bool {
+        kind.is_fifo()
+    }
+
     /// A non-blocking open of a FIFO that nobody reads.
     pub(in crate::report::sinks) fn no_reader(e: &std::io::Error, path: &std::path::Path) -> bool {
         e.raw_os_error() == Some(libc::ENXIO)
@@ -198,6 +252,14 @@ pub(super) mod os {
     pub(in crate::report::sinks) fn no_reader(_: &std::io::Error, _: &std::path::Path) -> bool {
         false
     }
+
+    pub(in crate::report::sinks) fn is_link(_: &std::io::Error) -> bool {
+        false
+    }
+
+    pub(in crate::report::sinks) fn is_fifo(_: &std::fs::FileType) -> bool {
+        false
+    }
 }
 
 /// Writes the summary to the termination log if the path exists. Kubernetes creates
@@ -208,7 +270,7 @@ pub(super) fn write_termination_log(
     summary: &str,
     until: Instant,
 ) -> std::io::Result<()> {
-    match write_without_blocking(path, summary, until, true) {
+    match write_without_blocking(path, summary, until, Open::Truncate) {
         // Outside Kubernetes the file is missing: nothing to write, nothing failed.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         other => other,

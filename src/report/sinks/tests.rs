@@ -92,3 +92,77 @@ fn a_fifo_without_a_reader_fails_at_once() {
     assert!(std::fs::metadata(&path).unwrap().file_type().is_fifo());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A FIFO at `path` and its read end, open without blocking (the writer's open needs a reader).
+fn fifo_with_reader(path: &Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    assert!(std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap()
+        .success());
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .unwrap()
+}
+
+#[test]
+fn a_symlink_at_the_report_path_to_a_fifo_or_a_device_is_replaced_not_followed() {
+    use std::io::Read as _;
+    let dir = scratch("planted-link");
+    // What an attacker with write access to the directory plants: links to a FIFO somebody
+    // reads, and to a device.
+    let fifo = dir.join("elsewhere.fifo");
+    let mut reader = fifo_with_reader(&fifo);
+    for target in [fifo.as_path(), Path::new("/dev/null")] {
+        let path = dir.join("report.json");
+        let _ = std::fs::remove_file(&path);
+        std::os::unix::fs::symlink(target, &path).unwrap();
+        write_report_file(&path, "report\n", soon(), rename).unwrap();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(
+            meta.is_file(),
+            "{target:?}: the link was followed: {meta:?}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "report\n");
+    }
+    let mut got = Vec::new();
+    match reader.read_to_end(&mut got) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
+    }
+    assert!(
+        got.is_empty(),
+        "the FIFO got {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_report_through_a_link_to_a_log_file_is_appended_not_written_over_its_start() {
+    use std::io::Write as _;
+    use std::os::fd::AsRawFd as _;
+    let dir = scratch("append");
+    let log_path = dir.join("service.log");
+    // The process's stderr appended to a log file (`2>>service.log`), many lines already.
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .unwrap();
+    let mut before = String::new();
+    for i in 0..200 {
+        before.push_str(&format!("log line {i}\n"));
+    }
+    log.write_all(before.as_bytes()).unwrap();
+    // `/dev/stderr` is `/proc/self/fd/2`: the same road to the same file.
+    let path = PathBuf::from(format!("/proc/self/fd/{}", log.as_raw_fd()));
+    write_report_file(&path, "{\"outcome\":\"clean\"}\n", soon(), rename).unwrap();
+    let after = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(after, format!("{before}{{\"outcome\":\"clean\"}}\n"));
+    drop(log);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

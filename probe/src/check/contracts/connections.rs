@@ -239,7 +239,7 @@ fn close_verdict(
             "no keep-alive request after the service was told to stop (raise --drain-window)"
                 .to_owned(),
         )
-    } else if !broken == 0 {
+    } else if broken != 0 {
         (
             Verdict::Fail,
             format!(
@@ -282,5 +282,23 @@ fn close_verdict(
                 answered
             ),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_keep_alive_requests_fail_even_when_every_answer_said_close() {
+        let (verdict, summary) = close_verdict(37, 37, 14, "");
+        assert_eq!(verdict, Verdict::Fail, "{summary}");
+        assert!(summary.starts_with("14 requests"), "{summary}");
+    }
+
+    #[test]
+    fn every_answer_saying_close_and_nothing_lost_passes() {
+        let (verdict, summary) = close_verdict(37, 37, 0, "");
+        assert_eq!(verdict, Verdict::Pass, "{summary}");
     }
 }
