@@ -116,8 +116,8 @@ impl ReportFacts {
     pub(crate) fn young_note(&self) -> Option<String> {
         let (max, served) = self.young_wait?;
         Some(format!(
-            "the drain waited to max ({max} ms after the trigger) because the process had served \
-             only {:.1} s: lameduck judges its traffic by evidence only after 15 s of serving \
+            "the drain waited to max ({max} ms after the trigger) because the process had \
+             observed only {:.1} s of traffic before it: lameduck judges its traffic by evidence only after 15 s of serving \
              (too_few_slots), so a younger Pod waits to max by design. A Pod that served longer \
              commits on evidence: run with --warmup 16s (the default) to see that drain",
             served as f64 / 1000.0
