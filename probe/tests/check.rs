@@ -787,26 +787,9 @@ fn a_daemon_the_service_started_in_its_own_session_does_not_outlive_the_check() 
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("python-daemon");
     let (flags, command) = python_setup(&dir, &["graceful", "daemon"]);
-    let mut cmd: Vec<&str> = vec!["sh", "-c", "cd \"$0\" && exec \"$@\""];
-    let dir_text = dir.display().to_string();
-    cmd.push(&dir_text);
-    cmd.extend(strs(&command));
-    let run = check(&dir, &strs(&flags), &cmd);
-    let pid: u32 = std::fs::read_to_string(dir.join("daemon.pid"))
-        .expect("the daemon wrote its pid")
-        .trim()
-        .parse()
-        .unwrap();
-    // Gone, or a zombie waiting for its new parent to reap it: no longer running.
-    let state = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("State:").map(|s| s.trim().to_owned()))
-        .unwrap_or_default();
-    assert!(
-        state.is_empty() || state.starts_with('Z'),
-        "the daemon (pid {pid}) still runs: {state}"
-    );
+    let run = check(&dir, &strs(&flags), &strs(&in_dir(&dir, &command)));
+    let pid = daemon_pid(&dir).expect("the daemon wrote its pid");
+    assert!(!running(pid), "the daemon (pid {pid}) still runs");
     assert!(
         run.notes()
             .iter()
@@ -832,4 +815,86 @@ fn terminal_escapes_from_the_process_name_and_the_report_are_not_printed() {
     // Still shown, as text: the name in the signal contract, the outcome in the report's.
     assert!(text.contains("ev\\u{9b}2J\\u{8}il"), "{text}");
     assert!(text.contains("clean\\u{1b}]0;pwned\\u{7}"), "{text}");
+}
+
+/// `command` run from `dir` (where the daemon writes its pid).
+fn in_dir(dir: &Path, command: &[String]) -> Vec<String> {
+    let mut cmd = vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        "cd \"$0\" && exec \"$@\"".to_owned(),
+        dir.display().to_string(),
+    ];
+    cmd.extend(command.iter().cloned());
+    cmd
+}
+
+fn daemon_pid(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("daemon.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `true` while `pid` exists and is not a zombie (one waiting for its new parent to reap it).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("State:"))
+        .is_some_and(|s| !s.trim().starts_with('Z'))
+}
+
+#[test]
+fn an_interrupted_check_takes_the_service_and_its_daemon_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-interrupted");
+    let (mut flags, command) = python_setup(&dir, &["graceful", "daemon"]);
+    // Long enough to be interrupted in the warm-up.
+    flags.extend(["--warmup".into(), "60s".into()]);
+    let target = flags[1].clone();
+    let junit = dir.join("check.junit.xml");
+    let mut child = Command::new(probe_bin())
+        .arg("check")
+        .args(&flags)
+        .args(["--junit", junit.to_str().unwrap()])
+        .arg("--")
+        .args(in_dir(&dir, &command))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Serving, and the daemon started: interrupt the check as Ctrl-C would.
+    let started = Instant::now();
+    while daemon_pid(&dir).is_none() || std::net::TcpStream::connect(&target).is_err() {
+        assert!(started.elapsed() < HUNG, "the service never came up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let daemon = daemon_pid(&dir).unwrap();
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > HUNG {
+            let _ = child.kill();
+            panic!("the check did not end on SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130));
+    assert!(!running(daemon), "the daemon (pid {daemon}) still runs");
+    assert!(
+        std::net::TcpStream::connect(&target).is_err(),
+        "the service still accepts on {target}"
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(
+        xml.contains("errors=\"1\"") && xml.contains("interrupted"),
+        "{xml}"
+    );
 }
