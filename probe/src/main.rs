@@ -167,6 +167,22 @@ fn correlate_main(args: &CorrelateArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Resolves at SIGINT or SIGTERM (never, if neither can be listened to).
+#[cfg(unix)]
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+}
+
 /// `lameduck-probe check`: runs the check, prints the table, writes JSON and JUnit.
 #[cfg(unix)]
 fn check_main(args: &lameduck_probe::check::CheckArgs) -> ExitCode {
@@ -174,10 +190,33 @@ fn check_main(args: &lameduck_probe::check::CheckArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let report = match runtime.block_on(lameduck_probe::check::run_check(args)) {
+    // Interrupted (Ctrl-C, or a CI runner's SIGTERM), the run is dropped: the service is in a
+    // process group of its own, so the terminal's SIGINT never reached it, and the drop kills
+    // it and everything it started.
+    let run = runtime.block_on(async {
+        tokio::select! {
+            result = lameduck_probe::check::run_check(args) => Some(result),
+            () = interrupted() => None,
+        }
+    });
+    let Some(run) = run else {
+        let why = "interrupted: the service and everything it started were killed";
+        eprintln!("lameduck-probe check: {why}");
+        if let Some(path) = &args.junit {
+            let _ = std::fs::write(path, lameduck_probe::check::junit_error(&args.command, why));
+        }
+        return ExitCode::from(130);
+    };
+    let report = match run {
         Ok(report) => report,
         Err(e) => {
             eprintln!("lameduck-probe check: {e}");
+            if let Some(path) = &args.junit {
+                let text = lameduck_probe::check::junit_error(&args.command, &e.to_string());
+                if let Err(e) = std::fs::write(path, text) {
+                    eprintln!("lameduck-probe check: writing {}: {e}", path.display());
+                }
+            }
             return ExitCode::from(3);
         }
     };

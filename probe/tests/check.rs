@@ -11,6 +11,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -61,11 +62,27 @@ struct Run {
     out: Output,
     json: Value,
     junit: PathBuf,
+    /// The checker's peak resident memory, in kB.
+    peak_kb: u64,
 }
 
 impl Run {
     fn verdict(&self, name: &str) -> String {
         self.contract(name)["verdict"].as_str().unwrap().to_owned()
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.json["contracts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == name)
+    }
+
+    fn notes(&self) -> Vec<String> {
+        self.json["notes"].as_array().map_or_else(Vec::new, |n| {
+            n.iter().map(|e| e.as_str().unwrap().to_owned()).collect()
+        })
     }
 
     fn contract(&self, name: &str) -> &Value {
@@ -99,19 +116,65 @@ impl Run {
     }
 }
 
-/// Runs `lameduck-probe check FLAGS -- COMMAND`, with JSON and JUnit written to `dir`.
+/// The checker under test; `LAMEDUCK_PROBE_BIN` runs another build against the same tests
+/// (an older one, to see a test fail before its fix).
+fn probe_bin() -> PathBuf {
+    std::env::var_os("LAMEDUCK_PROBE_BIN").map_or_else(
+        || env!("CARGO_BIN_EXE_lameduck-probe").into(),
+        PathBuf::from,
+    )
+}
+
+/// Runs `lameduck-probe check FLAGS -- COMMAND`, with JSON and JUnit written to `dir`; its
+/// output goes to files there. Panics when the check is still running after [`HUNG`].
+/// Checks on every run that the exit code and the JUnit file agree.
 fn check(dir: &Path, flags: &[&str], command: &[&str]) -> Run {
     let json = dir.join("check.json");
     let junit = dir.join("check.junit.xml");
-    let out = Command::new(env!("CARGO_BIN_EXE_lameduck-probe"))
+    let (stdout, stderr) = (dir.join("check.stdout"), dir.join("check.stderr"));
+    let mut child = Command::new(probe_bin())
         .arg("check")
         .args(flags)
         .args(["--json", json.to_str().unwrap()])
         .args(["--junit", junit.to_str().unwrap()])
         .arg("--")
         .args(command)
-        .output()
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
         .expect("run lameduck-probe check");
+    // Peak resident memory (VmHWM only grows), read until the exit.
+    let status_path = format!("/proc/{}/status", child.id());
+    let started = Instant::now();
+    let mut peak_kb = 0;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if let Ok(text) = std::fs::read_to_string(&status_path) {
+            if let Some(kb) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            {
+                peak_kb = peak_kb.max(kb);
+            }
+        }
+        if started.elapsed() > HUNG {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the check still ran after {HUNG:?}; stdout:\n{}",
+                std::fs::read_to_string(&stdout).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = Output {
+        status,
+        stdout: std::fs::read(&stdout).unwrap(),
+        stderr: std::fs::read(&stderr).unwrap(),
+    };
     let text = std::fs::read_to_string(&json).unwrap_or_else(|e| {
         panic!(
             "no JSON ({e}); stdout:\n{}\nstderr:\n{}",
@@ -123,10 +186,21 @@ fn check(dir: &Path, flags: &[&str], command: &[&str]) -> Run {
         out,
         json: serde_json::from_str(&text).unwrap(),
         junit,
+        peak_kb,
     };
     eprintln!("{}", run.table());
+    let (_, failures, _) = parse_junit(&run.junit);
+    assert_eq!(
+        run.out.status.success(),
+        failures == 0,
+        "the exit code and the JUnit file disagree: {failures} failures: {}",
+        run.table()
+    );
     run
 }
+
+/// Longest a check in these tests may run.
+const HUNG: Duration = Duration::from_secs(90);
 
 /// The example service's flags and the check's flags aimed at it.
 fn service_setup(dir: &Path) -> (Vec<String>, Vec<String>) {
@@ -225,19 +299,21 @@ fn naive_service_fails_with_the_lost_requests_listed() {
         "never flips: {}",
         run.table()
     );
-    assert_eq!(run.verdict("report"), "not_measured");
+    // --report-file was given, so a report is expected; the naive mode writes none.
+    assert_eq!(run.verdict("report"), "fail", "{}", run.table());
+    assert!(
+        run.summary("report").contains("--report-file"),
+        "{}",
+        run.table()
+    );
     // A handler is installed (tokio's), and the process reacted by exiting at once.
     assert_eq!(run.verdict("stop_signal"), "pass", "{}", run.table());
     let table = String::from_utf8_lossy(&run.out.stdout);
     assert!(table.contains("in_flight        FAIL"), "{table}");
 
-    let (cases, failures, skipped) = parse_junit(&run.junit);
+    let (cases, failures, _) = parse_junit(&run.junit);
     assert_eq!(cases, 9);
-    assert!(failures >= 3, "{failures}");
-    assert!(
-        skipped >= 1,
-        "the report contract is not measured: {skipped}"
-    );
+    assert!(failures >= 4, "{failures}");
 }
 
 #[test]
@@ -259,6 +335,15 @@ fn lameduck_default_passes_every_contract() {
     );
     let (cases, failures, skipped) = parse_junit(&run.junit);
     assert_eq!((cases, failures, skipped), (9, 0, 0));
+    // Served 1.5 s before the stop: the drain waited to max by design, and the run says why
+    // without failing the service for it.
+    assert!(
+        run.notes()
+            .iter()
+            .any(|n| n.contains("waited to max") && n.contains("--warmup 16s")),
+        "{:?}",
+        run.notes()
+    );
 }
 
 #[test]
@@ -350,7 +435,7 @@ fn fixed_sleep_keeps_serving_but_never_tells_keepalive_clients() {
         "{}",
         run.table()
     );
-    assert_eq!(run.verdict("report"), "not_measured");
+    assert_eq!(run.verdict("report"), "fail", "{}", run.table());
 }
 
 #[test]
@@ -451,5 +536,365 @@ fn python_http_server_gets_a_sensible_verdict() {
     assert_eq!(run.verdict("in_flight"), "fail", "{}", run.table());
     assert_eq!(run.verdict("listener_open"), "fail", "{}", run.table());
     assert_eq!(run.verdict("liveness"), "not_measured");
-    assert_eq!(run.verdict("report"), "not_measured");
+    // Not a lameduck service and none expected: the contract is left out, with a note.
+    assert!(!run.has("report"), "{}", run.table());
+    assert!(
+        run.notes()
+            .iter()
+            .any(|n| n.starts_with("report: left out")),
+        "{}",
+        run.table()
+    );
+    let (cases, failures, _) = parse_junit(&run.junit);
+    assert_eq!(cases, 8);
+    assert!(failures >= 3, "JUnit red: {failures}");
+}
+
+/// A Python HTTP server written for these tests: `/`, `/slow?ms=`, `/stream?ms=` and
+/// `/readyz` on one port. Words after the port choose its behaviour:
+///
+/// * `graceful`: on SIGTERM, `/readyz` answers 503, every answer says `Connection: close`,
+///   new connections are still served for 3 s; then it stops accepting, lets the requests
+///   running finish, closes idle connections and exits 0. A correct shutdown, no lameduck.
+/// * `big-readyz`: `/readyz` answers 200 with a 300 MB body.
+/// * `/prestop` always answers an endless chunked body.
+/// * `bigline`: writes a 400 MB line without a newline to stdout at start.
+/// * `evil`: a process name and a drain-report line on stderr with terminal escapes in them.
+/// * `daemon`: starts `sleep 300` in a session of its own (setsid), its pid in `daemon.pid`.
+fn python_server(dir: &Path) -> PathBuf {
+    let script = dir.join("server.py");
+    std::fs::write(
+        &script,
+        r#"import os, signal, socket, subprocess, sys, threading, time, urllib.parse
+from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+port, modes = int(sys.argv[1]), set(sys.argv[2:])
+draining = threading.Event()
+conns, lock = set(), threading.Lock()
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'
+    timeout = 10
+    def log_message(self, *args):
+        pass
+    def setup(self):
+        super().setup()
+        with lock:
+            conns.add(self)
+    def finish(self):
+        with lock:
+            conns.discard(self)
+        super().finish()
+    def head(self, status, length=None):
+        self.send_response(status)
+        if length is None:
+            self.send_header('Transfer-Encoding', 'chunked')
+        else:
+            self.send_header('Content-Length', str(length))
+        if draining.is_set():
+            self.send_header('Connection', 'close')
+        self.end_headers()
+    def chunk(self, data):
+        self.wfile.write(b'%x\r\n%s\r\n' % (len(data), data))
+    def do_GET(self):
+        u = urllib.parse.urlparse(self.path)
+        ms = int(urllib.parse.parse_qs(u.query).get('ms', ['0'])[0])
+        if u.path == '/readyz' and draining.is_set():
+            self.head(503, 8)
+            self.wfile.write(b'draining')
+        elif u.path == '/readyz' and 'big-readyz' in modes:
+            block = b'r' * (1 << 20)
+            self.head(200, 300 * len(block))
+            for _ in range(300):
+                self.wfile.write(block)
+        elif u.path == '/prestop':
+            self.head(200)
+            block = b'p' * 65536
+            while True:
+                self.chunk(block)
+        elif u.path == '/stream':
+            self.head(200)
+            end = time.time() + ms / 1000
+            while time.time() < end:
+                self.chunk(b'ok')
+                self.wfile.flush()
+                time.sleep(0.1)
+            self.wfile.write(b'0\r\n\r\n')
+        else:
+            if u.path == '/slow':
+                time.sleep(ms / 1000)
+            self.head(200, 2)
+            self.wfile.write(b'ok')
+
+srv = ThreadingHTTPServer(('127.0.0.1', port), H)
+srv.daemon_threads = False
+
+def drain():
+    time.sleep(3)
+    srv.shutdown()
+
+def on_term(*args):
+    if not draining.is_set():
+        draining.set()
+        threading.Thread(target=drain).start()
+
+if 'graceful' in modes:
+    signal.signal(signal.SIGTERM, on_term)
+if 'bigline' in modes:
+    def bigline():
+        block = b'z' * (1 << 20)
+        for _ in range(400):
+            sys.stdout.buffer.write(block)
+        sys.stdout.flush()
+    threading.Thread(target=bigline, daemon=True).start()
+if 'evil' in modes:
+    with open('/proc/self/comm', 'w') as f:
+        f.write('ev\x9b2J\x08il')
+if 'daemon' in modes:
+    subprocess.Popen(['setsid', 'sh', '-c', 'echo $$ > daemon.pid; exec sleep 300'])
+srv.serve_forever()
+# Stopped accepting: idle keep-alive connections see the end of input, running requests end.
+with lock:
+    for c in list(conns):
+        try:
+            c.connection.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+srv.server_close()
+if 'evil' in modes:
+    print('{"outcome":"clean\\u001b]0;pwned\\u0007","exit_code":0,"timeline":[]}', file=sys.stderr)
+sys.exit(0)
+"#,
+    )
+    .unwrap();
+    script
+}
+
+/// `check` flags and command for [`python_server`] with `modes`.
+fn python_setup(dir: &Path, modes: &[&str]) -> (Vec<String>, Vec<String>) {
+    let script = python_server(dir);
+    let port = free_port();
+    let flags = vec![
+        "--target".into(),
+        format!("127.0.0.1:{port}"),
+        "--ready".into(),
+        format!("http://127.0.0.1:{port}/readyz"),
+        "--warmup".into(),
+        "1500ms".into(),
+        "--drain-window".into(),
+        "1s".into(),
+        "--grace-period".into(),
+        "15s".into(),
+    ];
+    let mut command = vec![
+        "python3".to_owned(),
+        script.display().to_string(),
+        port.to_string(),
+    ];
+    command.extend(modes.iter().map(|m| (*m).to_owned()));
+    (flags, command)
+}
+
+#[test]
+fn a_correct_server_without_lameduck_passes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-graceful");
+    let (flags, command) = python_setup(&dir, &["graceful"]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    assert_eq!(run.out.status.code(), Some(0), "{}", run.table());
+    for name in [
+        "startup",
+        "readiness",
+        "stop_signal",
+        "listener_open",
+        "in_flight",
+        "keepalive_close",
+        "exit",
+    ] {
+        assert_eq!(run.verdict(name), "pass", "{name}: {}", run.table());
+    }
+    // No --live: not measured, and that is no failure without --strict.
+    assert_eq!(run.verdict("liveness"), "not_measured");
+    assert!(!run.has("report"), "{}", run.table());
+    let (cases, failures, skipped) = parse_junit(&run.junit);
+    assert_eq!((cases, failures, skipped), (8, 0, 1));
+    let table = String::from_utf8_lossy(&run.out.stdout);
+    assert!(table.contains("\nPASS: 7 passed"), "{table}");
+}
+
+#[test]
+fn strict_fails_what_was_not_measured_and_the_junit_file_says_so() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-strict");
+    let (mut flags, command) = python_setup(&dir, &["graceful"]);
+    flags.push("--strict".into());
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    assert_eq!(run.verdict("liveness"), "not_measured");
+    assert_eq!(run.out.status.code(), Some(1), "{}", run.table());
+    let (_, failures, skipped) = parse_junit(&run.junit);
+    assert_eq!((failures, skipped), (1, 0));
+}
+
+/// Bounded reads: the checker's memory stays far below what the service sends.
+const BOUNDED_KB: u64 = 150 * 1024;
+
+#[test]
+fn an_endless_prestop_body_and_a_300_mb_readyz_body_are_read_bounded() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-big-bodies");
+    let (mut flags, command) = python_setup(&dir, &["graceful", "big-readyz"]);
+    let prestop = flags[3].replace("/readyz", "/prestop");
+    flags.extend(["--prestop-http".into(), prestop]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    assert!(run.peak_kb < BOUNDED_KB, "peak {} kB", run.peak_kb);
+    // The hook ended on the bounded read, then the signal went as usual.
+    let hook = run.json["prestop"].as_str().unwrap();
+    assert!(hook.contains(": 200 (httpGet"), "{hook}");
+    assert_eq!(run.verdict("startup"), "pass", "{}", run.table());
+    assert_eq!(run.verdict("exit"), "pass", "{}", run.table());
+}
+
+#[test]
+fn a_400_mb_stdout_line_without_a_newline_is_read_bounded() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-bigline");
+    let (flags, command) = python_setup(&dir, &["graceful", "bigline"]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    assert!(run.peak_kb < BOUNDED_KB, "peak {} kB", run.peak_kb);
+    assert_eq!(run.verdict("exit"), "pass", "{}", run.table());
+}
+
+#[test]
+fn a_report_file_that_is_a_fifo_is_refused_not_waited_on() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-fifo");
+    let fifo = dir.join("report.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let (mut flags, command) = python_setup(&dir, &["graceful"]);
+    flags.extend(["--report-file".into(), fifo.display().to_string()]);
+    // `check` panics after HUNG if the read waits for a writer.
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    assert_eq!(run.verdict("report"), "fail", "{}", run.table());
+    assert!(
+        run.summary("report").contains("not a regular file"),
+        "{}",
+        run.table()
+    );
+}
+
+#[test]
+fn a_daemon_the_service_started_in_its_own_session_does_not_outlive_the_check() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-daemon");
+    let (flags, command) = python_setup(&dir, &["graceful", "daemon"]);
+    let run = check(&dir, &strs(&flags), &strs(&in_dir(&dir, &command)));
+    let pid = daemon_pid(&dir).expect("the daemon wrote its pid");
+    assert!(!running(pid), "the daemon (pid {pid}) still runs");
+    assert!(
+        run.notes()
+            .iter()
+            .any(|n| n.contains(&format!("pid {pid} (sleep)"))),
+        "{:?}",
+        run.notes()
+    );
+}
+
+#[test]
+fn terminal_escapes_from_the_process_name_and_the_report_are_not_printed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-evil");
+    let (flags, command) = python_setup(&dir, &["graceful", "evil"]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    let text = String::from_utf8_lossy(&run.out.stdout);
+    // No control character but the line ends: no C0 (ESC, BEL, backspace), no C1 (CSI).
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\n'),
+        "{}",
+        run.table()
+    );
+    // Still shown, as text: the name in the signal contract, the outcome in the report's.
+    assert!(text.contains("ev\\u{9b}2J\\u{8}il"), "{text}");
+    assert!(text.contains("clean\\u{1b}]0;pwned\\u{7}"), "{text}");
+}
+
+/// `command` run from `dir` (where the daemon writes its pid).
+fn in_dir(dir: &Path, command: &[String]) -> Vec<String> {
+    let mut cmd = vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        "cd \"$0\" && exec \"$@\"".to_owned(),
+        dir.display().to_string(),
+    ];
+    cmd.extend(command.iter().cloned());
+    cmd
+}
+
+fn daemon_pid(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("daemon.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `true` while `pid` exists and is not a zombie (one waiting for its new parent to reap it).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("State:"))
+        .is_some_and(|s| !s.trim().starts_with('Z'))
+}
+
+#[test]
+fn an_interrupted_check_takes_the_service_and_its_daemon_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-interrupted");
+    let (mut flags, command) = python_setup(&dir, &["graceful", "daemon"]);
+    // Long enough to be interrupted in the warm-up.
+    flags.extend(["--warmup".into(), "60s".into()]);
+    let target = flags[1].clone();
+    let junit = dir.join("check.junit.xml");
+    let mut child = Command::new(probe_bin())
+        .arg("check")
+        .args(&flags)
+        .args(["--junit", junit.to_str().unwrap()])
+        .arg("--")
+        .args(in_dir(&dir, &command))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Serving, and the daemon started: interrupt the check as Ctrl-C would.
+    let started = Instant::now();
+    while daemon_pid(&dir).is_none() || std::net::TcpStream::connect(&target).is_err() {
+        assert!(started.elapsed() < HUNG, "the service never came up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let daemon = daemon_pid(&dir).unwrap();
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > HUNG {
+            let _ = child.kill();
+            panic!("the check did not end on SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(130));
+    assert!(!running(daemon), "the daemon (pid {daemon}) still runs");
+    assert!(
+        std::net::TcpStream::connect(&target).is_err(),
+        "the service still accepts on {target}"
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(
+        xml.contains("errors=\"1\"") && xml.contains("interrupted"),
+        "{xml}"
+    );
 }

@@ -60,10 +60,11 @@ fn last_new_connection(cx: &Ctx<'_>, last: u64) -> Advice {
             AdviceRule::PropagationAfterMin,
             last,
             format!(
-                "new connections kept arriving until {last} ms after the drain started, when max \
-                 ({} ms) cut the wait: some path still routed here when the process stopped \
-                 accepting; find it (after_flip.peers) — no min or max below that was safe",
-                p.max_ms
+                "new connections kept arriving past min ({} ms), until {last} ms after the drain \
+                 started, when max ({} ms) cut the wait: some path still routed here when the \
+                 process stopped accepting; find it (after_flip.peers) — no min or max below \
+                 that was safe",
+                p.min_ms, p.max_ms
             ),
         )
     } else if p.kind == PolicyKind::Quiet && last > p.min_ms {
@@ -93,7 +94,8 @@ fn last_new_connection(cx: &Ctx<'_>, last: u64) -> Advice {
             AdviceRule::PropagationObserved,
             last,
             format!(
-                "the last new connection came {last} ms after the drain started (min {} ms)",
+                "the last new connection came {last} ms after the drain started, before min \
+                 ({} ms, the earliest the policy commits): the paths caught up inside the floor",
                 p.min_ms
             ),
         )

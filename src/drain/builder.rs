@@ -73,7 +73,7 @@ impl DrainBuilder {
         self
     }
 
-    /// When to stop accepting. Default: [`Propagation::default`] (quiet window 1 s, min 1 s,
+    /// When to stop accepting. Default: [`Propagation::default`] (quiet window 500 ms, min 1 s,
     /// confidence from the arrival rate with ε = 10⁻³, max half the grace period).
     pub fn propagation(mut self, p: Propagation) -> Self {
         self.propagation = p;

@@ -38,9 +38,12 @@ struct CheckFlags {
     /// Start the command as PID 1 of a new PID namespace, as in a container (unshare; root or user namespaces)
     #[arg(long, help_heading = "SERVICE")]
     pid_namespace: bool,
-    /// The service's lameduck drain report file [default: its stderr line]
+    /// The service's lameduck drain report file (a report is then expected) [default: its stderr line]
     #[arg(long, value_name = "FILE", help_heading = "SERVICE")]
     report_file: Option<PathBuf>,
+    /// Expect a lameduck drain report: judge the report contract, FAIL without one [default: when one is found]
+    #[arg(long, help_heading = "SERVICE")]
+    expect_report: bool,
 
     /// preStop httpGet: GET this URL before the stop signal
     #[arg(long, value_name = "URL", help_heading = "STOP", conflicts_with_all = ["prestop_exec", "prestop_sleep"])]
@@ -66,7 +69,7 @@ struct CheckFlags {
     /// Longest wait for the first 200 from --ready [default: 30s]
     #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "TIME")]
     startup_timeout: Option<Duration>,
-    /// Traffic before the stop [default: 2s]
+    /// Traffic before the stop [default: 16s, past the 15 s lameduck observes before judging by evidence]
     #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "TIME")]
     warmup: Option<Duration>,
     /// How long after the stop new connections still arrive (proxies catching up) [default: 2s]
@@ -110,6 +113,9 @@ struct CheckFlags {
     /// Write the result as JUnit XML (one test case per contract)
     #[arg(long, value_name = "FILE", help_heading = "OUTPUT")]
     junit: Option<PathBuf>,
+    /// NOT MEASURED fails the run too (exit 1, a JUnit failure)
+    #[arg(long, help_heading = "OUTPUT")]
+    strict: bool,
 
     /// The service's command line
     #[arg(last = true, value_name = "COMMAND")]
@@ -120,8 +126,12 @@ const CHECK_AFTER_HELP: &str = "\
 t+0 is the Pod's deletion: the preStop hook runs, then the stop signal goes to the process
 (PID 1 of the namespace with --pid-namespace); SIGKILL at t+grace. Traffic runs from the
 first 200 on --ready for --warmup, and through --drain-window after t+0.
-Exit status: 0 every contract PASS, 1 any FAIL, WARN or NOT MEASURED, 2 bad flags,
-3 the command could not be started or an output file not written.
+The report contract is judged where a lameduck drain report is expected (one was found,
+--report-file, --expect-report, or x-lameduck-phase headers); elsewhere it is left out.
+Exit status: 0 no contract FAIL or WARN (nor NOT MEASURED with --strict), 1 any, 2 bad
+flags, 3 the command could not be started or an output file not written, 130 interrupted
+(SIGINT or SIGTERM; the service and what it started are killed). The JUnit file agrees: a
+failure for each contract that makes the status 1, an error for 3 and 130.
 ";
 
 /// The `check --help` text.
@@ -229,9 +239,11 @@ pub fn parse_check(args: &[String]) -> Result<Command, CliError> {
         stop_signal,
         grace_period: flags.grace_period.unwrap_or(Duration::from_secs(30)),
         startup_timeout: flags.startup_timeout.unwrap_or(Duration::from_secs(30)),
-        warmup: flags.warmup.unwrap_or(Duration::from_secs(2)),
+        warmup: flags.warmup.unwrap_or(super::DEFAULT_WARMUP),
         drain_window: flags.drain_window.unwrap_or(Duration::from_secs(2)),
         report_file: flags.report_file,
+        expect_report: flags.expect_report,
+        strict: flags.strict,
         traffic,
         json: flags.json,
         junit: flags.junit,

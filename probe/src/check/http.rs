@@ -1,15 +1,23 @@
 //! One GET on a fresh HTTP/1.1 connection, for readiness, liveness and `preStop` `httpGet`:
 //! kubelet opens a new connection for every probe too.
+//!
+//! Bounded in time (the caller's timeout) and in bytes: at most [`MAX_BODY`] of the body is
+//! read, then the connection is dropped (kubelet reads at most 10 KiB of a probe's body too),
+//! so an endless or huge body costs neither memory nor the run.
 
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty};
+use hyper::body::Body as _;
 use hyper::body::Bytes;
 use hyper::client::conn::http1;
 use hyper::header::{HeaderName, HeaderValue, CONNECTION, HOST, USER_AGENT};
 use hyper::{Request, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+
+/// The most of a body read before the answer counts as complete.
+const MAX_BODY: u64 = 64 * 1024;
 
 /// A URL `check` may call: `http://host:port/path?query`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,11 +111,19 @@ async fn get_inner(url: &Url, headers: &[(String, String)]) -> Result<u16, Strin
             .await
             .map_err(|e| crate::request::error_text(&e))?;
         let status = response.status().as_u16();
-        response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("body: {}", crate::request::error_text(&e)))?;
+        let mut body = response.into_body();
+        let mut read = 0u64;
+        while read < MAX_BODY && !body.is_end_stream() {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                }
+                Some(Err(e)) => {
+                    return Err(format!("body: {}", crate::request::error_text(&e)));
+                }
+                None => break,
+            }
+        }
         Ok(status)
     }
     .await;

@@ -15,10 +15,19 @@
 //! 5. SIGKILL at `t+grace` if the process is still there;
 //! 6. judge: `startup`, `readiness`, `liveness`, `stop_signal`, `listener_open`,
 //!    `in_flight`, `keepalive_close`, `exit`, `report` — each PASS, FAIL, WARN or NOT
-//!    MEASURED, with its evidence.
+//!    MEASURED, with its evidence;
+//! 7. SIGKILL whatever the command left behind: its process group, and every process that
+//!    carries the run's `LAMEDUCK_PROBE_CHECK` environment cookie (a daemon that left the
+//!    group with `setsid`).
 //!
-//! Nothing here depends on the service using lameduck; the `report` contract reads a lameduck
-//! drain report when there is one.
+//! Nothing here depends on the service using lameduck. The `report` contract is judged only
+//! where a lameduck drain report is expected: one was found, `--report-file` or
+//! `--expect-report` was given, or the answers carried `x-lameduck-phase`; elsewhere it is
+//! left out, with a note saying so.
+//!
+//! Every read is bounded in bytes and time: probe and `preStop` bodies, the
+//! service's output lines, the report file (a regular file, at most
+//! [`MAX_REPORT_FILE`] bytes; a FIFO or a device is not read).
 
 mod cli;
 mod contracts;
@@ -35,6 +44,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cli::{check_usage, parse_check};
 pub use contracts::{Contract, Verdict};
+pub use output::junit_error;
 pub use process::{Disposition, ExitView};
 pub use run::run_check;
 
@@ -50,6 +60,12 @@ const POLL_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_POLLS: usize = 6_000;
 /// After the exit, how long requests still running get before the run is cut.
 const AFTER_EXIT: Duration = Duration::from_secs(3);
+/// The default traffic before the stop: past the 15 s a lameduck service observes before it
+/// judges its traffic by evidence, so a default run drains as a Pod that served a while does
+/// (a younger one waits to `max`, and the run says so in a note).
+pub const DEFAULT_WARMUP: Duration = Duration::from_secs(16);
+/// The largest `--report-file` read; a drain report is a few kilobytes.
+pub const MAX_REPORT_FILE: u64 = 4 * 1024 * 1024;
 
 /// The `preStop` hook to run before the stop signal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,7 +119,12 @@ pub struct CheckArgs {
     /// How long after the stop new connections still arrive (proxies catching up).
     pub drain_window: Duration,
     /// Where the service writes its lameduck drain report (else its stderr is searched).
+    /// Given, a report is expected.
     pub report_file: Option<PathBuf>,
+    /// A lameduck drain report is expected: its absence fails the `report` contract.
+    pub expect_report: bool,
+    /// NOT MEASURED fails the run too (else only FAIL and WARN do).
+    pub strict: bool,
     /// The traffic: target, rates, paths, HTTP version, connections. `duration` and
     /// `drain_wait` are set by the run.
     pub traffic: ProbeConfig,
@@ -162,6 +183,10 @@ pub(crate) struct Observed {
     live_polls: Vec<Poll>,
     records: Vec<Record>,
     report: Option<ReportFacts>,
+    /// Why a lameduck report is expected, when one is.
+    report_expected: Option<String>,
+    /// Why the report file could not be read, when it could not.
+    report_unread: Option<String>,
 }
 
 /// What a `check` produced.
@@ -185,8 +210,15 @@ pub struct CheckReport {
     pub exit: Option<ExitView>,
     /// When it ended, ms since the Unix epoch.
     pub exit_unix_ms: Option<f64>,
-    /// The contracts, in order.
+    /// The contracts, in order (`report` only where a lameduck report is expected).
     pub contracts: Vec<Contract>,
+    /// `--strict`: NOT MEASURED counts as a failure.
+    #[serde(default)]
+    pub strict: bool,
+    /// What the run noticed beside the contracts: a contract left out and why, a drain that
+    /// waited to `max` because the process was young, processes killed after the exit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// Requests sent.
     pub requests: usize,
     /// The last lines the service wrote to stderr (at most 20).
@@ -194,9 +226,20 @@ pub struct CheckReport {
 }
 
 impl CheckReport {
-    /// `true` when every contract passed: the exit code is 0 only then.
+    /// `true` when no contract failed: none FAIL or WARN, and with [`strict`](Self::strict)
+    /// none NOT MEASURED. The exit code is 0 only then, and the JUnit file counts a failure
+    /// for exactly the contracts that make it not 0.
     pub fn passed(&self) -> bool {
-        self.contracts.iter().all(|c| c.verdict == Verdict::Pass)
+        self.contracts.iter().all(|c| !self.fails(c.verdict))
+    }
+
+    /// `true` when `verdict` fails the run.
+    pub fn fails(&self, verdict: Verdict) -> bool {
+        match verdict {
+            Verdict::Pass => false,
+            Verdict::Fail | Verdict::Warn => true,
+            Verdict::NotMeasured => self.strict,
+        }
     }
 
     /// The contract named `name`.

@@ -3,11 +3,19 @@
 //!
 //! Invariants: the command runs in a process group of its own, and the group is SIGKILLed
 //! when the [`Service`] is dropped, so nothing it started outlives the check. In a PID
-//! namespace, `unshare --kill-child` also takes the namespace down with `unshare`.
+//! namespace, `unshare --kill-child` also takes the namespace down with `unshare`. A process
+//! that leaves the group (`setsid`, a double fork) still carries the environment cookie
+//! [`COOKIE`]`=<checker pid>-<n>` the command was started with: [`Service::kill`] and the drop
+//! SIGKILL every process of ours whose `/proc/<pid>/environ` holds it (what Jenkins does with
+//! `BUILD_ID`). Only a process that re-executes itself with a scrubbed environment escapes.
+//!
+//! Output is read in bounded pieces: a line longer than [`MAX_LINE`] is cut, the rest of it
+//! read and dropped, so an endless line costs no memory.
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +29,10 @@ use tokio::process::{Child, Command};
 const KEPT_LINES: usize = 200;
 /// Longest line kept; a drain report is a few kilobytes.
 const MAX_LINE: usize = 256 * 1024;
+/// The environment variable that marks every process a check started.
+pub(crate) const COOKIE: &str = "LAMEDUCK_PROBE_CHECK";
+/// Rounds of the cookie sweep: a process that forks while it is swept is found in the next.
+const SWEEPS: usize = 5;
 
 /// What the service wrote, bounded.
 #[derive(Debug, Default)]
@@ -67,6 +79,8 @@ pub(crate) struct Service {
     target: u32,
     pgid: Pid,
     output: Arc<Mutex<Output>>,
+    /// `COOKIE=value` as it appears in `/proc/<pid>/environ`.
+    cookie: String,
 }
 
 impl Service {
@@ -88,6 +102,14 @@ impl Service {
         } else {
             Command::new(program)
         };
+        // Unique per run in this process: two checks in one test binary sweep only their own.
+        static RUNS: AtomicU64 = AtomicU64::new(0);
+        let value = format!(
+            "{}-{}",
+            std::process::id(),
+            RUNS.fetch_add(1, Ordering::Relaxed)
+        );
+        cmd.env(COOKIE, &value);
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -125,6 +147,7 @@ impl Service {
             target,
             pgid: Pid::from_raw(pid as i32),
             output,
+            cookie: format!("{COOKIE}={value}"),
         })
     }
 
@@ -171,18 +194,84 @@ impl Service {
             .map_err(|e| format!("kill -{} {}: {e}", sig.as_str(), self.target))
     }
 
-    /// SIGKILL to the target and the whole process group.
-    pub(crate) fn kill(&self) {
+    /// SIGKILL to the target, the whole process group and every process that carries the
+    /// run's cookie. Returns the processes found outside the group (`pid N (name)`): what
+    /// the service left running.
+    pub(crate) fn kill(&self) -> Vec<String> {
         let _ = signal::kill(Pid::from_raw(self.target as i32), Signal::SIGKILL);
         let _ = signal::killpg(self.pgid, Signal::SIGKILL);
+        sweep(&self.cookie, self.pgid)
     }
 }
 
 impl Drop for Service {
     fn drop(&mut self) {
-        // Whatever the command started (a shell's children) goes with it.
+        // Whatever the command started (a shell's children, a daemon) goes with it, also when
+        // the check itself fails.
         let _ = signal::killpg(self.pgid, Signal::SIGKILL);
+        sweep(&self.cookie, self.pgid);
     }
+}
+
+/// SIGKILLs every process whose environment holds `cookie` (`NAME=value`), round after round
+/// until a round finds none. Returns those that were not in process group `pgid`.
+fn sweep(cookie: &str, pgid: Pid) -> Vec<String> {
+    let me = std::process::id();
+    let mut outside = Vec::new();
+    for _ in 0..SWEEPS {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            break;
+        };
+        let mut found = false;
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid == me || !carries(pid, cookie) {
+                continue;
+            }
+            let p = Pid::from_raw(pid as i32);
+            // A zombie still shows its environment until reaped: killing it again is harmless,
+            // but it is not "left running".
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            if field(&status, "State:").is_some_and(|s| s.starts_with('Z')) {
+                continue;
+            }
+            found = true;
+            let outside_group = pgrp(pid).is_some_and(|g| g != pgid.as_raw());
+            let _ = signal::kill(p, Signal::SIGKILL);
+            if outside_group {
+                let name = field(&status, "Name:").unwrap_or("?");
+                let line = format!("pid {pid} ({name})");
+                if !outside.contains(&line) {
+                    outside.push(line);
+                }
+            }
+        }
+        if !found {
+            break;
+        }
+    }
+    outside
+}
+
+/// The process group of `pid`, from `/proc/<pid>/stat` (the field after the state; the name
+/// before it may hold spaces and parentheses, so it is skipped to its last `)`).
+fn pgrp(pid: u32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// `true` when `/proc/<pid>/environ` holds `cookie` as one whole entry. Another user's
+/// process is unreadable, so never ours.
+fn carries(pid: u32, cookie: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == cookie.as_bytes()))
 }
 
 fn view(status: std::process::ExitStatus, killed: bool) -> ExitView {
@@ -258,31 +347,50 @@ pub(crate) fn parse_disposition(status: &str, pid: u32, sig: i32) -> Result<Disp
     })
 }
 
+/// Keeps the service's lines, each cut at [`MAX_LINE`] bytes: a line is read a buffer at a
+/// time and what passes the limit is dropped, so memory stays bounded whatever it writes.
 async fn keep_lines(stream: impl AsyncRead + Unpin, output: Arc<Mutex<Output>>, stderr: bool) {
     let mut reader = BufReader::new(stream);
-    let mut buf = Vec::new();
+    let mut line = Vec::new();
     loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        buf.truncate(MAX_LINE);
-        let line = String::from_utf8_lossy(&buf).trim_end().to_owned();
-        let mut out = output.lock().expect("output lock");
-        if stderr && line.starts_with('{') && line.contains("\"timeline\"") {
-            out.report_line = Some(line.clone());
-        }
-        let lines = if stderr {
-            &mut out.stderr
-        } else {
-            &mut out.stdout
+        let chunk = match reader.fill_buf().await {
+            Ok(chunk) if !chunk.is_empty() => chunk,
+            _ => {
+                if !line.is_empty() {
+                    keep_line(&line, &output, stderr);
+                }
+                return;
+            }
         };
-        if lines.len() == KEPT_LINES {
-            lines.pop_front();
+        let (used, ended) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let room = MAX_LINE.saturating_sub(line.len());
+        line.extend_from_slice(&chunk[..used.min(room)]);
+        reader.consume(used);
+        if ended {
+            keep_line(&line, &output, stderr);
+            line.clear();
         }
-        lines.push_back(line);
     }
+}
+
+fn keep_line(buf: &[u8], output: &Mutex<Output>, stderr: bool) {
+    let line = String::from_utf8_lossy(buf).trim_end().to_owned();
+    let mut out = output.lock().expect("output lock");
+    if stderr && line.starts_with('{') && line.contains("\"timeline\"") {
+        out.report_line = Some(line.clone());
+    }
+    let lines = if stderr {
+        &mut out.stderr
+    } else {
+        &mut out.stdout
+    };
+    if lines.len() == KEPT_LINES {
+        lines.pop_front();
+    }
+    lines.push_back(line);
 }
 
 #[cfg(test)]

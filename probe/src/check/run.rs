@@ -1,5 +1,6 @@
 //! The run of a check, step by step as the [module docs](super) list them.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,7 +11,8 @@ use super::contracts::{self, ReportFacts};
 use super::http::{self, Url};
 use super::{
     error, process, signal_of, unix_now, CheckArgs, CheckError, CheckReport, ExitView,
-    ExpectReadiness, Observed, Poll, PreStop, AFTER_EXIT, MAX_POLLS, POLL_EVERY, POLL_TIMEOUT,
+    ExpectReadiness, Observed, Poll, PreStop, AFTER_EXIT, MAX_POLLS, MAX_REPORT_FILE, POLL_EVERY,
+    POLL_TIMEOUT,
 };
 use crate::config::{HttpVersion, ProbeConfig};
 use crate::record::Record;
@@ -46,11 +48,19 @@ pub async fn run_check(args: &CheckArgs) -> Result<CheckReport, CheckError> {
     )
     .await;
     if observed.ready_after.is_none() {
-        service.kill();
+        let mut left_behind = service.kill();
         if observed.exit.is_none() {
             observed.exit = Some(service.wait_or_kill(tokio::time::Instant::now()).await);
         }
-        return Ok(finish(args, started_unix_ms, observed, &output, None));
+        left_behind.extend(service.kill());
+        return Ok(finish(
+            args,
+            started_unix_ms,
+            observed,
+            &output,
+            None,
+            &left_behind,
+        ));
     }
 
     // 2. Traffic and probes.
@@ -67,7 +77,7 @@ pub async fn run_check(args: &CheckArgs) -> Result<CheckReport, CheckError> {
     handle.stop();
     let (ready_polls, live_polls) = pollers.stop().await;
     let result = end_traffic(&handle, traffic_task).await;
-    service.kill();
+    let left_behind = service.kill();
     observed.records = result?;
     observed.ready_polls = ready_polls;
     observed.live_polls = live_polls;
@@ -77,6 +87,7 @@ pub async fn run_check(args: &CheckArgs) -> Result<CheckReport, CheckError> {
         observed,
         &output,
         prestop_text,
+        &left_behind,
     ))
 }
 
@@ -147,6 +158,14 @@ impl Observed {
             live_polls: Vec::new(),
             records: Vec::new(),
             report: None,
+            report_expected: if args.expect_report {
+                Some("--expect-report was given".to_owned())
+            } else {
+                args.report_file
+                    .as_ref()
+                    .map(|p| format!("--report-file {} was given", p.display()))
+            },
+            report_unread: None,
         }
     }
 }
@@ -385,26 +404,90 @@ fn exit_text(exit: &ExitView) -> String {
     }
 }
 
+/// Reads the report file: a regular file of at most [`MAX_REPORT_FILE`] bytes. Opened
+/// without blocking, so a FIFO with no writer (or a device) is refused, not waited on.
+fn read_report_file(path: &Path) -> Result<String, String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    // The opened file, not the path: it cannot be swapped between the look and the read.
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "{} is not a regular file (a FIFO, a device or a directory): not read",
+            path.display()
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_REPORT_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_REPORT_FILE {
+        return Err(format!(
+            "{} is larger than {MAX_REPORT_FILE} bytes: not read",
+            path.display()
+        ));
+    }
+    Ok(text)
+}
+
 fn finish(
     args: &CheckArgs,
     started_unix_ms: f64,
     mut observed: Observed,
     output: &Arc<Mutex<process::Output>>,
     prestop: Option<String>,
+    left_behind: &[String],
 ) -> CheckReport {
     let (report_line, stderr_tail) = {
         let out = output.lock().expect("output lock");
         let tail: Vec<String> = out.stderr.iter().rev().take(20).rev().cloned().collect();
         (out.report_line.clone(), tail)
     };
-    observed.report = match &args.report_file {
-        Some(path) => std::fs::read_to_string(path)
-            .ok()
-            .and_then(|t| ReportFacts::parse(&t, &path.display().to_string())),
-        None => None,
+    let from_file = args
+        .report_file
+        .as_ref()
+        .and_then(|path| match read_report_file(path) {
+            Ok(text) => ReportFacts::parse(&text, &path.display().to_string()),
+            Err(why) => {
+                observed.report_unread = Some(why);
+                None
+            }
+        });
+    observed.report =
+        from_file.or_else(|| report_line.and_then(|l| ReportFacts::parse(&l, "stderr")));
+    if observed.report_expected.is_none() && observed.records.iter().any(|r| r.phase.is_some()) {
+        observed.report_expected =
+            Some("the answers carried x-lameduck-phase, a lameduck service's header".to_owned());
     }
-    .or_else(|| report_line.and_then(|l| ReportFacts::parse(&l, "stderr")));
+    let mut notes = Vec::new();
     let expect_serving = args.expect_readiness == ExpectReadiness::Serving;
+    let report = contracts::report(&observed);
+    if report.is_none() {
+        notes.push(
+            "report: left out: no lameduck drain report on stderr, and none expected (no \
+             --report-file, --expect-report or x-lameduck-phase header); a service without \
+             lameduck writes none"
+                .to_owned(),
+        );
+    }
+    if let Some(note) = observed.report.as_ref().and_then(ReportFacts::young_note) {
+        notes.push(note);
+    }
+    if !left_behind.is_empty() {
+        notes.push(format!(
+            "killed {} process(es) the service left running outside its process group (a \
+             daemon, setsid): {}",
+            left_behind.len(),
+            left_behind.join(", ")
+        ));
+    }
     let contracts = vec![
         contracts::startup(&observed),
         contracts::readiness(&observed, expect_serving),
@@ -414,8 +497,10 @@ fn finish(
         contracts::in_flight(&observed),
         contracts::keepalive_close(&observed),
         contracts::exit(&observed),
-        contracts::report(&observed),
-    ];
+    ]
+    .into_iter()
+    .chain(report)
+    .collect();
     CheckReport {
         command: args.command.clone(),
         pid_namespace: args.pid_namespace,
@@ -426,6 +511,8 @@ fn finish(
         exit: observed.exit,
         exit_unix_ms: observed.exited_at,
         contracts,
+        strict: args.strict,
+        notes,
         requests: observed.records.len(),
         stderr_tail,
     }

@@ -50,6 +50,9 @@ pub(crate) struct ReportFacts {
     pub(crate) drain_started_unix_ms: Option<f64>,
     pub(crate) after_flip_requests: Option<u64>,
     pub(crate) stragglers: usize,
+    /// The drain waited to `max` because the process was young (`too_few_slots`): `max`
+    /// in ms after the trigger, and how long the process had served before it.
+    pub(crate) young_wait: Option<(u64, u64)>,
 }
 
 impl ReportFacts {
@@ -79,6 +82,19 @@ impl ReportFacts {
             (Some(a), Some(b)) => Some(a + b),
             _ => None,
         };
+        let evidence = value.get("propagation").and_then(|p| p.get("evidence"));
+        let field = |k: &str| evidence.and_then(|e| e.get(k));
+        let young_wait = (field("kind").and_then(|v| v.as_str()) == Some("max")
+            && field("weak").and_then(|v| v.as_str()) == Some("too_few_slots"))
+        .then(|| {
+            let max = value
+                .get("propagation")
+                .and_then(|p| p.get("max_ms"))
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            let num = |k: &str| field(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+            (max, num("slots_observed") * num("slot_ms"))
+        });
         Some(ReportFacts {
             source: source.to_owned(),
             outcome: value
@@ -92,23 +108,49 @@ impl ReportFacts {
                 .get("stragglers")
                 .and_then(|v| v.as_array())
                 .map_or(0, Vec::len),
+            young_wait,
         })
+    }
+
+    /// The note for a drain that waited to `max` because the process was young.
+    pub(crate) fn young_note(&self) -> Option<String> {
+        let (max, served) = self.young_wait?;
+        Some(format!(
+            "the drain waited to max ({max} ms after the trigger) because the process had \
+             observed only {:.1} s of traffic before it: lameduck judges its traffic by evidence only after 15 s of serving \
+             (too_few_slots), so a younger Pod waits to max by design. A Pod that served longer \
+             commits on evidence: run with --warmup 16s (the default) to see that drain",
+            served as f64 / 1000.0
+        ))
     }
 }
 
-pub(crate) fn report(o: &Observed) -> Contract {
+/// The `report` contract, where a lameduck drain report is expected (one was found, or
+/// [`Observed::report_expected`] says why one should be); `None` elsewhere: a service that
+/// does not use lameduck writes none, and that is no fault.
+pub(crate) fn report(o: &Observed) -> Option<Contract> {
     const NAME: &str = "report";
     const TITLE: &str = "the drain report agrees with what the client saw";
     let judge = Judge::new(NAME, TITLE);
     let Some(r) = &o.report else {
-        return judge.not_measured(
-            "no lameduck drain report (on stderr or --report-file): not a lameduck service",
-        );
+        let why = o.report_expected.as_deref()?;
+        if o.t0.is_none() {
+            return Some(judge.not_measured("the service was never stopped"));
+        }
+        let unread = o
+            .report_unread
+            .as_deref()
+            .map(|u| format!(" ({u})"))
+            .unwrap_or_default();
+        return Some(judge.fail(format!(
+            "no lameduck drain report on stderr or in the report file{unread}, though one is \
+             expected: {why}"
+        )));
     };
     let Some(t0) = o.t0 else {
-        return judge.not_measured("the service never started");
+        return Some(judge.not_measured("the service never started"));
     };
-    let evidence = vec![format!(
+    let mut evidence = vec![format!(
         "report from {}: outcome {}, exit code {}, {} stragglers",
         r.source,
         r.outcome.as_deref().unwrap_or("?"),
@@ -116,6 +158,7 @@ pub(crate) fn report(o: &Observed) -> Contract {
             .map_or_else(|| "?".to_owned(), |c| c.to_string()),
         r.stragglers
     )];
+    evidence.extend(r.young_note());
     let mut f = Findings {
         evidence,
         disagree: Vec::new(),
@@ -132,7 +175,7 @@ pub(crate) fn report(o: &Observed) -> Contract {
     } = f;
     evidence.extend(disagree.iter().cloned());
     evidence.extend(partial.iter().cloned());
-    if !disagree.is_empty() {
+    Some(if !disagree.is_empty() {
         judge.fail(disagree.join("; ")).with(evidence)
     } else if !partial.is_empty() {
         judge.warn(partial.join("; ")).with(evidence)
@@ -140,7 +183,7 @@ pub(crate) fn report(o: &Observed) -> Contract {
         judge
             .pass("exit code, drain start, outcome and after-flip counts agree with the client")
             .with(evidence)
-    }
+    })
 }
 
 /// What the report contract found: evidence, disagreements (fail) and partial ones (warn).
