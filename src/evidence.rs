@@ -142,8 +142,9 @@ const _: () = assert!(RING as u64 > WINDOW_SLOTS);
 const _: () = assert!(WINDOW_SLOTS <= 128, "the window is copied into a u128");
 const _: () = assert!(fit::MAX_SEQ as u64 > WINDOW_SLOTS + RING as u64);
 
-/// Whether `after` new connections since the trigger are more than a path with `open`
-/// connections at the trigger sends by reconnecting them: each closed connection reconnects
+/// Whether `after` new connections since the trigger (less those its fresh connections
+/// explain) are more than a path with `open` connections at the trigger sends by reconnecting
+/// them: each closed connection reconnects
 /// through its proxy and lands here again with chance 1/n, so n ≥ 2 endpoints give about
 /// `open` more (2·`open` at most on average); three times that plus four is beyond the wave
 /// (a pool of 32 would need 100, more than 8 standard deviations above its mean with two
@@ -160,8 +161,9 @@ struct PathWindow {
     peer: Option<IpAddr>,
     /// Bit i: slot `first + i` saw a new connection or a request.
     activity: u128,
-    /// Bit i: slot `first + i` saw a new connection.
-    connections: u128,
+    /// Bit i: slot `first + i` saw a new connection that closed while Serving (a
+    /// fresh-connection client's; a pool's are open at the trigger).
+    fresh: u128,
     /// Connections of the path open at the trigger.
     open: u32,
 }
@@ -200,11 +202,11 @@ impl Window {
             .min(trigger_slot);
         let mut paths = Vec::new();
         for (path, peer) in arrivals.paths() {
-            let (mut activity, mut connections) = (0u128, 0u128);
+            let (mut activity, mut fresh) = (0u128, 0u128);
             for (i, k) in (first..trigger_slot).enumerate() {
-                let (active, connection) = arrivals.activity(path, k);
-                activity |= u128::from(active) << i;
-                connections |= u128::from(connection) << i;
+                let a = arrivals.activity(path, k);
+                activity |= u128::from(a.active) << i;
+                fresh |= u128::from(a.fresh) << i;
             }
             let open = arrivals.open(path);
             if activity != 0 || open > 0 {
@@ -212,7 +214,7 @@ impl Window {
                     path,
                     peer,
                     activity,
-                    connections,
+                    fresh,
                     open,
                 });
             }
@@ -240,6 +242,8 @@ pub(crate) struct PathFit {
     /// Connections open at the trigger, and new ones since.
     pub(crate) open: u32,
     pub(crate) after: u32,
+    /// Slots of the window with a fresh connection (accepted and closed while Serving).
+    pub(crate) fresh_slots: u64,
     /// The last new connection of the path after the trigger.
     pub(crate) last: Option<Instant>,
     /// Connections of the path open at the check.
@@ -415,6 +419,7 @@ impl Evidence {
                         routing: PathRouting::New,
                         open: pw.map_or(0, |p| p.open),
                         after,
+                        fresh_slots: 0,
                         last,
                         open_now: arrivals.open(path),
                         activity: Estimate::fit(
@@ -429,7 +434,15 @@ impl Evidence {
                 }
                 continue;
             };
-            let per_request = beyond_wave(pw.open, after);
+            // Fresh connections explain some of what came since: a slot marks one or more,
+            // so four per fresh slot of the window, at its rate, over the time elapsed.
+            let fresh_slots = u64::from(pw.fresh.count_ones());
+            let elapsed = (w.base + SLOT * (now + 1) as u32).saturating_duration_since(origin);
+            let explained = (4 * fresh_slots) as f64
+                / (w.slots().max(1) as f64 * SLOT.as_secs_f64())
+                * elapsed.as_secs_f64();
+            let beyond = u64::from(after).saturating_sub(explained.ceil() as u64);
+            let per_request = beyond_wave(pw.open, u32::try_from(beyond).unwrap_or(u32::MAX));
             let mut slots = Slots::new();
             for i in 0..before {
                 slots.push(pw.activity & (1 << i) != 0);
@@ -439,11 +452,12 @@ impl Evidence {
                 let room = (fit::MAX_SEQ - before) as u64;
                 let start = w.trigger_slot.max((end + 1).saturating_sub(room));
                 for k in start..=end {
-                    let (active, connection) = if k + RING as u64 <= now {
-                        (false, false)
+                    let a = if k + RING as u64 <= now {
+                        Default::default()
                     } else {
                         arrivals.activity(path, k)
                     };
+                    let (active, connection) = (a.active, a.connection);
                     // In the trigger's slot, what came before the trigger counts as before it.
                     slots.push(if k == w.trigger_slot {
                         active
@@ -454,10 +468,10 @@ impl Evidence {
             }
             let activity =
                 Estimate::fit(&slots, before, self.requests_seen, self.epsilon, self.max);
-            let fresh = (!per_request && pw.connections != 0).then(|| {
+            let fresh = (!per_request && pw.fresh != 0).then(|| {
                 let mut slots = Slots::new();
                 for i in 0..before {
-                    slots.push(pw.connections & (1 << i) != 0);
+                    slots.push(pw.fresh & (1 << i) != 0);
                 }
                 Estimate::fit(&slots, before, false, self.epsilon, self.max)
             });
@@ -466,13 +480,14 @@ impl Evidence {
                 peer,
                 routing: if per_request {
                     PathRouting::PerRequest
-                } else if pw.connections != 0 {
+                } else if pw.fresh != 0 {
                     PathRouting::Connections
                 } else {
                     PathRouting::Pool
                 },
                 open: pw.open,
                 after,
+                fresh_slots,
                 last,
                 open_now: arrivals.open(path),
                 activity,

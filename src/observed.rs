@@ -57,8 +57,9 @@ struct Row {
     /// (a coordinator lives as long as its process).
     key: AtomicU64,
     peer: OnceLock<IpAddr>,
-    /// Which recent slots saw activity: `(slot + 1) << 1 | connection` of the latest slot
-    /// that wrote the entry (32 bits: slots of 250 ms wrap after 17 years of serving).
+    /// Which recent slots saw activity: `(slot + 1) << 2 | fresh << 1 | connection` of the
+    /// latest slot that wrote the entry (32 bits: slots of 250 ms wrap after 8 years of
+    /// serving).
     ring: [AtomicU32; RING],
     /// Connections of this path open now.
     open: AtomicU32,
@@ -82,8 +83,12 @@ impl Row {
 
 /// Which slots saw activity — a new connection, or a request — per path.
 ///
-/// Each ring entry holds `(slot + 1) << 1 | connection` for the latest slot that wrote it, so
-/// `fetch_max` keeps the newest slot, and within one slot a connection over a request.
+/// Each ring entry holds `(slot + 1) << 2 | fresh << 1 | connection` for the latest slot that
+/// wrote it, so `fetch_max` keeps the newest slot, and within one slot a connection over a
+/// request. *Fresh* marks a slot in which a connection was accepted that then closed while
+/// Serving: a connection of a fresh-connection client, not one a pool still keeps (a pool's
+/// connections are open at the trigger, and a burst of them when the pool was made is not a
+/// rate of new connections).
 #[derive(Debug)]
 pub(crate) struct Arrivals {
     /// Boxed: the rows are most of a coordinator's leaked block, and `Core` stays small.
@@ -95,10 +100,21 @@ pub(crate) struct Arrivals {
     requests_seen: AtomicBool,
 }
 
-/// A ring entry's slot part: `slot + 1` in 31 bits (0 = never written).
+/// A ring entry's slot part: `slot + 1` in 30 bits (0 = never written).
 #[inline]
 fn entry(slot: u64) -> u32 {
-    ((slot + 1) & 0x7fff_ffff) as u32
+    ((slot + 1) & 0x3fff_ffff) as u32
+}
+
+/// What one slot of a path saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Activity {
+    /// A new connection or a request.
+    pub(crate) active: bool,
+    /// A new connection.
+    pub(crate) connection: bool,
+    /// A new connection that closed while Serving.
+    pub(crate) fresh: bool,
 }
 
 /// A hash of `ip` with its low bit set (0 marks a free row). Deterministic: a peer cannot
@@ -177,7 +193,7 @@ impl Arrivals {
     #[inline]
     pub(crate) fn record(&self, path: PathId, slot: u64) {
         self.rows[path.index()].ring[(slot % RING as u64) as usize]
-            .fetch_max((entry(slot) << 1) | 1, Ordering::Relaxed);
+            .fetch_max((entry(slot) << 2) | 1, Ordering::Relaxed);
     }
 
     /// Counts one request of `path` in `slot`. While the slot's entry already says so (every
@@ -185,7 +201,7 @@ impl Arrivals {
     #[inline]
     pub(crate) fn note_request(&self, path: PathId, slot: u64) {
         let entry_ref = &self.rows[path.index()].ring[(slot % RING as u64) as usize];
-        let v = entry(slot) << 1;
+        let v = entry(slot) << 2;
         // Relaxed: read by the driver, which tolerates a slot seen a moment late.
         if entry_ref.load(Ordering::Relaxed) < v {
             self.note_request_slow(entry_ref, v);
@@ -254,15 +270,25 @@ impl Arrivals {
         self.observing_since.load(Ordering::Relaxed)
     }
 
-    /// Whether `slot` saw activity on `path`, and whether a new connection: `(active,
-    /// connection)`. An entry from another ring-turn reads as empty.
-    pub(crate) fn activity(&self, path: PathId, slot: u64) -> (bool, bool) {
+    /// What `slot` saw on `path`. An entry from another ring-turn reads as nothing.
+    pub(crate) fn activity(&self, path: PathId, slot: u64) -> Activity {
         let v = self.rows[path.index()].ring[(slot % RING as u64) as usize].load(Ordering::Relaxed);
-        if v >> 1 == entry(slot) {
-            (true, v & 1 == 1)
+        if v >> 2 == entry(slot) {
+            Activity {
+                active: true,
+                connection: v & 1 == 1,
+                fresh: v & 2 == 2,
+            }
         } else {
-            (false, false)
+            Activity::default()
         }
+    }
+
+    /// A connection of `path` accepted in `slot` closed while Serving: marks the slot fresh
+    /// (unless the ring turned since).
+    pub(crate) fn closed_fresh(&self, path: PathId, slot: u64) {
+        self.rows[path.index()].ring[(slot % RING as u64) as usize]
+            .fetch_max((entry(slot) << 2) | 3, Ordering::Relaxed);
     }
 
     pub(crate) fn requests_seen(&self) -> bool {
@@ -386,6 +412,17 @@ impl Observed {
         self.arrivals
             .record(path, slot_of(self.base, Instant::now()));
         path
+    }
+
+    /// A connection of `path` accepted at `accepted` closed: no longer open on it, and, when
+    /// it closed while Serving, a fresh connection in its slot.
+    #[cfg(feature = "http")]
+    pub(crate) fn connection_ended(&self, path: PathId, accepted: Instant) {
+        self.arrivals.closed(path);
+        if self.drain_started().is_none() {
+            self.arrivals
+                .closed_fresh(path, slot_of(self.base, accepted));
+        }
     }
 
     /// Counts a request of `path` in the arrival ring: the clock read, and one relaxed load

@@ -433,3 +433,160 @@ fn readiness_policies_parse_from_flags() {
         "{e}"
     );
 }
+
+/// An HTTP/1.1 connection to `addr` from the loopback address `from` (a peer of its own).
+async fn h1_from(
+    from: [u8; 4],
+    addr: SocketAddr,
+) -> (
+    hyper::client::conn::http1::SendRequest<Empty<bytes::Bytes>>,
+    JoinHandle<hyper::Result<()>>,
+) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((from, 0))).unwrap();
+    let stream = socket.connect(addr).await.unwrap();
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    (sender, tokio::spawn(conn))
+}
+
+/// A keep-alive pool of `conns` connections from `from`, a request on each every `every`,
+/// `n` requests a connection at most. A connection told to close is not replaced: the pool
+/// has moved to another endpoint, as a client behind kube-proxy does once it reconnects
+/// elsewhere. Returns the requests answered.
+async fn pool_that_moves_away(
+    from: [u8; 4],
+    addr: SocketAddr,
+    conns: u32,
+    n: u32,
+    every: Duration,
+) -> u32 {
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        tasks.push(tokio::spawn(async move {
+            let (mut sender, conn) = h1_from(from, addr).await;
+            let mut answered = 0;
+            for _ in 0..n {
+                if sender.ready().await.is_err() {
+                    break;
+                }
+                let req = Request::get("/").body(Empty::new()).unwrap();
+                let Ok(res) = sender.send_request(req).await else {
+                    break;
+                };
+                let close = common::connection_close(res.headers());
+                let (status, _, _) = text(res).await;
+                assert_eq!(status, StatusCode::OK);
+                answered += 1;
+                if close {
+                    break;
+                }
+                tokio::time::sleep(every).await;
+            }
+            drop(sender);
+            let _ = conn.await;
+            answered
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total
+}
+
+/// `n` fresh connections from `from`, one request each, one every `every`; returns how many
+/// were refused or failed (a retry-free client's losses).
+async fn trickle_from(from: [u8; 4], addr: SocketAddr, n: u32, every: Duration) -> u32 {
+    let mut lost = 0;
+    for _ in 0..n {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        match socket.connect(addr).await {
+            Err(_) => lost += 1,
+            Ok(stream) => {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                match hyper::client::conn::http1::handshake(io).await {
+                    Err(_) => lost += 1,
+                    Ok((mut sender, conn)) => {
+                        let conn = tokio::spawn(conn);
+                        let req = Request::get("/")
+                            .body(Empty::<bytes::Bytes>::new())
+                            .unwrap();
+                        match sender.send_request(req).await {
+                            Ok(res) if res.status() == StatusCode::OK => {
+                                let _ = text(res).await;
+                            }
+                            _ => lost += 1,
+                        }
+                        drop(sender);
+                        let _ = conn.await;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+    lost
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_moves_away_does_not_prove_a_trickle_from_another_peer() {
+    // Two peers behind two proxies: 127.0.0.2 a keep-alive pool, dense with requests, that
+    // moves to another endpoint once told to close; 127.0.0.3 a fresh connection every
+    // 250 ms, whose proxy goes on routing here for 3 s after the trigger. The pool's requests
+    // made every slot busy and a short silence after its last connection looked like proof
+    // (the estimator before paths committed at about 1 s and refused the trickle): each path
+    // is judged by its own arrivals.
+    let _serial = serial().await;
+    let drain = common::drain(secs(60), Propagation::default().max(secs(20)));
+    let (addr, server) = serve_app(&drain).await;
+    let pool = tokio::spawn(pool_that_moves_away(
+        [127, 0, 0, 2],
+        addr,
+        8,
+        400,
+        Duration::from_millis(80),
+    ));
+    // 16 s of both (the evidence reads no window shorter than 15 s).
+    let lost_before = trickle_from([127, 0, 0, 3], addr, 64, Duration::from_millis(250)).await;
+    assert_eq!(lost_before, 0);
+    assert!(drain.start(Trigger::Api));
+    let lost_after = trickle_from([127, 0, 0, 3], addr, 12, Duration::from_millis(250)).await;
+    let answered = within("the pool to move away", pool).await.unwrap();
+    assert!(
+        answered < 8 * 400,
+        "the pool's connections were told to close"
+    );
+    let report = within("the drain", drain.drained()).await;
+    assert_eq!(lost_after, 0, "{}", report.to_json());
+    let ev = report.propagation.evidence.clone().expect("evidence");
+    let path = |peer: &str| {
+        ev.paths
+            .iter()
+            .find(|p| p.peer == peer)
+            .unwrap_or_else(|| panic!("no path {peer}: {}", report.to_json()))
+    };
+    assert_eq!(
+        path("127.0.0.2").routing,
+        lameduck::report::PathRouting::Pool,
+        "{}",
+        report.to_json()
+    );
+    assert_eq!(
+        path("127.0.0.3").routing,
+        lameduck::report::PathRouting::Connections,
+        "{}",
+        report.to_json()
+    );
+    assert_eq!(
+        ev.held_by.as_deref(),
+        Some("127.0.0.3"),
+        "{}",
+        report.to_json()
+    );
+    let stop = report.event(EventKind::StoppedAccepting).unwrap();
+    let last = report.after_flip.last_new_connection_ms.unwrap();
+    assert!(stop.at_ms > last, "{}", report.to_json());
+    within("serve to return", server).await.unwrap();
+}

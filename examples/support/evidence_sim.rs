@@ -647,6 +647,24 @@ pub(crate) fn scenarios() -> Vec<Scenario> {
             fresh: 25.0,
             same_peer: true,
         },
+        Scenario::Pooled {
+            pool: Pool {
+                conns: 2,
+                rate: 20.0,
+                endpoints: 2,
+            },
+            fresh: 2.5,
+            same_peer: true,
+        },
+        Scenario::Pooled {
+            pool: Pool {
+                conns: 8,
+                rate: 40.0,
+                endpoints: 5,
+            },
+            fresh: 0.0,
+            same_peer: false,
+        },
     ];
     for n in [2, 5, 20] {
         for shares in [Shares::Equal, Shares::Zipf] {

@@ -41,8 +41,8 @@ pub enum PathRouting {
     /// Envoy, which comes back on a new connection for as long as it routes here). Judged by
     /// its request rate.
     PerRequest,
-    /// It opened new connections before the trigger: fresh connections keep coming through a
-    /// proxy that still routes here. Judged by its rate of new connections and by its
+    /// Before the trigger it opened connections that also closed before it: fresh
+    /// connections, which keep coming through a proxy that still routes here. Judged by its rate of new connections and by its
     /// activity, whichever needs the longer silence.
     Connections,
     /// Only requests on kept connections before the trigger, and no more since than their
@@ -74,10 +74,10 @@ pub struct PathEvidence {
     /// Whether the path held the commit: it carried traffic before the trigger, or (a new
     /// path) sent more than a reconnect wave since.
     pub counted: bool,
-    /// Slots of the window before the trigger with activity (requests or new connections),
-    /// and with new connections.
+    /// Slots of the window before the trigger with activity (requests or new connections).
     pub active_slots: u64,
-    /// Slots of the window before the trigger with new connections.
+    /// Slots of the window before the trigger in which a connection was accepted that closed
+    /// before the trigger (a fresh connection).
     pub connection_slots: u64,
     /// Connections of the path open at the trigger.
     pub open_at_trigger: u32,
@@ -349,7 +349,7 @@ impl Evidence {
                     routing: f.routing,
                     counted: f.counts(),
                     active_slots: f.activity.busy().min(f.activity.slots_before),
-                    connection_slots: f.fresh.map_or(0, |x| x.busy()),
+                    connection_slots: f.fresh_slots,
                     open_at_trigger: f.open,
                     new_after_trigger: f.after,
                     rate_per_1000s: (f.routing != PathRouting::New)

@@ -118,6 +118,9 @@ pub fn drain(
                     rows.record(path, slot);
                     if a.what == What::Open {
                         rows.opened(path);
+                    } else if at < origin {
+                        // Closed at once, while Serving.
+                        rows.closed_fresh(path, slot);
                     }
                     if at >= origin {
                         rows.after_drain(path, stamp(at));

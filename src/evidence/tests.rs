@@ -84,32 +84,45 @@ const P: PathId = PathId::OTHER;
 #[test]
 fn ring_entries_from_an_older_turn_read_as_empty() {
     let a = Arrivals::new();
+    let seen = |a: &Arrivals, k| {
+        let x = a.activity(P, k);
+        (x.active, x.connection)
+    };
     a.record(P, 5);
-    assert_eq!(a.activity(P, 5), (true, true));
-    assert_eq!(a.activity(P, 5 + RING as u64), (false, false));
+    assert_eq!(seen(&a, 5), (true, true));
+    assert_eq!(seen(&a, 5 + RING as u64), (false, false));
     a.record(P, 5 + RING as u64);
-    assert_eq!(a.activity(P, 5), (false, false));
+    assert_eq!(seen(&a, 5), (false, false));
     // A late write of the older slot does not hide the newer one.
     a.record(P, 5);
-    assert_eq!(a.activity(P, 5 + RING as u64), (true, true));
+    assert_eq!(seen(&a, 5 + RING as u64), (true, true));
+    // Nor does a late close of a connection of the older slot.
+    a.closed_fresh(P, 5);
+    assert!(!a.activity(P, 5 + RING as u64).fresh);
+    a.closed_fresh(P, 5 + RING as u64);
+    assert!(a.activity(P, 5 + RING as u64).fresh);
 }
 
 #[test]
 fn a_request_marks_its_slot_and_a_connection_wins_over_it() {
     let a = Arrivals::new();
     assert!(!a.requests_seen());
+    let seen = |a: &Arrivals, k| {
+        let x = a.activity(P, k);
+        (x.active, x.connection)
+    };
     a.note_request(P, 7);
     a.note_request(P, 7);
-    assert_eq!(a.activity(P, 7), (true, false));
+    assert_eq!(seen(&a, 7), (true, false));
     assert!(a.requests_seen());
     // A connection in the same slot marks it; a later request does not unmark it.
     a.record(P, 7);
     a.note_request(P, 7);
-    assert_eq!(a.activity(P, 7), (true, true));
+    assert_eq!(seen(&a, 7), (true, true));
     // A request of an older ring-turn does not hide a newer slot.
     a.note_request(P, 7 + RING as u64);
     a.note_request(P, 7);
-    assert_eq!(a.activity(P, 7 + RING as u64), (true, false));
+    assert_eq!(seen(&a, 7 + RING as u64), (true, false));
 }
 
 #[test]

@@ -50,7 +50,7 @@ pub(crate) struct ConnShared {
 impl Drop for ConnShared {
     fn drop(&mut self) {
         if let Some((core, path)) = self.path {
-            core.observed().arrivals().closed(path);
+            core.observed().connection_ended(path, self.accepted_at);
         }
     }
 }
