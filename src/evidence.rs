@@ -248,6 +248,10 @@ pub(crate) struct PathFit {
     pub(crate) last: Option<Instant>,
     /// Connections of the path open at the check.
     pub(crate) open_now: u32,
+    /// Of the connections open at the trigger, those told to close since, and the sum of how
+    /// long after the trigger.
+    pub(crate) told: u32,
+    pub(crate) told_sum: Duration,
     /// The fit of the path's activity (requests and new connections) before the trigger, and
     /// for a path routed per request its new connections after it: what a proxy that routes
     /// per request would keep sending.
@@ -320,10 +324,10 @@ impl PathFit {
     ///
     /// A path that kept connections open at the trigger and is not routed per request (a
     /// pool) also waits until each of them has been closed — a kept connection closed by the
-    /// commit reconnects through a proxy that may still route here — and for a silence twice as
-    /// long as its reconnect wave lasted: a connection that landed here again reconnects on
-    /// its next request, about as long after as the pool took to use its connections once.
-    /// Until then the path asks to be checked again at the next slot (`next`).
+    /// commit reconnects through a proxy that may still route here — and, after its last new
+    /// connection, long enough that a connection that landed here again has made its next
+    /// request (and reconnected elsewhere, or here): see [`pool_silence`]. Until its
+    /// connections are closed the path asks to be checked again at the next slot (`next`).
     fn conf_at(&self, base: Instant, origin: Instant, next: Instant) -> Option<Instant> {
         let (t, _, _) = self.required()?;
         let last = self.last.unwrap_or(origin).max(origin);
@@ -335,10 +339,34 @@ impl PathFit {
         if self.open_now > 0 {
             return Some(proved.max(next));
         }
-        // Twice the wave: in the simulation, once left 7 of 2,000 pure-pool drains losing a
-        // reconnect (3.5 × 10⁻³); twice, none of 5,000.
-        Some(proved.max(last + (last - origin) * 2))
+        let wait = pool_silence(self.open, self.told, self.told_sum, self.activity.epsilon);
+        Some(proved.max(last + wait))
     }
+}
+
+/// The silence a pool of `open` kept connections needs after its last new connection: each
+/// connection is used again after a time of its own, about exponential (requests spread over
+/// the pool); `told` of them were used (or closed) first `sum` after the trigger in all, which
+/// bounds the mean time between two uses of one connection from above (a sum of `told`
+/// exponentials, at its lower 1 % quantile). A connection that landed here again reconnects
+/// after such a time; the wait makes it unlikely (below ε over all `open`) that one still has
+/// not by the commit.
+pub(crate) fn pool_silence(open: u32, told: u32, sum: Duration, epsilon: f64) -> Duration {
+    let n = f64::from(told.max(1));
+    let mean = sum.as_secs_f64() / gamma_lower_quantile(n);
+    let s = mean * (f64::from(open.max(1)) / epsilon).ln();
+    Duration::from_secs_f64(s.min(3600.0))
+}
+
+/// A lower 1 % quantile of the Gamma(k, 1) law (a sum of k unit exponentials), by the
+/// Wilson–Hilferty cube-root approximation, which errs low (so high on the mean it bounds).
+pub(crate) fn gamma_lower_quantile(k: f64) -> f64 {
+    const Z: f64 = 2.326; // the normal law's 1 % quantile, negated
+    let v = 1.0 / (9.0 * k);
+    let c = (1.0 - v - Z * v.sqrt()).max(0.0);
+    // 0.99: the approximation is within half a percent of the quantile from k = 10 on, on
+    // either side; below, far under it.
+    (0.99 * k * c * c * c).max(1e-3)
 }
 
 /// The whole evidence as the driver holds it: the window taken at the trigger, the fits of
@@ -422,6 +450,8 @@ impl Evidence {
                         fresh_slots: 0,
                         last,
                         open_now: arrivals.open(path),
+                        told: 0,
+                        told_sum: Duration::ZERO,
                         activity: Estimate::fit(
                             &slots,
                             before,
@@ -490,6 +520,8 @@ impl Evidence {
                 fresh_slots,
                 last,
                 open_now: arrivals.open(path),
+                told: arrivals.told_sum(path).0,
+                told_sum: arrivals.told_sum(path).1,
                 activity,
                 fresh,
             });

@@ -66,6 +66,12 @@ struct Row {
     /// New connections since the drain started, and the stamp of the last (0 = none).
     after: AtomicU32,
     last_after: AtomicU64,
+    /// Connections open at the drain's start that have since been told to close (their first
+    /// response after it said `Connection: close`, a GOAWAY, or they closed), and the sum of
+    /// how long after the start that came, in microseconds: how fast the path's kept
+    /// connections are used.
+    told: AtomicU32,
+    told_us: AtomicU64,
 }
 
 impl Row {
@@ -77,6 +83,8 @@ impl Row {
             open: AtomicU32::new(0),
             after: AtomicU32::new(0),
             last_after: AtomicU64::new(0),
+            told: AtomicU32::new(0),
+            told_us: AtomicU64::new(0),
         }
     }
 }
@@ -253,6 +261,25 @@ impl Arrivals {
         )
     }
 
+    /// A connection of `path` open at the drain's start was told to close (or closed)
+    /// `after` the start.
+    pub(crate) fn told(&self, path: PathId, after: Duration) {
+        let row = &self.rows[path.index()];
+        row.told_us
+            .fetch_add(after.as_micros() as u64, Ordering::Relaxed);
+        row.told.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many of `path`'s connections open at the drain's start were told to close, and
+    /// the sum of how long after the start.
+    pub(crate) fn told_sum(&self, path: PathId) -> (u32, Duration) {
+        let row = &self.rows[path.index()];
+        (
+            row.told.load(Ordering::Relaxed),
+            Duration::from_micros(row.told_us.load(Ordering::Relaxed)),
+        )
+    }
+
     /// Connection data is available from `stamp` on (the first caller wins).
     pub(crate) fn observe_from(&self, stamp: u64) {
         // A plain load first: after the first connection this is never written again.
@@ -414,15 +441,26 @@ impl Observed {
         path
     }
 
-    /// A connection of `path` accepted at `accepted` closed: no longer open on it, and, when
-    /// it closed while Serving, a fresh connection in its slot.
+    /// A connection of `path` accepted at `accepted` closed: no longer open on it; when it
+    /// closed while Serving, a fresh connection in its slot; when it was open at the drain's
+    /// start and not `told` to close, told now.
     #[cfg(feature = "http")]
-    pub(crate) fn connection_ended(&self, path: PathId, accepted: Instant) {
+    pub(crate) fn connection_ended(&self, path: PathId, accepted: Instant, told: bool) {
         self.arrivals.closed(path);
-        if self.drain_started().is_none() {
-            self.arrivals
-                .closed_fresh(path, slot_of(self.base, accepted));
+        match self.drain_started() {
+            None => self
+                .arrivals
+                .closed_fresh(path, slot_of(self.base, accepted)),
+            Some(start) if accepted < start && !told => self.connection_told(path, start),
+            Some(_) => {}
         }
+    }
+
+    /// A connection of `path` open at the drain's start (`start`) was told to close now.
+    #[cfg(feature = "http")]
+    pub(crate) fn connection_told(&self, path: PathId, start: Instant) {
+        self.arrivals
+            .told(path, Instant::now().saturating_duration_since(start));
     }
 
     /// Counts a request of `path` in the arrival ring: the clock read, and one relaxed load

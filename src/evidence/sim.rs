@@ -42,7 +42,8 @@ pub enum What {
     Fresh,
     /// A new connection kept open (a pool's), with its first request.
     Open,
-    /// A request on a kept connection.
+    /// A request on a kept connection (after the trigger: its first, which is told to
+    /// close).
     Request,
     /// A kept connection closed.
     Close,
@@ -127,7 +128,13 @@ pub fn drain(
                         *last = Some(at);
                     }
                 }
-                What::Request => rows.note_request(path, slot),
+                What::Request => {
+                    rows.note_request(path, slot);
+                    if at >= origin {
+                        // A kept connection's first request after the trigger: told to close.
+                        rows.told(path, at - origin);
+                    }
+                }
                 What::Close => rows.closed(path),
             }
             next += 1;

@@ -412,3 +412,43 @@ async fn connections_that_never_stop_commit_at_max_as_never_quiet() {
     assert_eq!(ev.max_reason, Some(MaxReason::TrafficNeverWentQuiet));
     assert_eq!(ev.weak, None);
 }
+
+#[test]
+fn a_pool_waits_for_its_connections_to_be_reused_at_their_own_pace() {
+    // 32 connections each first used a mean 1.45 s after the trigger: a connection that landed
+    // here again may wait that long and more to reconnect.
+    let slow = pool_silence(
+        32,
+        32,
+        Duration::from_secs_f64(32.0 * 1.45),
+        DEFAULT_EPSILON,
+    );
+    assert!(slow > Duration::from_secs(15), "{slow:?}");
+    // The same pool used 50 times as often is 50 times as quick.
+    let fast = pool_silence(
+        32,
+        32,
+        Duration::from_secs_f64(32.0 * 0.029),
+        DEFAULT_EPSILON,
+    );
+    assert!(fast < Duration::from_millis(600), "{fast:?}");
+    // One connection is one sample: a wide bound.
+    let one = pool_silence(1, 1, Duration::from_millis(100), DEFAULT_EPSILON);
+    assert!(one > Duration::from_secs(5), "{one:?}");
+}
+
+#[test]
+fn the_gamma_quantile_errs_low() {
+    // The 1 % quantiles of Gamma(k, 1), by bisection of the incomplete gamma series.
+    for (k, q) in [
+        (1.0, 0.01005),
+        (2.0, 0.14855),
+        (4.0, 0.82325),
+        (10.0, 4.1302),
+        (32.0, 20.324),
+        (100.0, 78.216),
+    ] {
+        let g = gamma_lower_quantile(k);
+        assert!(g <= q && g > q * 0.1, "k = {k}: {g} vs {q}");
+    }
+}

@@ -37,6 +37,9 @@ pub(crate) struct ConnShared {
     /// `Some` when the accept loop knew the drain state at accept time.
     accepted_while_draining: Option<bool>,
     recorded: AtomicBool,
+    /// A connection accepted before the drain has been told to close since it started
+    /// (counted once for the propagation evidence).
+    told: AtomicBool,
     /// The protocol, learned from the first request (maintained by `serve` only).
     proto: AtomicU8,
     /// Woken once when `proto` becomes known, so a connection task waiting to send GOAWAY
@@ -50,7 +53,9 @@ pub(crate) struct ConnShared {
 impl Drop for ConnShared {
     fn drop(&mut self) {
         if let Some((core, path)) = self.path {
-            core.observed().connection_ended(path, self.accepted_at);
+            let told = self.told.load(Ordering::Relaxed);
+            core.observed()
+                .connection_ended(path, self.accepted_at, told);
         }
     }
 }
@@ -165,6 +170,7 @@ impl ConnMeta {
                 requests: AtomicU64::new(0),
                 accepted_while_draining,
                 recorded: AtomicBool::new(accepted_while_draining == Some(true)),
+                told: AtomicBool::new(false),
                 proto: AtomicU8::new(PROTO_UNKNOWN),
                 proto_known: Notify::new(),
                 path,
@@ -258,6 +264,21 @@ impl ConnMeta {
 
     pub(crate) fn shared(&self) -> &ConnShared {
         &self.conn
+    }
+
+    /// The connection, accepted before the drain, is told to close (its response says
+    /// `Connection: close`, or a GOAWAY went out): counted once on its path, with how long
+    /// after the drain's start, for the evidence of how fast the path's kept connections move.
+    pub(crate) fn note_told(&self) {
+        let Some((core, path)) = self.conn.path else {
+            return;
+        };
+        let Some(start) = core.observed().drain_started() else {
+            return;
+        };
+        if self.conn.accepted_at < start && !self.conn.told.swap(true, Ordering::Relaxed) {
+            core.observed().connection_told(path, start);
+        }
     }
 
     /// The arrival path the connection is counted on ([`PathId::OTHER`] when none counted

@@ -199,6 +199,7 @@ impl Stage {
     /// flight from its GOAWAY until it closes.
     fn note_shutdown_sent(&mut self, h2: bool, core: &'static Core, meta: &ConnMeta) {
         self.shutdown_sent = true;
+        meta.note_told();
         if h2 {
             self.h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
         }

@@ -195,6 +195,11 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
                 core.observed().note_connection(m.peer(), m.path());
             }
         }
+        if !on_new {
+            if let Some(m) = meta {
+                m.note_told();
+            }
+        }
         core.observed().note_request(on_new);
         if let Some(label) = req.headers().get(TRAFFIC_PATH_HEADER) {
             core.observed().note_path(label.as_bytes(), on_new);
