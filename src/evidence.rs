@@ -339,8 +339,15 @@ impl PathFit {
         if self.open_now > 0 {
             return Some(proved.max(next));
         }
-        let wait = pool_silence(self.open, self.told, self.told_sum, self.activity.epsilon);
+        let wait = self.pool_wait().unwrap_or_default();
         Some(proved.max(last + wait))
+    }
+
+    /// A pool's wait after its last new connection (see [`pool_silence`]), once its kept
+    /// connections are closed; `None` for a path that is no pool.
+    pub(crate) fn pool_wait(&self) -> Option<Duration> {
+        (self.open > 0 && self.routing != PathRouting::PerRequest && self.open_now == 0)
+            .then(|| pool_silence(self.open, self.told, self.told_sum, self.activity.epsilon))
     }
 }
 

@@ -94,7 +94,7 @@ impl Row {
 /// Each ring entry holds `(slot + 1) << 2 | fresh << 1 | connection` for the latest slot that
 /// wrote it, so `fetch_max` keeps the newest slot, and within one slot a connection over a
 /// request. *Fresh* marks a slot in which a connection was accepted that then closed while
-/// Serving: a connection of a fresh-connection client, not one a pool still keeps (a pool's
+/// Serving after a few requests (four at most): a connection of a fresh-connection client, not one a pool still keeps (a pool's
 /// connections are open at the trigger, and a burst of them when the pool was made is not a
 /// rate of new connections).
 #[derive(Debug)]
@@ -442,15 +442,16 @@ impl Observed {
     }
 
     /// A connection of `path` accepted at `accepted` closed: no longer open on it; when it
-    /// closed while Serving, a fresh connection in its slot; when it was open at the drain's
+    /// closed while Serving after `few` requests, a fresh connection in its slot; when it was open at the drain's
     /// start and not `told` to close, told now.
     #[cfg(feature = "http")]
-    pub(crate) fn connection_ended(&self, path: PathId, accepted: Instant, told: bool) {
+    pub(crate) fn connection_ended(&self, path: PathId, accepted: Instant, told: bool, few: bool) {
         self.arrivals.closed(path);
         match self.drain_started() {
-            None => self
+            None if few => self
                 .arrivals
                 .closed_fresh(path, slot_of(self.base, accepted)),
+            None => {}
             Some(start) if accepted < start && !told => self.connection_told(path, start),
             Some(_) => {}
         }

@@ -83,6 +83,15 @@ pub struct PathEvidence {
     pub open_at_trigger: u32,
     /// New connections of the path since the trigger.
     pub new_after_trigger: u32,
+    /// Connections of the path open at the commit (or now): a pool holds the commit while
+    /// its kept connections are open.
+    #[serde(default)]
+    pub open_now: u32,
+    /// A pool's wait after its last new connection for its kept connections to be used again
+    /// (and so to have reconnected elsewhere, or here), in milliseconds: see the Kubernetes
+    /// guide's paths. Absent for a path that kept no connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_wait_ms: Option<u64>,
     /// λ̂ of the fit that set the path's silence, in arrivals per 1000 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_per_1000s: Option<u64>,
@@ -320,8 +329,32 @@ impl EvidenceReport {
             }
             _ => String::new(),
         };
+        let held = match self.held_by.as_deref() {
+            Some(peer)
+                if self.paths.len() > 1
+                    || self.paths.iter().any(|p| p.routing == PathRouting::Pool) =>
+            {
+                let path = self.paths.iter().find(|p| p.peer == peer);
+                match path {
+                    Some(p) if p.open_now > 0 && p.routing == PathRouting::Pool => format!(
+                        "; held by {peer} ({}, {} kept connection(s) still open)",
+                        p.routing.as_str(),
+                        p.open_now
+                    ),
+                    Some(p) if p.pool_wait_ms.is_some() => format!(
+                        "; held by {peer} ({}: {} ms after its last new connection for its kept \
+                         connections to be reused)",
+                        p.routing.as_str(),
+                        p.pool_wait_ms.unwrap_or(0)
+                    ),
+                    Some(p) => format!("; held by {peer} ({})", p.routing.as_str()),
+                    None => format!("; held by {peer}"),
+                }
+            }
+            _ => String::new(),
+        };
         format!(
-            "{}: {rate}; {need}; silent for {} ms{slices}",
+            "{}: {rate}; {need}; silent for {} ms{held}{slices}",
             self.kind.as_str(),
             self.silence_ms
         )
@@ -352,6 +385,8 @@ impl Evidence {
                     connection_slots: f.fresh_slots,
                     open_at_trigger: f.open,
                     new_after_trigger: f.after,
+                    open_now: f.open_now,
+                    pool_wait_ms: f.pool_wait().map(ms),
                     rate_per_1000s: (f.routing != PathRouting::New)
                         .then(|| (shown.rate() * 1000.0).round() as u64),
                     t_conf_ms: f.required().map(|(t, _, _)| ms(t)),

@@ -22,6 +22,11 @@ use tokio::time::Instant;
 use crate::guard::Core;
 use crate::observed::PathId;
 
+/// A connection that closed while Serving after at most this many requests was a fresh
+/// connection (the propagation evidence's rate of new connections); one that carried more
+/// was a pool's.
+const FRESH_REQUESTS: u64 = 4;
+
 /// Connection ids are unique per process, whatever accepted the connection.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -54,8 +59,11 @@ impl Drop for ConnShared {
     fn drop(&mut self) {
         if let Some((core, path)) = self.path {
             let told = self.told.load(Ordering::Relaxed);
+            // A fresh connection carries a request or a few; one that carried more was a
+            // pool's, closed by its owner when idle: its opening was no arrival of a rate.
+            let few = self.requests.load(Ordering::Relaxed) <= FRESH_REQUESTS;
             core.observed()
-                .connection_ended(path, self.accepted_at, told);
+                .connection_ended(path, self.accepted_at, told, few);
         }
     }
 }
