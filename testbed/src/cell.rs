@@ -191,7 +191,10 @@ pub struct CellConfig {
     pub replicas: usize,
     /// `terminationGracePeriodSeconds`, also the service's `--grace-period`.
     pub grace: Duration,
-    /// Client traffic before the rollout starts.
+    /// Client traffic before the rollout starts. The default, 20 s, lets the Pods serve past
+    /// the propagation evidence's 15 s window, so their drains are judged on evidence; a
+    /// younger Pod waits to `max` (`too_few_slots`) and "0 lost" would only show that `max`
+    /// outlasted the proxy.
     pub warmup: Duration,
     /// `publishNotReadyAddresses`.
     pub publish_not_ready: bool,
@@ -212,9 +215,12 @@ pub struct CellConfig {
     pub deployment: bool,
 }
 
+/// The default warm-up: past the propagation evidence's 15 s window, with room to spare.
+pub const WARM: Duration = Duration::from_secs(20);
+
 impl CellConfig {
     /// Defaults: lameduck, iptables, 1 s sync, 0.1 s slice, 50/s fresh, pool, rolling 2,
-    /// grace 15 s, warm-up 4 s, Pod start 2 s.
+    /// grace 15 s, warm-up 20 s (past the evidence window), Pod start 2 s.
     pub fn new(server: Server) -> Self {
         CellConfig {
             stack: Stack::Model,
@@ -228,7 +234,7 @@ impl CellConfig {
             rollout: Rollout::Rolling,
             replicas: 2,
             grace: Duration::from_secs(15),
-            warmup: Duration::from_secs(4),
+            warmup: WARM,
             publish_not_ready: false,
             start_delay: Duration::from_secs(2),
             lameduck_flags: Vec::new(),
@@ -389,6 +395,27 @@ pub struct PodTimeline {
     pub steps: Steps,
     /// Lines: `+ms  source  what  detail`.
     pub lines: Vec<String>,
+    /// What the drain's commit went on, from its report (`propagation.evidence.kind`:
+    /// `confidence`, `endpoint_slice`, `max`, …), when the report was read.
+    pub evidence: Option<String>,
+    /// The path that held the commit (`propagation.evidence.held_by`).
+    pub held_by: Option<String>,
+}
+
+impl PodTimeline {
+    /// The drain committed on evidence (`confidence` or `endpoint_slice`), not at `max`, a
+    /// fallback or a fixed delay.
+    pub fn on_evidence(&self) -> bool {
+        matches!(
+            self.evidence.as_deref(),
+            Some("confidence" | "endpoint_slice")
+        )
+    }
+
+    /// The drain waited to `max`.
+    pub fn at_max(&self) -> bool {
+        self.evidence.as_deref() == Some("max")
+    }
 }
 
 /// A deleted Pod's steps, ms from its deletion (`None`: not seen).
@@ -495,8 +522,14 @@ impl CellResult {
 /// The table header.
 pub fn table_header() -> String {
     format!(
-        "{:<48} {:>8} {:>5} {:>10} {:>8}  {}\n",
-        "cell", "requests", "lost", "unfinished", "rerouted", "drain (deletion → exit) per Pod"
+        "{:<48} {:>8} {:>5} {:>10} {:>8} {:>8}  {}\n",
+        "cell",
+        "requests",
+        "lost",
+        "unfinished",
+        "rerouted",
+        "ev / max",
+        "drain (deletion → exit) per Pod"
     )
 }
 
@@ -510,13 +543,16 @@ pub fn table_row(r: &CellResult) -> String {
                 .map_or("-".to_owned(), |d| format!("{:.1}s", d as f64 / 1000.0))
         })
         .collect();
+    let evidence = r.pods.iter().filter(|p| p.on_evidence()).count();
+    let max = r.pods.iter().filter(|p| p.at_max()).count();
     format!(
-        "{:<48} {:>8} {:>5} {:>10} {:>8}  {}{}\n",
+        "{:<48} {:>8} {:>5} {:>10} {:>8} {:>8}  {}{}\n",
         r.name,
         r.counts.requests,
         r.counts.lost(),
         r.counts.unfinished,
         r.counts.rerouted,
+        format!("{evidence} / {max}"),
         drains.join(" "),
         if r.clean() { "" } else { "   FAIL" }
     )
@@ -984,8 +1020,12 @@ fn pod_timeline(pod: &str, events: &[Event], dir: &Path, source: &str) -> PodTim
             rows.push((e.unix_ms, source.into(), e.what.clone(), e.detail.clone()));
         }
     }
+    let (mut evidence, mut held_by) = (None, None);
     if let Ok(text) = std::fs::read_to_string(dir.join(format!("{pod}.report.json"))) {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+            let ev = &v["propagation"]["evidence"];
+            evidence = ev["kind"].as_str().map(str::to_owned);
+            held_by = ev["held_by"].as_str().map(str::to_owned);
             for ev in v["timeline"].as_array().into_iter().flatten() {
                 if let (Some(what), Some(at)) = (ev["event"].as_str(), ev["unix_ms"].as_u64()) {
                     let mut detail = String::new();
@@ -1009,7 +1049,12 @@ fn pod_timeline(pod: &str, events: &[Event], dir: &Path, source: &str) -> PodTim
                 exit.unwrap_or(deleted),
                 "report".into(),
                 "summary".into(),
-                format!("outcome={} propagation={kind}", v["outcome"]),
+                format!(
+                    "outcome={} propagation={kind} evidence={} held_by={}",
+                    v["outcome"],
+                    evidence.as_deref().unwrap_or("-"),
+                    held_by.as_deref().unwrap_or("-")
+                ),
             ));
         }
     }
@@ -1027,6 +1072,8 @@ fn pod_timeline(pod: &str, events: &[Event], dir: &Path, source: &str) -> PodTim
         drain_ms: exit.map(|x| x.saturating_sub(deleted)),
         steps: Steps::from_events(pod, deleted, events),
         lines,
+        evidence,
+        held_by,
     }
 }
 

@@ -69,7 +69,8 @@ fn bursty_on(backend: Backend) -> Vec<CellConfig> {
                     c.new_conn_rate = shape.default_rate();
                     c.rollout = rollout;
                     if let Some(o) = shape.on_off() {
-                        c.warmup = o.on;
+                        // Warm, and the trigger where a pause begins.
+                        c.warmup = crate::cell::WARM + o.on;
                     }
                     cells.push(c);
                 }

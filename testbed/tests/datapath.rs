@@ -141,6 +141,49 @@ fn lameduck_loses_nothing_in_dense_cells() {
             describe(r)
         );
     }
+    // Dense fresh connections on warm Pods are evidence: a drain that waited to `max` there
+    // would only show that `max` outlasted the proxy.
+    for r in results.iter().filter(|r| r.config.shape == Shape::Fresh) {
+        assert!(
+            r.pods.iter().all(|p| p.on_evidence()),
+            "a drain with dense fresh-connection evidence did not commit on it: {}",
+            describe(r)
+        );
+    }
+}
+
+/// Issue 32's cells: a kept-alive pool plus fresh connections from one client, kube-proxy 4 s
+/// and 8 s behind, warm Pods. The pool's requests made every slot busy, and the estimator
+/// that read all arrivals as one process committed on a short silence while kube-proxy still
+/// sent the fresh connections here (13 refused at 8 s). Each path is now judged by its own
+/// fresh connections and the pool by how fast its kept connections move.
+#[test]
+fn lameduck_loses_nothing_pool_and_fresh_slow_proxy() {
+    // Grace 30 s: `max` (15 s) must outlast the 8 s proxy for a trickle that cannot prove
+    // anything sooner.
+    let mut trickle = cell(Server::Lameduck, Backend::Iptables, 8000, 5.0, Shape::Pool);
+    trickle.grace = Duration::from_secs(30);
+    let mut dense = cell(Server::Lameduck, Backend::Iptables, 4000, 40.0, Shape::Pool);
+    dense.grace = Duration::from_secs(30);
+    let results = run(&[trickle, dense]);
+    for r in &results {
+        assert!(
+            r.counts.requests > 100,
+            "too little traffic: {}",
+            describe(r)
+        );
+        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        for p in &r.pods {
+            let (Some(update), Some(exit)) = (p.steps.proxy_update_ms, p.steps.exit_ms) else {
+                panic!("no proxy update or no exit seen: {}", describe(r));
+            };
+            assert!(
+                exit >= update,
+                "the old Pod exited before kube-proxy stopped routing to it: {}",
+                describe(r)
+            );
+        }
+    }
 }
 
 #[test]
@@ -243,7 +286,8 @@ fn lameduck_loses_nothing_on_off_eviction_slow_proxy() {
         Shape::OnOff,
     );
     c.rollout = Rollout::Evict;
-    c.warmup = Shape::OnOff.on_off().expect("onoff has phases").on;
+    // Warm (past the evidence window), and the eviction where a pause begins.
+    c.warmup = cell::WARM + Shape::OnOff.on_off().expect("onoff has phases").on;
     for r in &run(&[c]) {
         assert!(
             r.counts.requests > 30,
