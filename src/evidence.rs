@@ -4,23 +4,34 @@
 //!
 //! # What is recorded
 //!
-//! Time is cut into slots of [`SLOT`] (250 ms). A slot is *active* when a new connection or a
-//! request arrived in it. New connections are counted by the accept loop (`serve`,
-//! `axum_serve`, or `ConnMeta::accepted` in a loop of one's own); requests by `serve`'s and
-//! `axum_serve`'s per-connection
-//! service — not by the tower layer, whose hot path stays as it was. Requests matter because a
-//! pooling proxy (HAProxy keeps its backend connections) opens few connections while Serving,
-//! yet once draining every response carries `Connection: close`, so while it still routes
-//! here each of its next requests comes on a *new* connection: the process to model is the
-//! activity, and after the trigger it shows up as new connections. So a slot before the
-//! trigger is busy when anything arrived in it, a slot after it when a new connection did.
-//! Where no request is counted (plain `axum::serve`, a custom loop), the slots are
-//! connections only, as the report's `requests_seen` says.
+//! Time is cut into slots of [`SLOT`] (250 ms), per **path**: a peer address (15 of them; the
+//! rest, and connections of no known peer, share one row). A slot of a path is *active* when
+//! a new connection or a request of it arrived in it, and *fresh* when a connection accepted
+//! in it closed while Serving after at most four requests. New connections are counted by the
+//! accept loop (`serve`, `axum_serve`, or `ConnMeta::accepted` in a loop of one's own);
+//! requests by `serve`'s and `axum_serve`'s per-connection service — not by the tower layer,
+//! whose hot path stays as it was. Per path the drain also counts the connections open at the
+//! trigger, the new connections since, and when each connection open at the trigger was told
+//! to close (its first response after it, a GOAWAY) or closed.
+//!
+//! # What is evidence
+//!
+//! Only what a proxy that still routes here would *keep* sending. A request on a kept
+//! connection is not: when the drain tells the connection to close, an L4 client (behind
+//! kube-proxy) reconnects through its proxy, lands here again with chance 1/n, else elsewhere,
+//! and stays there — whatever the proxies do. A per-request L7 router (HAProxy, Envoy) comes
+//! back on a new connection for as long as it routes here. The two are told apart by what the
+//! peer does after its connections are told to close ([`beyond_wave`]), never assumed. And
+//! proxies converge one by one, each carrying its own clients, so each path is judged by its
+//! own arrivals ([`PathFit`], [`PathRouting`]) and the commit waits for the path whose proof
+//! comes last; a path whose data cannot say holds the drain to `max`. The simulation
+//! (`tests/evidence_sim.rs`) drives kept-alive pools and 2 to 20 proxies through this code.
 //!
 //! # The model
 //!
-//! The fit reads the window before the trigger ([`WINDOW`], 30 s, or less for a younger
-//! process) and the slots from the trigger's up to the last new connection: arrivals during
+//! Per path, the fit reads the window before the trigger ([`WINDOW`], 30 s, or less for a
+//! younger process) — its activity, and, apart, its fresh connections — and, for a path that
+//! routes per request, the slots from the trigger's up to its last new connection: arrivals during
 //! the drain are samples of the routing while some of it still went on, and the silence after
 //! the last one is what is being tested, so it is left out (the part of a gap that began
 //! before the trigger is conditioned on, not fitted). It is refitted at each check.

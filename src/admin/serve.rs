@@ -6,8 +6,8 @@
 //!
 //! * At most `max_connections` connections are open. A new connection at the cap evicts the
 //!   connection that owes least: an idle keep-alive connection first, then one that has not
-//!   delivered a request head (silent, a head still arriving), then one whose answers wait
-//!   for the peer to take them, oldest first; only when every open connection is busy is the
+//!   delivered a request head (silent, a head still arriving), then one whose answers have
+//!   waited for the peer to take them for [`STUCK_DELIVERY`] or more, oldest first; only when every open connection is busy is the
 //!   new one refused (closed at once). So a flood of slow, silent or non-reading connections
 //!   cannot lock kubelet's probes out, and an answer being computed is never cut to make room.
 //! * *Busy* means an answer is being computed: from the handler's call until it returns,
@@ -117,6 +117,12 @@ impl fmt::Debug for AdminServe {
 /// that does not read needs longer.
 const DELIVERY_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a computed answer must have waited for its peer to take it before the cap may
+/// evict its connection: far longer than a reading peer's delivery of a small answer, even
+/// on a loaded machine, and short enough that a peer keeping its window shut frees its slot
+/// within a probe's timeout.
+const STUCK_DELIVERY: Duration = Duration::from_millis(500);
+
 /// One open admin connection, as the cap sees it.
 struct Slot {
     accepted: Instant,
@@ -127,6 +133,10 @@ struct Slot {
     owed: AtomicU64,
     /// Answers computed whose body hyper has not taken yet (see the module docs).
     delivering: AtomicU64,
+    /// When `delivering` last rose from zero, in microseconds since `accepted` (+1; 0 = not
+    /// delivering): a delivery younger than [`STUCK_DELIVERY`] is a peer that reads but whose
+    /// task has not been polled yet, not one that keeps its window shut.
+    delivering_since: AtomicU64,
     /// Requests started on the connection so far.
     started: AtomicUsize,
     /// The last request started, for the report when the connection is cut at exit.
@@ -161,6 +171,7 @@ impl Slot {
             peer,
             owed: AtomicU64::new(0),
             delivering: AtomicU64::new(0),
+            delivering_since: AtomicU64::new(0),
             started: AtomicUsize::new(0),
             last: Mutex::new(None),
             wakes: AtomicU64::new(1),
@@ -192,6 +203,20 @@ impl Slot {
         // Acquire: pairs with the Release of `Delivering`. Read after `owed` (see
         // `Busy::computed`), so an answer is seen busy or delivering, never neither.
         self.delivering.load(Ordering::Acquire) > 0
+    }
+
+    /// A computed answer has waited less than [`STUCK_DELIVERY`] to be taken: under a flood
+    /// the connection's task may simply not have been polled since; it is not evicted yet.
+    fn is_delivering_recently(&self) -> bool {
+        if !self.is_delivering() {
+            return false;
+        }
+        // Relaxed: a timestamp; a stale 0 reads as "not recent", which only allows what the
+        // delivering state allowed before it was stamped.
+        let since = self.delivering_since.load(Ordering::Relaxed);
+        since != 0
+            && self.accepted.elapsed().as_micros() as u64 + 1
+                < since + STUCK_DELIVERY.as_micros() as u64
     }
 
     /// An answer is being computed or delivered.
@@ -283,7 +308,9 @@ impl Slots {
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| {
-                    let u = s.is_unread();
+                    // A delivery that has not been stuck long waits like an unread head: its
+                    // peer may read, and its task not have been polled yet.
+                    let u = s.is_unread() || s.is_delivering_recently();
                     unread |= u;
                     !u && !s.is_busy()
                 })
@@ -339,6 +366,9 @@ async fn run(
                     biased;
                     () = exiting.cancelled() => return Ok(()),
                     () = slots.changed.notified() => {}
+                    // A delivery that was recent may have become stuck (evictable) since:
+                    // nothing signals that, so look again.
+                    () = tokio::time::sleep(STUCK_DELIVERY / 5) => {}
                     () = tokio::time::sleep_until(give_up) => break false,
                 },
             }

@@ -31,7 +31,10 @@ impl Busy {
     pub(super) fn computed(self) -> Delivering {
         // Release, before `self` leaves the busy count: a check that sees the request no
         // longer busy (its Acquire load of `owed` first) sees it delivering.
-        self.0.delivering.fetch_add(1, Ordering::Release);
+        if self.0.delivering.fetch_add(1, Ordering::Release) == 0 {
+            let us = self.0.accepted.elapsed().as_micros() as u64 + 1;
+            self.0.delivering_since.store(us, Ordering::Relaxed);
+        }
         Delivering(Arc::clone(&self.0))
     }
 }
