@@ -429,6 +429,11 @@ impl Evidence {
         self.origin
     }
 
+    /// Slots of the window before the trigger (0 without connection data).
+    pub(crate) fn window_slots(&self) -> u64 {
+        self.window.as_ref().map_or(0, Window::slots)
+    }
+
     /// Whether connection data exists at all (a server counted connections).
     pub(crate) fn has_data(&self) -> bool {
         self.window.is_some()

@@ -332,11 +332,14 @@ impl EvidenceReport {
         let held = match self.held_by.as_deref() {
             Some(peer)
                 if self.paths.len() > 1
-                    || self.paths.iter().any(|p| p.routing == PathRouting::Pool) =>
+                    || self
+                        .paths
+                        .iter()
+                        .any(|p| p.open_at_trigger > 0 && p.routing != PathRouting::PerRequest) =>
             {
                 let path = self.paths.iter().find(|p| p.peer == peer);
                 match path {
-                    Some(p) if p.open_now > 0 && p.routing == PathRouting::Pool => format!(
+                    Some(p) if p.open_now > 0 && p.open_at_trigger > 0 => format!(
                         "; held by {peer} ({}, {} kept connection(s) still open)",
                         p.routing.as_str(),
                         p.open_now
@@ -410,9 +413,10 @@ impl Evidence {
             }),
             weak,
             slot_ms: ms(SLOT),
-            slots_observed: e.map_or(0, |e| e.slots_before),
+            // With no path that carried traffic, the window's slots, all empty.
+            slots_observed: e.map_or(self.window_slots(), |e| e.slots_before),
             slots_after_trigger: e.map_or(0, |e| e.slots_after),
-            empty_slots: e.map_or(0, |e| e.empty),
+            empty_slots: e.map_or(self.window_slots(), |e| e.empty),
             requests_seen: self.requests_seen,
             p_empty_ppm: e.map(|e| ppm(e.p_empty())),
             rate_per_1000s: e.map(|e| (e.rate() * 1000.0).round() as u64),
