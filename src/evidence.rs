@@ -250,7 +250,8 @@ pub(crate) struct PathFit {
     pub(crate) path: PathId,
     pub(crate) peer: Option<IpAddr>,
     pub(crate) routing: PathRouting,
-    /// Connections open at the trigger, and new ones since.
+    /// Connections open at the trigger that have not left by themselves since (the ones the
+    /// drain moves), and new ones since.
     pub(crate) open: u32,
     pub(crate) after: u32,
     /// Slots of the window with a fresh connection (accepted and closed while Serving).
@@ -334,11 +335,12 @@ impl PathFit {
     /// slots counted are whole slots of the chain.
     ///
     /// A path that kept connections open at the trigger and is not routed per request (a
-    /// pool) also waits until each of them has been closed — a kept connection closed by the
-    /// commit reconnects through a proxy that may still route here — and, after its last new
-    /// connection, long enough that a connection that landed here again has made its next
-    /// request (and reconnected elsewhere, or here): see [`pool_silence`]. Until its
-    /// connections are closed the path asks to be checked again at the next slot (`next`).
+    /// pool) also waits, after its last new connection, long enough that a connection that
+    /// landed here again has made its next request (and reconnected elsewhere, or here): see
+    /// [`pool_silence`]; and, while some of its kept connections are still open (one closed
+    /// by the commit reconnects through a proxy that may still route here), as long from the
+    /// trigger. Until one of them has been used the path asks to be checked again at the next
+    /// slot (`next`).
     fn conf_at(&self, base: Instant, origin: Instant, next: Instant) -> Option<Instant> {
         let (t, _, _) = self.required()?;
         let last = self.last.unwrap_or(origin).max(origin);
@@ -347,17 +349,25 @@ impl PathFit {
         if self.open == 0 || self.routing == PathRouting::PerRequest {
             return Some(proved);
         }
-        if self.open_now > 0 {
+        let Some(wait) = self.pool_wait() else {
+            // None of its kept connections used yet: nothing says how soon they will be.
             return Some(proved.max(next));
+        };
+        let mut at = proved.max(last + wait);
+        if self.open_now > 0 {
+            // A kept connection still unused when a used one would, at the rate the used ones
+            // show, have been used again with chance 1 − ε/C is parked (a pool that takes its
+            // most recent connection first): closing it makes no reconnect of its own.
+            at = at.max(origin + wait);
         }
-        let wait = self.pool_wait().unwrap_or_default();
-        Some(proved.max(last + wait))
+        Some(at)
     }
 
-    /// A pool's wait after its last new connection (see [`pool_silence`]), once its kept
-    /// connections are closed; `None` for a path that is no pool.
+    /// A pool's wait after its last new connection (see [`pool_silence`]), from the kept
+    /// connections used since the trigger; `None` for a path that is no pool, or a pool none
+    /// of whose kept connections has been used yet.
     pub(crate) fn pool_wait(&self) -> Option<Duration> {
-        (self.open > 0 && self.routing != PathRouting::PerRequest && self.open_now == 0)
+        (self.open > 0 && self.routing != PathRouting::PerRequest && self.told > 0)
             .then(|| pool_silence(self.open, self.told, self.told_sum, self.activity.epsilon))
     }
 }
@@ -495,7 +505,10 @@ impl Evidence {
                 / (w.slots().max(1) as f64 * SLOT.as_secs_f64())
                 * elapsed.as_secs_f64();
             let beyond = u64::from(after).saturating_sub(explained.ceil() as u64);
-            let per_request = beyond_wave(pw.open, u32::try_from(beyond).unwrap_or(u32::MAX));
+            // The connections open at the trigger that the drain moves: not those that left
+            // by themselves since (a request in flight whose client then closed).
+            let open = pw.open.saturating_sub(arrivals.left_count(path));
+            let per_request = beyond_wave(open, u32::try_from(beyond).unwrap_or(u32::MAX));
             let mut slots = Slots::new();
             for i in 0..before {
                 slots.push(pw.activity & (1 << i) != 0);
@@ -538,7 +551,7 @@ impl Evidence {
                 } else {
                     PathRouting::Pool
                 },
-                open: pw.open,
+                open,
                 after,
                 fresh_slots,
                 last,

@@ -72,6 +72,10 @@ struct Row {
     /// connections are used.
     told: AtomicU32,
     told_us: AtomicU64,
+    /// Connections open at the drain's start that closed since, by the client's own doing,
+    /// before being told to close: a request in flight at the start whose client then left
+    /// (a fresh connection), or a pool's idle timeout. No reconnect of the drain's making.
+    left: AtomicU32,
 }
 
 impl Row {
@@ -85,6 +89,7 @@ impl Row {
             last_after: AtomicU64::new(0),
             told: AtomicU32::new(0),
             told_us: AtomicU64::new(0),
+            left: AtomicU32::new(0),
         }
     }
 }
@@ -270,6 +275,16 @@ impl Arrivals {
         row.told.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A connection of `path` open at the drain's start closed before being told to.
+    pub(crate) fn left(&self, path: PathId) {
+        self.rows[path.index()].left.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many of `path`'s connections open at the drain's start closed before being told to.
+    pub(crate) fn left_count(&self, path: PathId) -> u32 {
+        self.rows[path.index()].left.load(Ordering::Relaxed)
+    }
+
     /// How many of `path`'s connections open at the drain's start were told to close, and
     /// the sum of how long after the start.
     pub(crate) fn told_sum(&self, path: PathId) -> (u32, Duration) {
@@ -442,8 +457,8 @@ impl Observed {
     }
 
     /// A connection of `path` accepted at `accepted` closed: no longer open on it; when it
-    /// closed while Serving after `few` requests, a fresh connection in its slot; when it was open at the drain's
-    /// start and not `told` to close, told now.
+    /// closed while Serving after `few` requests, a fresh connection in its slot; when it was
+    /// open at the drain's start and not `told` to close, one that left by itself.
     #[cfg(feature = "http")]
     pub(crate) fn connection_ended(&self, path: PathId, accepted: Instant, told: bool, few: bool) {
         self.arrivals.closed(path);
@@ -452,7 +467,7 @@ impl Observed {
                 .arrivals
                 .closed_fresh(path, slot_of(self.base, accepted)),
             None => {}
-            Some(start) if accepted < start && !told => self.connection_told(path, start),
+            Some(start) if accepted < start && !told => self.arrivals.left(path),
             Some(_) => {}
         }
     }
