@@ -342,10 +342,8 @@ impl PathFit {
     /// trigger. Until one of them has been used the path asks to be checked again at the next
     /// slot (`next`).
     fn conf_at(&self, base: Instant, origin: Instant, next: Instant) -> Option<Instant> {
-        let (t, _, _) = self.required()?;
+        let proved = self.silence_proved_at(base, origin)?;
         let last = self.last.unwrap_or(origin).max(origin);
-        let end = (slot_of(base, last) + 1) * SLOT.as_nanos() as u64;
-        let proved = base + Duration::from_nanos(end) + t;
         if self.open == 0 || self.routing == PathRouting::PerRequest {
             return Some(proved);
         }
@@ -361,6 +359,15 @@ impl PathFit {
             at = at.max(origin + wait);
         }
         Some(at)
+    }
+
+    /// When the path's silence alone proves its run of empty slots: the end of the slot of
+    /// its last new connection (or of the trigger's) plus the silence its fit asks for.
+    fn silence_proved_at(&self, base: Instant, origin: Instant) -> Option<Instant> {
+        let (t, _, _) = self.required()?;
+        let last = self.last.unwrap_or(origin).max(origin);
+        let end = (slot_of(base, last) + 1) * SLOT.as_nanos() as u64;
+        Some(base + Duration::from_nanos(end) + t)
     }
 
     /// A pool's wait after its last new connection (see [`pool_silence`]), from the kept
@@ -605,6 +612,23 @@ impl Evidence {
             .iter()
             .filter(|f| f.counts())
             .map(|f| f.conf_at(base, origin, next))
+            .max()
+            .flatten()
+    }
+
+    /// [`conf_at`](Self::conf_at) once the proxies are known to have converged (the
+    /// EndpointSlice plus the allowance, feature `kube`): each path's silence only, without a
+    /// pool's wait for reconnects through a proxy that may still route here.
+    pub(crate) fn conf_at_proxies_converged(&self) -> Option<Instant> {
+        if self.weak().is_some() {
+            return None;
+        }
+        let origin = self.origin?;
+        let base = self.window.as_ref()?.base;
+        self.fits
+            .iter()
+            .filter(|f| f.counts())
+            .map(|f| f.silence_proved_at(base, origin))
             .max()
             .flatten()
     }

@@ -158,8 +158,12 @@ impl Policy {
             // The slices are the authoritative step: no commit before they stop routing
             // here plus the proxies' allowance; strong arrival evidence still adds its
             // silence, weak evidence no longer waits to `max`.
+            // A pool's wait is for reconnects through proxies that may still route here; the
+            // slices plus the allowance say they no longer do, so only the silences count.
             Hold::Until(allowed) => (
-                proved_at.map_or(allowed, |t| allowed.max(t)),
+                evidence
+                    .conf_at_proxies_converged()
+                    .map_or(allowed, |t| allowed.max(t)),
                 EvidenceKind::EndpointSlice,
             ),
             Hold::Pending => (max_at, EvidenceKind::EndpointSlice),
