@@ -147,7 +147,8 @@ impl ConnMeta {
         Self::counted(peer, None, drain.core(), path)
     }
 
-    /// Metadata for a connection counted by no coordinator.
+    /// Metadata for a connection counted by no coordinator (axum's `Connected` hook).
+    #[cfg(feature = "axum")]
     pub(crate) fn new(peer: Option<SocketAddr>, accepted_while_draining: Option<bool>) -> Self {
         Self::with_path(peer, accepted_while_draining, None)
     }
