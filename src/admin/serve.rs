@@ -22,6 +22,8 @@
 //!   loop can run ahead of the connection tasks, and a probe whose head has arrived must be
 //!   read before anything can judge it idle. When only such connections stand in the way, the
 //!   accept loop waits for them to be polled (at most 1 s, then the newest is refused).
+//! * At most half the cap of requests wait for the drain (`/drain?wait=…`, busy for the whole
+//!   drain): the other half stays for probes ([`WaitSeats`]).
 //! * HTTP/1 request heads must arrive within the header-read timeout, `/drain` bodies too.
 //! * Every connection task runs as owed work of the drain's exit holds: when
 //!   [`Drain::run`](crate::Drain::run) is about to return, the listener closes, connections
@@ -59,9 +61,11 @@ use crate::sync::MutexExt;
 use crate::Drain;
 
 mod owed;
+mod waiters;
 
 pub(crate) use owed::Held;
 use owed::{Busy, Reading};
+pub(crate) use waiters::WaitSeats;
 
 /// The admin server's default HTTP/1 header-read timeout: probes send their head at once.
 pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -353,6 +357,7 @@ async fn run(
         .header_read_timeout(header_read_timeout);
     let exiting = drain.exit_holds().exiting().clone();
     let slots = Arc::new(Slots::default());
+    let seats = WaitSeats::for_cap(cap);
     let mut acceptor = Acceptor::new(listener, "admin ");
     let mut stop = pin!(exiting.cancelled());
     while let Some((stream, peer)) = acceptor.next(stop.as_mut()).await {
@@ -387,6 +392,7 @@ async fn run(
             router.clone(),
             slot,
             Arc::clone(&slots),
+            Arc::clone(&seats),
             drain.clone(),
         );
         drain.exit_holds().spawn(conn);
@@ -400,13 +406,15 @@ async fn serve_conn(
     router: Router,
     slot: Arc<Slot>,
     slots: Arc<Slots>,
+    seats: Arc<WaitSeats>,
     drain: Drain,
 ) {
     let _ = stream.set_nodelay(true);
     let exiting = drain.exit_holds().exiting().clone();
     let counted = Arc::clone(&slot);
-    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         counted.note_request(&req);
+        req.extensions_mut().insert(Arc::clone(&seats));
         let busy = Busy::new(Arc::clone(&counted));
         let req = req.map(|body| Reading::new(body, Arc::clone(&counted)));
         let mut router = router.clone();

@@ -400,3 +400,90 @@ fn a_probe_whose_head_arrived_in_a_burst_of_connections_is_answered() {
         drop((before, after));
     }
 }
+
+/// Sends `GET /drain?wait=drained` (with the token when asked) and keeps the connection.
+async fn drain_waiter(addr: SocketAddr, token: bool) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let auth = if token {
+        format!("Authorization: Bearer {TOKEN}\r\n")
+    } else {
+        String::new()
+    };
+    let req = format!("GET /drain?wait=drained HTTP/1.1\r\nHost: admin\r\n{auth}\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    s
+}
+
+/// What a connection answered within `patience`: its raw bytes, or `None` when it said
+/// nothing (still waiting).
+async fn answer_within(s: &mut TcpStream, patience: Duration) -> Option<String> {
+    let mut raw = Vec::new();
+    match tokio::time::timeout(patience, s.read_to_end(&mut raw)).await {
+        Ok(_) => Some(String::from_utf8_lossy(&raw).into_owned()),
+        Err(_) if raw.is_empty() => None,
+        Err(_) => Some(String::from_utf8_lossy(&raw).into_owned()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_waiters_at_the_cap_leave_room_for_kubelet_probes() {
+    for token in [false, true] {
+        // The drain lasts 20 s: every waiter the server keeps waits that long.
+        let drain = quiet_builder()
+            .grace_period(secs(30))
+            .propagation(Propagation::fixed(secs(20)))
+            .build()
+            .unwrap();
+        drain.mark_serving();
+        let addr = serve_admin(&drain, token).await;
+        let mut waiters = Vec::new();
+        for _ in 0..lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS {
+            waiters.push(drain_waiter(addr, token).await);
+        }
+        // Setup only: let the server reach every head before kubelet comes.
+        tokio::time::sleep(ms(300)).await;
+        assert_eq!(
+            drain.phase(),
+            Phase::Draining,
+            "the waiters started the drain"
+        );
+        for path in [
+            "/livez", "/readyz", "/livez", "/readyz", "/livez", "/readyz",
+        ] {
+            let answer = kubelet_probe(addr, path).await;
+            assert_eq!(
+                answer,
+                Ok(200),
+                "{path} beside 64 /drain?wait=drained callers, token {token}"
+            );
+        }
+        // The callers the server did not keep were told so, not left hanging or cut.
+        let answers: Vec<_> = waiters
+            .into_iter()
+            .map(|mut s| tokio::spawn(async move { (answer_within(&mut s, ms(500)).await, s) }))
+            .collect();
+        let mut told = 0;
+        let mut waiting = 0;
+        let mut kept = Vec::new();
+        for a in answers {
+            let (answer, s) = within("a waiter's answer", a).await.unwrap();
+            kept.push(s);
+            match answer {
+                None => waiting += 1,
+                Some(raw) => {
+                    assert!(raw.starts_with("HTTP/1.1 503 "), "token {token}: {raw}");
+                    assert!(raw.to_ascii_lowercase().contains("retry-after:"), "{raw}");
+                    assert!(raw.contains("wait=none"), "{raw}");
+                    told += 1;
+                }
+            }
+        }
+        eprintln!("token {token}: {waiting} waiters kept, {told} told to retry");
+        assert!(waiting >= 1, "some /drain callers are kept waiting");
+        assert!(
+            waiting < lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS / 2 + 1,
+            "at most half the admin connections wait for the drain ({waiting})"
+        );
+        assert_eq!(waiting + told, kept.len());
+    }
+}
