@@ -378,6 +378,34 @@ fn a_forced_exit_lists_the_closers_it_skipped() {
 }
 
 #[test]
+fn sighup_and_sigusr1_are_recorded_and_change_nothing() {
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let p = spawn("sighup_and_sigusr1_are_recorded_and_change_nothing", "idle");
+    // While serving: their default action would end the process here, without a report.
+    kill(&p, "-HUP");
+    kill(&p, "-USR1");
+    kill(&p, "-HUP");
+    kill(&p, "-TERM");
+    let (code, _, report) = wait(p, Duration::from_secs(20));
+    assert_eq!(report.outcome, Outcome::Clean, "{:?}", report.timeline);
+    assert_eq!(code, 0);
+    assert_eq!(report.trigger, Some(Trigger::Sigterm));
+    for name in ["SIGHUP", "SIGUSR1"] {
+        let e = report
+            .timeline
+            .iter()
+            .find(|e| e.event == EventKind::SignalReceived && e.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} in {:?}", report.timeline));
+        assert!(
+            e.detail.as_deref().is_some_and(|d| d.contains("ignored")),
+            "{e:?}"
+        );
+    }
+}
+
+#[test]
 fn a_sigterm_repeated_within_milliseconds_is_one_request_and_forces_nothing() {
     if let Some(s) = is_child() {
         child_main(&s);
