@@ -439,7 +439,7 @@ fn no_wait_seat(
         StatusCode::SERVICE_UNAVAILABLE,
         format!(
             "the drain is started (phase {}), but {} /drain callers already wait for it, the most \
-             the admin port keeps (half of its {} connections; the rest answer kubelet's probes); \
+             the admin port keeps (of its {} connections, the rest answer kubelet's probes); \
              not waiting for `{wait}`: retry later, poll /status, or call /drain?wait=none\n",
             drain.phase(),
             seats.max(),

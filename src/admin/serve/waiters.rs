@@ -2,7 +2,7 @@
 //!
 //! # Invariants
 //!
-//! * At most [`WaitSeats::max`] requests wait for the drain at once: a waiter is busy (never
+//! * At most [`WaitSeats::max`] requests (the cap less an eighth) wait for the drain at once: a waiter is busy (never
 //!   evicted) for the whole drain, so without a bound 64 of them fill every slot and kubelet's
 //!   probes are refused until the process exits. The rest of the cap stays for probes and
 //!   `/status`, which answer at once and so can never starve the waiters in turn.
@@ -24,11 +24,15 @@ pub(crate) struct WaitSeats {
 }
 
 impl WaitSeats {
-    /// Half the connection cap (at least one seat): the other half answers probes.
+    /// The connection cap less a reserve for probes of an eighth of it (at least one slot;
+    /// a cap of 1 has none to spare): probes are answered at once and close, so a few slots
+    /// answer many of them, while waiters keep theirs for the whole drain.
     pub(super) fn for_cap(connections: usize) -> Arc<Self> {
         Arc::new(Self {
             taken: AtomicUsize::new(0),
-            max: (connections / 2).max(1),
+            max: connections
+                .saturating_sub(probe_reserve(connections))
+                .max(1),
             connections,
         })
     }
@@ -53,6 +57,11 @@ impl WaitSeats {
     pub(crate) fn connections(&self) -> usize {
         self.connections
     }
+}
+
+/// The admin connections kept from `/drain` waiters for probes: an eighth, at least one.
+fn probe_reserve(connections: usize) -> usize {
+    (connections / 8).max(1)
 }
 
 /// One `/drain` caller waiting; frees its seat when dropped.
