@@ -29,6 +29,11 @@ pub const PROBE_HEADER: &str = "x-lameduck-probe";
 
 /// Knative's header for kubelet's probes (any non-empty value): its queue-proxy rewrites the
 /// probe and marks it so.
+///
+/// Any client can send it (or `X-Lameduck-Probe: kubelet`): it is read-only. It changes only
+/// the answer that caller gets from `/readyz` (under
+/// [`Auto`](super::ReadinessWhileDraining::Auto), `200` while draining until accepting
+/// stops), never the drain or what anyone else is told; `/status` says as much to anyone.
 pub const KNATIVE_PROBE_HEADER: &str = "k-kubelet-probe";
 
 // What follows up to `ProbeSources` classifies callers of the admin router's `/readyz`.
