@@ -56,14 +56,15 @@ struct Args {
 }
 
 fn usage(msg: &str) -> ! {
-    eprintln!("service: {msg}");
-    eprintln!(
+    complain(format!("service: {msg}"));
+    complain(
         "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR] \
          [--quiet DUR] [--min DUR] [--max DUR] [--quiet-suffices-after DUR] \
          [--report-file PATH] [--stuck-task] \
          [--startup-delay DUR] [--naive] [--fixed-sleep DUR] \
-         [--readiness-policy auto|not-ready|serving-until-stop]\n       service prestop [--admin ADDR]"
+         [--readiness-policy auto|not-ready|serving-until-stop]\n       service prestop [--admin ADDR]",
     );
+    flush_log();
     std::process::exit(2)
 }
 
@@ -114,9 +115,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
             }
             // The old name read like a floor; it never was one (`--min` is).
             "--assume-converged-after" => {
-                eprintln!(
+                complain(
                     "service: --assume-converged-after is now --quiet-suffices-after (a fallback, \
-                     not a floor; the floor is --min)"
+                     not a floor; the floor is --min)",
                 );
                 a.quiet_suffices_after = Some(dur(
                     "--assume-converged-after",
@@ -154,7 +155,8 @@ fn main() {
                 std::process::exit(0)
             }
             Err(e) => {
-                eprintln!("prestop: {e}");
+                complain(format!("prestop: {e}"));
+                flush_log();
                 std::process::exit(1)
             }
         }
@@ -174,6 +176,7 @@ fn main() {
             run(args).await
         }
     });
+    flush_log();
     std::process::exit(code)
 }
 
@@ -205,7 +208,7 @@ async fn run(args: Args) -> i32 {
     let drain = match builder.build() {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("service: {e}");
+            complain(format!("service: {e}"));
             return 2;
         }
     };
@@ -215,7 +218,7 @@ async fn run(args: Args) -> i32 {
     // Outside a Pod (POD_NAME unset) the report says why it was not used.
     #[cfg(feature = "kube")]
     if let Err(e) = lameduck::EndpointWatch::from_env().start(&drain) {
-        eprintln!("service: no EndpointSlice evidence: {e}");
+        complain(format!("service: no EndpointSlice evidence: {e}"));
     }
 
     // Startup gate: not ready until the warm-up is done.
@@ -258,14 +261,17 @@ async fn run(args: Args) -> i32 {
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("service: cannot listen on {}: {e}", args.listen);
+            complain(format!("service: cannot listen on {}: {e}", args.listen));
             return 2;
         }
     };
     let admin = match tokio::net::TcpListener::bind(args.admin).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("service: cannot listen on {} (admin): {e}", args.admin);
+            complain(format!(
+                "service: cannot listen on {} (admin): {e}",
+                args.admin
+            ));
             return 2;
         }
     };
@@ -389,4 +395,59 @@ fn say(line: &str) {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
+enum LogLine {
+    Line(String),
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// Lines for stderr, written by a thread of their own on its own descriptor (not through
+/// `std::io::stderr`'s lock, which the drain report also takes): a log reader that stalls
+/// blocks that thread only, and one that went away (EPIPE) costs the line, not the process —
+/// `eprintln!` would block the service before READY, or panic.
+fn log_sender() -> Option<&'static std::sync::mpsc::SyncSender<LogLine>> {
+    static LOG: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<LogLine>>> =
+        std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        use std::os::fd::AsFd;
+        let fd = std::io::stderr().as_fd().try_clone_to_owned().ok()?;
+        let mut err = std::fs::File::from(fd);
+        // Bounded: a stalled reader makes later lines drop, never pile up.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<LogLine>(256);
+        std::thread::Builder::new()
+            .name("stderr-log".to_owned())
+            .spawn(move || {
+                use std::io::Write as _;
+                for m in rx {
+                    match m {
+                        LogLine::Line(l) => {
+                            let _ = writeln!(err, "{l}");
+                        }
+                        LogLine::Flush(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .ok()?;
+        Some(tx)
+    })
+    .as_ref()
+}
+
+/// A line on stderr, if its reader keeps up; never blocks, never panics.
+fn complain(line: impl Into<String>) {
+    if let Some(log) = log_sender() {
+        let _ = log.try_send(LogLine::Line(line.into()));
+    }
+}
+
+/// Before exiting: waits (at most half a second) for the lines sent so far to be written.
+fn flush_log() {
+    let Some(log) = log_sender() else { return };
+    let (done, written) = std::sync::mpsc::channel();
+    if log.try_send(LogLine::Flush(done)).is_ok() {
+        let _ = written.recv_timeout(Duration::from_millis(500));
+    }
 }

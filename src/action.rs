@@ -25,7 +25,8 @@ pub enum ActionResult {
     Aborted,
     /// Did not finish within its time and was cut.
     TimedOut,
-    /// Did not run: no time was left before the hard deadline (closers only).
+    /// Did not run: no time was left before the hard deadline, or the exit was forced before
+    /// its turn (closers only).
     Skipped,
 }
 

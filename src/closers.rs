@@ -4,7 +4,8 @@
 //! # Invariants
 //!
 //! * Every closer runs or is recorded as `skipped`; one failing, panicking or timing out never
-//!   stops the next.
+//!   stops the next. A forced exit runs none after the force (the one running is `aborted`),
+//!   and records each of them `skipped`.
 //! * A closer without a timeout of its own gets a *fair share* of what is left before the hard
 //!   deadline: `left / closers still to run`. So a slow closer cannot take the time of the ones
 //!   after it — and the one registered first, usually the database pool, runs last and still
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::action::ActionResult;
 use crate::sync::MutexExt;
@@ -59,18 +61,32 @@ impl Closers {
         self.registered.locked()
     }
 
-    /// Runs every registered closer (see [`run_all`]); with `skip`, runs none (a forced drain).
+    /// Runs every registered closer (see [`run_all`]) until `force` is cancelled: from then on
+    /// the one running is aborted and the rest are recorded `skipped`, so a forced exit's report
+    /// still names every closer it did not run.
     pub(crate) async fn run(
         &self,
         hard: Instant,
-        skip: bool,
+        force: &CancellationToken,
         on_each: impl FnMut(&CloserResult),
     ) -> Vec<CloserResult> {
         let closers = std::mem::take(&mut *self.lock());
-        if skip {
-            return Vec::new();
-        }
-        run_all(closers, hard, on_each).await
+        run_all(closers, hard, force, on_each).await
+    }
+
+    /// The closers not run yet, in the order they would run, each recorded `skipped`: for a
+    /// report written without the driver (a starved runtime). Takes them, so none runs after.
+    pub(crate) fn skipped_by_force(&self) -> Vec<CloserResult> {
+        let closers = std::mem::take(&mut *self.lock());
+        closers
+            .into_iter()
+            .rev()
+            .map(|c| CloserResult {
+                name: c.name,
+                took_ms: 0,
+                result: ActionResult::Skipped,
+            })
+            .collect()
     }
 }
 
@@ -138,7 +154,8 @@ pub struct CloserResult {
     pub name: String,
     /// How long it took, in milliseconds.
     pub took_ms: u64,
-    /// `ok`, `error: <message>`, `panicked`, `aborted`, `timed_out` or `skipped` (no budget left).
+    /// `ok`, `error: <message>`, `panicked`, `aborted` (cut by a forced exit), `timed_out` or
+    /// `skipped` (no budget left, or the exit was forced before its turn).
     pub result: ActionResult,
 }
 
@@ -154,6 +171,7 @@ impl CloserResult {
 async fn run_all(
     mut closers: Vec<Closer>,
     hard: Instant,
+    force: &CancellationToken,
     mut on_each: impl FnMut(&CloserResult),
 ) -> Vec<CloserResult> {
     let mut results = Vec::with_capacity(closers.len());
@@ -161,13 +179,17 @@ async fn run_all(
         let start = Instant::now();
         let left = hard.saturating_duration_since(start);
         let limit = limit_for(&c.options, &closers, left);
-        let result = if limit.is_zero() {
+        let result = if limit.is_zero() || force.is_cancelled() {
             ActionResult::Skipped
         } else {
             let handle = tokio::spawn((c.f)());
             let abort = handle.abort_handle();
-            let result = crate::action::bounded(handle, limit).await;
-            if result == ActionResult::TimedOut {
+            let result = tokio::select! {
+                r = crate::action::bounded(handle, limit) => r,
+                // Exit now: the closer is cut like one past its time.
+                () = force.cancelled() => ActionResult::Aborted,
+            };
+            if matches!(result, ActionResult::TimedOut | ActionResult::Aborted) {
                 // A closer past its time must not keep the resource busy while the next closes.
                 abort.abort();
             }

@@ -380,9 +380,16 @@ impl Drain {
         // The signal thread holds the driver only: signals are a trigger source, they do not
         // reach into the handle.
         let driver = Arc::clone(&self.inner.driver);
-        let deliver = move |trigger: Trigger, receipt: Receipt, force: bool| {
+        let deliver = move |signal: crate::signal::Delivery, receipt: Receipt| {
             let at = Instant::from_std(receipt.at);
-            driver.on_signal(trigger, at, receipt.unix_ms, force);
+            match signal {
+                crate::signal::Delivery::Trigger { trigger, force } => {
+                    driver.on_signal(trigger, at, receipt.unix_ms, force)
+                }
+                crate::signal::Delivery::Ignored(name) => {
+                    driver.on_ignored_signal(name, at, receipt.unix_ms)
+                }
+            }
         };
         if let Err(e) = crate::signal::install(self.inner.signals, deliver) {
             tracing::error!(error = %e, "lameduck: cannot install signal handlers");

@@ -95,7 +95,14 @@ impl std::str::FromStr for StopSignal {
 /// | the stop signal (default SIGTERM)       | starts the drain  | exit now (forced) |
 /// | SIGTERM, SIGINT                         | starts the drain  | exit now (forced) |
 /// | SIGQUIT, when it is not the stop signal | exit now (forced) | exit now (forced) |
+/// | SIGHUP, SIGUSR1                         | recorded, ignored | recorded, ignored |
 ///
+/// SIGHUP (a closed terminal of `kubectl exec -it` or `docker attach`, a log rotator) and
+/// SIGUSR1 (a debugging or reload tool) would otherwise kill the process with their default
+/// action, mid-request and without a report: they are recorded (`signal_received` with the
+/// signal's name; before the drain, at its start) and change nothing. A service that reloads
+/// on SIGHUP installs its own handler as well (`tokio::signal::unix`): both see the signal.
+/// [`Signals::without_hup_usr1`] leaves their default action in place.
 /// A repeat of the same signal within 100 ms of the last one counted is the same request sent
 /// twice (GNU `timeout` signals its child, then the child's process group), not a second
 /// one: it is recorded and forces nothing.
@@ -128,6 +135,8 @@ pub struct Signals {
     pub(crate) sigterm: bool,
     pub(crate) sigint: bool,
     pub(crate) sigquit: bool,
+    /// SIGHUP and SIGUSR1 are recorded and ignored instead of killing the process.
+    pub(crate) hup_usr1: bool,
     /// Set by [`Signals::stop_signal`], or resolved from the environment by `build`.
     pub(crate) stop: Option<StopSignal>,
 }
@@ -139,6 +148,7 @@ impl Default for Signals {
             sigterm: true,
             sigint: true,
             sigquit: true,
+            hup_usr1: true,
             stop: None,
         }
     }
@@ -151,6 +161,7 @@ impl Signals {
             sigterm: false,
             sigint: false,
             sigquit: false,
+            hup_usr1: false,
             stop: None,
         }
     }
@@ -161,6 +172,7 @@ impl Signals {
             sigterm: true,
             sigint: false,
             sigquit: false,
+            hup_usr1: false,
             stop: None,
         }
     }
@@ -172,9 +184,17 @@ impl Signals {
         self
     }
 
+    /// Leaves SIGHUP and SIGUSR1 alone (their default action, which ends the process without
+    /// a report, unless the application handles them): by default they are recorded and
+    /// ignored.
+    pub fn without_hup_usr1(mut self) -> Self {
+        self.hup_usr1 = false;
+        self
+    }
+
     /// `true` if no signal is listened to.
     pub fn is_none(&self) -> bool {
-        !(self.sigterm || self.sigint || self.sigquit) && self.stop.is_none()
+        !(self.sigterm || self.sigint || self.sigquit || self.hup_usr1) && self.stop.is_none()
     }
 
     /// Fills in the stop signal from `env` (or SIGTERM) when listening at all.
@@ -257,16 +277,24 @@ impl Receipt {
     }
 }
 
+/// What a signal is to the coordinator.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Delivery {
+    /// A trigger, and whether the signal table says it forces the exit.
+    Trigger { trigger: Trigger, force: bool },
+    /// SIGHUP or SIGUSR1, by name: recorded, nothing else.
+    Ignored(&'static str),
+}
+
 /// Installs the handlers now (so the default action no longer applies from this point on)
-/// and starts the thread that hands each signal to `deliver`: the trigger, its receipt, and
-/// whether the signal table says it forces the exit. Needs a runtime context: `deliver` runs
-/// inside it (it may spawn on that runtime).
+/// and starts the thread that hands each signal to `deliver` with its receipt. Needs a
+/// runtime context: `deliver` runs inside it (it may spawn on that runtime).
 #[cfg(unix)]
 pub(crate) fn install<F>(which: Signals, deliver: F) -> std::io::Result<()>
 where
-    F: Fn(Trigger, Receipt, bool) + Send + 'static,
+    F: Fn(Delivery, Receipt) + Send + 'static,
 {
-    use signal_hook::consts::{SIGINT, SIGQUIT, SIGTERM};
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1};
 
     let handle = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
     let list: Vec<i32> = [
@@ -277,6 +305,13 @@ where
     .into_iter()
     .filter(|(t, _)| which.listens(*t))
     .map(|(_, s)| s)
+    .chain(
+        which
+            .hup_usr1
+            .then_some([SIGHUP, SIGUSR1])
+            .into_iter()
+            .flatten(),
+    )
     .collect();
     let mut signals = signal_hook::iterator::Signals::new(&list)?;
     std::thread::Builder::new()
@@ -288,7 +323,16 @@ where
                 let trigger = match sig {
                     SIGTERM => Trigger::Sigterm,
                     SIGINT => Trigger::Sigint,
-                    _ => Trigger::Sigquit,
+                    SIGQUIT => Trigger::Sigquit,
+                    // Never counted: an ignored signal does not make the next one a second.
+                    SIGHUP => {
+                        deliver(Delivery::Ignored("SIGHUP"), receipt);
+                        continue;
+                    }
+                    _ => {
+                        deliver(Delivery::Ignored("SIGUSR1"), receipt);
+                        continue;
+                    }
                 };
                 // An echo is recorded like any repeat; it forces nothing of its own.
                 let force = count
@@ -296,7 +340,7 @@ where
                     .is_some_and(|n| which.forces(trigger, n));
                 // Spawning the driver from this thread needs the runtime's context.
                 let _rt = handle.enter();
-                deliver(trigger, receipt, force);
+                deliver(Delivery::Trigger { trigger, force }, receipt);
             }
         })?;
     Ok(())
@@ -305,14 +349,18 @@ where
 #[cfg(not(unix))]
 pub(crate) fn install<F>(which: Signals, deliver: F) -> std::io::Result<()>
 where
-    F: Fn(Trigger, Receipt, bool) + Send + 'static,
+    F: Fn(Delivery, Receipt) + Send + 'static,
 {
     if which.sigint {
         tokio::spawn(async move {
             let mut n = 0;
             while tokio::signal::ctrl_c().await.is_ok() {
                 n += 1;
-                deliver(Trigger::Sigint, Receipt::now(), n >= 2);
+                let d = Delivery::Trigger {
+                    trigger: Trigger::Sigint,
+                    force: n >= 2,
+                };
+                deliver(d, Receipt::now());
             }
         });
     }

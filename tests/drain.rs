@@ -934,3 +934,35 @@ async fn status_shows_both_readiness_answers_under_auto() {
     let s = drain.status();
     assert!(!s.ready && !s.ready_for_kubelet, "{s:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_force_while_closing_aborts_the_closer_running_and_skips_the_rest() {
+    let drain = quiet_builder()
+        .propagation(Propagation::fixed(ms(100)))
+        .build()
+        .unwrap();
+    drain.on_close("db-pool", || async { Ok::<(), std::io::Error>(()) });
+    let (closing_tx, closing_rx) = tokio::sync::oneshot::channel();
+    drain.on_close("exporter", move || async move {
+        let _ = closing_tx.send(());
+        std::future::pending::<Result<(), std::io::Error>>().await
+    });
+    drain.start(Trigger::Sigint);
+    // Synchronisation point: the exporter's closer is running.
+    closing_rx.await.unwrap();
+    assert!(drain.force());
+    let report = drain.drained().await;
+    assert_eq!(report.outcome, lameduck::report::Outcome::Forced);
+    let closers: Vec<_> = report
+        .closers
+        .iter()
+        .map(|c| (c.name.as_str(), c.result.to_string()))
+        .collect();
+    assert_eq!(
+        closers,
+        [
+            ("exporter", "aborted".to_owned()),
+            ("db-pool", "skipped".to_owned())
+        ]
+    );
+}

@@ -730,3 +730,107 @@ async fn half_heads_on_the_main_port_do_not_starve_the_admin_port_of_descriptors
     drop(loris);
     drop(service);
 }
+
+// ---- the example service's stderr before READY ----
+
+/// Starts the example service through `sh -c <prelude>; exec service …` with stderr piped,
+/// and waits (bounded) for its READY line: `Ok(child)` once it printed it, `Err` with how it
+/// ended (or that it never did) otherwise. The caller keeps or drops the stderr pipe.
+fn service_ready_after(prelude: &str, keep_stderr: bool) -> Result<Service, String> {
+    use std::io::BufRead;
+
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{prelude}\nexec \"$0\" \"$@\""))
+        .arg(service_bin())
+        .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        // A drain of about 2 s: no traffic to measure, so it waits to `--max`.
+        .args([
+            "--grace-period",
+            "10s",
+            "--quiet",
+            "300ms",
+            "--min",
+            "300ms",
+            "--max",
+            "2s",
+        ])
+        .env_remove("LAMEDUCK_ADMIN_TOKEN")
+        .env_remove("LAMEDUCK_GRACE_PERIOD")
+        .env_remove("POD_NAME")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut service = Service(child);
+    if !keep_stderr {
+        // The log reader went away: every write to stderr is EPIPE.
+        drop(stderr);
+    } else {
+        // Held, never read: once full, every write to stderr blocks.
+        std::mem::forget(stderr);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    match rx.recv_timeout(PATIENCE) {
+        Ok(line) if line.starts_with("READY ") => Ok(service),
+        Ok(line) => Err(format!(
+            "no READY line ({line:?}); exit status {:?}",
+            service.0.wait().unwrap()
+        )),
+        Err(_) => Err(format!("no READY line within {PATIENCE:?}: blocked")),
+    }
+}
+
+/// SIGTERM, then the exit status (bounded).
+fn terminate(service: &mut Service) -> std::process::ExitStatus {
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &service.0.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill failed");
+    let until = std::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(s) = service.0.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the service did not exit"
+        );
+        std::thread::sleep(ms(20));
+    }
+}
+
+#[test]
+fn the_example_service_starts_and_drains_with_its_stderr_reader_gone() {
+    let mut service = service_ready_after(":", false).unwrap_or_else(|e| panic!("{e}"));
+    let status = terminate(&mut service);
+    assert!(
+        matches!(status.code(), Some(0 | 1)),
+        "a closed stderr is no reason to panic: {status:?}"
+    );
+}
+
+#[test]
+fn the_example_service_starts_and_drains_with_its_stderr_closed() {
+    let mut service = service_ready_after("exec 2>&-", true).unwrap_or_else(|e| panic!("{e}"));
+    let status = terminate(&mut service);
+    assert!(matches!(status.code(), Some(0 | 1)), "{status:?}");
+}
+
+#[test]
+fn the_example_service_starts_and_drains_with_its_stderr_full() {
+    // 64 KiB, a default pipe's capacity, in whole pages: the pipe is full, and nobody reads.
+    let mut service =
+        service_ready_after("head -c 65536 /dev/zero >&2", true).unwrap_or_else(|e| panic!("{e}"));
+    let status = terminate(&mut service);
+    assert!(matches!(status.code(), Some(0 | 1)), "{status:?}");
+}

@@ -85,6 +85,13 @@ fn child_main(scenario: &str) -> ! {
                 drain.spawn("stuck-task", std::future::pending::<()>());
             }
             "stuck-request" => held = Some(drain.enter()),
+            "stuck-request-closers" => {
+                held = Some(drain.enter());
+                drain.spawn("flush", std::future::pending::<()>());
+                for name in ["db-pool", "exporter"] {
+                    drain.on_close(name, || async { Ok::<(), std::io::Error>(()) });
+                }
+            }
             "starved" | "starved-stalled-stderr" => {
                 if scenario == "starved-stalled-stderr" {
                     stall_stderr();
@@ -327,6 +334,75 @@ fn a_second_sigint_forces_the_exit() {
     assert_eq!(code, 1);
     assert_eq!(report.outcome, Outcome::Forced);
     assert_eq!(report.trigger, Some(Trigger::Sigint));
+}
+
+#[test]
+fn a_forced_exit_lists_the_closers_it_skipped() {
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let mut p = spawn(
+        "a_forced_exit_lists_the_closers_it_skipped",
+        "stuck-request-closers",
+    );
+    kill(&p, "-INT");
+    wait_for_stdout(&mut p, "DRAINING");
+    std::thread::sleep(SECOND_REQUEST_GAP);
+    kill(&p, "-INT");
+    let (code, _, report) = wait(p, Duration::from_secs(20));
+    assert_eq!(code, 1);
+    assert_eq!(report.outcome, Outcome::Forced);
+    // In the order they would have run (reverse registration), each one skipped.
+    let closers: Vec<_> = report
+        .closers
+        .iter()
+        .map(|c| (c.name.as_str(), c.result.to_string()))
+        .collect();
+    assert_eq!(
+        closers,
+        [
+            ("exporter", "skipped".to_owned()),
+            ("db-pool", "skipped".to_owned())
+        ],
+        "{:?}",
+        report.closers
+    );
+    assert!(
+        report
+            .advice
+            .iter()
+            .any(|a| a.message.contains("exporter, db-pool") && a.message.contains("forced")),
+        "{:?}",
+        report.advice
+    );
+}
+
+#[test]
+fn sighup_and_sigusr1_are_recorded_and_change_nothing() {
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let p = spawn("sighup_and_sigusr1_are_recorded_and_change_nothing", "idle");
+    // While serving: their default action would end the process here, without a report.
+    kill(&p, "-HUP");
+    kill(&p, "-USR1");
+    kill(&p, "-HUP");
+    kill(&p, "-TERM");
+    let (code, _, report) = wait(p, Duration::from_secs(20));
+    assert_eq!(report.outcome, Outcome::Clean, "{:?}", report.timeline);
+    assert_eq!(code, 0);
+    assert_eq!(report.trigger, Some(Trigger::Sigterm));
+    for name in ["SIGHUP", "SIGUSR1"] {
+        let e = report
+            .timeline
+            .iter()
+            .find(|e| e.event == EventKind::SignalReceived && e.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} in {:?}", report.timeline));
+        assert!(
+            e.detail.as_deref().is_some_and(|d| d.contains("ignored")),
+            "{e:?}"
+        );
+    }
 }
 
 #[test]

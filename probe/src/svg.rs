@@ -26,13 +26,29 @@ const MAX_TICKS: u32 = 32;
 pub(crate) const NO_INSTANCE: &str = "(no answer)";
 
 /// Markup-escaped, with control characters (which XML 1.0 forbids, or which show as nothing)
-/// written out visibly as in the terminal table.
+/// written out visibly as in the terminal table, and so are U+FFFE and U+FFFF: XML 1.0 forbids
+/// them anywhere, even as character references, so only their name can stand in the SVG.
 fn esc(s: &str) -> String {
-    crate::correlate::printable(s)
-        .replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    let mut out = String::with_capacity(s.len());
+    for c in crate::correlate::printable(s).chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            c if xml_char(c) => out.push(c),
+            c => {
+                let _ = write!(out, "\\u{{{:04x}}}", c as u32);
+            }
+        }
+    }
+    out
+}
+
+/// A character XML 1.0 allows in a document (its production `Char`; a Rust `char` is never a
+/// surrogate).
+fn xml_char(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | ' '..='\u{FFFD}' | '\u{10000}'..)
 }
 
 fn outcome_colour(o: Outcome) -> &'static str {

@@ -612,6 +612,54 @@ fn hostile_names_reach_neither_the_terminal_nor_the_svg_raw() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn names_with_characters_xml_forbids_still_make_a_well_formed_svg() {
+    let dir = scratch_dir("xml-forbidden");
+    // U+FFFE and U+FFFF are Unicode scalar values (valid UTF-8, valid JSON) that XML 1.0
+    // forbids anywhere in a document, escaped or not.
+    let odd = "\\ufffe\\uffff";
+    let record = A_RECORD.replace(
+        r#""instance":"web-1""#,
+        &format!(r#""instance":"web{odd}1""#),
+    );
+    let report = A_REPORT
+        .replace(
+            r#""event":"done""#,
+            &format!(r#""event":"done{odd}","detail":"x{odd}""#),
+        )
+        .replace(r#""name":"web-1""#, &format!(r#""name":"web{odd}1""#));
+    std::fs::write(dir.join("records.jsonl"), format!("{record}\n")).unwrap();
+    std::fs::write(dir.join("report.json"), &report).unwrap();
+    std::fs::write(
+        dir.join("events.jsonl"),
+        format!("{{\"unix_ms\": 1764556801300, \"instance\": \"web{odd}1\", \"event\": \"proxy{odd}\"}}\n"),
+    )
+    .unwrap();
+    let p = |n: &str| dir.join(n).display().to_string();
+    let (code, _out, err) = run_bounded(
+        &[
+            "correlate",
+            "--probe",
+            &p("records.jsonl"),
+            "--report",
+            &p("report.json"),
+            "--events",
+            &p("events.jsonl"),
+            "--svg",
+            &p("out.svg"),
+        ],
+        Duration::from_secs(10),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let svg = std::fs::read_to_string(dir.join("out.svg")).unwrap();
+    well_formed(&svg).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        svg.contains("proxy\\u{fffe}\\u{ffff}"),
+        "the name is kept, its forbidden characters written out"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A small XML 1.0 well-formedness check, enough for the probe's SVG: legal characters only,
 /// tags nested and matched, attributes quoted and unique, `&` only in known references, one
 /// root element.

@@ -318,6 +318,15 @@ pub(super) async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Out
     let Some(target) = wait.phase() else {
         return Ok(status_json(StatusCode::ACCEPTED, &s.drain));
     };
+    // On `AdminBuilder::serve`, a waiter holds its connection for the whole drain: only a
+    // share of the connections may wait, so that kubelet's probes keep theirs.
+    let _seat = match parts.extensions.get::<Arc<super::serve::WaitSeats>>() {
+        Some(seats) if s.drain.phase() < target => match seats.take() {
+            Some(seat) => Some(seat),
+            None => return Ok(no_wait_seat(seats, &s.drain, wait.as_str(), &parts)),
+        },
+        _ => None,
+    };
     s.drain.say_weak_wait(wait.as_str());
     // An answer is owed from now on: `Drain::run` does not return before the response body
     // holding this token is handed to the server (or the caller went away).
@@ -408,6 +417,44 @@ fn status_json(code: StatusCode, drain: &Drain) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    res
+}
+
+/// How long a `/drain` caller turned away for want of a wait seat is asked to wait.
+const NO_SEAT_RETRY_AFTER_SECS: u64 = 2;
+
+/// The answer to a `/drain?wait=…` caller beyond the waiters' share of the admin connections:
+/// the drain has started (the caller's trigger counts), but its wait is not kept.
+fn no_wait_seat(
+    seats: &super::serve::WaitSeats,
+    drain: &Drain,
+    wait: &str,
+    parts: &Parts,
+) -> Response {
+    tracing::warn!(
+        max_waiters = seats.max(),
+        "lameduck: /drain caller not kept waiting: every wait seat of the admin port is taken"
+    );
+    let mut res = text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "the drain is started (phase {}), but {} /drain callers already wait for it, the most \
+             the admin port keeps (of its {} connections, the rest answer kubelet's probes); \
+             not waiting for `{wait}`: retry later, poll /status, or call /drain?wait=none\n",
+            drain.phase(),
+            seats.max(),
+            seats.connections()
+        ),
+    );
+    let h = res.headers_mut();
+    h.insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(NO_SEAT_RETRY_AFTER_SECS),
+    );
+    // The slot goes back to the probes at once (HTTP/2 has no such header: its stream ends).
+    if parts.version < http::Version::HTTP_2 {
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     res
 }
 

@@ -159,7 +159,11 @@ impl AdminBuilder {
     /// cap a new connection evicts one that owes no answer: an idle keep-alive connection
     /// first, then one whose request head (or `/drain` body) is still arriving, oldest first,
     /// never one whose client's bytes have not been read yet. It is refused only when every
-    /// open connection is busy. Has no effect on [`router`](Self::router) served elsewhere.
+    /// open connection is busy. All but an eighth of them (at least one kept) may hold a
+    /// `/drain?wait=…` caller waiting for the drain: a caller beyond that share still starts
+    /// the drain, and is answered `503` with `Retry-After` at once, so that waiters never hold
+    /// the slots kubelet's probes need. Has no effect on [`router`](Self::router) served
+    /// elsewhere.
     pub fn max_connections(mut self, max: usize) -> Self {
         self.max_connections = max.max(1);
         self

@@ -6,7 +6,8 @@
 //!
 //! * At most `max_connections` connections are open. A new connection at the cap evicts the
 //!   connection that owes least: an idle keep-alive connection first, then one that has not
-//!   delivered a request head (silent, a head still arriving), then one whose answers have
+//!   delivered a request head (silent, a head still arriving) or whose next request is not
+//!   read yet (keep-alive, pipelining), then one whose answers have
 //!   waited for the peer to take them for [`STUCK_DELIVERY`] or more, oldest first; only when every open connection is busy is the
 //!   new one refused (closed at once). So a flood of slow, silent or non-reading connections
 //!   cannot lock kubelet's probes out, and an answer being computed is never cut to make room.
@@ -17,11 +18,17 @@
 //!   that reads, that lasts no longer than the poll that computed it (admin answers are
 //!   small); only the peer can make it last (an HTTP/2 stream window it keeps at zero, a full
 //!   socket), so the server owes it nothing it can still do.
-//! * A connection whose client may have sent bytes its task has not read yet (just accepted,
-//!   or woken by its socket since its last poll) is never evicted: under a flood the accept
+//! * A connection that has not started a request and whose client may have sent bytes its
+//!   task has not read yet (just accepted, or woken by its socket since its last poll) is
+//!   never evicted: under a flood the accept
 //!   loop can run ahead of the connection tasks, and a probe whose head has arrived must be
 //!   read before anything can judge it idle. When only such connections stand in the way, the
-//!   accept loop waits for them to be polled (at most 1 s, then the newest is refused).
+//!   accept loop waits for them to be polled (at most 1 s, then the newest is refused). Once
+//!   a connection was answered, unread bytes are its next request: kubelet opens a connection
+//!   per probe, and a peer that pipelines and never reads keeps its socket waking, which must
+//!   not keep its slot.
+//! * At most the cap less an eighth (at least one slot) of requests wait for the drain
+//!   (`/drain?wait=…`, busy for the whole drain): the rest stays for probes ([`WaitSeats`]).
 //! * HTTP/1 request heads must arrive within the header-read timeout, `/drain` bodies too.
 //! * Every connection task runs as owed work of the drain's exit holds: when
 //!   [`Drain::run`](crate::Drain::run) is about to return, the listener closes, connections
@@ -59,9 +66,11 @@ use crate::sync::MutexExt;
 use crate::Drain;
 
 mod owed;
+mod waiters;
 
 pub(crate) use owed::Held;
 use owed::{Busy, Reading};
+pub(crate) use waiters::WaitSeats;
 
 /// The admin server's default HTTP/1 header-read timeout: probes send their head at once.
 pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
@@ -189,6 +198,12 @@ impl Slot {
         self.wakes.load(Ordering::Acquire) != read
     }
 
+    /// The client may have sent its first request head, not read yet: the connection is not
+    /// evicted before it is (a probe in a flood of silent connections).
+    fn is_unread_head(&self) -> bool {
+        self.started.load(Ordering::Acquire) == 0 && self.is_unread()
+    }
+
     /// An answer is being computed or written: the connection is neither evicted nor closed at
     /// exit before it is out.
     fn is_busy(&self) -> bool {
@@ -225,11 +240,12 @@ impl Slot {
     }
 
     /// Which connection the cap evicts first (lowest): idle keep-alive (it had its answers),
-    /// then no request head yet, then answers waiting for the peer to take them.
+    /// then no request head yet or a next request not read yet, then answers waiting for the
+    /// peer to take them.
     fn eviction_rank(&self) -> u8 {
         if self.is_delivering() {
             2
-        } else if self.started.load(Ordering::Acquire) == 0 {
+        } else if self.started.load(Ordering::Acquire) == 0 || self.is_unread() {
             1
         } else {
             0
@@ -309,8 +325,12 @@ impl Slots {
                 .enumerate()
                 .filter(|(_, s)| {
                     // A delivery that has not been stuck long waits like an unread head: its
-                    // peer may read, and its task not have been polled yet.
-                    let u = s.is_unread() || s.is_delivering_recently();
+                    // peer may read, and its task not have been polled yet. Unread bytes on a
+                    // connection that was answered already are its next request (a keep-alive
+                    // or pipelining peer, never kubelet, which opens a connection per probe):
+                    // a peer that pipelines and never reads keeps its socket waking, and
+                    // must not hold its slot that way.
+                    let u = s.is_unread_head() || s.is_delivering_recently();
                     unread |= u;
                     !u && !s.is_busy()
                 })
@@ -353,6 +373,7 @@ async fn run(
         .header_read_timeout(header_read_timeout);
     let exiting = drain.exit_holds().exiting().clone();
     let slots = Arc::new(Slots::default());
+    let seats = WaitSeats::for_cap(cap);
     let mut acceptor = Acceptor::new(listener, "admin ");
     let mut stop = pin!(exiting.cancelled());
     while let Some((stream, peer)) = acceptor.next(stop.as_mut()).await {
@@ -387,6 +408,7 @@ async fn run(
             router.clone(),
             slot,
             Arc::clone(&slots),
+            Arc::clone(&seats),
             drain.clone(),
         );
         drain.exit_holds().spawn(conn);
@@ -400,13 +422,15 @@ async fn serve_conn(
     router: Router,
     slot: Arc<Slot>,
     slots: Arc<Slots>,
+    seats: Arc<WaitSeats>,
     drain: Drain,
 ) {
     let _ = stream.set_nodelay(true);
     let exiting = drain.exit_holds().exiting().clone();
     let counted = Arc::clone(&slot);
-    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         counted.note_request(&req);
+        req.extensions_mut().insert(Arc::clone(&seats));
         let busy = Busy::new(Arc::clone(&counted));
         let req = req.map(|body| Reading::new(body, Arc::clone(&counted)));
         let mut router = router.clone();

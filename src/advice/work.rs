@@ -4,7 +4,7 @@
 use super::{advice, Ctx};
 use crate::action::ActionResult;
 use crate::report::AdviceLevel::Warn;
-use crate::report::{Advice, AdviceRule, StragglerKind};
+use crate::report::{Advice, AdviceRule, Outcome, StragglerKind};
 use crate::tasks::TaskResult;
 
 /// `requests_cut`: requests still running at the quiesce deadline.
@@ -110,6 +110,19 @@ pub(super) fn closers_skipped(cx: &Ctx<'_>) -> Option<Advice> {
             .collect();
     if skipped.is_empty() {
         return None;
+    }
+    if cx.r.outcome == Outcome::Forced {
+        return Some(advice(
+            Warn,
+            AdviceRule::ClosersSkipped,
+            skipped.len() as u64,
+            format!(
+                "{} closers were skipped because the exit was forced (a second signal): {}; \
+                 the resources they close were left as they were",
+                skipped.len(),
+                skipped.join(", ")
+            ),
+        ));
     }
     Some(advice(
         Warn,

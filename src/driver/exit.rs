@@ -169,7 +169,9 @@ impl Driver {
             st.timeline.freeze();
         }
         self.forced.store(true, Ordering::Release);
-        let mut report = self.build_report(origin.at, Outcome::Forced, stragglers, Vec::new());
+        // Those not yet taken by the driver never ran.
+        let closers = self.closers.skipped_by_force();
+        let mut report = self.build_report(origin.at, Outcome::Forced, stragglers, closers);
         report.cause = Some(format!(
             "runtime starved: the drain had not finished {} ms after the trigger (hard deadline \
              {} ms); something blocks the runtime's worker threads",

@@ -164,10 +164,10 @@ impl Driver {
         (stragglers, deadline_hit)
     }
 
-    /// Step 4: the closers, in reverse order (none when forced).
+    /// Step 4: the closers, in reverse order (recorded `skipped` once forced).
     async fn close(&self, hard: Instant) -> Vec<CloserResult> {
         self.closers
-            .run(hard, self.is_forced(), |r: &CloserResult| {
+            .run(hard, &self.tokens.force, |r: &CloserResult| {
                 let mut e = self.event(EventKind::ResourceClosed);
                 e.name = Some(r.name.clone());
                 e.detail = Some(r.result.to_string());

@@ -43,6 +43,14 @@ impl Driver {
                 }
                 st.timeline.push(e);
             }
+            for mut e in std::mem::take(&mut st.ignored_before) {
+                let before = Duration::from_millis(unix_ms.saturating_sub(e.unix_ms));
+                e.detail = Some(format!(
+                    "ignored ({} ms before the drain): neither drains nor exits",
+                    before.as_millis()
+                ));
+                st.timeline.push(e);
+            }
             st.evidence = Some(self.policy.evidence_at(self.core, now));
             // Without a gate, Starting may only mean nobody called `mark_serving` (an accept
             // loop of the application's own): then the proxies' view is unknown, so wait.
@@ -118,6 +126,38 @@ impl Driver {
         if force {
             self.force();
         }
+    }
+
+    /// A signal that neither drains nor exits (SIGHUP, SIGUSR1) arrived, on the signal thread:
+    /// recorded as `signal_received` with its name (a count for repeats), in the timeline, or
+    /// until the drain starts in the events it will begin with.
+    pub(crate) fn on_ignored_signal(&self, name: &'static str, at: Instant, unix_ms: u64) {
+        tracing::warn!(
+            signal = name,
+            "lameduck: {name} received and ignored: it neither starts a drain nor exits (its \
+             default action would have killed the process without a report)"
+        );
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let (events, at_ms, detail) = match st.origin {
+            Some(origin) => (
+                st.timeline.signals_mut(),
+                at.saturating_duration_since(origin.at),
+                Some("ignored: neither drains nor exits".to_owned()),
+            ),
+            None => (&mut st.ignored_before, Duration::ZERO, None),
+        };
+        if let Some(e) = events
+            .iter_mut()
+            .find(|e| e.event == EventKind::SignalReceived && e.name.as_deref() == Some(name))
+        {
+            e.count = Some(e.count.unwrap_or(1).saturating_add(1));
+            return;
+        }
+        let mut e = Event::new(EventKind::SignalReceived, at_ms, unix_ms);
+        e.name = Some(name.to_owned());
+        e.detail = detail;
+        events.push(e);
     }
 
     /// Exit now: skip the remaining waits and the closers. Returns `true` if this call forced

@@ -3,8 +3,14 @@
 //!
 //! # Invariants
 //!
-//! * The table holds at most [`MAX_SOURCES`] rows; callers beyond them are only counted, so a
-//!   caller that varies its `User-Agent` cannot grow memory.
+//! * The table holds at most [`MAX_SOURCES`] rows, so a caller that varies its `User-Agent`
+//!   cannot grow memory; and no such caller can squat it: kubelet's and known load balancers'
+//!   rows are never evicted for another class's row, and a new caller when the table is full
+//!   replaces the row of least weight (a Space-Saving sketch: it takes that weight plus one),
+//!   kubelet and load balancers first from the other callers' rows, so the sources that
+//!   matter, and any that makes more than 1/16 of the calls, stay listed.
+//! * Every call is counted once: in its row (exact from the row's admission), or in
+//!   `unlisted_requests` (calls that found no row, and the calls of an evicted row).
 //! * The table's lock is held for one lookup and one increment, never across an await or user
 //!   code.
 
@@ -23,6 +29,11 @@ pub const PROBE_HEADER: &str = "x-lameduck-probe";
 
 /// Knative's header for kubelet's probes (any non-empty value): its queue-proxy rewrites the
 /// probe and marks it so.
+///
+/// Any client can send it (or `X-Lameduck-Probe: kubelet`): it is read-only. It changes only
+/// the answer that caller gets from `/readyz` (under
+/// [`Auto`](super::ReadinessWhileDraining::Auto), `200` while draining until accepting
+/// stops), never the drain or what anyone else is told; `/status` says as much to anyone.
 pub const KNATIVE_PROBE_HEADER: &str = "k-kubelet-probe";
 
 // What follows up to `ProbeSources` classifies callers of the admin router's `/readyz`.
@@ -200,7 +211,8 @@ pub struct ProbeSource {
 pub struct ProbeSources {
     /// One row per (user agent, header, class).
     pub sources: Vec<ProbeSource>,
-    /// Calls from sources that did not fit in the table.
+    /// Calls from sources that are not listed: they did not fit in the table, or their row
+    /// was replaced by a busier source's (kubelet's and load balancers' rows are kept first).
     #[serde(default)]
     pub unlisted_requests: u64,
 }
@@ -216,39 +228,78 @@ impl ProbeSources {
 /// and the driver (which reads it into `/status` and the report).
 #[derive(Debug, Default)]
 pub(crate) struct SourceTable {
-    seen: Mutex<ProbeSources>,
+    seen: Mutex<Seen>,
+}
+
+/// The rows, and beside each its eviction weight (the sketch's over-estimate of its calls).
+#[derive(Debug, Default)]
+struct Seen {
+    table: ProbeSources,
+    #[cfg(feature = "admin")]
+    weights: Vec<u64>,
+}
+
+/// Kubelet's and load balancers' rows are kept before anyone else's.
+#[cfg(feature = "admin")]
+fn reserved(class: ProbeClass) -> bool {
+    matches!(class, ProbeClass::Kubelet | ProbeClass::LoadBalancer)
 }
 
 impl SourceTable {
     #[cfg(feature = "admin")]
     pub(crate) fn record(&self, caller: &ProbeCaller, draining: bool) {
-        // Every write is one push or one increment: a panic elsewhere leaves the table whole.
+        // Every write is a push, an increment or a row replaced whole: a panic elsewhere leaves
+        // the table consistent.
         let mut seen = self.seen.locked();
-        let seen = &mut *seen;
+        let Seen { table, weights } = &mut *seen;
         let header = caller.header.map(str::to_owned);
-        let full = seen.sources.len() >= MAX_SOURCES;
-        let row = seen.sources.iter_mut().find(|s| {
+        let row = table.sources.iter().position(|s| {
             s.classified_as == caller.class && s.user_agent == caller.agent && s.header == header
         });
-        match row {
-            Some(row) => {
-                row.requests += 1;
-                row.while_draining += u64::from(draining);
+        if let Some(i) = row {
+            let row = &mut table.sources[i];
+            row.requests += 1;
+            row.while_draining += u64::from(draining);
+            weights[i] += 1;
+            return;
+        }
+        let new = ProbeSource {
+            user_agent: caller.agent.clone(),
+            header,
+            classified_as: caller.class,
+            rule: caller.rule.to_owned(),
+            requests: 1,
+            while_draining: u64::from(draining),
+        };
+        if table.sources.len() < MAX_SOURCES {
+            table.sources.push(new);
+            weights.push(1);
+            return;
+        }
+        // Full: the lightest row of another caller; for kubelet or a load balancer, when only
+        // reserved rows are left, the lightest of those.
+        let lightest = |keep_reserved: bool| {
+            (0..table.sources.len())
+                .filter(|&i| !(keep_reserved && reserved(table.sources[i].classified_as)))
+                .min_by_key(|&i| weights[i])
+        };
+        let victim = match lightest(true) {
+            Some(i) => Some(i),
+            None if reserved(caller.class) => lightest(false),
+            None => None,
+        };
+        match victim {
+            Some(i) => {
+                let old = std::mem::replace(&mut table.sources[i], new);
+                table.unlisted_requests += old.requests;
+                weights[i] += 1;
             }
-            None if !full => seen.sources.push(ProbeSource {
-                user_agent: caller.agent.clone(),
-                header,
-                classified_as: caller.class,
-                rule: caller.rule.to_owned(),
-                requests: 1,
-                while_draining: u64::from(draining),
-            }),
-            None => seen.unlisted_requests += 1,
+            None => table.unlisted_requests += 1,
         }
     }
 
     pub(crate) fn snapshot(&self) -> ProbeSources {
-        self.seen.locked().clone()
+        self.seen.locked().table.clone()
     }
 }
 
@@ -324,7 +375,12 @@ mod tests {
         table.record(&kube, true);
         let seen = table.snapshot();
         assert_eq!(seen.sources.len(), MAX_SOURCES);
+        // Each newcomer replaced a row of weight 1; kubelet replaced one more.
         assert_eq!(seen.unlisted_requests, 6);
+        assert!(seen
+            .sources
+            .iter()
+            .any(|s| s.classified_as == ProbeClass::Kubelet));
         assert_eq!(agent_product(Some(b"a\x01b c")), "a?b");
     }
 }

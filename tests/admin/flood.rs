@@ -400,3 +400,146 @@ fn a_probe_whose_head_arrived_in_a_burst_of_connections_is_answered() {
         drop((before, after));
     }
 }
+
+/// Sends `GET /drain?wait=drained` (with the token when asked) and keeps the connection.
+async fn drain_waiter(addr: SocketAddr, token: bool) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let auth = if token {
+        format!("Authorization: Bearer {TOKEN}\r\n")
+    } else {
+        String::new()
+    };
+    let req = format!("GET /drain?wait=drained HTTP/1.1\r\nHost: admin\r\n{auth}\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    s
+}
+
+/// What a connection answered within `patience`: its raw bytes, or `None` when it said
+/// nothing (still waiting).
+async fn answer_within(s: &mut TcpStream, patience: Duration) -> Option<String> {
+    let mut raw = Vec::new();
+    match tokio::time::timeout(patience, s.read_to_end(&mut raw)).await {
+        Ok(_) => Some(String::from_utf8_lossy(&raw).into_owned()),
+        Err(_) if raw.is_empty() => None,
+        Err(_) => Some(String::from_utf8_lossy(&raw).into_owned()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_waiters_at_the_cap_leave_room_for_kubelet_probes() {
+    for token in [false, true] {
+        // The drain lasts 20 s: every waiter the server keeps waits that long.
+        let drain = quiet_builder()
+            .grace_period(secs(30))
+            .propagation(Propagation::fixed(secs(20)))
+            .build()
+            .unwrap();
+        drain.mark_serving();
+        let addr = serve_admin(&drain, token).await;
+        let mut waiters = Vec::new();
+        for _ in 0..lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS {
+            waiters.push(drain_waiter(addr, token).await);
+        }
+        // Setup only: let the server reach every head before kubelet comes.
+        tokio::time::sleep(ms(300)).await;
+        assert_eq!(
+            drain.phase(),
+            Phase::Draining,
+            "the waiters started the drain"
+        );
+        for path in [
+            "/livez", "/readyz", "/livez", "/readyz", "/livez", "/readyz",
+        ] {
+            let answer = kubelet_probe(addr, path).await;
+            assert_eq!(
+                answer,
+                Ok(200),
+                "{path} beside 64 /drain?wait=drained callers, token {token}"
+            );
+        }
+        // The callers the server did not keep were told so, not left hanging or cut.
+        let answers: Vec<_> = waiters
+            .into_iter()
+            .map(|mut s| tokio::spawn(async move { (answer_within(&mut s, ms(500)).await, s) }))
+            .collect();
+        let mut told = 0;
+        let mut waiting = 0;
+        let mut kept = Vec::new();
+        for a in answers {
+            let (answer, s) = within("a waiter's answer", a).await.unwrap();
+            kept.push(s);
+            match answer {
+                None => waiting += 1,
+                Some(raw) => {
+                    assert!(raw.starts_with("HTTP/1.1 503 "), "token {token}: {raw}");
+                    assert!(raw.to_ascii_lowercase().contains("retry-after:"), "{raw}");
+                    assert!(raw.contains("wait=none"), "{raw}");
+                    told += 1;
+                }
+            }
+        }
+        eprintln!("token {token}: {waiting} waiters kept, {told} told to retry");
+        assert!(waiting >= 1, "some /drain callers are kept waiting");
+        let cap = lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS;
+        assert!(
+            waiting <= cap - cap / 8,
+            "an eighth of the admin connections is kept from the waiters ({waiting})"
+        );
+        assert!(told >= 1, "one caller past the share was told to retry");
+        assert_eq!(waiting + told, kept.len());
+    }
+}
+
+/// Opens a connection that pipelines `GET /livez` requests and never reads an answer: once
+/// its receive buffer and the server's send buffer are full, the server cannot write.
+async fn pipeliner(addr: SocketAddr, requests: usize) -> (TcpStream, tokio::task::JoinHandle<()>) {
+    let s = TcpStream::connect(addr).await.unwrap();
+    let std = s.into_std().unwrap();
+    let writer = TcpStream::from_std(std.try_clone().unwrap()).unwrap();
+    let keep = TcpStream::from_std(std).unwrap();
+    let task = tokio::spawn(async move {
+        let mut writer = writer;
+        let one = b"GET /livez HTTP/1.1\r\nHost: admin\r\nUser-Agent: pipeliner/1\r\n\r\n";
+        let all: Vec<u8> = one
+            .iter()
+            .copied()
+            .cycle()
+            .take(one.len() * requests)
+            .collect();
+        // Blocks once the server stops reading; bounded by the test aborting it.
+        let _ = writer.write_all(&all).await;
+        std::future::pending::<()>().await;
+    });
+    (keep, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_pipeline_and_never_read_do_not_delay_kubelet_probes() {
+    let drain = quiet_builder().build().unwrap();
+    drain.mark_serving();
+    let addr = serve_admin(&drain, false).await;
+    let mut held = Vec::new();
+    for _ in 0..lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS {
+        held.push(pipeliner(addr, 20_000).await);
+    }
+    // Setup only: let the server answer until every pipeliner's buffers are full.
+    tokio::time::sleep(ms(1000)).await;
+    let mut failed = Vec::new();
+    let probes = Instant::now();
+    for i in 0..30 {
+        let path = if i % 2 == 0 { "/livez" } else { "/readyz" };
+        let r = kubelet_probe(addr, path).await;
+        if r != Ok(200) {
+            failed.push(r);
+        }
+    }
+    eprintln!("30 probes took {:?}", probes.elapsed());
+    for (_, task) in &held {
+        task.abort();
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 30 kubelet probes failed beside 64 pipelining clients that never read: {failed:?}",
+        failed.len()
+    );
+}

@@ -237,3 +237,46 @@ async fn admin_answers_over_http2() {
         StatusCode::SERVICE_UNAVAILABLE
     );
 }
+
+/// `GET /readyz` with `User-Agent: ua`.
+async fn readyz_as(addr: std::net::SocketAddr, ua: &str) {
+    let req = crate::request(http::Method::GET, addr, "/readyz")
+        .header(http::header::USER_AGENT, ua)
+        .body(crate::empty())
+        .unwrap();
+    crate::send(addr, req).await;
+}
+
+#[tokio::test]
+async fn kubelet_and_load_balancers_keep_their_rows_in_a_table_squatted_by_other_agents() {
+    let drain = crate::serving();
+    let addr = crate::serve_open(&drain).await;
+    // Twenty distinct agents first, each more often than kubelet will call.
+    for i in 0..20 {
+        for _ in 0..3 {
+            readyz_as(addr, &format!("squatter-{i}/1.0")).await;
+        }
+    }
+    readyz_as(addr, "kube-probe/1.34").await;
+    readyz_as(addr, "GoogleHC/1.0").await;
+    // And more squatters after them: they must not push kubelet or GoogleHC out.
+    for i in 20..40 {
+        readyz_as(addr, &format!("squatter-{i}/1.0")).await;
+    }
+    let status = crate::get(addr, "/status").await.json();
+    let rows = &status.probe_sources.sources;
+    let find = |ua: &str| rows.iter().find(|s| s.user_agent == ua);
+    let kubelet =
+        find("kube-probe/1.34").unwrap_or_else(|| panic!("kubelet's row is missing: {rows:#?}"));
+    assert_eq!(kubelet.classified_as, lameduck::report::ProbeClass::Kubelet);
+    assert_eq!(kubelet.requests, 1);
+    assert!(
+        find("GoogleHC/1.0").is_some(),
+        "GoogleHC's row is missing: {rows:#?}"
+    );
+    assert!(rows.len() <= 16, "{} rows", rows.len());
+    // Every call is counted once: in a row or as unlisted.
+    let counted: u64 =
+        rows.iter().map(|s| s.requests).sum::<u64>() + status.probe_sources.unlisted_requests;
+    assert_eq!(counted, 20 * 3 + 2 + 20);
+}
