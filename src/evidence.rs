@@ -441,11 +441,6 @@ impl Evidence {
         }
     }
 
-    /// The trigger, once refitted.
-    pub(crate) fn origin_instant(&self) -> Option<Instant> {
-        self.origin
-    }
-
     /// Slots of the window before the trigger (0 without connection data).
     pub(crate) fn window_slots(&self) -> u64 {
         self.window.as_ref().map_or(0, Window::slots)
@@ -516,6 +511,7 @@ impl Evidence {
             // by themselves since (a request in flight whose client then closed).
             let open = pw.open.saturating_sub(arrivals.left_count(path));
             let per_request = beyond_wave(open, u32::try_from(beyond).unwrap_or(u32::MAX));
+            let (told, told_sum) = arrivals.told_sum(path);
             let mut slots = Slots::new();
             for i in 0..before {
                 slots.push(pw.activity & (1 << i) != 0);
@@ -563,8 +559,8 @@ impl Evidence {
                 fresh_slots,
                 last,
                 open_now: arrivals.open(path),
-                told: arrivals.told_sum(path).0,
-                told_sum: arrivals.told_sum(path).1,
+                told,
+                told_sum,
                 activity,
                 fresh,
             });
@@ -602,24 +598,23 @@ impl Evidence {
     /// own fit asks for (see [`PathFit`]): the latest of them. `None` when some path's data
     /// cannot say, or none carried traffic.
     pub(crate) fn conf_at(&self) -> Option<Instant> {
-        if self.weak().is_some() {
-            return None;
-        }
-        let origin = self.origin?;
         let next = self.next?;
-        let base = self.window.as_ref()?.base;
-        self.fits
-            .iter()
-            .filter(|f| f.counts())
-            .map(|f| f.conf_at(base, origin, next))
-            .max()
-            .flatten()
+        self.latest(|f, base, origin| f.conf_at(base, origin, next))
     }
 
     /// [`conf_at`](Self::conf_at) once the proxies are known to have converged (the
     /// EndpointSlice plus the allowance, feature `kube`): each path's silence only, without a
     /// pool's wait for reconnects through a proxy that may still route here.
     pub(crate) fn conf_at_proxies_converged(&self) -> Option<Instant> {
+        self.latest(PathFit::silence_proved_at)
+    }
+
+    /// The latest of `at` over the paths that hold the commit; `None` when some path's data
+    /// cannot say, or none carried traffic.
+    fn latest(
+        &self,
+        at: impl Fn(&PathFit, Instant, Instant) -> Option<Instant>,
+    ) -> Option<Instant> {
         if self.weak().is_some() {
             return None;
         }
@@ -628,7 +623,7 @@ impl Evidence {
         self.fits
             .iter()
             .filter(|f| f.counts())
-            .map(|f| f.silence_proved_at(base, origin))
+            .map(|f| at(f, base, origin))
             .max()
             .flatten()
     }

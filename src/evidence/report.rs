@@ -379,7 +379,7 @@ impl Evidence {
             .iter()
             .map(|f| {
                 let shown = f.shown();
-                let since = f.last.or(self.origin_instant()).unwrap_or(now);
+                let since = f.last.or(self.origin).unwrap_or(now);
                 PathEvidence {
                     peer: peer_name(f),
                     routing: f.routing,
