@@ -163,6 +163,59 @@ impl Stack {
     }
 }
 
+/// The clients behind one node: their shape and new-connection rate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ClientSpec {
+    /// The shape.
+    pub shape: Shape,
+    /// New connections per second while sending.
+    pub rate: f64,
+}
+
+impl ClientSpec {
+    /// `fresh50`, `pool0.7`.
+    pub fn short(&self) -> String {
+        format!("{}{}", self.shape.as_str(), self.rate)
+    }
+}
+
+impl std::str::FromStr for ClientSpec {
+    type Err = String;
+    /// `fresh`, `fresh:0.7`, `pool:5` (the rate defaults to the shape's).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (shape, rate) = match s.split_once(':') {
+            Some((shape, rate)) => (shape, Some(rate)),
+            None => (s, None),
+        };
+        let shape: Shape = shape.parse()?;
+        let rate = match rate {
+            None => shape.default_rate(),
+            Some(r) => match r.trim_end_matches("/s").parse::<f64>() {
+                Ok(r) if r > 0.0 && r <= 1000.0 => r,
+                _ => {
+                    return Err(format!(
+                        "client rate {r:?}: expected per second in (0, 1000]"
+                    ))
+                }
+            },
+        };
+        Ok(ClientSpec { shape, rate })
+    }
+}
+
+/// One node of a cell with several: its kube-proxy's delay and the clients behind it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeSpec {
+    /// Its kube-proxy's sync delay (model) or `minSyncPeriod` (real).
+    pub sync_delay: Duration,
+    /// Model: its syncs take `sync_delay` (a kube-proxy with thousands of Services): each
+    /// writes the slice it read when it began, so a change lands one to two delays later.
+    /// Real: the node's kube-proxy carries that many Services for real.
+    pub slow: bool,
+    /// The clients whose connections this node's kube-proxy routes; `None`: no clients.
+    pub clients: Option<ClientSpec>,
+}
+
 /// Everything one cell needs.
 #[derive(Debug, Clone, Serialize)]
 pub struct CellConfig {
@@ -208,12 +261,21 @@ pub struct CellConfig {
     /// the projected token, CA and namespace files, so a service built with the `kube`
     /// feature reads its EndpointSlices from the real API.
     pub kube: bool,
+    /// Two or more nodes, each with its kube-proxy and its clients (node 1 first); empty: one
+    /// node with `sync_delay`, `shape` and `new_conn_rate`.
+    pub nodes: Vec<NodeSpec>,
     /// Real stack only: the rollout by the real Deployment and ReplicaSet controllers (a
     /// Deployment, maxSurge 1, maxUnavailable 0, its template changed; the eviction through
     /// the Eviction API), the testbed binding the Pods to its node as the scheduler would.
     /// Otherwise the testbed plays the Deployment controller.
     pub deployment: bool,
 }
+
+/// Real stack, a cell with a slow node: the other Services the cluster carries (each with two
+/// endpoints), whose rules every kube-proxy writes.
+pub const SLOW_NODE_SERVICES: usize = 2000;
+/// Real stack: the share of one CPU a slow node's kube-proxy gets (a busy node).
+pub const SLOW_NODE_CPU: f64 = 0.1;
 
 /// The default warm-up: past the propagation evidence's 15 s window, with room to spare.
 pub const WARM: Duration = Duration::from_secs(20);
@@ -241,12 +303,80 @@ impl CellConfig {
             exec_hook: false,
             kube: false,
             deployment: false,
+            nodes: Vec::new(),
         }
     }
 
-    /// A short name: `lameduck/iptables/sync1000ms/50.0ps/pool`.
+    /// The nodes: `nodes`, or the one node the single-node fields describe.
+    pub fn node_specs(&self) -> Vec<NodeSpec> {
+        if self.nodes.is_empty() {
+            vec![NodeSpec {
+                sync_delay: self.sync_delay,
+                slow: false,
+                clients: Some(ClientSpec {
+                    shape: self.shape,
+                    rate: self.new_conn_rate,
+                }),
+            }]
+        } else {
+            self.nodes.clone()
+        }
+    }
+
+    /// A short name: `lameduck/iptables/sync1000ms/50.0ps/pool`; with several nodes
+    /// `lameduck/iptables/n1:1000ms:fresh50,n2:6000ms:fresh0.7`.
     pub fn name(&self) -> String {
-        let mut n = format!(
+        let mut n = if self.nodes.len() > 1 {
+            let nodes: Vec<String> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    format!(
+                        "n{}:{}{}ms:{}",
+                        i + 1,
+                        if s.slow { "slow" } else { "" },
+                        s.sync_delay.as_millis(),
+                        s.clients.map_or("none".to_owned(), |c| c.short())
+                    )
+                })
+                .collect();
+            format!(
+                "{}{}/{}/{}{}",
+                if self.stack == Stack::Real {
+                    "real/"
+                } else {
+                    ""
+                },
+                self.server.as_str(),
+                self.backend.as_str(),
+                if self.stack == Stack::Real || self.min_sync_period {
+                    "minsync/"
+                } else {
+                    ""
+                },
+                nodes.join(",")
+            )
+        } else {
+            self.single_node_name()
+        };
+        if self.rollout == Rollout::Evict {
+            n.push_str("/evict");
+        }
+        if self.exec_hook && self.server == Server::Lameduck {
+            n.push_str("/exec");
+        }
+        if self.kube && self.stack == Stack::Real {
+            n.push_str("/kube");
+        }
+        if self.deployment && self.stack == Stack::Real {
+            n.push_str("/deployment");
+        }
+        n
+    }
+
+    fn single_node_name(&self) -> String {
+        format!(
             "{}{}/{}/{}{}ms/{}ps/{}",
             if self.stack == Stack::Real {
                 "real/"
@@ -263,20 +393,7 @@ impl CellConfig {
             self.sync_delay.as_millis(),
             self.new_conn_rate,
             self.shape.as_str()
-        );
-        if self.rollout == Rollout::Evict {
-            n.push_str("/evict");
-        }
-        if self.exec_hook && self.server == Server::Lameduck {
-            n.push_str("/exec");
-        }
-        if self.kube && self.stack == Stack::Real {
-            n.push_str("/kube");
-        }
-        if self.deployment && self.stack == Stack::Real {
-            n.push_str("/deployment");
-        }
-        n
+        )
     }
 
     fn kubelet(&self, pre_stop: PreStop) -> Kubelet {
@@ -296,6 +413,8 @@ impl CellConfig {
         ControlPlane {
             slice_delay: self.slice_delay,
             sync_delay: self.sync_delay,
+            node_sync: self.node_specs().iter().map(|n| n.sync_delay).collect(),
+            node_slow: self.node_specs().iter().map(|n| n.slow).collect(),
             sync_jitter: 0.2,
             min_sync_period: self.min_sync_period,
             publish_not_ready: self.publish_not_ready,
@@ -423,8 +542,12 @@ impl PodTimeline {
 pub struct Steps {
     /// The first EndpointSlice that no longer shows the Pod ready.
     pub endpoint_change_ms: Option<i64>,
-    /// The first kube-proxy sync whose rules no longer send new connections to it.
+    /// The first kube-proxy sync whose rules no longer send new connections to it; with
+    /// several nodes, the slowest node's (`None` while any node had not updated).
     pub proxy_update_ms: Option<i64>,
+    /// With several nodes: each node's first such sync (`node1`, `node2`, …).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub per_node: Vec<(String, Option<i64>)>,
     /// The process's exit.
     pub exit_ms: Option<i64>,
 }
@@ -433,8 +556,20 @@ impl Steps {
     fn from_events(pod: &str, deleted: u64, events: &[Event]) -> Steps {
         let rel = |e: &Event| e.unix_ms as i64 - deleted as i64;
         let tag = format!("{pod}(");
+        let mut nodes: Vec<String> = Vec::new();
+        for e in events.iter().filter(|e| e.what == "sync") {
+            if let Some(n) = &e.node {
+                if !nodes.contains(n) {
+                    nodes.push(n.clone());
+                }
+            }
+        }
+        nodes.sort();
+        let mut per_node: Vec<(String, Option<i64>)> =
+            nodes.iter().map(|n| (n.clone(), None)).collect();
         let after = events.iter().filter(|e| e.unix_ms >= deleted);
         let mut s = Steps::default();
+        let mut single: Option<i64> = None;
         for e in after {
             match e.what.as_str() {
                 "slice" if s.endpoint_change_ms.is_none() => {
@@ -446,10 +581,20 @@ impl Steps {
                         s.endpoint_change_ms = Some(rel(e));
                     }
                 }
-                "sync" if s.proxy_update_ms.is_none() => {
+                "sync" => {
                     let routed = e.detail.split(';').next().unwrap_or("");
-                    if !routed.split_whitespace().any(|w| w == pod) {
-                        s.proxy_update_ms = Some(rel(e));
+                    if routed.split_whitespace().any(|w| w == pod) {
+                        continue;
+                    }
+                    match &e.node {
+                        Some(n) => {
+                            if let Some(slot) = per_node.iter_mut().find(|(m, _)| m == n) {
+                                slot.1.get_or_insert(rel(e));
+                            }
+                        }
+                        None => {
+                            single.get_or_insert(rel(e));
+                        }
                     }
                 }
                 "exit" if e.pod.as_deref() == Some(pod) && s.exit_ms.is_none() => {
@@ -458,18 +603,52 @@ impl Steps {
                 _ => {}
             }
         }
+        if per_node.is_empty() {
+            s.proxy_update_ms = single;
+        } else {
+            s.proxy_update_ms = per_node
+                .iter()
+                .map(|(_, at)| *at)
+                .collect::<Option<Vec<i64>>>()
+                .and_then(|all| all.into_iter().max());
+            s.per_node = per_node;
+        }
         s
     }
 
-    /// `deletion 0, endpoint change +120 ms, proxy update +1.1 s, exit +1.5 s`.
+    /// Exit minus the (slowest) proxy update, ms: below zero, the process was gone while a
+    /// kube-proxy still sent new connections to it.
+    pub fn exit_after_proxy_ms(&self) -> Option<i64> {
+        Some(self.exit_ms? - self.proxy_update_ms?)
+    }
+
+    /// `deletion 0, endpoint change +120 ms, proxy update +1.1 s, exit +1.5 s`; with several
+    /// nodes each node's update, and how far the exit beat or trailed the slowest.
     pub fn line(&self) -> String {
         let f = |v: Option<i64>| v.map_or("-".to_owned(), |ms| format!("+{ms} ms"));
-        format!(
-            "deletion 0, endpoint change {}, proxy update {}, exit {}",
+        let proxy = if self.per_node.is_empty() {
+            f(self.proxy_update_ms)
+        } else {
+            let each: Vec<String> = self
+                .per_node
+                .iter()
+                .map(|(n, at)| format!("{n} {}", f(*at)))
+                .collect();
+            each.join(", ")
+        };
+        let mut line = format!(
+            "deletion 0, endpoint change {}, proxy update {proxy}, exit {}",
             f(self.endpoint_change_ms),
-            f(self.proxy_update_ms),
             f(self.exit_ms)
-        )
+        );
+        if let (false, Some(d)) = (self.per_node.is_empty(), self.exit_after_proxy_ms()) {
+            if d >= 0 {
+                let _ = write!(line, " ({d} ms after the slowest proxy)");
+            } else {
+                let _ = write!(line, " ({} ms BEFORE the slowest proxy)", -d);
+            }
+        }
+        line
     }
 }
 
@@ -569,27 +748,45 @@ pub fn run_cell(
     let name = config.name();
     let dir = out.join(name.replace('/', "_"));
     std::fs::create_dir_all(&dir).map_err(|e| NetError(format!("{}: {e}", dir.display())))?;
-    let netns = Netns::create()?;
+    let specs = config.node_specs();
+    let netns = Netns::create_nodes(specs.len())?;
     let node_ns = netns.node();
-    let client_ns = netns.client();
 
-    // The client waits for the go, runs until the stop, then hands its results back.
-    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    // The clients wait for the go, run until the stop, then hand their results back.
+    let (go_tx, go_rx) = tokio::sync::watch::channel(false);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    // The Pods live until the clients are done (streams still running end on their own).
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let cfg = config.clone();
-    let client = net::spawn_in(&client_ns, move || async move {
-        let r = clients(cfg, go_rx, stop_rx).await;
-        drop(done_tx);
-        r
-    });
+    // The Pods live until the clients are done (streams still running end on their own): the
+    // node side waits until every client dropped its sender.
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let mut client_threads = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        let Some(clients_spec) = spec.clients else {
+            continue;
+        };
+        let prefix = if specs.len() > 1 {
+            format!("node{}-", i + 1)
+        } else {
+            String::new()
+        };
+        let (go_rx, stop_rx, done_tx) = (go_rx.clone(), stop_rx.clone(), done_tx.clone());
+        client_threads.push(net::spawn_in(&netns.client_of(i + 1), move || async move {
+            let r = clients(clients_spec, prefix, go_rx, stop_rx).await;
+            drop(done_tx);
+            r
+        }));
+    }
+    drop((done_tx, go_rx, stop_rx));
+    let done = async move {
+        let _ = tokio::time::timeout(Duration::from_secs(30), done_rx.recv()).await;
+    };
 
     // Holds the model's namespaces until the results are read.
     let mut keep: Option<Arc<Cluster>> = None;
     let (control_result, events) = match config.stack {
         Stack::Model => {
-            let proxy = Proxy::install(config.backend, &node_ns)?;
+            let proxies = (1..=specs.len())
+                .map(|k| Proxy::install(config.backend, &netns.node_of(k)))
+                .collect::<Result<Vec<Proxy>, NetError>>()?;
             let (server, pre_stop) = config.server_cmd(service_bin);
             let cluster = Cluster::new(
                 netns,
@@ -601,8 +798,8 @@ pub fn run_cell(
             let c = cluster.clone();
             let cfg = config.clone();
             let node = net::spawn_in(&node_ns, move || async move {
-                let r = control(c, cfg, proxy, go_tx, stop_tx).await;
-                let _ = tokio::time::timeout(Duration::from_secs(30), done_rx).await;
+                let r = control(c, cfg, proxies, go_tx, stop_tx).await;
+                done.await;
                 r
             });
             let r = node
@@ -618,7 +815,7 @@ pub fn run_cell(
             let d = dir.clone();
             let node = net::spawn_in(&node_ns, move || async move {
                 let (r, events) = control_real(netns, cfg, bin, d, go_tx, stop_tx).await;
-                let _ = tokio::time::timeout(Duration::from_secs(30), done_rx).await;
+                done.await;
                 (r, events)
             });
             let (r, events) = node
@@ -627,9 +824,19 @@ pub fn run_cell(
             (Ok(r), events)
         }
     };
-    let client_result = client
-        .join()
-        .map_err(|_| NetError("the client thread panicked".into()))??;
+    let mut client_result: Result<Vec<ProbeResult>, String> = Ok(Vec::new());
+    for thread in client_threads {
+        let r = thread
+            .join()
+            .map_err(|_| NetError("a client thread panicked".into()))??;
+        client_result = match (client_result, r) {
+            (Ok(mut all), Ok(more)) => {
+                all.extend(more);
+                Ok(all)
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+    }
     if let Ok(json) = serde_json::to_string_pretty(&events) {
         let _ = std::fs::write(dir.join("events.json"), json);
     }
@@ -680,8 +887,8 @@ pub fn run_cell(
 async fn control(
     cluster: Arc<Cluster>,
     config: CellConfig,
-    proxy: Proxy,
-    go: tokio::sync::oneshot::Sender<()>,
+    proxies: Vec<Proxy>,
+    go: tokio::sync::watch::Sender<bool>,
     stop: tokio::sync::watch::Sender<bool>,
 ) -> Result<Vec<String>, NetError> {
     // Whatever happens, the client stops.
@@ -693,7 +900,11 @@ async fn control(
     }
     let _stop = StopOnDrop(stop);
     let slices = tokio::spawn(cluster.clone().slice_controller());
-    let syncs = tokio::spawn(cluster.clone().proxy_loop(proxy));
+    let syncs: Vec<_> = proxies
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| tokio::spawn(cluster.clone().proxy_loop(i + 1, p)))
+        .collect();
     let result = async {
         let replicas = match config.rollout {
             Rollout::Rolling => config.replicas.max(1),
@@ -716,7 +927,7 @@ async fn control(
                 "the first Pods did not become ready and routed in 30 s: see the pod logs".into(),
             )
         })?;
-        let _ = go.send(());
+        go.send_replace(true);
         cluster.record("client_started", None, "");
         tokio::time::sleep(config.warmup).await;
         let (surge, unavailable) = match config.rollout {
@@ -741,7 +952,9 @@ async fn control(
     }
     .await;
     slices.abort();
-    syncs.abort();
+    for s in syncs {
+        s.abort();
+    }
     result
 }
 
@@ -752,7 +965,7 @@ async fn control_real(
     config: CellConfig,
     service_bin: PathBuf,
     dir: PathBuf,
-    go: tokio::sync::oneshot::Sender<()>,
+    go: tokio::sync::watch::Sender<bool>,
     stop: tokio::sync::watch::Sender<bool>,
 ) -> (Result<Vec<String>, NetError>, Vec<Event>) {
     struct StopOnDrop(tokio::sync::watch::Sender<bool>);
@@ -766,15 +979,26 @@ async fn control_real(
         Ok(b) => b,
         Err(e) => return (Err(e), Vec::new()),
     };
-    let proxy = crate::k8s::ProxySettings {
-        backend: config.backend,
-        min_sync_period: config.sync_delay,
-        sync_period: Duration::from_secs(30),
+    let proxies: Vec<crate::k8s::ProxySettings> = config
+        .node_specs()
+        .iter()
+        .map(|n| crate::k8s::ProxySettings {
+            backend: config.backend,
+            min_sync_period: n.sync_delay,
+            sync_period: Duration::from_secs(30),
+            cpu_share: n.slow.then_some(SLOW_NODE_CPU),
+        })
+        .collect();
+    let load = if proxies.iter().any(|p| p.cpu_share.is_some()) {
+        SLOW_NODE_SERVICES
+    } else {
+        0
     };
     let run = match real::start(
         netns,
         &bins,
-        &proxy,
+        &proxies,
+        load,
         &service_bin,
         config.start_delay,
         config.kube,
@@ -816,7 +1040,7 @@ async fn control_real(
                 dir.display()
             ))
         })?;
-        let _ = go.send(());
+        go.send_replace(true);
         r.record("client_started", None, "");
         tokio::time::sleep(config.warmup).await;
         let (surge, unavailable) = match config.rollout {
@@ -859,7 +1083,7 @@ async fn deployment_rollout(
     config: &CellConfig,
     template: &real::PodTemplate,
     dir: &Path,
-    go: tokio::sync::oneshot::Sender<()>,
+    go: tokio::sync::watch::Sender<bool>,
 ) -> Result<Vec<String>, NetError> {
     let replicas = match config.rollout {
         Rollout::Rolling => config.replicas.max(1),
@@ -884,7 +1108,7 @@ async fn deployment_rollout(
             dir.display()
         ))
     })?;
-    let _ = go.send(());
+    go.send_replace(true);
     r.record("client_started", None, "");
     tokio::time::sleep(config.warmup).await;
     match config.rollout {
@@ -917,19 +1141,21 @@ async fn deployment_rollout(
     Ok(first)
 }
 
-/// The client side: the probes, retry-free, at the VIP.
+/// The client side behind one node: the probes, retry-free, at the VIP; their labels start
+/// with `prefix`.
 async fn clients(
-    config: CellConfig,
-    go: tokio::sync::oneshot::Receiver<()>,
+    spec: ClientSpec,
+    prefix: String,
+    mut go: tokio::sync::watch::Receiver<bool>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Vec<ProbeResult>, String> {
-    if go.await.is_err() {
+    if go.wait_for(|g| *g).await.is_err() {
         return Ok(Vec::new());
     }
     let target = format!("{SERVICE_VIP}:{SERVICE_PORT}");
     let base = |label: &str, mode: ConnectionMode, http: HttpVersion| {
         let mut c = ProbeConfig::new(target.clone());
-        c.label = label.to_owned();
+        c.label = format!("{prefix}{label}");
         c.connections = mode;
         c.http = http;
         c.duration = Duration::from_secs(600);
@@ -943,7 +1169,7 @@ async fn clients(
     };
     let mut configs = Vec::new();
     let mut fresh = base("fresh", ConnectionMode::Fresh, HttpVersion::Http1);
-    match config.shape {
+    match spec.shape {
         Shape::Pool => {
             let mut pool = base("pool-h1", ConnectionMode::KeepAlive, HttpVersion::Http1);
             pool.short_rate = 20.0;
@@ -959,17 +1185,17 @@ async fn clients(
             heavy.slow_rate = 10.0;
             heavy.slow = Duration::from_millis(300);
             configs.push(heavy);
-            fresh.short_rate = config.new_conn_rate;
+            fresh.short_rate = spec.rate;
         }
         Shape::Fresh => {
-            fresh.short_rate = config.new_conn_rate * 0.8;
-            fresh.slow_rate = config.new_conn_rate * 0.2;
+            fresh.short_rate = spec.rate * 0.8;
+            fresh.slow_rate = spec.rate * 0.2;
         }
         Shape::OnOff | Shape::Bursts => {
             // Short requests only: every connection is one routing decision, nothing else.
-            fresh.label = config.shape.as_str().to_owned();
-            fresh.short_rate = config.new_conn_rate;
-            fresh.on_off = config.shape.on_off();
+            fresh.label = format!("{prefix}{}", spec.shape.as_str());
+            fresh.short_rate = spec.rate;
+            fresh.on_off = spec.shape.on_off();
         }
     }
     configs.push(fresh);
@@ -1006,18 +1232,24 @@ fn pod_timeline(pod: &str, events: &[Event], dir: &Path, source: &str) -> PodTim
         .map(|e| e.unix_ms);
     let end = exit.unwrap_or(u64::MAX).saturating_add(1);
     let mut rows: Vec<(u64, String, String, String)> = Vec::new();
-    let mut after_exit_sync = false;
+    // Per node (None: the one node), whether its first sync after the exit is in already.
+    let mut after_exit_sync: Vec<Option<String>> = Vec::new();
     for e in events {
         if e.unix_ms < deleted {
             continue;
         }
         let mine = e.pod.as_deref() == Some(pod);
         let global = matches!(e.what.as_str(), "slice" | "sync");
-        if mine || (global && e.unix_ms <= end) || (e.what == "sync" && !after_exit_sync) {
+        let first_after = e.what == "sync" && !after_exit_sync.contains(&e.node);
+        if mine || (global && e.unix_ms <= end) || first_after {
             if e.what == "sync" && e.unix_ms > end {
-                after_exit_sync = true;
+                after_exit_sync.push(e.node.clone());
             }
-            rows.push((e.unix_ms, source.into(), e.what.clone(), e.detail.clone()));
+            let what = match &e.node {
+                Some(n) => format!("{} {n}", e.what),
+                None => e.what.clone(),
+            };
+            rows.push((e.unix_ms, source.into(), what, e.detail.clone()));
         }
     }
     let (mut evidence, mut held_by) = (None, None);

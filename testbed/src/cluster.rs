@@ -74,6 +74,12 @@ pub struct ControlPlane {
     pub slice_delay: Duration,
     /// From a slice change to the rules that apply it.
     pub sync_delay: Duration,
+    /// Per node (1-based order), its kube-proxy's `sync_delay`; empty: one node at
+    /// `sync_delay`.
+    pub node_sync: Vec<Duration>,
+    /// Per node, whether its syncs take `sync_delay` (the rules of thousands of Services):
+    /// it writes the slice it read when the sync began.
+    pub node_slow: Vec<bool>,
     /// Jitter on `sync_delay`, ± this fraction (0.2 = ±20 %).
     pub sync_jitter: f64,
     /// `true`: `sync_delay` is kube-proxy's `minSyncPeriod` as its sync runner applies it
@@ -98,6 +104,10 @@ pub struct Event {
     /// The Pod it is about, when one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// The node whose kube-proxy synced (`node1`, `node2`, …), on `sync` events of a cell with
+    /// more than one node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// Details: the slice's endpoints, the rules' endpoints, the exit status.
     pub detail: String,
 }
@@ -120,7 +130,8 @@ pub struct Cluster {
     events: Mutex<Vec<Event>>,
     pod_changed: Notify,
     slice: watch::Sender<Vec<Endpoint>>,
-    applied: watch::Sender<Vec<Ipv4Addr>>,
+    /// Per node (index 0 is node 1): what its rules route to.
+    applied: Vec<watch::Sender<Vec<Ipv4Addr>>>,
     /// Settings.
     pub plane: ControlPlane,
     /// kubelet settings.
@@ -142,12 +153,13 @@ impl Cluster {
         server: ServerCmd,
         dir: PathBuf,
     ) -> Arc<Cluster> {
+        let nodes = netns.nodes();
         Arc::new(Cluster {
             state: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::new()),
             pod_changed: Notify::new(),
             slice: watch::channel(Vec::new()).0,
-            applied: watch::channel(Vec::new()).0,
+            applied: (0..nodes).map(|_| watch::channel(Vec::new()).0).collect(),
             plane,
             kubelet,
             server,
@@ -165,8 +177,23 @@ impl Cluster {
             unix_ms: unix_ms(),
             what: what.to_owned(),
             pod: pod.map(str::to_owned),
+            node: None,
             detail: detail.into(),
         });
+    }
+
+    /// How many nodes (each with its kube-proxy).
+    pub fn nodes(&self) -> usize {
+        self.applied.len()
+    }
+
+    /// Node `k`'s (1-based) kube-proxy delay.
+    pub fn sync_delay_of(&self, k: usize) -> Duration {
+        self.plane
+            .node_sync
+            .get(k - 1)
+            .copied()
+            .unwrap_or(self.plane.sync_delay)
     }
 
     /// Every step recorded so far.
@@ -230,29 +257,39 @@ impl Cluster {
         }
     }
 
-    /// kube-proxy: after each slice change, waits `sync_delay` ± jitter, then applies the
-    /// latest slice in one atomic write.
-    pub async fn proxy_loop(self: Arc<Self>, mut proxy: Proxy) {
+    /// Node `k`'s (1-based) kube-proxy: after each slice change, waits its `sync_delay` ±
+    /// jitter, then applies the latest slice in one atomic write. A node whose syncs are slow
+    /// (`node_slow`) reads the slice when it begins and writes it `sync_delay` later: a
+    /// change during a sync waits for the next one (between one and two `sync_delay`s).
+    pub async fn proxy_loop(self: Arc<Self>, k: usize, mut proxy: Proxy) {
         let mut rx = self.slice.subscribe();
         let mut n = 0u32;
         let mut last_done: Option<tokio::time::Instant> = None;
+        let sync_delay = self.sync_delay_of(k);
+        let applied = &self.applied[k - 1];
+        let node = (self.nodes() > 1).then(|| format!("node{k}"));
+        let slow = self.plane.node_slow.get(k - 1).copied().unwrap_or(false);
         while rx.changed().await.is_ok() {
+            let read_first = slow.then(|| rx.borrow_and_update().clone());
             if self.plane.min_sync_period {
                 if let Some(done) = last_done {
-                    tokio::time::sleep_until(done + self.plane.sync_delay).await;
+                    tokio::time::sleep_until(done + sync_delay).await;
                 }
             } else {
-                let base = self.plane.sync_delay.as_secs_f64();
+                let base = sync_delay.as_secs_f64();
                 let delay = (base * (1.0 + self.plane.sync_jitter * self.jitter())).max(0.0);
                 tokio::time::sleep(Duration::from_secs_f64(delay)).await;
             }
-            let eps = rx.borrow_and_update().clone();
+            let eps = match read_first {
+                Some(eps) => eps,
+                None => rx.borrow_and_update().clone(),
+            };
             let chosen = proxy::choose(&eps);
             let ips: Vec<Ipv4Addr> = chosen.iter().map(|e| e.ip).collect();
             // kube-proxy syncs on every slice change, also one that leaves its rules as they
             // are; that sync counts for the rate limit too.
             last_done = Some(tokio::time::Instant::now());
-            if *self.applied.borrow() == ips && n > 0 {
+            if *applied.borrow() == ips && n > 0 {
                 continue;
             }
             n += 1;
@@ -266,23 +303,37 @@ impl Cluster {
                     };
                     // Flows conntrack keeps on endpoints that just left the rules.
                     for e in eps.iter().filter(|e| !ips.contains(&e.ip)) {
-                        if let Some(n) = self.pinned_flows(e.ip) {
+                        if let Some(n) = self.pinned_flows(k, e.ip) {
                             detail.push_str(&format!("; {} keeps {n} tracked flows", e.pod));
                         }
                     }
-                    self.record("sync", None, detail);
+                    self.record_node("sync", node.as_deref(), detail);
                     last_done = Some(tokio::time::Instant::now());
-                    let _ = std::fs::write(self.dir.join(format!("rules-{n:03}.txt")), rules);
-                    self.applied.send_replace(ips);
+                    let file = match &node {
+                        Some(name) => format!("rules-{name}-{n:03}.txt"),
+                        None => format!("rules-{n:03}.txt"),
+                    };
+                    let _ = std::fs::write(self.dir.join(file), rules);
+                    applied.send_replace(ips);
                 }
-                Err(e) => self.record("sync_failed", None, e.to_string()),
+                Err(e) => self.record_node("sync_failed", node.as_deref(), e.to_string()),
             }
         }
     }
 
-    /// Established TCP flows conntrack holds towards `ip` in the node namespace.
-    fn pinned_flows(&self, ip: Ipv4Addr) -> Option<usize> {
-        let node = self.netns.lock().unwrap().node();
+    fn record_node(&self, what: &str, node: Option<&str>, detail: String) {
+        self.events.lock().unwrap().push(Event {
+            unix_ms: unix_ms(),
+            what: what.to_owned(),
+            pod: None,
+            node: node.map(str::to_owned),
+            detail,
+        });
+    }
+
+    /// Established TCP flows conntrack holds towards `ip` in node `k`'s namespace.
+    fn pinned_flows(&self, k: usize, ip: Ipv4Addr) -> Option<usize> {
+        let node = self.netns.lock().unwrap().node_of(k);
         let out = crate::net::run_in(
             &node,
             &[
@@ -301,7 +352,7 @@ impl Cluster {
         Some(out.lines().filter(|l| l.starts_with("tcp")).count())
     }
 
-    /// Waits until the applied rules route to exactly `pods` (by name).
+    /// Waits until every node's applied rules route to exactly `pods` (by name).
     pub async fn wait_applied(&self, pods: &[String]) {
         let ips: Vec<Ipv4Addr> = {
             let st = self.state.lock().unwrap();
@@ -309,12 +360,14 @@ impl Cluster {
                 .filter_map(|n| st.iter().find(|p| &p.name == n).map(|p| p.ip))
                 .collect()
         };
-        let mut rx = self.applied.subscribe();
-        let _ = rx
-            .wait_for(|applied| {
-                applied.len() == ips.len() && ips.iter().all(|ip| applied.contains(ip))
-            })
-            .await;
+        for applied in &self.applied {
+            let mut rx = applied.subscribe();
+            let _ = rx
+                .wait_for(|applied| {
+                    applied.len() == ips.len() && ips.iter().all(|ip| applied.contains(ip))
+                })
+                .await;
+        }
     }
 
     /// `true` when Pod `name` passed its readiness probe and is not being deleted.
@@ -344,7 +397,9 @@ impl Cluster {
             *next = next.saturating_add(1);
             n
         };
-        let (ns, ip) = self.netns.lock().unwrap().add_pod(n)?;
+        // The scheduler's one decision: the nodes in turn.
+        let host = (usize::from(n) - 1) % self.nodes() + 1;
+        let (ns, ip) = self.netns.lock().unwrap().add_pod_on(n, host)?;
         let name = format!("pod-{n}");
         self.state.lock().unwrap().push(PodState {
             name: name.clone(),
@@ -354,7 +409,12 @@ impl Cluster {
             exited_ms: None,
             pid: None,
         });
-        self.record("created", Some(&name), ip.to_string());
+        let placed = if self.nodes() > 1 {
+            format!("{ip} on node{host}")
+        } else {
+            ip.to_string()
+        };
+        self.record("created", Some(&name), placed);
         self.pod_changed.notify_one();
         let (del_tx, del_rx) = watch::channel(false);
         self.deleters.lock().unwrap().push((name.clone(), del_tx));

@@ -23,12 +23,31 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::net::{self, NetError, NODE_CLIENT_IP};
 use crate::proxy::Backend;
 
-/// The node's name on the API.
+/// The (first) node's name on the API.
 pub const NODE_NAME: &str = "testbed-node";
+
+/// Node `k`'s (1-based) name on the API: `testbed-node`, `testbed-node2`, …
+pub fn node_name(k: usize) -> String {
+    if k <= 1 {
+        NODE_NAME.to_owned()
+    } else {
+        format!("{NODE_NAME}{k}")
+    }
+}
+
+/// Node `k`'s kube-proxy metrics address: 127.0.0.1 in node 1's namespace; the node's fabric
+/// address for the others (the testbed scrapes them all from node 1).
+pub fn proxy_metrics(k: usize) -> String {
+    if k <= 1 {
+        PROXY_METRICS.to_owned()
+    } else {
+        format!("{}:10249", net::Netns::fabric_ip(k))
+    }
+}
 /// The Service IP range (`--service-cluster-ip-range`); the `kubernetes` Service gets `.1`.
-pub const SERVICE_CIDR: &str = "198.18.100.0/24";
+pub const SERVICE_CIDR: &str = "198.18.96.0/20";
 /// The `kubernetes` Service's ClusterIP (what `KUBERNETES_SERVICE_HOST` says in a Pod).
-pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 100, 1);
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 96, 1);
 /// kube-apiserver's secure port, on every address of the node namespace.
 pub const API_PORT: u16 = 6443;
 /// kube-proxy's metrics address in the node namespace.
@@ -69,6 +88,9 @@ pub struct ProxySettings {
     /// `--iptables-sync-period` / `--nftables-sync-period`: the periodic full resync
     /// (default 30 s).
     pub sync_period: Duration,
+    /// A busy node: this share of one CPU for kube-proxy and the rule writers it runs
+    /// ([`CpuLimit`]); `None`: unlimited.
+    pub cpu_share: Option<f64>,
 }
 
 /// The component binaries, checked.
@@ -129,6 +151,8 @@ pub struct ControlPlane {
     /// The client files.
     pub creds: Credentials,
     dir: PathBuf,
+    /// CPU quotas of slow nodes' kube-proxies, removed after their processes.
+    limits: Vec<CpuLimit>,
 }
 
 impl Drop for ControlPlane {
@@ -139,6 +163,105 @@ impl Drop for ControlPlane {
                 net::pid_exited(pid);
             }
             let _ = child.start_kill();
+        }
+        // A cgroup can go once its processes are gone: reap them first.
+        if !self.limits.is_empty() {
+            for (_, child) in &mut self.procs {
+                for _ in 0..50 {
+                    if !matches!(child.try_wait(), Ok(None)) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        self.limits.clear();
+    }
+}
+
+/// A CPU quota on one process and the processes it starts (cgroup v2 `cpu.max`, or v1
+/// `cpu.cfs_quota_us` where the `cpu` controller is mounted on its own): a busy node, for a
+/// slow node's kube-proxy and the `iptables-restore` / `nft` it runs. The cgroup is removed
+/// when this is dropped (once the process exited); [`sweep_cgroups`] removes those of killed
+/// runs.
+#[derive(Debug)]
+pub struct CpuLimit {
+    dir: PathBuf,
+}
+
+/// Where the testbed's cgroups go: the v2 root when it has the `cpu` controller, else the v1
+/// `cpu` hierarchy; with the file that sets a quota.
+fn cgroup_root() -> Result<(PathBuf, bool), NetError> {
+    let v2 = Path::new("/sys/fs/cgroup");
+    if std::fs::read_to_string(v2.join("cgroup.controllers")).is_ok_and(|c| c.contains("cpu")) {
+        // Children get the controller only when the parent hands it down.
+        let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+cpu");
+        return Ok((v2.to_owned(), true));
+    }
+    let v1 = Path::new("/sys/fs/cgroup/cpu");
+    if v1.join("cpu.cfs_quota_us").is_file() {
+        return Ok((v1.to_owned(), false));
+    }
+    Err(NetError(
+        "a slow node needs the cgroup cpu controller (v2 cpu.max or v1 cpu.cfs_quota_us) and          neither is mounted"
+            .into(),
+    ))
+}
+
+impl CpuLimit {
+    /// Puts `pid` in a new cgroup `ldtb<our pid>-<label>` with `share` of one CPU.
+    pub fn apply(pid: u32, label: &str, share: f64) -> Result<CpuLimit, NetError> {
+        let (root, v2) = cgroup_root()?;
+        let dir = root.join(format!("{}{}-{label}", net::PREFIX, std::process::id()));
+        let io = |what: &str, e: std::io::Error| NetError(format!("cgroup {what}: {e}"));
+        std::fs::create_dir(&dir).map_err(|e| io(&dir.display().to_string(), e))?;
+        let limit = CpuLimit { dir };
+        let period = 100_000u64;
+        let quota = ((share.clamp(0.01, 1.0) * period as f64) as u64).max(1000);
+        if v2 {
+            std::fs::write(limit.dir.join("cpu.max"), format!("{quota} {period}"))
+                .map_err(|e| io("cpu.max", e))?;
+        } else {
+            std::fs::write(limit.dir.join("cpu.cfs_period_us"), period.to_string())
+                .map_err(|e| io("cpu.cfs_period_us", e))?;
+            std::fs::write(limit.dir.join("cpu.cfs_quota_us"), quota.to_string())
+                .map_err(|e| io("cpu.cfs_quota_us", e))?;
+        }
+        std::fs::write(limit.dir.join("cgroup.procs"), pid.to_string())
+            .map_err(|e| io("cgroup.procs", e))?;
+        Ok(limit)
+    }
+}
+
+impl Drop for CpuLimit {
+    fn drop(&mut self) {
+        for _ in 0..20 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+/// Removes the testbed's cgroups left by runs that were killed (their pid is gone).
+pub fn sweep_cgroups() {
+    let Ok((root, _)) = cgroup_root() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(net::PREFIX) else {
+            continue;
+        };
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if digits.parse::<u32>().is_ok_and(|pid| {
+            pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+        }) {
+            let _ = std::fs::remove_dir(e.path());
         }
     }
 }
@@ -287,6 +410,17 @@ fn pki(dir: &Path) -> Result<(Credentials, PathBuf), NetError> {
         &pki.join("proxy.kubeconfig"),
         &kubeconfig(&local, &ca, "kube-proxy", &proxy),
     )?;
+    // The kube-proxies of the other nodes reach the API across the fabric, at the address it
+    // advertises (in its certificate).
+    write(
+        &pki.join("proxy-remote.kubeconfig"),
+        &kubeconfig(
+            &format!("https://{NODE_CLIENT_IP}:{API_PORT}"),
+            &ca,
+            "kube-proxy",
+            &proxy,
+        ),
+    )?;
     Ok((creds, pki))
 }
 
@@ -300,6 +434,7 @@ impl ControlPlane {
             procs: Vec::new(),
             creds,
             dir: dir.to_owned(),
+            limits: Vec::new(),
         };
         let p = |name: &str| pki.join(name).display().to_string();
         let etcd_dir = dir.join("etcd");
@@ -366,14 +501,16 @@ impl ControlPlane {
         Ok(cp)
     }
 
-    /// Starts kube-proxy (the real binary) in `node_ns` with `settings`, and waits until its
-    /// metrics answer.
+    /// Starts node `k`'s (1-based) kube-proxy (the real binary) in `node_ns` with
+    /// `settings`, and waits until its metrics answer.
     pub async fn start_proxy(
         &mut self,
         bins: &Binaries,
+        k: usize,
         node_ns: &str,
         settings: &ProxySettings,
     ) -> Result<(), NetError> {
+        let limit_label = format!("kube-proxy-node{k}");
         let mode = settings.backend.as_str();
         let ms = |d: Duration| format!("{}ms", d.as_millis());
         let sync = serde_json::json!({
@@ -381,33 +518,52 @@ impl ControlPlane {
             "syncPeriod": ms(settings.sync_period),
         });
         // The configuration file: the nftables mode's sync settings have no flags.
+        let metrics = proxy_metrics(k);
         let config = serde_json::json!({
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
             "kind": "KubeProxyConfiguration",
             "clientConnection": {
-                "kubeconfig": self.dir.join("pki").join("proxy.kubeconfig"),
+                "kubeconfig": self.dir.join("pki").join(if k <= 1 {
+                    "proxy.kubeconfig"
+                } else {
+                    "proxy-remote.kubeconfig"
+                }),
             },
-            "hostnameOverride": NODE_NAME,
-            "bindAddress": NODE_CLIENT_IP.to_string(),
+            "hostnameOverride": node_name(k),
+            "bindAddress": net::client_link(k).0.to_string(),
             "healthzBindAddress": "127.0.0.1:10256",
-            "metricsBindAddress": PROXY_METRICS,
+            "metricsBindAddress": metrics,
             "mode": mode,
             "iptables": sync,
             "nftables": sync,
             // Conntrack limits are host-wide: leave them alone.
             "conntrack": {"maxPerCore": 0},
         });
-        let path = self.dir.join("kube-proxy.config.json");
+        let label = if k <= 1 {
+            "kube-proxy".to_owned()
+        } else {
+            format!("kube-proxy-node{k}")
+        };
+        let path = self.dir.join(format!("{label}.config.json"));
         write(&path, &config.to_string())?;
-        self.spawn(
+        self.spawn_as(
             bins,
             node_ns,
             "kube-proxy",
+            &label,
             &[format!("--config={}", path.display()), "--v=2".into()],
         )?;
+        if let Some(share) = settings.cpu_share {
+            let pid = self
+                .procs
+                .last()
+                .and_then(|(_, c)| c.id())
+                .ok_or_else(|| NetError(format!("{label} exited at once")))?;
+            self.limits.push(CpuLimit::apply(pid, &limit_label, share)?);
+        }
         let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok(text) = http_text(PROXY_METRICS, "/metrics").await {
+            if let Ok(text) = http_text(&metrics, "/metrics").await {
                 if text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
                     return Ok(());
                 }
@@ -415,8 +571,8 @@ impl ControlPlane {
             self.check_alive()?;
             if tokio::time::Instant::now() > give_up {
                 return Err(NetError(format!(
-                    "kube-proxy's metrics did not answer in 60 s: see {}",
-                    self.dir.join("kube-proxy.log").display()
+                    "{label}'s metrics did not answer in 60 s: see {}",
+                    self.dir.join(format!("{label}.log")).display()
                 )));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -430,7 +586,19 @@ impl ControlPlane {
         name: &str,
         args: &[String],
     ) -> Result<(), NetError> {
-        let log_path = self.dir.join(format!("{name}.log"));
+        self.spawn_as(bins, node_ns, name, name, args)
+    }
+
+    /// Starts binary `name` as `label` (its log `label.log`).
+    fn spawn_as(
+        &mut self,
+        bins: &Binaries,
+        node_ns: &str,
+        name: &str,
+        label: &str,
+        args: &[String],
+    ) -> Result<(), NetError> {
+        let log_path = self.dir.join(format!("{label}.log"));
         let log = std::fs::File::create(&log_path)
             .map_err(|e| NetError(format!("{}: {e}", log_path.display())))?;
         let log2 = log
@@ -449,7 +617,7 @@ impl ControlPlane {
         if let Some(pid) = child.id() {
             net::pid_started(pid);
         }
-        self.procs.push((name.to_owned(), child));
+        self.procs.push((label.to_owned(), child));
         Ok(())
     }
 

@@ -23,3 +23,60 @@ pub mod real;
 
 pub use cell::{run_cell, CellConfig, CellResult, Rollout, Server, Shape, Stack};
 pub use proxy::Backend;
+
+/// For the test targets: the example service next to the running test binary
+/// (`target/<profile>/examples/service`), built first with the workspace's own cargo
+/// (`cargo build -p lameduck --examples --all-features`, the features `.ci/run` tests with, a
+/// no-op when it is fresh), so `cargo test -p lameduck-testbed --test real` alone runs. `Err`
+/// says why it could not be built.
+pub fn test_service_bin() -> Result<std::path::PathBuf, String> {
+    use std::sync::OnceLock;
+    static BUILT: OnceLock<Result<std::path::PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Ok(p) = std::env::var("LAMEDUCK_TESTBED_SERVICE") {
+                return Ok(p.into());
+            }
+            // target/<profile>/deps/<test>-… → target/<profile>
+            let exe = std::env::current_exe().map_err(|e| format!("test binary path: {e}"))?;
+            let profile_dir = exe
+                .parent()
+                .and_then(std::path::Path::parent)
+                .ok_or("the test binary is not under target/<profile>/deps")?;
+            let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+                Some("debug") => "dev".to_owned(),
+                Some(other) => other.to_owned(),
+                None => return Err("no profile directory".into()),
+            };
+            let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .ok_or("no workspace above the testbed")?;
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(&cargo)
+                .current_dir(workspace)
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "lameduck",
+                    "--examples",
+                    "--all-features",
+                ])
+                .args(["--profile", &profile])
+                .status()
+                .map_err(|e| format!("`{cargo} build --examples`: {e}"))?;
+            if !status.success() {
+                return Err(format!("`{cargo} build --examples` failed ({status})"));
+            }
+            let bin = profile_dir.join("examples").join("service");
+            if bin.is_file() {
+                Ok(bin)
+            } else {
+                Err(format!(
+                    "no service binary at {} after the build",
+                    bin.display()
+                ))
+            }
+        })
+        .clone()
+}

@@ -15,11 +15,14 @@ commands:
        [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh|onoff|bursts] [--evict]
        [--replicas N] [--grace DUR] [--warmup DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook]
        [--min-sync-period] [--kube] [--deployment]
+       [--nodes N [--node-sync DUR,DUR,…] [--slow-nodes K,…] [--clients node1=SHAPE[:RATE],node2=…]]
   matrix     sync delay x rate x shape x backend x server, and the single-replica eviction
   table      every server, iptables, 1 s sync, pool, dense
   eviction   the single-replica eviction for every server
   bursty     on/off and burst clients (fresh connections), kube-proxy 6 s and 1 s behind,
              eviction (deleted where a pause begins) and rolling update
+  nodes      two and three nodes whose kube-proxies converge at different times, clients
+             behind each (dense through the fast, a trickle or a pool through the slow)
   sweep      remove namespaces left by runs that were killed
 --rate is per second while sending (default 50; onoff 10, 5 s on, 5 s off; bursts 100,
 200 ms every 3 s). DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary.
@@ -27,7 +30,12 @@ commands:
 testbed/k8s/build.sh (in --k8s-bin, default $LAMEDUCK_K8S_BIN or /var/cache/lameduck-k8s/<v>),
 with --sync-delay as kube-proxy's min-sync-period; --stack both runs each cell on the model,
 then on the real stack. --min-sync-period: the model's kube-proxy applies --sync-delay as the
-real sync runner applies minSyncPeriod. --kube and --deployment: real stack only (README).";
+real sync runner applies minSyncPeriod. --kube and --deployment: real stack only (README).
+--nodes N (2 to 8): N nodes joined by a bridge, each with its own kube-proxy (--node-sync: one
+delay per node, default --sync-delay for all) and its own clients (--clients: per node a shape
+and rate, e.g. node1=fresh:50,node2=pool:0.7; nodes not named get none; default: every node
+the cell's --shape and --rate). --slow-nodes: on the model, these nodes' syncs take their
+delay (each writes the slice it read when it began).";
 
 fn fail(msg: &str) -> ! {
     eprintln!("lameduck-testbed: {msg}\n{USAGE}");
@@ -111,6 +119,7 @@ fn main() -> ExitCode {
         for n in net::sweep_stale() {
             println!("removed {n}");
         }
+        lameduck_testbed::k8s::sweep_cgroups();
         return ExitCode::SUCCESS;
     }
     let base: Vec<CellConfig> = match command.as_str() {
@@ -119,6 +128,7 @@ fn main() -> ExitCode {
         "table" => matrix::baseline_table(),
         "eviction" => matrix::eviction(),
         "bursty" => matrix::bursty(),
+        "nodes" => matrix::nodes(),
         other => fail(&format!("unknown command {other:?}")),
     };
     let cells: Vec<CellConfig> = base
@@ -157,6 +167,7 @@ fn main() -> ExitCode {
     for n in net::sweep_stale() {
         eprintln!("removed a namespace left by a killed run: {n}");
     }
+    lameduck_testbed::k8s::sweep_cgroups();
     install_signal_cleanup();
     let out = out.unwrap_or_else(|| cell::default_out(&service_bin));
     eprintln!("{} cells, files under {}", cells.len(), out.display());
@@ -197,6 +208,10 @@ fn main() -> ExitCode {
 fn parse_cell(args: Vec<String>) -> CellConfig {
     let mut c = CellConfig::new(cell::Server::Lameduck);
     let mut rate_given = false;
+    let mut nodes: Option<usize> = None;
+    let mut node_sync: Option<Vec<Duration>> = None;
+    let mut node_clients: Option<Vec<(usize, cell::ClientSpec)>> = None;
+    let mut slow_nodes: Vec<usize> = Vec::new();
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -232,11 +247,94 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--kube" => c.kube = true,
             "--deployment" => c.deployment = true,
             "--min-sync-period" => c.min_sync_period = true,
+            "--nodes" => {
+                nodes = match value().parse::<usize>() {
+                    Ok(n) if (1..=net::MAX_NODES).contains(&n) => Some(n),
+                    _ => fail(&format!("--nodes: expected 1 to {}", net::MAX_NODES)),
+                }
+            }
+            "--node-sync" => {
+                node_sync = Some(
+                    value()
+                        .split(',')
+                        .map(|d| dur("--node-sync", d.trim()))
+                        .collect(),
+                )
+            }
+            "--slow-nodes" => {
+                for k in value().split(',') {
+                    match k.trim().trim_start_matches("node").parse::<usize>() {
+                        Ok(k) if k >= 1 => slow_nodes.push(k),
+                        _ => fail(&format!(
+                            "--slow-nodes {k:?}: expected node numbers, 1-based"
+                        )),
+                    }
+                }
+            }
+            "--clients" => {
+                let mut list = Vec::new();
+                for part in value().split(',') {
+                    let Some((node, spec)) = part.split_once('=') else {
+                        fail(&format!("--clients {part:?}: expected nodeK=SHAPE[:RATE]"))
+                    };
+                    let k = node
+                        .trim()
+                        .strip_prefix("node")
+                        .and_then(|k| k.parse::<usize>().ok())
+                        .filter(|k| *k >= 1)
+                        .unwrap_or_else(|| {
+                            fail(&format!("--clients {part:?}: expected node1, node2, …"))
+                        });
+                    let spec = spec
+                        .trim()
+                        .parse()
+                        .unwrap_or_else(|e: String| fail(&format!("--clients {part:?}: {e}")));
+                    list.push((k, spec));
+                }
+                node_clients = Some(list);
+            }
             other => fail(&format!("unknown cell flag {other:?}")),
         }
     }
     if !rate_given {
         c.new_conn_rate = c.shape.default_rate();
+    }
+    let n = nodes.unwrap_or(1);
+    if n == 1 && (node_sync.is_some() || node_clients.is_some() || !slow_nodes.is_empty()) {
+        fail("--node-sync, --slow-nodes and --clients need --nodes 2 or more");
+    }
+    if let Some(k) = slow_nodes.iter().find(|k| **k > n) {
+        fail(&format!("--slow-nodes: node{k} but --nodes {n}"));
+    }
+    if n > 1 {
+        let syncs = node_sync.unwrap_or_else(|| vec![c.sync_delay; n]);
+        if syncs.len() != n {
+            fail(&format!(
+                "--node-sync: {} delays for {n} nodes",
+                syncs.len()
+            ));
+        }
+        let cell_clients = cell::ClientSpec {
+            shape: c.shape,
+            rate: c.new_conn_rate,
+        };
+        if let Some(list) = &node_clients {
+            if let Some((k, _)) = list.iter().find(|(k, _)| *k > n) {
+                fail(&format!("--clients: node{k} but --nodes {n}"));
+            }
+        }
+        c.nodes = syncs
+            .into_iter()
+            .enumerate()
+            .map(|(i, sync_delay)| cell::NodeSpec {
+                sync_delay,
+                slow: slow_nodes.contains(&(i + 1)),
+                clients: match &node_clients {
+                    None => Some(cell_clients),
+                    Some(list) => list.iter().find(|(k, _)| *k == i + 1).map(|(_, s)| *s),
+                },
+            })
+            .collect();
     }
     c
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::cell::{CellConfig, Rollout, Server, Shape};
+use crate::cell::{CellConfig, ClientSpec, NodeSpec, Rollout, Server, Shape};
 use crate::proxy::Backend;
 
 /// Dense and sparse new-connection rates (per second).
@@ -95,4 +95,51 @@ pub fn eviction() -> Vec<CellConfig> {
 /// What the table shows: every server, iptables, 1 s sync, pool, dense.
 pub fn baseline_table() -> Vec<CellConfig> {
     Server::ALL.into_iter().map(CellConfig::new).collect()
+}
+
+/// A node's spec: its kube-proxy `sync_ms` behind (a slow node, whose syncs take that long,
+/// from 2 s on), its clients.
+fn node(sync_ms: u64, shape: Shape, rate: f64) -> NodeSpec {
+    NodeSpec {
+        sync_delay: Duration::from_millis(sync_ms),
+        slow: sync_ms >= 2000,
+        clients: Some(ClientSpec { shape, rate }),
+    }
+}
+
+/// The layouts of [`nodes`]: two nodes, dense fresh connections through the fast one (1 s)
+/// and a trickle (0.7/s) through the slow one (6 s); the same with a kept-alive pool (and its
+/// trickle of fresh connections) behind the slow one; three nodes, two fast (1 s, 1.5 s) with
+/// dense traffic and one straggler (8 s) with a trickle.
+pub fn node_layouts() -> Vec<Vec<NodeSpec>> {
+    vec![
+        vec![
+            node(1000, Shape::Fresh, DENSE),
+            node(SLOW_SYNC_MS, Shape::Fresh, 0.7),
+        ],
+        vec![
+            node(1000, Shape::Fresh, DENSE),
+            node(SLOW_SYNC_MS, Shape::Pool, 0.7),
+        ],
+        vec![
+            node(1000, Shape::Fresh, 30.0),
+            node(1500, Shape::Fresh, 30.0),
+            node(8000, Shape::Fresh, 1.0),
+        ],
+    ]
+}
+
+/// Several nodes whose kube-proxies converge at different times ([`node_layouts`]), every
+/// server, iptables, rolling update, grace 30 s (the straggler is 8 s behind).
+pub fn nodes() -> Vec<CellConfig> {
+    let mut cells = Vec::new();
+    for layout in node_layouts() {
+        for server in Server::ALL {
+            let mut c = CellConfig::new(server);
+            c.nodes = layout.clone();
+            c.grace = Duration::from_secs(30);
+            cells.push(c);
+        }
+    }
+    cells
 }

@@ -6,7 +6,7 @@
 //!  client ns                node ns (ip_forward=1, kube-proxy rules)          pod ns (one per Pod)
 //!  eth0 198.18.0.2/24 ───── cli 198.18.0.1/24
 //!                           pod<N> 198.18.1.254/32, route 198.18.1.N ──────── eth0 198.18.1.N/32
-//!  default via 198.18.0.1   198.18.100.0/24 (Service VIPs) dev cli             default via 198.18.1.254
+//!  default via 198.18.0.1   198.18.96.0/20 (Service VIPs) dev cli              default via 198.18.1.254
 //! ```
 //!
 //! The Service VIP has no interface: it exists only as kube-proxy's DNAT rules in the node
@@ -185,60 +185,196 @@ pub fn sweep_stale() -> Vec<String> {
     removed
 }
 
-/// One cell's namespaces: client, node and the Pods. Dropping it removes them all (also when
-/// unwinding from a panic); [`remove_all_live`] does the same from a signal handler.
+/// One cell's namespaces: per node a node and a client namespace, the fabric that joins the
+/// nodes (with two or more), and the Pods. Dropping it removes them all (also when unwinding
+/// from a panic); [`remove_all_live`] does the same from a signal handler.
+///
+/// With more than one node (`Netns::create_nodes`):
+///
+/// ```text
+///  client<k> ns                node<k> ns                     fabric ns
+///  eth0 198.18.1x.2/24 ──────  cli 198.18.1x.1/24
+///                              fab 198.18.9.k/24 ──────────── br0 (a bridge, every node's fab)
+///                              pod<N> …  (the Pods hosted here, as above)
+///                              198.18.1.N/32 via 198.18.9.j   (Pod N hosted on node j)
+///                              client j's /24 via 198.18.9.j
+/// ```
+///
+/// Node 1 keeps the single-node names and addresses (`-node`, `-client`, 198.18.0.0/24); node
+/// `k` ≥ 2 is `-node<k>` / `-client<k>` on 198.18.(9+k).0/24. A client's connection to the VIP
+/// is DNATed by its own node's rules and routed across the fabric to the Pod's node; the answer
+/// comes back the same way, so conntrack on the client's node undoes the DNAT.
 #[derive(Debug)]
 pub struct Netns {
     /// `ldtb<pid>-<set>`: the prefix of every name here.
     pub base: String,
     owned: Vec<String>,
+    nodes: usize,
+    /// Per Pod number: its node (1-based), for routes added later.
+    pods: Vec<(u8, usize)>,
 }
 
+/// The fabric subnet's prefix: node `k` is 198.18.9.`k`.
+const FABRIC: [u8; 3] = [198, 18, 9];
+
+/// Node `k`'s (1-based) client link: the node's and the client's address.
+pub fn client_link(k: usize) -> (Ipv4Addr, Ipv4Addr) {
+    if k <= 1 {
+        (NODE_CLIENT_IP, CLIENT_IP)
+    } else {
+        let third = 9 + k as u8;
+        (
+            Ipv4Addr::new(198, 18, third, 1),
+            Ipv4Addr::new(198, 18, third, 2),
+        )
+    }
+}
+
+/// The most nodes a cell can have.
+pub const MAX_NODES: usize = 8;
+
 impl Netns {
-    /// Creates the client and node namespaces, their link, forwarding and routes.
+    /// Creates the client and node namespaces of one node, their link, forwarding and routes.
     pub fn create() -> Result<Netns, NetError> {
+        Netns::create_nodes(1)
+    }
+
+    /// Creates `nodes` nodes (1 to [`MAX_NODES`]), each with its client namespace, joined by a
+    /// bridge in a fabric namespace when there are two or more.
+    pub fn create_nodes(nodes: usize) -> Result<Netns, NetError> {
+        if !(1..=MAX_NODES).contains(&nodes) {
+            return Err(NetError(format!("nodes: {nodes} out of 1..={MAX_NODES}")));
+        }
         let set = NEXT_SET.fetch_add(1, Ordering::Relaxed);
         let mut n = Netns {
             base: format!("{PREFIX}{}-{set}", std::process::id()),
             owned: Vec::new(),
+            nodes,
+            pods: Vec::new(),
         };
-        let client = n.client();
-        let node = n.node();
-        n.add(&client)?;
-        n.add(&node)?;
         let ip = |args: &[&str]| run("ip", args).map(drop);
-        ip(&[
-            "-n", &node, "link", "add", "cli", "type", "veth", "peer", "name", "eth0", "netns",
-            &client,
-        ])?;
-        ip(&["-n", &node, "addr", "add", "198.18.0.1/24", "dev", "cli"])?;
-        ip(&["-n", &node, "link", "set", "cli", "up"])?;
-        ip(&["-n", &client, "addr", "add", "198.18.0.2/24", "dev", "eth0"])?;
-        ip(&["-n", &client, "link", "set", "eth0", "up"])?;
-        ip(&[
-            "-n",
-            &client,
-            "route",
-            "add",
-            "default",
-            "via",
-            "198.18.0.1",
-        ])?;
-        // Unmatched VIP traffic goes towards the client link, through FORWARD, where the
-        // no-endpoints reject sits, as on a node whose default route leads off the node.
-        ip(&["-n", &node, "route", "add", "198.18.100.0/24", "dev", "cli"])?;
-        run_in(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"], None)?;
+        let fabric = n.fabric();
+        if nodes > 1 {
+            n.add(&fabric)?;
+            ip(&["-n", &fabric, "link", "add", "br0", "type", "bridge"])?;
+            ip(&["-n", &fabric, "link", "set", "br0", "up"])?;
+        }
+        for k in 1..=nodes {
+            let client = n.client_of(k);
+            let node = n.node_of(k);
+            n.add(&client)?;
+            n.add(&node)?;
+            let (node_ip, client_ip) = client_link(k);
+            let subnet = |a: Ipv4Addr| format!("{a}/24");
+            ip(&[
+                "-n", &node, "link", "add", "cli", "type", "veth", "peer", "name", "eth0", "netns",
+                &client,
+            ])?;
+            ip(&["-n", &node, "addr", "add", &subnet(node_ip), "dev", "cli"])?;
+            ip(&["-n", &node, "link", "set", "cli", "up"])?;
+            ip(&[
+                "-n",
+                &client,
+                "addr",
+                "add",
+                &subnet(client_ip),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", &client, "link", "set", "eth0", "up"])?;
+            ip(&[
+                "-n",
+                &client,
+                "route",
+                "add",
+                "default",
+                "via",
+                &node_ip.to_string(),
+            ])?;
+            // Unmatched VIP traffic goes towards the client link, through FORWARD, where the
+            // no-endpoints reject sits, as on a node whose default route leads off the node.
+            ip(&["-n", &node, "route", "add", "198.18.96.0/20", "dev", "cli"])?;
+            run_in(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"], None)?;
+            if nodes > 1 {
+                let port = format!("n{k}");
+                ip(&[
+                    "-n", &node, "link", "add", "fab", "type", "veth", "peer", "name", &port,
+                    "netns", &fabric,
+                ])?;
+                ip(&["-n", &fabric, "link", "set", &port, "master", "br0"])?;
+                ip(&["-n", &fabric, "link", "set", &port, "up"])?;
+                let fab = Netns::fabric_ip(k);
+                ip(&[
+                    "-n",
+                    &node,
+                    "addr",
+                    "add",
+                    &format!("{fab}/24"),
+                    "dev",
+                    "fab",
+                ])?;
+                ip(&["-n", &node, "link", "set", "fab", "up"])?;
+            }
+        }
+        // Every node reaches every other node's clients across the fabric.
+        for k in 1..=nodes {
+            for j in (1..=nodes).filter(|j| *j != k) {
+                let (_, client_ip) = client_link(j);
+                let o = client_ip.octets();
+                ip(&[
+                    "-n",
+                    &n.node_of(k),
+                    "route",
+                    "add",
+                    &format!("{}.{}.{}.0/24", o[0], o[1], o[2]),
+                    "via",
+                    &Netns::fabric_ip(j).to_string(),
+                ])?;
+            }
+        }
         Ok(n)
     }
 
-    /// The client namespace's name.
-    pub fn client(&self) -> String {
-        format!("{}-client", self.base)
+    /// Node `k`'s (1-based) address on the fabric.
+    pub fn fabric_ip(k: usize) -> Ipv4Addr {
+        Ipv4Addr::new(FABRIC[0], FABRIC[1], FABRIC[2], k as u8)
     }
 
-    /// The node namespace's name.
+    /// How many nodes.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// The (first) client namespace's name.
+    pub fn client(&self) -> String {
+        self.client_of(1)
+    }
+
+    /// The (first) node namespace's name.
     pub fn node(&self) -> String {
-        format!("{}-node", self.base)
+        self.node_of(1)
+    }
+
+    /// Node `k`'s (1-based) namespace name.
+    pub fn node_of(&self, k: usize) -> String {
+        if k <= 1 {
+            format!("{}-node", self.base)
+        } else {
+            format!("{}-node{k}", self.base)
+        }
+    }
+
+    /// Node `k`'s (1-based) client namespace name.
+    pub fn client_of(&self, k: usize) -> String {
+        if k <= 1 {
+            format!("{}-client", self.base)
+        } else {
+            format!("{}-client{k}", self.base)
+        }
+    }
+
+    fn fabric(&self) -> String {
+        format!("{}-fabric", self.base)
     }
 
     /// Pod `n`'s namespace name.
@@ -256,16 +392,26 @@ impl Netns {
         Ok(())
     }
 
-    /// Creates Pod `n`'s namespace with address 198.18.1.`n`, linked to the node.
+    /// Creates Pod `n`'s namespace with address 198.18.1.`n`, linked to the (first) node.
     pub fn add_pod(&mut self, n: u8) -> Result<(String, Ipv4Addr), NetError> {
+        self.add_pod_on(n, 1)
+    }
+
+    /// Creates Pod `n`'s namespace with address 198.18.1.`n`, linked to node `node`
+    /// (1-based); every other node routes to it across the fabric.
+    pub fn add_pod_on(&mut self, n: u8, node_k: usize) -> Result<(String, Ipv4Addr), NetError> {
         if n == 0 || n >= 254 {
             return Err(NetError(format!("pod number {n} out of 1..=253")));
         }
+        if !(1..=self.nodes).contains(&node_k) {
+            return Err(NetError(format!("node {node_k} out of 1..={}", self.nodes)));
+        }
         let pod = self.pod(n);
-        let node = self.node();
+        let node = self.node_of(node_k);
         let ip4 = Ipv4Addr::new(198, 18, 1, n);
         let dev = format!("pod{n}");
         self.add(&pod)?;
+        self.pods.push((n, node_k));
         let ip = |args: &[&str]| run("ip", args).map(drop);
         ip(&[
             "-n", &node, "link", "add", &dev, "type", "veth", "peer", "name", "eth0", "netns", &pod,
@@ -281,6 +427,17 @@ impl Netns {
             "dev",
             &dev,
         ])?;
+        for j in (1..=self.nodes).filter(|j| *j != node_k) {
+            ip(&[
+                "-n",
+                &self.node_of(j),
+                "route",
+                "add",
+                &format!("{ip4}/32"),
+                "via",
+                &Netns::fabric_ip(node_k).to_string(),
+            ])?;
+        }
         ip(&[
             "-n",
             &pod,
@@ -294,6 +451,11 @@ impl Netns {
         ip(&["-n", &pod, "route", "add", "198.18.1.254", "dev", "eth0"])?;
         ip(&["-n", &pod, "route", "add", "default", "via", "198.18.1.254"])?;
         Ok((pod, ip4))
+    }
+
+    /// The node (1-based) Pod `n` was placed on.
+    pub fn node_of_pod(&self, n: u8) -> Option<usize> {
+        self.pods.iter().find(|(p, _)| *p == n).map(|(_, k)| *k)
     }
 }
 

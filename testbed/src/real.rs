@@ -86,7 +86,10 @@ pub struct Real {
     events: Mutex<Vec<Event>>,
     pods: Mutex<HashMap<String, PodView>>,
     pods_changed: Notify,
-    rules: watch::Sender<Vec<Ipv4Addr>>,
+    /// Per node (index 0 is node 1): the Pod IPs its kube-proxy's rules DNAT to.
+    rules: Vec<watch::Sender<Vec<Ipv4Addr>>>,
+    /// Per node, its namespace.
+    node_nss: Vec<String>,
     netns: Mutex<Netns>,
     next_ip: Mutex<u8>,
     dir: PathBuf,
@@ -115,10 +118,22 @@ impl Real {
     }
 
     fn record_at(&self, at: u64, what: &str, pod: Option<&str>, detail: impl Into<String>) {
+        self.record_node_at(at, what, pod, None, detail);
+    }
+
+    fn record_node_at(
+        &self,
+        at: u64,
+        what: &str,
+        pod: Option<&str>,
+        node: Option<String>,
+        detail: impl Into<String>,
+    ) {
         self.events.lock().unwrap().push(Event {
             unix_ms: at,
             what: what.to_owned(),
             pod: pod.map(str::to_owned),
+            node,
             detail: detail.into(),
         });
     }
@@ -153,9 +168,15 @@ impl Real {
         self.pods.lock().unwrap().get(name).is_some_and(|p| p.gone)
     }
 
-    /// Waits until kube-proxy's rules route to exactly `pods`.
+    /// Waits until every node's kube-proxy's rules route to exactly `pods`.
     pub async fn wait_applied(&self, pods: &[String]) {
-        let mut rx = self.rules.subscribe();
+        for rules in &self.rules {
+            self.wait_applied_on(rules, pods).await;
+        }
+    }
+
+    async fn wait_applied_on(&self, rules: &watch::Sender<Vec<Ipv4Addr>>, pods: &[String]) {
+        let mut rx = rules.subscribe();
         loop {
             let ips: Option<Vec<Ipv4Addr>> = {
                 let st = self.pods.lock().unwrap();
@@ -193,6 +214,67 @@ impl Real {
             .await
             .map_err(err("create the Service"))?;
         Ok(())
+    }
+
+    /// Loads the cluster with `count` other Services, each with an EndpointSlice of two
+    /// endpoints (addresses in 198.19.0.0/16 that nothing answers; no client uses them), as a
+    /// cluster with thousands of Services has: every kube-proxy writes their rules on every
+    /// sync. Sixteen writers at once; returns how long it took.
+    pub async fn load_services(self: &Arc<Self>, count: usize) -> Result<Duration, NetError> {
+        let t0 = tokio::time::Instant::now();
+        let writers = 16;
+        let mut tasks = Vec::new();
+        for w in 0..writers {
+            let me = self.clone();
+            tasks.push(tokio::spawn(async move {
+                let svcs = Api::<Service>::namespaced(me.admin.clone(), NAMESPACE);
+                let slices = Api::<EndpointSlice>::namespaced(me.admin.clone(), NAMESPACE);
+                let pp = PostParams::default();
+                for i in (w..count).step_by(writers) {
+                    let name = format!("load-{i:05}");
+                    let svc: Service = serde_json::from_value(json!({
+                        "metadata": {"name": name, "namespace": NAMESPACE},
+                        "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+                    }))
+                    .map_err(err("load service"))?;
+                    svcs.create(&pp, &svc).await.map_err(err("create a load Service"))?;
+                    let ip = |j: usize| {
+                        let n = i * 2 + j;
+                        format!("198.19.{}.{}", n / 250, n % 250 + 1)
+                    };
+                    let slice: EndpointSlice = serde_json::from_value(json!({
+                        "metadata": {"name": format!("{name}-1"), "namespace": NAMESPACE,
+                                     "labels": {"kubernetes.io/service-name": name,
+                                                "endpointslice.kubernetes.io/managed-by": "lameduck-testbed"}},
+                        "addressType": "IPv4",
+                        "endpoints": [
+                            {"addresses": [ip(0)], "conditions": {"ready": true}},
+                            {"addresses": [ip(1)], "conditions": {"ready": true}},
+                        ],
+                        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+                    }))
+                    .map_err(err("load slice"))?;
+                    slices
+                        .create(&pp, &slice)
+                        .await
+                        .map_err(err("create a load EndpointSlice"))?;
+                }
+                Ok::<(), NetError>(())
+            }));
+        }
+        for t in tasks {
+            t.await.map_err(err("load writer"))??;
+        }
+        let took = t0.elapsed();
+        self.record(
+            "services_loaded",
+            None,
+            format!(
+                "{count} Services with 2 endpoints each in {} ms",
+                took.as_millis()
+            ),
+        );
+        Ok(took)
     }
 
     /// The Pod spec of template `t` (no `nodeName`).
@@ -540,31 +622,44 @@ impl Real {
         }
     }
 
-    /// kube-proxy's metrics every 100 ms; each new sync (its own timestamp) is recorded with
-    /// the endpoints its rules DNAT to, the sync's duration and the network-programming
-    /// latencies it observed.
-    async fn scrape_proxy(self: Arc<Self>) {
+    /// Node `k`'s kube-proxy's metrics every 100 ms; each new sync (its own timestamp) is
+    /// recorded with the endpoints its rules DNAT to, the sync's duration and the
+    /// network-programming latencies it observed.
+    async fn scrape_proxy(self: Arc<Self>, k: usize) {
         let mut prev = ProxyMetrics::default();
         let mut n = 0u32;
         let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let metrics = k8s::proxy_metrics(k);
+        let node_ns = self.node_nss[k - 1].clone();
+        let node = (self.rules.len() > 1).then(|| format!("node{k}"));
         loop {
             tick.tick().await;
-            let Ok(text) = k8s::http_text(k8s::PROXY_METRICS, "/metrics").await else {
+            let Ok(text) = k8s::http_text(&metrics, "/metrics").await else {
                 continue;
             };
             let m = ProxyMetrics::parse(&text);
             if m.last_sync == prev.last_sync || m.last_sync == 0.0 {
                 continue;
             }
-            let (ips, rules) = match k8s::rule_endpoints(&self.node_ns, self.backend) {
+            let (ips, rules) = match k8s::rule_endpoints(&node_ns, self.backend) {
                 Ok(r) => r,
                 Err(e) => {
-                    self.record("rules_unreadable", None, e.to_string());
+                    self.record_node_at(
+                        unix_ms(),
+                        "rules_unreadable",
+                        None,
+                        node.clone(),
+                        e.to_string(),
+                    );
                     continue;
                 }
             };
             n += 1;
-            let _ = std::fs::write(self.dir.join(format!("rules-{n:03}.txt")), rules);
+            let file = match &node {
+                Some(name) => format!("rules-{name}-{n:03}.txt"),
+                None => format!("rules-{n:03}.txt"),
+            };
+            let _ = std::fs::write(self.dir.join(file), rules);
             let syncs = m.sync_count.saturating_sub(prev.sync_count);
             let took = if syncs > 0 {
                 (m.sync_sum - prev.sync_sum) / syncs as f64 * 1000.0
@@ -585,35 +680,48 @@ impl Real {
                     mean * 1000.0
                 ));
             }
-            self.record_at((m.last_sync * 1000.0) as u64, "sync", None, detail);
-            self.rules.send_replace(ips);
+            self.record_node_at(
+                (m.last_sync * 1000.0) as u64,
+                "sync",
+                None,
+                node.clone(),
+                detail,
+            );
+            self.rules[k - 1].send_replace(ips);
             prev = m;
         }
     }
 
     // ---- the kubelet -----------------------------------------------------------------
 
-    /// Registers the Node (Ready, its InternalIP the node's client-side address).
-    async fn register_node(&self) -> Result<(), NetError> {
+    /// Registers node `k`'s Node (Ready, its InternalIP the node's client-side address):
+    /// node 1 as its kubelet, the others (which run no Pods here, only their kube-proxy) as
+    /// the controller, since NodeRestriction lets a kubelet write only its own Node.
+    async fn register_node(&self, k: usize) -> Result<(), NetError> {
+        let name = k8s::node_name(k);
         let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": NODE_NAME, "labels": {"kubernetes.io/hostname": NODE_NAME}},
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
         }))
         .map_err(err("node"))?;
-        let api = Api::<Node>::all(self.kubelet.clone());
+        let api = Api::<Node>::all(if k <= 1 {
+            self.kubelet.clone()
+        } else {
+            self.admin.clone()
+        });
         api.create(&PostParams::default(), &node)
             .await
             .map_err(err("register the Node"))?;
         let now = rfc3339_now();
         let status = json!({"status": {
-            "addresses": [{"type": "InternalIP", "address": NODE_CLIENT_IP.to_string()},
-                          {"type": "Hostname", "address": NODE_NAME}],
+            "addresses": [{"type": "InternalIP", "address": net::client_link(k).0.to_string()},
+                          {"type": "Hostname", "address": name}],
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                             "message": "the lameduck testbed's kubelet",
                             "lastHeartbeatTime": now, "lastTransitionTime": now}],
             "capacity": {"cpu": "2", "memory": "8Gi", "pods": "110"},
             "allocatable": {"cpu": "2", "memory": "8Gi", "pods": "110"},
         }});
-        api.patch_status(NODE_NAME, &PatchParams::default(), &Patch::Merge(&status))
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .map_err(err("the Node's status"))?;
         Ok(())
@@ -1191,13 +1299,23 @@ impl std::fmt::Debug for RealRun {
 pub async fn start(
     netns: Netns,
     bins: &Binaries,
-    proxy: &ProxySettings,
+    proxies: &[ProxySettings],
+    load_services: usize,
     service_bin: &Path,
     start_delay: Duration,
     kube: bool,
     dir: &Path,
 ) -> Result<RealRun, NetError> {
     let node_ns = netns.node();
+    let node_nss: Vec<String> = (1..=netns.nodes()).map(|k| netns.node_of(k)).collect();
+    if proxies.len() != node_nss.len() {
+        return Err(NetError(format!(
+            "{} kube-proxy settings for {} nodes",
+            proxies.len(),
+            node_nss.len()
+        )));
+    }
+    let backend = proxies[0].backend;
     // Kubeconfigs name files by absolute path (relative ones are read from the kubeconfig's
     // directory).
     let dir = &std::fs::canonicalize(dir).map_err(err("the cell directory"))?;
@@ -1209,13 +1327,17 @@ pub async fn start(
         events: Mutex::new(Vec::new()),
         pods: Mutex::new(HashMap::new()),
         pods_changed: Notify::new(),
-        rules: watch::channel(Vec::new()).0,
+        rules: node_nss
+            .iter()
+            .map(|_| watch::channel(Vec::new()).0)
+            .collect(),
+        node_nss: node_nss.clone(),
         netns: Mutex::new(netns),
         next_ip: Mutex::new(1),
         dir: dir.to_owned(),
         service_bin: service_bin.to_owned(),
         node_ns: node_ns.clone(),
-        backend: proxy.backend,
+        backend,
         start_delay,
         deleters: Mutex::new(HashMap::new()),
         admin,
@@ -1226,16 +1348,34 @@ pub async fn start(
         None,
         format!("kube-apiserver ready {} ms after the start", unix_ms() - t0),
     );
-    real.register_node().await?;
-    plane.start_proxy(bins, &node_ns, proxy).await?;
-    real.record(
-        "proxy_started",
-        None,
-        format!("kube-proxy {} mode", proxy.backend.as_str()),
-    );
+    for k in 1..=node_nss.len() {
+        real.register_node(k).await?;
+    }
+    if load_services > 0 {
+        real.load_services(load_services).await?;
+    }
+    for (i, (ns, proxy)) in node_nss.iter().zip(proxies).enumerate() {
+        let k = i + 1;
+        plane.start_proxy(bins, k, ns, proxy).await?;
+        real.record(
+            "proxy_started",
+            None,
+            format!(
+                "{} kube-proxy {} mode, minSyncPeriod {} ms{}",
+                k8s::node_name(k),
+                proxy.backend.as_str(),
+                proxy.min_sync_period.as_millis(),
+                proxy
+                    .cpu_share
+                    .map_or(String::new(), |s| format!(", {:.0} % of a CPU", s * 100.0))
+            ),
+        );
+    }
     tokio::spawn(real.clone().kubelet_loop());
     tokio::spawn(real.clone().watch_slices());
-    tokio::spawn(real.clone().scrape_proxy());
+    for k in 1..=node_nss.len() {
+        tokio::spawn(real.clone().scrape_proxy(k));
+    }
     tokio::spawn(real.clone().scheduler_loop());
     real.create_service().await?;
     if kube {

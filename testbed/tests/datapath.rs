@@ -3,8 +3,8 @@
 //!
 //! Needs root and `ip`, `iptables-restore`, `nft`, `conntrack`. Without them these tests print
 //! a SKIPPED banner and pass — unless `LAMEDUCK_E2E=require` (as `.ci/run` sets), where they
-//! fail. The service binary is `target/<profile>/examples/service`, built by
-//! `cargo test --workspace --all-features`; `LAMEDUCK_TESTBED_SERVICE` overrides it.
+//! fail. The service binary is `target/<profile>/examples/service`, which the tests build
+//! first (`lameduck_testbed::test_service_bin`); `LAMEDUCK_TESTBED_SERVICE` overrides it.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -17,33 +17,20 @@ use lameduck_testbed::{net, Backend, Rollout, Server, Shape};
 /// One cell at a time: cells measure timing, two at once on a small machine would disturb it.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn service_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("LAMEDUCK_TESTBED_SERVICE") {
-        return p.into();
-    }
-    // target/<profile>/deps/datapath-… → target/<profile>/examples/service
-    let exe = std::env::current_exe().expect("test binary path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("examples").join("service"))
-        .expect("target directory")
+fn service_bin() -> Result<PathBuf, String> {
+    lameduck_testbed::test_service_bin()
 }
 
 /// `None` (after a loud banner) when the testbed cannot run here and that is allowed.
 fn ready() -> Option<PathBuf> {
     let problem = match net::preflight() {
         Err(e) => Some(e.to_string()),
-        Ok(()) if !service_bin().is_file() => Some(format!(
-            "no service binary at {} (run `cargo test --workspace --all-features`, which builds it, \
-             or `cargo build --example service`)",
-            service_bin().display()
-        )),
-        Ok(()) => None,
+        Ok(()) => service_bin().err(),
     };
     match problem {
         None => {
             net::sweep_stale();
-            Some(service_bin())
+            service_bin().ok()
         }
         Some(p) if std::env::var("LAMEDUCK_E2E").as_deref() == Ok("require") => {
             panic!("datapath testbed cannot run: {p}, and LAMEDUCK_E2E=require")
@@ -306,4 +293,57 @@ fn lameduck_loses_nothing_on_off_eviction_slow_proxy() {
             );
         }
     }
+}
+
+/// Issue 33's cell: two nodes whose kube-proxies converge at different times — node 1 a
+/// second behind with dense fresh connections, node 2's syncs taking 6 s (a node with the
+/// rules of thousands of Services: a change lands 6 to 12 s later) with a trickle of fresh
+/// connections from its own clients. Silence in the total after node 1 converged proves
+/// nothing about node 2: the drain must outlast the slowest node's update, and every Pod's
+/// exit is checked against it. Also the naive baseline on the same layout, which must lose
+/// requests through both nodes' rules for the cell to tell anything.
+#[test]
+fn two_nodes_the_drain_outlasts_the_slowest_proxy() {
+    let layout = lameduck_testbed::matrix::node_layouts()
+        .into_iter()
+        .next()
+        .expect("the two-node layout");
+    let mut lameduck = CellConfig::new(Server::Lameduck);
+    lameduck.nodes = layout.clone();
+    lameduck.grace = Duration::from_secs(30);
+    let mut naive = CellConfig::new(Server::Naive);
+    naive.nodes = layout;
+    naive.grace = Duration::from_secs(30);
+    let results = run(&[lameduck, naive]);
+    let Some((l, n)) = results.first().zip(results.get(1)) else {
+        return;
+    };
+    assert!(
+        l.counts.requests > 100,
+        "too little traffic: {}",
+        describe(l)
+    );
+    assert!(l.clean(), "lameduck lost requests: {}", describe(l));
+    for p in &l.pods {
+        assert_eq!(
+            p.steps.per_node.len(),
+            2,
+            "both nodes' proxy updates are seen: {}",
+            describe(l)
+        );
+        let after = p
+            .steps
+            .exit_after_proxy_ms()
+            .unwrap_or_else(|| panic!("no slowest proxy update or no exit: {}", describe(l)));
+        assert!(
+            after >= 0,
+            "the drain committed while the slowest node's kube-proxy still routed to it: {}",
+            describe(l)
+        );
+    }
+    assert!(
+        n.counts.lost() > 0,
+        "the naive baseline lost nothing on two nodes, so the cell cannot tell: {}",
+        describe(n)
+    );
 }

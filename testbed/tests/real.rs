@@ -5,8 +5,8 @@
 //! Needs root, `ip`, `iptables-restore`, `nft`, `conntrack`, `openssl` and the component
 //! binaries (`LAMEDUCK_K8S_BIN`, else `/var/cache/lameduck-k8s/<version>`). Without them these
 //! tests print a SKIPPED banner and pass — unless `LAMEDUCK_E2E=require` (as `.ci/run` sets),
-//! where they fail. The service binary is `target/<profile>/examples/service`;
-//! `LAMEDUCK_TESTBED_SERVICE` overrides it.
+//! where they fail. The service binary is `target/<profile>/examples/service`, which the tests
+//! build first (`lameduck_testbed::test_service_bin`); `LAMEDUCK_TESTBED_SERVICE` overrides it.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -19,33 +19,26 @@ use lameduck_testbed::{k8s, net, Backend, Server, Shape, Stack};
 /// One cell at a time: each runs a control plane, and cells measure timing.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn service_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("LAMEDUCK_TESTBED_SERVICE") {
-        return p.into();
-    }
-    let exe = std::env::current_exe().expect("test binary path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("examples").join("service"))
-        .expect("target directory")
+fn service_bin() -> Result<PathBuf, String> {
+    lameduck_testbed::test_service_bin()
 }
 
 /// `None` (after a loud banner) when the real stack cannot run here and that is allowed.
 fn ready() -> Option<PathBuf> {
     let problem = match net::preflight() {
         Err(e) => Some(e.to_string()),
-        Ok(()) if !service_bin().is_file() => Some(format!(
-            "no service binary at {} (`cargo build --example service`)",
-            service_bin().display()
-        )),
-        Ok(()) => k8s::Binaries::find(&k8s::default_bin_dir())
-            .err()
-            .map(|e| e.to_string()),
+        Ok(()) => match service_bin() {
+            Err(e) => Some(e),
+            Ok(_) => k8s::Binaries::find(&k8s::default_bin_dir())
+                .err()
+                .map(|e| e.to_string()),
+        },
     };
     match problem {
         None => {
             net::sweep_stale();
-            Some(service_bin())
+            k8s::sweep_cgroups();
+            service_bin().ok()
         }
         Some(p) if std::env::var("LAMEDUCK_E2E").as_deref() == Ok("require") => {
             panic!("real-stack testbed cannot run: {p}, and LAMEDUCK_E2E=require")
@@ -220,6 +213,66 @@ fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
                 kind == "endpoint_slice",
                 "{}: committed on {kind}: {ev}",
                 p.pod
+            );
+        }
+    }
+}
+
+/// Issue 33's cell on the real components: two nodes, each with its own real kube-proxy
+/// (`--hostname-override`, its own configuration) writing its rules in its own namespace.
+/// Node 1's `minSyncPeriod` is 1 s and carries dense fresh connections; node 2's is 6 s (slow
+/// by configuration) and carries a trickle of fresh connections from its own clients. The
+/// drain must outlast node 2's update, read from its own sync timestamp; no request may be
+/// lost.
+#[test]
+fn real_stack_two_nodes_the_drain_outlasts_the_slowest_proxy() {
+    let mut c = real(Server::Lameduck, Backend::Iptables);
+    c.grace = Duration::from_secs(30);
+    c.nodes = vec![
+        cell::NodeSpec {
+            sync_delay: Duration::from_secs(1),
+            slow: false,
+            clients: Some(cell::ClientSpec {
+                shape: Shape::Fresh,
+                rate: DENSE,
+            }),
+        },
+        cell::NodeSpec {
+            sync_delay: Duration::from_secs(6),
+            slow: false,
+            clients: Some(cell::ClientSpec {
+                shape: Shape::Fresh,
+                rate: 2.0,
+            }),
+        },
+    ];
+    for r in &run(&[c]) {
+        assert!(
+            r.counts.requests > 100,
+            "too little traffic: {}",
+            describe(r)
+        );
+        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        for p in &r.pods {
+            assert_eq!(
+                p.steps.per_node.len(),
+                2,
+                "{}: both kube-proxies' syncs are seen: {}",
+                p.pod,
+                describe(r)
+            );
+            let after = p.steps.exit_after_proxy_ms().unwrap_or_else(|| {
+                panic!(
+                    "{}: no slowest proxy update or no exit: {}",
+                    p.pod,
+                    describe(r)
+                )
+            });
+            assert!(
+                after >= 0,
+                "{}: the drain committed while node 2's kube-proxy still routed to it: {}",
+                p.pod,
+                describe(r)
             );
         }
     }
