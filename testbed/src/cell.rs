@@ -724,9 +724,15 @@ pub fn table_row(r: &CellResult) -> String {
         .collect();
     let evidence = r.pods.iter().filter(|p| p.on_evidence()).count();
     let max = r.pods.iter().filter(|p| p.at_max()).count();
+    // A name longer than its column (several nodes) gets a line of its own.
+    let name = if r.name.len() > 48 {
+        format!("{}\n{:<48}", r.name, "")
+    } else {
+        r.name.clone()
+    };
     format!(
         "{:<48} {:>8} {:>5} {:>10} {:>8} {:>8}  {}{}\n",
-        r.name,
+        name,
         r.counts.requests,
         r.counts.lost(),
         r.counts.unfinished,
@@ -994,18 +1000,16 @@ async fn control_real(
     } else {
         0
     };
-    let run = match real::start(
-        netns,
-        &bins,
-        &proxies,
-        load,
-        &service_bin,
-        config.start_delay,
-        config.kube,
-        &dir,
-    )
-    .await
-    {
+    let options = real::StartOptions {
+        proxies: &proxies,
+        load_services: load,
+        service_bin: &service_bin,
+        start_delay: config.start_delay,
+        kube: config.kube,
+        publish_not_ready: config.publish_not_ready,
+        dir: &dir,
+    };
+    let run = match real::start(netns, &bins, &options).await {
         Ok(r) => r,
         Err(e) => return (Err(e), Vec::new()),
     };

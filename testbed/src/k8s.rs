@@ -438,6 +438,8 @@ impl ControlPlane {
         };
         let p = |name: &str| pki.join(name).display().to_string();
         let etcd_dir = dir.join("etcd");
+        // A cell directory used before (the same --out) must not hand its old cluster on.
+        let _ = std::fs::remove_dir_all(&etcd_dir);
         cp.spawn(
             bins,
             node_ns,
@@ -561,7 +563,13 @@ impl ControlPlane {
                 .ok_or_else(|| NetError(format!("{label} exited at once")))?;
             self.limits.push(CpuLimit::apply(pid, &limit_label, share)?);
         }
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        // A slow node's first sync writes every Service's rules at its CPU share.
+        let limit = Duration::from_secs(if settings.cpu_share.is_some() {
+            180
+        } else {
+            60
+        });
+        let give_up = tokio::time::Instant::now() + limit;
         loop {
             if let Ok(text) = http_text(&metrics, "/metrics").await {
                 if text.contains("kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
@@ -571,7 +579,7 @@ impl ControlPlane {
             self.check_alive()?;
             if tokio::time::Instant::now() > give_up {
                 return Err(NetError(format!(
-                    "{label}'s metrics did not answer in 60 s: see {}",
+                    "{label}'s metrics did not answer in {limit:?}: see {}",
                     self.dir.join(format!("{label}.log")).display()
                 )));
             }
@@ -767,10 +775,13 @@ pub fn rule_endpoints(
             net::run_in(node_ns, &["nft", "list", "table", "ip", "kube-proxy"], None)?
         }
     };
-    let mut ips: Vec<Ipv4Addr> = Vec::new();
+    let mut ips: Vec<Ipv4Addr> = match backend {
+        Backend::Iptables => iptables_service_endpoints(&text),
+        Backend::Nftables => Vec::new(),
+    };
     for line in text
         .lines()
-        .filter(|l| l.contains("dnat") || l.contains("DNAT"))
+        .filter(|l| backend == Backend::Nftables && (l.contains("dnat") || l.contains("DNAT")))
     {
         for word in line.split(|c: char| !(c.is_ascii_digit() || c == '.')) {
             if let Ok(ip) = word.parse::<Ipv4Addr>() {
@@ -782,6 +793,45 @@ pub fn rule_endpoints(
     }
     ips.sort();
     Ok((ips, text))
+}
+
+/// The Pod IPs the Service's chain jumps to in `iptables-save -t nat` output: `KUBE-SERVICES`
+/// → the VIP's `KUBE-SVC-…` → its `KUBE-SEP-…` → their DNAT. Following the jumps, not every
+/// DNAT in the table: with more than 1,000 endpoints in the cluster kube-proxy leaves the
+/// chains of removed endpoints in place until a full sync, unreferenced.
+fn iptables_service_endpoints(text: &str) -> Vec<Ipv4Addr> {
+    let target = |line: &str, prefix: &str| -> Option<String> {
+        let rest = line.split(" -j ").nth(1)?;
+        let chain = rest.split_whitespace().next()?;
+        chain.starts_with(prefix).then(|| chain.to_owned())
+    };
+    let vip = format!("-d {}/32", crate::net::SERVICE_VIP);
+    let svcs: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with("-A KUBE-SERVICES ") && l.contains(&vip))
+        .filter_map(|l| target(l, "KUBE-SVC-"))
+        .collect();
+    let seps: Vec<String> = text
+        .lines()
+        .filter(|l| svcs.iter().any(|s| l.starts_with(&format!("-A {s} "))))
+        .filter_map(|l| target(l, "KUBE-SEP-"))
+        .collect();
+    let mut ips = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| l.contains("DNAT") && seps.iter().any(|s| l.starts_with(&format!("-A {s} "))))
+    {
+        let Some(dest) = line.split("--to-destination ").nth(1) else {
+            continue;
+        };
+        let ip = dest.split(':').next().unwrap_or("");
+        if let Ok(ip) = ip.parse::<Ipv4Addr>() {
+            if !ips.contains(&ip) {
+                ips.push(ip);
+            }
+        }
+    }
+    ips
 }
 
 #[cfg(test)]
@@ -796,6 +846,29 @@ mod tests {
             "testbed/k8s/go.mod does not pin {PINNED_VERSION}"
         );
         assert_eq!(probe_user_agent(), "kube-probe/1.36");
+    }
+
+    #[test]
+    fn only_the_services_live_endpoints_count() {
+        // Large-cluster mode: no comments, and the chain of a removed endpoint (198.18.1.1)
+        // still in the table, unreferenced; another Service's endpoint beside.
+        let text = "*nat\n\
+            -A KUBE-SERVICES -d 198.18.100.10/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-AAAA\n\
+            -A KUBE-SERVICES -d 198.18.96.7/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-BBBB\n\
+            -A KUBE-SVC-AAAA -m statistic --mode random --probability 0.5 -j KUBE-SEP-TWO\n\
+            -A KUBE-SVC-AAAA -j KUBE-SEP-THREE\n\
+            -A KUBE-SVC-BBBB -j KUBE-SEP-OTHER\n\
+            -A KUBE-SEP-ONE -p tcp -m tcp -j DNAT --to-destination 198.18.1.1:8080\n\
+            -A KUBE-SEP-TWO -p tcp -m tcp -j DNAT --to-destination 198.18.1.2:8080\n\
+            -A KUBE-SEP-THREE -p tcp -m tcp -j DNAT --to-destination 198.18.1.3:8080\n\
+            -A KUBE-SEP-OTHER -p tcp -m tcp -j DNAT --to-destination 198.19.0.1:8080\n\
+            COMMIT\n";
+        let ips = iptables_service_endpoints(text);
+        assert_eq!(
+            ips,
+            vec![Ipv4Addr::new(198, 18, 1, 2), Ipv4Addr::new(198, 18, 1, 3)]
+        );
+        assert!(iptables_service_endpoints("*nat\nCOMMIT\n").is_empty());
     }
 
     #[test]

@@ -198,12 +198,14 @@ impl Real {
 
     // ---- the controller's side -------------------------------------------------------
 
-    /// Creates the Service (ClusterIP [`SERVICE_VIP`], port 80 → 8080).
-    pub async fn create_service(&self) -> Result<(), NetError> {
+    /// Creates the Service (ClusterIP [`SERVICE_VIP`], port 80 → 8080), with
+    /// `publishNotReadyAddresses` as given.
+    pub async fn create_service(&self, publish_not_ready: bool) -> Result<(), NetError> {
         let svc: Service = serde_json::from_value(json!({
             "metadata": {"name": SERVICE, "namespace": NAMESPACE},
             "spec": {
                 "clusterIP": SERVICE_VIP.to_string(),
+                "publishNotReadyAddresses": publish_not_ready,
                 "selector": {"app": APP},
                 "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}]
             }
@@ -1293,19 +1295,42 @@ impl std::fmt::Debug for RealRun {
     }
 }
 
+/// What [`start`] sets up besides the namespaces and the binaries.
+#[derive(Debug, Clone, Copy)]
+pub struct StartOptions<'a> {
+    /// Per node, its kube-proxy's settings.
+    pub proxies: &'a [ProxySettings],
+    /// Other Services to load the cluster with ([`Real::load_services`]).
+    pub load_services: usize,
+    /// The example service.
+    pub service_bin: &'a Path,
+    /// From a Pod's sandbox to its process.
+    pub start_delay: Duration,
+    /// Apply `examples/k8s/`'s RBAC (the `kube` cells).
+    pub kube: bool,
+    /// The Service's `publishNotReadyAddresses`.
+    pub publish_not_ready: bool,
+    /// The cell's directory.
+    pub dir: &'a Path,
+}
+
 /// Starts the control plane and the testbed's kubelet, scheduler binding and watchers in
 /// `netns`'s node namespace (call from a thread inside it): registers the Node, starts
 /// kube-proxy, creates the Service, and with `kube` applies `examples/k8s/`'s RBAC.
 pub async fn start(
     netns: Netns,
     bins: &Binaries,
-    proxies: &[ProxySettings],
-    load_services: usize,
-    service_bin: &Path,
-    start_delay: Duration,
-    kube: bool,
-    dir: &Path,
+    o: &StartOptions<'_>,
 ) -> Result<RealRun, NetError> {
+    let StartOptions {
+        proxies,
+        load_services,
+        service_bin,
+        start_delay,
+        kube,
+        publish_not_ready,
+        dir,
+    } = *o;
     let node_ns = netns.node();
     let node_nss: Vec<String> = (1..=netns.nodes()).map(|k| netns.node_of(k)).collect();
     if proxies.len() != node_nss.len() {
@@ -1351,6 +1376,8 @@ pub async fn start(
     for k in 1..=node_nss.len() {
         real.register_node(k).await?;
     }
+    // The Service first: its ClusterIP is fixed, the load's are allocated.
+    real.create_service(publish_not_ready).await?;
     if load_services > 0 {
         real.load_services(load_services).await?;
     }
@@ -1377,7 +1404,6 @@ pub async fn start(
         tokio::spawn(real.clone().scrape_proxy(k));
     }
     tokio::spawn(real.clone().scheduler_loop());
-    real.create_service().await?;
     if kube {
         real.apply_example_rbac().await?;
     }
