@@ -322,7 +322,17 @@ impl CellConfig {
         }
     }
 
-    fn server_cmd(&self, bin: &Path) -> (ServerCmd, PreStop) {
+    /// The binary this cell's server runs: the service (`service_bin`) for lameduck, the
+    /// baseline next to it ([`baseline_bin`]) for the others.
+    pub fn server_bin(&self, service_bin: &Path) -> PathBuf {
+        match self.server {
+            Server::Lameduck => service_bin.to_owned(),
+            Server::Naive | Server::Graceful | Server::Sleep5 => baseline_bin(service_bin),
+        }
+    }
+
+    /// The server's binary (see [`server_bin`](Self::server_bin)), flags and `preStop` hook.
+    fn server_cmd(&self, service_bin: &Path) -> (ServerCmd, PreStop) {
         let grace = format!("{}ms", self.grace.as_millis());
         let (flags, hook): (Vec<String>, PreStop) = match self.server {
             Server::Lameduck => {
@@ -344,7 +354,7 @@ impl CellConfig {
         };
         (
             ServerCmd {
-                bin: bin.to_owned(),
+                bin: self.server_bin(service_bin),
                 flags,
             },
             hook,
@@ -558,9 +568,16 @@ pub fn table_row(r: &CellResult) -> String {
     )
 }
 
+/// The baselines' binary (`examples/baseline`: `--naive`, `--fixed-sleep`), next to the
+/// service's.
+pub fn baseline_bin(service_bin: &Path) -> PathBuf {
+    service_bin.with_file_name("baseline")
+}
+
 /// Runs one cell end to end and writes its files under `out/<cell>/`.
 ///
-/// `service_bin` is the example service (`target/<profile>/examples/service`).
+/// `service_bin` is the example service (`target/<profile>/examples/service`); the baselines
+/// run `examples/baseline` next to it ([`baseline_bin`]).
 pub fn run_cell(
     config: &CellConfig,
     service_bin: &Path,
@@ -614,7 +631,7 @@ pub fn run_cell(
         }
         Stack::Real => {
             let cfg = config.clone();
-            let bin = service_bin.to_owned();
+            let bin = config.server_bin(service_bin);
             let d = dir.clone();
             let node = net::spawn_in(&node_ns, move || async move {
                 let (r, events) = control_real(netns, cfg, bin, d, go_tx, stop_tx).await;

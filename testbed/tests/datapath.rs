@@ -3,7 +3,8 @@
 //!
 //! Needs root and `ip`, `iptables-restore`, `nft`, `conntrack`. Without them these tests print
 //! a SKIPPED banner and pass — unless `LAMEDUCK_E2E=require` (as `.ci/run` sets), where they
-//! fail. The service binary is `target/<profile>/examples/service`, built by
+//! fail. The service binary is `target/<profile>/examples/service` (the baselines run
+//! `examples/baseline` next to it), built by
 //! `cargo test --workspace --all-features`; `LAMEDUCK_TESTBED_SERVICE` overrides it.
 
 use std::path::PathBuf;
