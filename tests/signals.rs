@@ -1070,7 +1070,7 @@ fn a_young_process_says_on_stderr_that_it_waited_to_max_for_its_age() {
         .unwrap_or_else(|| panic!("no summary line: {err}"));
     assert!(
         line.contains(&format!(
-            "waited to max ({} ms): the process had served only",
+            "waited to max ({} ms): the process had seen only",
             report.propagation.max_ms
         )) && line.contains("(too_few_slots)"),
         "{line}"

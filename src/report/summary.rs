@@ -97,7 +97,7 @@ impl DrainReport {
         let e = self.propagation.evidence.as_ref()?;
         let young = || {
             format!(
-                "the process had served only {:.1} s before the drain, under the 15 s the \
+                "the process had seen only {:.1} s of traffic before the drain, under the 15 s the \
                  evidence needs (too_few_slots)",
                 (e.slots_observed * e.slot_ms) as f64 / 1000.0
             )
