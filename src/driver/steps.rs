@@ -94,7 +94,7 @@ impl Driver {
         crate::propagation::Policy::refit(self.core, origin, &mut evidence);
         let mut committed = evidence.report(kind, crate::propagation::silence(self.core, origin));
         if let (Some(since), Some((count, mut work))) = (commit.held_since, in_flight_then) {
-            work.sort_by(|a, b| b.age_ms.cmp(&a.age_ms));
+            work.sort_by_key(|w| std::cmp::Reverse(w.age_ms));
             work.truncate(InFlightHold::LISTED);
             committed.in_flight_hold = Some(InFlightHold {
                 since_ms: since.saturating_duration_since(origin).as_millis() as u64,
