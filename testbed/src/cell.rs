@@ -1102,3 +1102,35 @@ pub fn default_out(service_bin: &Path) -> PathBuf {
         .map_or_else(|| PathBuf::from("target"), Path::to_path_buf);
     target.join("testbed").join(format!("{}", unix_ms() / 1000))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lameduck runs the service; the baselines run `examples/baseline` next to it, with the
+    /// flags the baseline binary takes.
+    #[test]
+    fn baselines_run_the_baseline_binary_next_to_the_service() {
+        let service = Path::new("/t/examples/service");
+        for server in Server::ALL {
+            let (cmd, _) = CellConfig::new(server).server_cmd(service);
+            match server {
+                Server::Lameduck => {
+                    assert_eq!(cmd.bin, service);
+                    assert!(cmd
+                        .flags
+                        .iter()
+                        .all(|f| f != "--naive" && f != "--fixed-sleep"));
+                }
+                Server::Naive => {
+                    assert_eq!(cmd.bin, Path::new("/t/examples/baseline"));
+                    assert_eq!(cmd.flags, ["--naive"]);
+                }
+                Server::Graceful | Server::Sleep5 => {
+                    assert_eq!(cmd.bin, Path::new("/t/examples/baseline"));
+                    assert_eq!(cmd.flags, ["--fixed-sleep", "0"]);
+                }
+            }
+        }
+    }
+}
