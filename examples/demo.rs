@@ -5,7 +5,8 @@
 //! balancer — learns about `/readyz` only after a delay; a load of short, slow and streaming
 //! requests with request ids over keep-alive and fresh connections; one instance drained through
 //! its `/drain` endpoint (what a `preStop` hook does). Then the same run again with a naive
-//! shutdown (stop at once on the signal, no drain) for comparison.
+//! shutdown (stop at once on the signal, no drain) for comparison. The settings it changes
+//! from the defaults, and why, are printed first (`SETTINGS`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -31,6 +32,22 @@ const HEALTH_INTERVAL: Duration = Duration::from_millis(250);
 /// When the first instance is taken out.
 const DRAIN_AT: Duration = Duration::from_millis(2500);
 const LOAD_FOR: Duration = Duration::from_secs(9);
+
+// The settings the demo changes from lameduck's defaults; `SETTINGS` says why, on screen.
+const GRACE: Duration = Duration::from_secs(12);
+const MIN: Duration = Duration::from_millis(1500);
+const QUIET_SUFFICES_AFTER: Duration = Duration::from_millis(1500);
+const SETTINGS: &str = "\
+settings changed from lameduck's defaults, and why:
+  grace_period 12 s           default 30 s; the propagation max follows it (half): 6 s, not 15 s
+  min 1.5 s                   default 1 s: this balancer drops a backend up to 1.5 s after its
+                              /readyz turns 503 (two failed checks 250 ms apart, acted on 1 s late)
+  quiet_suffices_after 1.5 s  default none: the instances serve only 2.5 s before the drain,
+                              under the 15 s of traffic the evidence needs (too_few_slots), so
+                              the default would wait to max; the balancer's delay is known, so
+                              the quiet window suffices after it. A Pod that served past 15 s
+                              needs neither: its own traffic says when the proxies moved on.
+";
 
 struct Backend {
     name: &'static str,
@@ -65,15 +82,11 @@ async fn start_backend(name: &'static str, naive: bool) -> Backend {
         };
     }
     let drain = Drain::builder()
-        .grace_period(Duration::from_secs(12))
+        .grace_period(GRACE)
         .propagation(
-            // The demo drains 2.5 s after start, too soon to measure an arrival rate; what is
-            // known of its balancer is that it drops a backend within 1.5 s of the flip (two
-            // failed checks 250 ms apart, applied 1 s late), so say so.
-            Propagation::quiet(Duration::from_millis(700))
-                .min(Duration::from_millis(1500))
-                .max(Duration::from_secs(6))
-                .quiet_suffices_after(Duration::from_millis(1500)),
+            Propagation::default()
+                .min(MIN)
+                .quiet_suffices_after(QUIET_SUFFICES_AFTER),
         )
         .signals(Signals::none())
         .report_to_stderr(false)
@@ -325,7 +338,7 @@ fn table(title: &str, run: &Run) {
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+async fn main() -> std::process::ExitCode {
     println!(
         "lameduck demo: 2 instances behind a balancer that notices /readyz {} ms late;",
         NOTICE_DELAY.as_millis()
@@ -335,6 +348,7 @@ async fn main() {
         DRAIN_AT.as_secs_f64(),
         LOAD_FOR.as_secs()
     );
+    println!("{SETTINGS}");
     println!("run 1: lameduck (preStop /drain → quiet window → stop accepting → zero → close)");
     let good = scenario(false).await;
     println!("\nrun 2: naive shutdown (exit at once on the signal, no drain)");
@@ -358,8 +372,10 @@ async fn main() {
     );
     diagnose("(d) correlate's diagnosis, lameduck", "lameduck", &good);
     diagnose("(e) correlate's diagnosis, naive shutdown", "naive", &naive);
-    if !ok {
-        std::process::exit(1);
+    if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
     }
 }
 

@@ -36,17 +36,22 @@ fn addr(var: &str, default: &str) -> SocketAddr {
         .unwrap_or_else(|e| panic!("{var}: {e}"))
 }
 
+/// Returns the drain report's exit code in `serve` mode (after destructors ran).
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<std::process::ExitCode, Box<dyn std::error::Error>> {
     let grpc_addr = addr("GRPC_ADDR", "127.0.0.1:50051");
     match std::env::args().nth(1).as_deref() {
         None | Some("serve") => serve(grpc_addr).await,
-        Some("client") => client(grpc_addr).await,
+        Some("client") => client(grpc_addr)
+            .await
+            .map(|()| std::process::ExitCode::SUCCESS),
         Some(other) => Err(format!("unknown mode {other:?}: use `serve` or `client`").into()),
     }
 }
 
-async fn serve(grpc_addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
+async fn serve(
+    grpc_addr: SocketAddr,
+) -> Result<std::process::ExitCode, Box<dyn std::error::Error>> {
     let drain = Drain::builder()
         .grace_period(Duration::from_secs(20))
         .propagation(Propagation::quiet(Duration::from_secs(2)).min(Duration::from_secs(3)))
@@ -71,7 +76,7 @@ async fn serve(grpc_addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> 
     let report = drain.run().await;
     server.await?;
     println!("{}", report.summary());
-    std::process::exit(report.exit_code);
+    Ok(std::process::ExitCode::from(&report))
 }
 
 async fn client(grpc_addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {

@@ -2,36 +2,31 @@
 //!
 //! The production-style setup a service author copies: an axum app behind `drain.layer()`,
 //! served by `lameduck::serve`, a separate admin listener for probes and the `preStop` hook, a
-//! startup gate, a cancel-on-drain task, a must-finish task, a resource closer, and the report.
-//! The process exits with the report's exit code.
+//! startup gate, a must-finish task, a resource closer, and the report. `main` returns the
+//! report's exit code (so destructors run).
 //!
 //! ```text
 //! service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR]
 //!         [--quiet DUR] [--min DUR] [--max DUR] [--quiet-suffices-after DUR]
 //!         [--report-file PATH]
-//!         [--stuck-task] [--startup-delay DUR] [--naive] [--fixed-sleep DUR]
+//!         [--stuck-task] [--startup-delay DUR]
 //!         [--readiness-policy auto|not-ready|serving-until-stop]
 //! service prestop [--admin ADDR]      # the preStop exec hook, for images without curl
 //! ```
 //!
 //! Routes on `--listen`: `GET /` → `ok`; `GET /slow?ms=N` → `ok` after N ms;
 //! `GET /stream?ms=N` → a chunked body streaming for N ms. Every response carries `x-instance`
-//! and echoes `x-request-id`. `--naive` turns lameduck off entirely (no drain: exit at once on
-//! SIGTERM) for comparisons. `--fixed-sleep DUR` is the other baseline, without lameduck: on
-//! SIGTERM `/readyz` answers 503, the service keeps serving unchanged for DUR (no
-//! `Connection: close`), then stops with axum's `with_graceful_shutdown`; `--fixed-sleep 0` is
-//! axum's documented graceful shutdown, and behind a `preStop` `sleep 5` it is the usual
-//! "sleep, then stop gracefully" recipe.
+//! and echoes `x-request-id`. The shutdowns lameduck is compared against (exit at once, a fixed
+//! sleep) are `examples/baseline.rs`, with the same routes.
 //!
 //! On stdout it prints one line once both listeners are bound:
 //! `READY listen=127.0.0.1:8080 admin=127.0.0.1:9901`.
 
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::http::HeaderName;
-use axum::routing::get;
-use axum::Router;
 use lameduck::{parse_duration, Drain, Propagation};
 
 #[path = "common/app.rs"]
@@ -50,28 +45,19 @@ struct Args {
     report_file: Option<String>,
     stuck_task: bool,
     startup_delay: Duration,
-    naive: bool,
-    fixed_sleep: Option<Duration>,
     readiness_policy: Option<lameduck::ReadinessWhileDraining>,
 }
 
-fn usage(msg: &str) -> ! {
-    complain(format!("service: {msg}"));
-    complain(
-        "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR] \
-         [--quiet DUR] [--min DUR] [--max DUR] [--quiet-suffices-after DUR] \
-         [--report-file PATH] [--stuck-task] \
-         [--startup-delay DUR] [--naive] [--fixed-sleep DUR] \
-         [--readiness-policy auto|not-ready|serving-until-stop]\n       service prestop [--admin ADDR]",
-    );
-    flush_log();
-    std::process::exit(2)
-}
+const USAGE: &str = "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] \
+                     [--grace-period DUR] [--quiet DUR] [--min DUR] [--max DUR] \
+                     [--quiet-suffices-after DUR] [--report-file PATH] [--stuck-task] \
+                     [--startup-delay DUR] [--readiness-policy auto|not-ready|serving-until-stop]\n       \
+                     service prestop [--admin ADDR]";
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
-        listen: "127.0.0.1:8080".parse().unwrap(),
-        admin: "127.0.0.1:9901".parse().unwrap(),
+        listen: ([127, 0, 0, 1], 8080).into(),
+        admin: ([127, 0, 0, 1], 9901).into(),
         instance: "service".to_owned(),
         grace_period: None,
         quiet: None,
@@ -81,106 +67,104 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Args {
         report_file: None,
         stuck_task: false,
         startup_delay: Duration::ZERO,
-        naive: false,
-        fixed_sleep: None,
         readiness_policy: None,
     };
     while let Some(flag) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .unwrap_or_else(|| usage(&format!("{name} needs a value")))
-        };
-        let dur = |name: &str, v: String| {
-            parse_duration(&v).unwrap_or_else(|e| usage(&format!("{name}: {e}")))
-        };
-        let addr = |name: &str, v: String| {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let dur = |v: String| parse_duration(&v).map_err(|e| format!("{flag}: {e}"));
+        let addr = |v: String| {
             v.parse::<SocketAddr>()
-                .unwrap_or_else(|e| usage(&format!("{name} {v:?}: {e}")))
+                .map_err(|e| format!("{flag} {v:?}: {e}"))
         };
         match flag.as_str() {
-            "--listen" => a.listen = addr("--listen", value("--listen")),
-            "--admin" => a.admin = addr("--admin", value("--admin")),
-            "--instance" => a.instance = value("--instance"),
-            "--grace-period" => {
-                a.grace_period = Some(dur("--grace-period", value("--grace-period")))
-            }
-            "--quiet" => a.quiet = Some(dur("--quiet", value("--quiet"))),
-            "--min" => a.min = Some(dur("--min", value("--min"))),
-            "--max" => a.max = Some(dur("--max", value("--max"))),
-            "--quiet-suffices-after" => {
-                a.quiet_suffices_after = Some(dur(
-                    "--quiet-suffices-after",
-                    value("--quiet-suffices-after"),
-                ))
-            }
+            "--listen" => a.listen = addr(value()?)?,
+            "--admin" => a.admin = addr(value()?)?,
+            "--instance" => a.instance = value()?,
+            "--grace-period" => a.grace_period = Some(dur(value()?)?),
+            "--quiet" => a.quiet = Some(dur(value()?)?),
+            "--min" => a.min = Some(dur(value()?)?),
+            "--max" => a.max = Some(dur(value()?)?),
+            "--quiet-suffices-after" => a.quiet_suffices_after = Some(dur(value()?)?),
             // The old name read like a floor; it never was one (`--min` is).
             "--assume-converged-after" => {
                 complain(
                     "service: --assume-converged-after is now --quiet-suffices-after (a fallback, \
                      not a floor; the floor is --min)",
                 );
-                a.quiet_suffices_after = Some(dur(
-                    "--assume-converged-after",
-                    value("--assume-converged-after"),
-                ))
+                a.quiet_suffices_after = Some(dur(value()?)?);
             }
-            "--report-file" => a.report_file = Some(value("--report-file")),
+            "--report-file" => a.report_file = Some(value()?),
             "--stuck-task" => a.stuck_task = true,
-            "--startup-delay" => a.startup_delay = dur("--startup-delay", value("--startup-delay")),
-            "--naive" => a.naive = true,
-            "--fixed-sleep" => a.fixed_sleep = Some(dur("--fixed-sleep", value("--fixed-sleep"))),
+            "--startup-delay" => a.startup_delay = dur(value()?)?,
             "--readiness-policy" => {
-                let v = value("--readiness-policy");
                 a.readiness_policy = Some(
-                    v.parse()
-                        .unwrap_or_else(|e| usage(&format!("--readiness-policy: {e}"))),
+                    value()?
+                        .parse()
+                        .map_err(|e| format!("--readiness-policy: {e}"))?,
                 )
             }
-            "-h" | "--help" => usage("help"),
-            other => usage(&format!("unknown flag {other:?}")),
+            "--naive" | "--fixed-sleep" => {
+                return Err(format!(
+                    "{flag} is a baseline without lameduck: run examples/baseline"
+                ))
+            }
+            "-h" | "--help" => return Err("help".to_owned()),
+            other => return Err(format!("unknown flag {other:?}")),
         }
     }
-    a
+    Ok(a)
 }
 
-fn main() {
+fn main() -> ExitCode {
     let mut argv = std::env::args().skip(1).peekable();
-    if argv.peek().map(String::as_str) == Some("prestop") {
+    let prestop = argv.peek().map(String::as_str) == Some("prestop");
+    if prestop {
         argv.next();
-        let args = parse_args(argv);
+    }
+    let args = match parse_args(argv) {
+        Ok(a) => a,
+        Err(e) => {
+            complain(format!("service: {e}"));
+            complain(USAGE);
+            flush_log();
+            return ExitCode::from(2);
+        }
+    };
+    let code = if prestop {
         // The preStop exec hook: ask our own admin port to drain, exit 0/1.
         match lameduck::prestop_blocking(args.admin, lameduck::PrestopOptions::from_env()) {
             Ok(status) => {
                 say(&format!("drained: phase {}", status.phase));
-                std::process::exit(0)
+                ExitCode::SUCCESS
             }
             Err(e) => {
                 complain(format!("prestop: {e}"));
-                flush_log();
-                std::process::exit(1)
+                ExitCode::FAILURE
             }
         }
-    }
-    let args = parse_args(argv);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let code = rt.block_on(async move {
-        if args.naive {
-            naive(args).await
-        } else if let Some(sleep) = args.fixed_sleep {
-            fixed_sleep(args, sleep).await
-        } else {
-            run(args).await
+    } else {
+        match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => {
+                let code = rt.block_on(run(args));
+                // Bounded: a blocking task stuck in the kernel must not hold the exit.
+                rt.shutdown_timeout(Duration::from_secs(1));
+                code
+            }
+            Err(e) => {
+                complain(format!("service: cannot start the runtime: {e}"));
+                ExitCode::from(2)
+            }
         }
-    });
+    };
     flush_log();
-    std::process::exit(code)
+    code
 }
 
-async fn run(args: Args) -> i32 {
+async fn run(args: Args) -> ExitCode {
     let mut builder = Drain::builder();
     if let Some(g) = args.grace_period {
         builder = builder.grace_period(g);
@@ -209,7 +193,7 @@ async fn run(args: Args) -> i32 {
         Ok(d) => d,
         Err(e) => {
             complain(format!("service: {e}"));
-            return 2;
+            return ExitCode::from(2);
         }
     };
 
@@ -229,17 +213,8 @@ async fn run(args: Args) -> i32 {
         warmup.open();
     });
 
-    // A poller that stops taking new work when the drain starts.
-    drain.spawn_cancellable("poller", |ctx| async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
-        loop {
-            tokio::select! {
-                () = ctx.drain_started().cancelled() => return,
-                _ = tick.tick() => {}
-            }
-        }
-    });
-    // A buffer that must be flushed before exit.
+    // A buffer that must be flushed before exit: counted until it returns (the sleep stands
+    // for the write).
     let stop = drain.stopped_accepting();
     drain.spawn("flush-buffer", async move {
         stop.cancelled().await;
@@ -248,7 +223,7 @@ async fn run(args: Args) -> i32 {
     if args.stuck_task {
         drain.spawn("stuck-task", std::future::pending::<()>());
     }
-    // Closed after the requests and tasks that use it.
+    // Closed after the requests and tasks that use it (the sleep stands for the pool's close).
     drain.on_close_with(
         "db-pool",
         lameduck::CloseOptions::new().timeout(Duration::from_secs(2)),
@@ -262,7 +237,7 @@ async fn run(args: Args) -> i32 {
         Ok(l) => l,
         Err(e) => {
             complain(format!("service: cannot listen on {}: {e}", args.listen));
-            return 2;
+            return ExitCode::from(2);
         }
     };
     let admin = match tokio::net::TcpListener::bind(args.admin).await {
@@ -272,7 +247,7 @@ async fn run(args: Args) -> i32 {
                 "service: cannot listen on {} (admin): {e}",
                 args.admin
             ));
-            return 2;
+            return ExitCode::from(2);
         }
     };
     // Before READY: a SIGTERM right after it must drain, not kill (`run` would install them
@@ -298,82 +273,7 @@ async fn run(args: Args) -> i32 {
     );
     let report = drain.run().await;
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
-    report.exit_code
-}
-
-/// No lameduck at all: serve until SIGTERM, then exit at once (what many services do).
-async fn naive(args: Args) -> i32 {
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .expect("listen");
-    let admin = tokio::net::TcpListener::bind(args.admin)
-        .await
-        .expect("admin");
-    ready(&listener, &admin);
-    let probes = Router::new()
-        .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }));
-    tokio::spawn(async move {
-        let _ = axum::serve(admin, probes).await;
-    });
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app(&args.instance)).await;
-    });
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("signal handler");
-    term.recv().await;
-    0
-}
-
-/// No lameduck: on SIGTERM answer 503 on `/readyz`, keep serving unchanged for `sleep`, then
-/// stop with axum's `with_graceful_shutdown` (idle connections closed, in-flight ones finished).
-async fn fixed_sleep(args: Args, sleep: Duration) -> i32 {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .expect("listen");
-    let admin = tokio::net::TcpListener::bind(args.admin)
-        .await
-        .expect("admin");
-    ready(&listener, &admin);
-    let stopping = Arc::new(AtomicBool::new(false));
-    let flag = stopping.clone();
-    let probes = Router::new().route("/livez", get(|| async { "ok" })).route(
-        "/readyz",
-        get(move || {
-            let stopping = flag.load(Ordering::SeqCst);
-            async move {
-                if stopping {
-                    (axum::http::StatusCode::SERVICE_UNAVAILABLE, "stopping")
-                } else {
-                    (axum::http::StatusCode::OK, "ok")
-                }
-            }
-        }),
-    );
-    tokio::spawn(async move {
-        let _ = axum::serve(admin, probes).await;
-    });
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app(&args.instance))
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("signal handler");
-    term.recv().await;
-    stopping.store(true, Ordering::SeqCst);
-    tokio::time::sleep(sleep).await;
-    let _ = stop_tx.send(());
-    match server.await {
-        Ok(Ok(())) => 0,
-        _ => 1,
-    }
+    ExitCode::from(&report)
 }
 
 /// The READY line the tests and scripts wait for.

@@ -16,6 +16,7 @@
 mod ticks;
 
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use lameduck::{Drain, Propagation, Trigger};
@@ -31,11 +32,12 @@ fn env_addr(var: &str, default: &str) -> SocketAddr {
         .unwrap_or_else(|e| panic!("{var}: {e}"))
 }
 
+/// Returns the drain report's exit code in `serve` mode (after destructors ran).
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn main() -> Result<ExitCode, Box<dyn std::error::Error + Send + Sync>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        None | Some("demo") => demo().await,
+        None | Some("demo") => demo().await.map(|()| ExitCode::SUCCESS),
         Some("serve") => {
             let addr = env_addr("ADDR", "127.0.0.1:3000");
             let admin = env_addr("ADMIN_ADDR", "127.0.0.1:9090");
@@ -49,7 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             if addrs.is_empty() {
                 return Err("client: give one or more replica addresses".into());
             }
-            client(&addrs, 200).await
+            client(&addrs, 200).await.map(|()| ExitCode::SUCCESS)
         }
         Some(other) => Err(format!("unknown mode {other:?}: use demo, serve or client").into()),
     }
@@ -66,7 +68,7 @@ fn drain() -> Result<Drain, lameduck::ConfigError> {
 async fn serve(
     addr: SocketAddr,
     admin: SocketAddr,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<ExitCode, Box<dyn std::error::Error + Send + Sync>> {
     let drain = drain()?;
     let admin = tokio::net::TcpListener::bind(admin).await?;
     tokio::spawn(drain.admin().serve(admin));
@@ -79,7 +81,7 @@ async fn serve(
     let report = drain.run().await;
     server.await?;
     println!("{}", report.summary());
-    std::process::exit(report.exit_code);
+    Ok(ExitCode::from(&report))
 }
 
 /// Follows the stream across replicas: on a clean end, waits the server's retry hint and

@@ -2,7 +2,7 @@
 //!
 //! | Guide | For | Features |
 //! |---|---|---|
-//! | [`axum`] | axum apps: the one-call [`serve`][one-call], or `axum::serve` wired by hand | `axum` (default) |
+//! | [`axum`] | axum apps: [`lameduck::serve`][serve] (recommended), the one-call [`axum_serve`][one-call] that keeps axum's accept loop, or `axum::serve` wired by hand | `axum` (default) |
 //! | [`hyper`] | apps with their own hyper accept loop | `http` (default) |
 //! | [`tonic`] | gRPC services: the drain layer, GOAWAY, the standard health service | `grpc` |
 //! | [`worker`] | queue consumers, pollers, cron-style processes with no HTTP | none |

@@ -47,7 +47,7 @@
 //!
 //! | You run | Use | Guide |
 //! |---|---|---|
-//! | axum, hyper or any tower service, and can hand over the accept loop | [`serve`] + [`Drain::layer`] | [`guide::axum`] (which one) |
+//! | axum, hyper or any tower service, and can hand over the accept loop (recommended) | [`serve`] + [`Drain::layer`]; `.connect_info()` for `ConnectInfo` extractors | [`guide::axum`] (which one) |
 //! | axum, keeping axum's own accept loop | [`axum_serve`] + [`Drain::layer`] | [`guide::axum`] |
 //! | your own hyper accept loop | [`Drain::layer`] + [`ConnMeta`] + the tokens | [`guide::hyper`] |
 //! | tonic (gRPC) | [`Drain::layer`] + [`Drain::grpc_health`] | [`guide::tonic`] |

@@ -8,7 +8,7 @@ use crate::ConfigError;
 
 mod policy;
 
-pub(crate) use policy::{silence, Check, Policy, Seen};
+pub(crate) use policy::{silence, Check, Commit, Policy, Seen};
 
 // The confidence rule guards sparse traffic and decides the silence needed, so `quiet` is only
 // a floor on it (what the evidence cannot see: a last connection already in the kernel's accept

@@ -14,7 +14,7 @@
 # `real` and `both` first build (or reuse) kube-apiserver, kube-controller-manager, kube-proxy
 # and etcd with testbed/k8s/build.sh (Go; tens of minutes the first time on a 2-core machine).
 #
-# Builds release binaries of the example service and the testbed (LAMEDUCK_TESTBED_PROFILE=dev
+# Builds release binaries of the example service, the baselines (examples/baseline) and the testbed (LAMEDUCK_TESTBED_PROFILE=dev
 # for debug ones), then runs `lameduck-testbed` with the arguments given (default `matrix`).
 # Files go under target/testbed/<unix-seconds>/, the table to stdout.
 set -euo pipefail
@@ -31,7 +31,7 @@ if [ "${1:-}" = real ] || [ "${1:-}" = both ]; then
   features=(--features kube)
   shift
 fi
-cargo build --profile "$profile" --quiet --example service "${features[@]}"
+cargo build --profile "$profile" --quiet --example service --example baseline "${features[@]}"
 cargo build --profile "$profile" --quiet -p lameduck-testbed
 if [ $# -eq 0 ]; then
   set -- matrix

@@ -575,6 +575,20 @@ async fn quiet_window_waits_for_in_flight_work() {
     let e = stopped_accepting(&drain).await;
     assert_eq!(e.reason, Some(CommitReason::Quiet));
     assert_eq!(e.at_ms, 4000);
+    // The report says the guard, not the silence, set the time: the window held at 1 s.
+    let report = drain.drained().await;
+    let hold = report
+        .propagation
+        .evidence
+        .as_ref()
+        .and_then(|e| e.in_flight_hold.as_ref())
+        .expect("the in-flight hold");
+    assert_eq!(
+        (hold.since_ms, hold.waited_ms, hold.in_flight),
+        (1000, 3000, 1)
+    );
+    assert_eq!(hold.work[0].name, "(undescribed guard)");
+    assert_eq!(hold.work[0].age_ms, 1000);
 }
 
 #[tokio::test(start_paused = true)]

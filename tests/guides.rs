@@ -63,7 +63,8 @@ fn no_guide_block_opts_out_of_compiling() {
 
 #[test]
 fn the_three_first_programs_are_in_the_guides() {
-    // An axum app with the admin port, a background worker and a closer.
+    // An axum app with the admin port, a background worker and a closer, on the entry point
+    // the README uses, with a `ConnectInfo` extractor and what it needs.
     let axum = rust_blocks("src/docs/axum.md");
     program(
         &axum,
@@ -71,7 +72,9 @@ fn the_three_first_programs_are_in_the_guides() {
             "drain.admin().serve(",
             "spawn_cancellable(",
             "on_close(",
-            "axum_serve(",
+            "lameduck::serve(",
+            "ConnectInfo(",
+            ".connect_info()",
             "drain.run()",
         ],
     );
@@ -100,7 +103,10 @@ fn the_three_first_programs_are_in_the_guides() {
     let readme = rust_blocks("README.md");
     let first = &readme.first().expect("a Rust example").1;
     assert!(
-        first.contains("fn main") && first.contains("lameduck::serve("),
+        first.contains("fn main")
+            && first.contains("lameduck::serve(")
+            && first.contains("ConnectInfo(")
+            && first.contains(".connect_info()"),
         "{first}"
     );
 }

@@ -406,3 +406,62 @@ async fn at_the_connection_bound_serve_waits_and_accepts_once_a_connection_close
     drop(second);
     drained_clean(&drain, server).await;
 }
+
+/// A stream that outlives the quiet window holds the commit, and the report says so: the
+/// window held while it was in flight, the commit waited for it, and the evidence names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_holds_the_commit_is_named_in_the_evidence() {
+    // The fallback at once: the window holds 300 ms after the trigger (`min`), whatever the
+    // arrival data says, so only the stream can hold the commit.
+    let drain = drain(
+        secs(20),
+        Propagation::quiet(ms(200))
+            .min(ms(300))
+            .max(secs(10))
+            .quiet_suffices_after(Duration::ZERO),
+    );
+    let (addr, server) = start_serve_describing(&drain, Probe::default()).await;
+
+    // 20 chunks 100 ms apart: about 2 s, begun before the trigger.
+    let (mut c, _c_conn) = h1(addr).await;
+    let res = send1(&mut c, "/stream/20/100").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut body = res.into_body();
+    assert!(next_chunk(&mut body).await.is_some());
+    assert!(drain.start(Trigger::Api));
+    let reader = tokio::spawn(async move {
+        let mut n = 0u32;
+        while next_chunk(&mut body).await.is_some() {
+            n += 1;
+        }
+        n
+    });
+
+    let report = drained_clean(&drain, server).await;
+    assert_eq!(within("the stream ends", reader).await.unwrap(), 19);
+    let evidence = report.propagation.evidence.as_ref().expect("evidence");
+    let hold = evidence
+        .in_flight_hold
+        .as_ref()
+        .unwrap_or_else(|| panic!("the stream held the commit: {evidence:?}"));
+    assert_eq!(hold.in_flight, 1, "{hold:?}");
+    assert_eq!(hold.work.len(), 1, "{hold:?}");
+    assert_eq!(hold.work[0].name, "GET /stream/20/100");
+    assert!(hold.since_ms >= 300, "not before min: {hold:?}");
+    // The stream had about 1.7 s left when the window held; the commit waited for it.
+    assert!(hold.waited_ms >= 1000, "{hold:?}");
+    let stopped = report.event(EventKind::StoppedAccepting).unwrap();
+    assert!(
+        stopped.at_ms >= hold.since_ms + hold.waited_ms,
+        "{report:?}"
+    );
+    // The evidence line on the timeline says it too.
+    let done = report.event(EventKind::PropagationDone).unwrap();
+    let detail = done.detail.as_deref().unwrap_or_default();
+    assert!(
+        detail.contains("held")
+            && detail.contains("by in-flight work")
+            && detail.contains("GET /stream/20/100"),
+        "{detail}"
+    );
+}

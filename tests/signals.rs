@@ -17,6 +17,8 @@ const REPORT_ENV: &str = "LAMEDUCK_TEST_REPORT_FILE";
 const TERMINATION_LOG_ENV: &str = "LAMEDUCK_TEST_TERMINATION_LOG";
 /// The admin port a child serves on, for the scenario that calls `/drain`.
 const ADMIN_PORT_ENV: &str = "LAMEDUCK_TEST_ADMIN_PORT";
+/// The port a child serves HTTP on with `lameduck::serve`, for the young-process scenario.
+const HTTP_PORT_ENV: &str = "LAMEDUCK_TEST_HTTP_PORT";
 /// Longer than the window (100 ms) in which a repeat of the same signal is an echo of the
 /// first (a sender signalling the child, then its group), not a second request.
 const SECOND_REQUEST_GAP: Duration = Duration::from_millis(300);
@@ -50,7 +52,7 @@ fn child_main(scenario: &str) -> ! {
         if let Ok(path) = std::env::var(TERMINATION_LOG_ENV) {
             builder = builder.termination_log(Some(path.into()));
         }
-        if scenario == "weak-drain" {
+        if scenario == "weak-drain" || scenario == "young-serve" {
             // The default policy: an idle process has too little traffic to measure. A grace
             // of its own, so that waiting to `max` on a loaded machine stays far from the
             // deadline (the test is about the stderr line, not the budget).
@@ -80,6 +82,17 @@ fn child_main(scenario: &str) -> ! {
                     .await
                     .unwrap();
                 tokio::spawn(drain.admin().without_token().serve(listener));
+            }
+            #[cfg(feature = "admin")]
+            "young-serve" => {
+                let port: u16 = std::env::var(HTTP_PORT_ENV).unwrap().parse().unwrap();
+                let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                    .await
+                    .unwrap();
+                let app = axum::Router::new()
+                    .route("/", axum::routing::get(|| async { "ok" }))
+                    .layer(drain.layer());
+                tokio::spawn(lameduck::serve(listener, app, &drain));
             }
             "stuck-task" => {
                 drain.spawn("stuck-task", std::future::pending::<()>());
@@ -1009,4 +1022,60 @@ fn a_drain_call_that_waits_on_weak_evidence_says_so_on_stderr() {
         line.contains("waits for max") && line.contains("/drain?wait=none"),
         "{line}"
     );
+}
+
+/// A process that served for less than the evidence window waits to `max`, and the one line
+/// it writes on stderr at the exit (before the JSON report) says why.
+#[cfg(feature = "admin")]
+#[test]
+fn a_young_process_says_on_stderr_that_it_waited_to_max_for_its_age() {
+    use std::io::Write;
+
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let p = spawn_with(
+        "a_young_process_says_on_stderr_that_it_waited_to_max_for_its_age",
+        "young-serve",
+        &[(HTTP_PORT_ENV, &port.to_string())],
+    );
+    // Traffic on fresh connections: the process has connection data, only too little of it.
+    for _ in 0..3 {
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    kill(&p, "-TERM");
+    let (code, _, report, err) = wait_stderr(p, Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+    let evidence = report.propagation.evidence.as_ref().unwrap();
+    assert_eq!(
+        (evidence.kind.as_str(), evidence.weak.map(|w| w.as_str())),
+        ("max", Some("too_few_slots")),
+        "{err}"
+    );
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("lameduck drain clean (exit 0), trigger sigterm"))
+        .unwrap_or_else(|| panic!("no summary line: {err}"));
+    assert!(
+        line.contains(&format!(
+            "waited to max ({} ms): the process had seen only",
+            report.propagation.max_ms
+        )) && line.contains("(too_few_slots)"),
+        "{line}"
+    );
+    // The line comes before the report, which stays the one JSON line.
+    let at = |prefix: &str| err.lines().position(|l| l.starts_with(prefix)).unwrap();
+    assert!(at("lameduck drain") < at("{\"outcome\""), "{err}");
 }

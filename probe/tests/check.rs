@@ -1,11 +1,12 @@
-//! `lameduck-probe check` against real services: the example service in its naive,
-//! fixed-sleep and lameduck modes, a shell-form wrapper as PID 1 of a PID namespace (root),
-//! and Python's `http.server`. Each run starts the real binary, which starts the real service,
-//! sends it real requests on 127.0.0.1 and real signals.
+//! `lameduck-probe check` against real services: the example service, the baselines beside it
+//! (`examples/baseline.rs`: naive and fixed-sleep), a shell-form wrapper as PID 1 of a PID
+//! namespace (root), and Python's `http.server`. Each run starts the real binary, which starts
+//! the real service, sends it real requests on 127.0.0.1 and real signals.
 //!
-//! The example service must be built first, from the workspace root:
-//! `cargo build --example service --features admin` (`cargo test --workspace --all-features`
-//! builds it too). `LAMEDUCK_CHECK_SERVICE` overrides its path.
+//! The examples must be built first, from the workspace root:
+//! `cargo build --example service --example baseline --features admin`
+//! (`cargo test --workspace --all-features` builds them too). `LAMEDUCK_CHECK_SERVICE`
+//! overrides the service's path; the baseline is the `baseline` next to it.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -36,6 +37,17 @@ fn service_bin() -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// `examples/baseline` (the shutdowns lameduck is compared against), next to the service.
+fn baseline_bin() -> String {
+    let bin = service_bin().with_file_name("baseline");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it first with `cargo build --example baseline --features admin`",
+        bin.display()
+    );
+    bin.display().to_string()
 }
 
 fn free_port() -> u16 {
@@ -270,6 +282,7 @@ fn naive_service_fails_with_the_lost_requests_listed() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("naive");
     let (mut service, flags) = service_setup(&dir);
+    service[0] = baseline_bin();
     service.push("--naive".into());
     let run = check(&dir, &strs(&flags), &strs(&service));
     assert_eq!(run.out.status.code(), Some(1), "{}", run.table());
@@ -412,6 +425,7 @@ fn fixed_sleep_keeps_serving_but_never_tells_keepalive_clients() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("fixed-sleep");
     let (mut service, mut flags) = service_setup(&dir);
+    service[0] = baseline_bin();
     service.extend(["--fixed-sleep".into(), "2500ms".into()]);
     flags.extend(["--grace-period".into(), "10s".into()]);
     let run = check(&dir, &strs(&flags), &strs(&service));

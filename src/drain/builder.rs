@@ -108,7 +108,9 @@ impl DrainBuilder {
         self
     }
 
-    /// Write the report's JSON line to stderr (default `true`).
+    /// Write the report to stderr at the exit (default `true`): one line for people (the
+    /// outcome, the grace used and, when the commit did not go on evidence, why — e.g. a
+    /// process that served less than 15 s waits to `max`), then the JSON line for tools.
     pub fn report_to_stderr(mut self, yes: bool) -> Self {
         self.sinks.stderr = yes;
         self

@@ -14,6 +14,20 @@ impl Driver {
     /// Everything still running at `now`: described requests, responses stalled on a slow
     /// reader, undescribed guards, and tasks.
     pub(super) fn collect_stragglers(&self, now: Instant, origin: Instant) -> Vec<Straggler> {
+        let mut out = self.in_flight_work(now, origin);
+        for (name, _, started) in self.tasks.running() {
+            out.push(Straggler::new(
+                StragglerKind::Task,
+                name,
+                now.saturating_duration_since(started),
+            ));
+        }
+        out
+    }
+
+    /// What holds in-flight guards at `now`: requests (named, or an undescribed guard each),
+    /// and responses waiting for their peer to read them, with their ages.
+    pub(super) fn in_flight_work(&self, now: Instant, origin: Instant) -> Vec<Straggler> {
         let age = |since: Instant| now.saturating_duration_since(since);
         let mut out = Vec::new();
         let registered = self.core.registered_requests();
@@ -46,9 +60,6 @@ impl Driver {
                 "(undescribed guard)".to_owned(),
                 age(origin),
             ));
-        }
-        for (name, _, started) in self.tasks.running() {
-            out.push(Straggler::new(StragglerKind::Task, name, age(started)));
         }
         out
     }

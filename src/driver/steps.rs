@@ -10,8 +10,9 @@ use super::{Driver, EMIT_DRIVER, EMIT_NONE};
 use crate::closers::CloserResult;
 use crate::evidence::EvidenceKind;
 use crate::phase::{CommitReason, EventKind, Phase};
+use crate::propagation::Commit;
 use crate::readiness::ReadinessWhileDraining;
-use crate::report::{Outcome, Straggler, StragglerKind};
+use crate::report::{InFlightHold, Outcome, Straggler, StragglerKind};
 
 impl Driver {
     /// The one driver task, spawned by the first trigger with its origin: each step below in
@@ -74,18 +75,34 @@ impl Driver {
                 .expect("the evidence is taken with the origin");
             (evidence, st.never_served)
         };
-        let (reason, kind) = if never_served {
+        // What was in flight when the window held, should the commit wait for it.
+        let mut in_flight_then = None;
+        let commit = if never_served {
             // Never ready, so never in any proxy's endpoints: nothing to wait for.
-            (CommitReason::NeverServed, EvidenceKind::NeverServed)
+            Commit::new(CommitReason::NeverServed, EvidenceKind::NeverServed, None)
         } else {
+            let on_hold = |at: Instant| {
+                in_flight_then = Some((self.core.counter.count(), self.in_flight_work(at, origin)));
+            };
             tokio::select! {
-            r = self.policy.commit(self.core, origin, &mut evidence, &self.link, || self.deadlines(origin).max_at) => r,
-            () = self.tokens.force.cancelled() => (CommitReason::Forced, EvidenceKind::Cut),
+            r = self.policy.commit(self.core, origin, &mut evidence, &self.link, || self.deadlines(origin).max_at, on_hold) => r,
+            () = self.tokens.force.cancelled() => Commit::new(CommitReason::Forced, EvidenceKind::Cut, None),
             }
         };
+        let (reason, kind) = (commit.reason, commit.kind);
         // What arrived up to the commit is part of what it went on.
         crate::propagation::Policy::refit(self.core, origin, &mut evidence);
         let mut committed = evidence.report(kind, crate::propagation::silence(self.core, origin));
+        if let (Some(since), Some((count, mut work))) = (commit.held_since, in_flight_then) {
+            work.sort_by_key(|w| std::cmp::Reverse(w.age_ms));
+            work.truncate(InFlightHold::LISTED);
+            committed.in_flight_hold = Some(InFlightHold {
+                since_ms: since.saturating_duration_since(origin).as_millis() as u64,
+                waited_ms: since.elapsed().as_millis() as u64,
+                in_flight: count as u64,
+                work,
+            });
+        }
         self.endpoint_evidence(&mut committed, origin);
         let committed = crate::report::evidence_json::fixed_only(committed);
         let mut e = self.event(EventKind::PropagationDone);

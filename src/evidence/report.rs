@@ -258,6 +258,10 @@ pub struct EvidenceReport {
     /// Every path seen, the busiest first (at most 16).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathEvidence>,
+    /// When in-flight work, not the silence, set the commit's time: the window and the
+    /// evidence held while something was in flight, and the policy waited for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight_hold: Option<crate::report::InFlightHold>,
 }
 
 impl EvidenceReport {
@@ -356,8 +360,12 @@ impl EvidenceReport {
             }
             _ => String::new(),
         };
+        let work = self
+            .in_flight_hold
+            .as_ref()
+            .map_or_else(String::new, |h| format!("; {}", h.describe()));
         format!(
-            "{}: {rate}; {need}; silent for {} ms{held}{slices}",
+            "{}: {rate}; {need}; silent for {} ms{held}{slices}{work}",
             self.kind.as_str(),
             self.silence_ms
         )
@@ -431,6 +439,7 @@ impl Evidence {
             endpoint_slice_unused: None,
             held_by: binding.map(peer_name),
             paths,
+            in_flight_hold: None,
         }
     }
 }

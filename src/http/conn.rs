@@ -103,7 +103,7 @@ impl Drop for ConnShared {
 /// # async fn run(drain: lameduck::Drain) -> std::io::Result<()> {
 /// let app = Router::new().route("/", get(handler)).layer(drain.layer());
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-/// lameduck::axum_serve(listener, app, &drain).await;
+/// lameduck::serve(listener, app, &drain).connect_info().await;
 /// # Ok(()) }
 /// # }
 /// ```

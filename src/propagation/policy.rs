@@ -196,6 +196,9 @@ impl Policy {
     ///
     /// `max_at` is `origin + max`, unless a deletion with a shorter grace left less (the
     /// driver's deadlines); the link's [`Hold`] is the EndpointSlice's say (feature `kube`).
+    /// `on_hold` is called with the instant the window held while work was in flight (once
+    /// per such wait; the caller names that work): [`Commit::held_since`] says whether that
+    /// wait was the last one before the commit.
     pub(crate) async fn commit(
         &self,
         core: &Core,
@@ -203,13 +206,16 @@ impl Policy {
         evidence: &mut Evidence,
         link: &Link,
         max_at: impl Fn() -> Instant,
-    ) -> (CommitReason, EvidenceKind) {
+        mut on_hold: impl FnMut(Instant),
+    ) -> Commit {
         let mut changes = link.subscribe();
         if let Policy::Fixed(_) = self {
             // The delay, unless this deletion's grace leaves less.
             link.sleep_until(max_at).await;
-            return (CommitReason::Fixed, EvidenceKind::Fixed);
+            return Commit::new(CommitReason::Fixed, EvidenceKind::Fixed, None);
         }
+        // Set while the window holds and in-flight work keeps the commit waiting.
+        let mut held_since = None;
         loop {
             Self::refit(core, origin, evidence);
             let max_at = max_at();
@@ -219,10 +225,14 @@ impl Policy {
                 last_activity: core.observed().last_activity(),
             };
             match self.check(origin, max_at, evidence, seen, link.hold()) {
-                Check::Max => return (CommitReason::Max, EvidenceKind::Max),
+                Check::Max => return Commit::new(CommitReason::Max, EvidenceKind::Max, held_since),
                 Check::Ready(kind) => {
                     if core.counter.is_drained() {
-                        return (CommitReason::Quiet, kind);
+                        return Commit::new(CommitReason::Quiet, kind, held_since);
+                    }
+                    if held_since.is_none() {
+                        held_since = Some(seen.now);
+                        on_hold(seen.now);
                     }
                     // Quiet, but something is in flight: wait for zero (or max), then re-check
                     // the window.
@@ -233,6 +243,8 @@ impl Policy {
                     }
                 }
                 Check::Wait { until } => {
+                    // The window no longer holds: what was in flight did not set the time.
+                    held_since = None;
                     tokio::select! {
                         () = tokio::time::sleep_until(until) => {}
                         // The slices changed, or the deletion shortened `max`: re-check.
@@ -240,6 +252,30 @@ impl Policy {
                     }
                 }
             }
+        }
+    }
+}
+
+/// What [`Policy::commit`] committed on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Commit {
+    pub(crate) reason: CommitReason,
+    pub(crate) kind: EvidenceKind,
+    /// When the window held while work was in flight, if the commit then waited for it: the
+    /// in-flight work, not the silence, set the commit's time.
+    pub(crate) held_since: Option<Instant>,
+}
+
+impl Commit {
+    pub(crate) fn new(
+        reason: CommitReason,
+        kind: EvidenceKind,
+        held_since: Option<Instant>,
+    ) -> Self {
+        Self {
+            reason,
+            kind,
+            held_since,
         }
     }
 }

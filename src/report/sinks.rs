@@ -267,6 +267,9 @@ impl Sinks {
             // errors it carries are the ones the process exits with.
             let mut r = report.clone();
             out.apply_to(&mut r);
+            // One line for people reading the log, then one for tools.
+            text.push_str(&r.headline());
+            text.push('\n');
             text.push_str(&r.to_json());
             text.push('\n');
         }
@@ -321,6 +324,7 @@ pub(crate) fn log_report(report: &DrainReport, json: &str) {
         outcome = report.outcome.as_str(),
         exit_code = report.exit_code,
         used_ms = report.budget.used_ms,
+        summary = %report.headline(),
         report = %json,
         "lameduck: drain report"
     );

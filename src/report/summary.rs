@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use super::{DrainReport, TERMINATION_LOG_LIMIT};
+use crate::evidence::{EvidenceKind, MaxReason, WeakEvidence};
 use crate::phase::Trigger;
 
 impl DrainReport {
@@ -10,22 +11,13 @@ impl DrainReport {
     /// `/dev/termination-log` (`kubectl describe pod` shows it).
     pub fn summary(&self) -> String {
         let mut s = String::new();
-        let trigger = self.trigger.map_or("none", Trigger::as_str);
         if let Some(c) = &self.cause {
             let _ = writeln!(s, "forced: {c}");
         }
         if let Some(a) = self.advice.first() {
             let _ = writeln!(s, "{}: {}", a.level.as_str(), a.message);
         }
-        let _ = writeln!(
-            s,
-            "lameduck drain {} (exit {}), trigger {}, {} ms of {} ms grace used",
-            self.outcome.as_str(),
-            self.exit_code,
-            trigger,
-            self.budget.used_ms,
-            self.budget.grace_ms
-        );
+        let _ = writeln!(s, "{}", self.headline());
         if let Some(p) = &self.proxy_label {
             let _ = writeln!(s, "measured through: {p}");
         }
@@ -77,6 +69,72 @@ impl DrainReport {
             let _ = writeln!(s, "task {} {} after {} ms", t.name, t.result, t.ran_ms);
         }
         truncate_utf8(s, TERMINATION_LOG_LIMIT)
+    }
+}
+
+impl DrainReport {
+    /// The report in one line, for stderr at the exit and the summary: the outcome, the
+    /// budget used and, when the propagation commit did not go on evidence, why — a process
+    /// too young to measure its traffic waits to `max`, and says so here.
+    pub(crate) fn headline(&self) -> String {
+        let mut line = format!(
+            "lameduck drain {} (exit {}), trigger {}, {} ms of {} ms grace used",
+            self.outcome.as_str(),
+            self.exit_code,
+            self.trigger.map_or("none", Trigger::as_str),
+            self.budget.used_ms,
+            self.budget.grace_ms
+        );
+        if let Some(why) = self.wait_reason() {
+            let _ = write!(line, "; {why}");
+        }
+        line
+    }
+
+    /// Why the commit came when it did, when that was not the evidence: `max`, the fallback,
+    /// in-flight work.
+    fn wait_reason(&self) -> Option<String> {
+        let e = self.propagation.evidence.as_ref()?;
+        let young = || {
+            format!(
+                "the process had seen only {:.1} s of traffic before the drain, under the 15 s the \
+                 evidence needs (too_few_slots)",
+                (e.slots_observed * e.slot_ms) as f64 / 1000.0
+            )
+        };
+        let weak = |w: WeakEvidence| match w {
+            WeakEvidence::TooFewSlots => young(),
+            w => format!("not enough evidence ({})", w.as_str()),
+        };
+        let max = self.propagation.max_ms;
+        let mut why = match (e.kind, e.max_reason, e.weak) {
+            (EvidenceKind::Max, Some(MaxReason::NotEnoughEvidence), Some(w)) => {
+                format!("waited to max ({max} ms): {}", weak(w))
+            }
+            (EvidenceKind::Max, Some(MaxReason::EndpointSliceStillRouting), _) => {
+                format!("waited to max ({max} ms): the EndpointSlice still routed here")
+            }
+            (EvidenceKind::Max, _, _) => {
+                format!("waited to max ({max} ms): traffic or in-flight work never went quiet")
+            }
+            (EvidenceKind::Fallback, _, Some(w)) => format!(
+                "committed on the quiet_suffices_after fallback ({} ms): {}",
+                e.fallback_ms.unwrap_or(0),
+                weak(w)
+            ),
+            _ => String::new(),
+        };
+        if let Some(h) = &e.in_flight_hold {
+            if !why.is_empty() {
+                why.push_str("; ");
+            }
+            let _ = write!(
+                why,
+                "held {} ms by in-flight work ({} in flight when the window held)",
+                h.waited_ms, h.in_flight
+            );
+        }
+        (!why.is_empty()).then_some(why)
     }
 }
 

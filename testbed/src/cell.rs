@@ -441,7 +441,17 @@ impl CellConfig {
         }
     }
 
-    fn server_cmd(&self, bin: &Path) -> (ServerCmd, PreStop) {
+    /// The binary this cell's server runs: the service (`service_bin`) for lameduck, the
+    /// baseline next to it ([`baseline_bin`]) for the others.
+    pub fn server_bin(&self, service_bin: &Path) -> PathBuf {
+        match self.server {
+            Server::Lameduck => service_bin.to_owned(),
+            Server::Naive | Server::Graceful | Server::Sleep5 => baseline_bin(service_bin),
+        }
+    }
+
+    /// The server's binary (see [`server_bin`](Self::server_bin)), flags and `preStop` hook.
+    fn server_cmd(&self, service_bin: &Path) -> (ServerCmd, PreStop) {
         let grace = format!("{}ms", self.grace.as_millis());
         let (flags, hook): (Vec<String>, PreStop) = match self.server {
             Server::Lameduck => {
@@ -463,7 +473,7 @@ impl CellConfig {
         };
         (
             ServerCmd {
-                bin: bin.to_owned(),
+                bin: self.server_bin(service_bin),
                 flags,
             },
             hook,
@@ -743,9 +753,16 @@ pub fn table_row(r: &CellResult) -> String {
     )
 }
 
+/// The baselines' binary (`examples/baseline`: `--naive`, `--fixed-sleep`), next to the
+/// service's.
+pub fn baseline_bin(service_bin: &Path) -> PathBuf {
+    service_bin.with_file_name("baseline")
+}
+
 /// Runs one cell end to end and writes its files under `out/<cell>/`.
 ///
-/// `service_bin` is the example service (`target/<profile>/examples/service`).
+/// `service_bin` is the example service (`target/<profile>/examples/service`); the baselines
+/// run `examples/baseline` next to it ([`baseline_bin`]).
 pub fn run_cell(
     config: &CellConfig,
     service_bin: &Path,
@@ -817,7 +834,7 @@ pub fn run_cell(
         }
         Stack::Real => {
             let cfg = config.clone();
-            let bin = service_bin.to_owned();
+            let bin = config.server_bin(service_bin);
             let d = dir.clone();
             let node = net::spawn_in(&node_ns, move || async move {
                 let (r, events) = control_real(netns, cfg, bin, d, go_tx, stop_tx).await;
@@ -1320,4 +1337,36 @@ pub fn default_out(service_bin: &Path) -> PathBuf {
         .find(|p| p.file_name().is_some_and(|n| n == "target"))
         .map_or_else(|| PathBuf::from("target"), Path::to_path_buf);
     target.join("testbed").join(format!("{}", unix_ms() / 1000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lameduck runs the service; the baselines run `examples/baseline` next to it, with the
+    /// flags the baseline binary takes.
+    #[test]
+    fn baselines_run_the_baseline_binary_next_to_the_service() {
+        let service = Path::new("/t/examples/service");
+        for server in Server::ALL {
+            let (cmd, _) = CellConfig::new(server).server_cmd(service);
+            match server {
+                Server::Lameduck => {
+                    assert_eq!(cmd.bin, service);
+                    assert!(cmd
+                        .flags
+                        .iter()
+                        .all(|f| f != "--naive" && f != "--fixed-sleep"));
+                }
+                Server::Naive => {
+                    assert_eq!(cmd.bin, Path::new("/t/examples/baseline"));
+                    assert_eq!(cmd.flags, ["--naive"]);
+                }
+                Server::Graceful | Server::Sleep5 => {
+                    assert_eq!(cmd.bin, Path::new("/t/examples/baseline"));
+                    assert_eq!(cmd.flags, ["--fixed-sleep", "0"]);
+                }
+            }
+        }
+    }
 }

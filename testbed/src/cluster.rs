@@ -61,7 +61,7 @@ pub struct Kubelet {
 /// The service process: binary and the mode flags after `--listen/--admin/--instance`.
 #[derive(Debug, Clone)]
 pub struct ServerCmd {
-    /// The example service binary.
+    /// The example service binary (`examples/baseline` for the baselines).
     pub bin: PathBuf,
     /// Extra flags (`--naive`, `--fixed-sleep 0`, `--grace-period 15s`, ...).
     pub flags: Vec<String>,

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use lameduck_testbed::cell::{self, CellConfig, CellResult};
-use lameduck_testbed::{matrix, net, Stack};
+use lameduck_testbed::{matrix, net, Server, Stack};
 
 const USAGE: &str = "\
 usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines]
@@ -25,7 +25,8 @@ commands:
              behind each (dense through the fast, a trickle or a pool through the slow)
   sweep      remove namespaces left by runs that were killed
 --rate is per second while sending (default 50; onoff 10, 5 s on, 5 s off; bursts 100,
-200 ms every 3 s). DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary.
+200 ms every 3 s). DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary;
+the baselines (naive, graceful, sleep5) run examples/baseline next to the service binary.
 --stack real runs every cell on kube-apiserver, kube-controller-manager and kube-proxy built by
 testbed/k8s/build.sh (in --k8s-bin, default $LAMEDUCK_K8S_BIN or /var/cache/lameduck-k8s/<v>),
 with --sync-delay as kube-proxy's min-sync-period; --stack both runs each cell on the model,
@@ -158,6 +159,13 @@ fn main() -> ExitCode {
         fail(&format!(
             "no service binary at {} (build it with `cargo build --example service`, or pass --service-bin)",
             service_bin.display()
+        ));
+    }
+    let baseline_bin = cell::baseline_bin(&service_bin);
+    if cells.iter().any(|c| c.server != Server::Lameduck) && !baseline_bin.is_file() {
+        fail(&format!(
+            "no baseline binary at {} (build it with `cargo build --example baseline`)",
+            baseline_bin.display()
         ));
     }
     if let Err(e) = net::preflight() {

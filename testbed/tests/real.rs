@@ -5,8 +5,9 @@
 //! Needs root, `ip`, `iptables-restore`, `nft`, `conntrack`, `openssl` and the component
 //! binaries (`LAMEDUCK_K8S_BIN`, else `/var/cache/lameduck-k8s/<version>`). Without them these
 //! tests print a SKIPPED banner and pass — unless `LAMEDUCK_E2E=require` (as `.ci/run` sets),
-//! where they fail. The service binary is `target/<profile>/examples/service`, which the tests
-//! build first (`lameduck_testbed::test_service_bin`); `LAMEDUCK_TESTBED_SERVICE` overrides it.
+//! where they fail. The service binary is `target/<profile>/examples/service` (the baselines
+//! run `examples/baseline` next to it), which the tests build first
+//! (`lameduck_testbed::test_service_bin`); `LAMEDUCK_TESTBED_SERVICE` overrides it.
 
 use std::path::PathBuf;
 use std::sync::Mutex;

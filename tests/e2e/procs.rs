@@ -59,6 +59,17 @@ pub(crate) fn service_bin() -> PathBuf {
     bin
 }
 
+/// `examples/baseline` (the shutdowns lameduck is compared against), next to the service.
+pub(crate) fn baseline_bin() -> PathBuf {
+    let bin = service_bin().with_file_name("baseline");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test --all-features` so examples are built",
+        bin.display()
+    );
+    bin
+}
+
 /// One instance of the example service.
 pub(crate) struct Instance {
     pub(crate) name: String,
@@ -89,7 +100,16 @@ impl Instance {
         let report_file = dir.join(format!("{name}.report.json"));
         let _ = std::fs::remove_file(&report_file);
         let log = std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap();
-        let mut child = Command::new(service_bin())
+        // The baselines' flags belong to examples/baseline.
+        let baseline = extra
+            .iter()
+            .any(|f| *f == "--naive" || *f == "--fixed-sleep");
+        let bin = if baseline {
+            baseline_bin()
+        } else {
+            service_bin()
+        };
+        let mut child = Command::new(bin)
             .args(["--listen", &format!("127.0.0.1:{listen}")])
             .args(["--admin", &format!("127.0.0.1:{admin}")])
             .args(["--instance", name])
