@@ -499,20 +499,12 @@ impl Evidence {
                 }
                 continue;
             };
-            // The path's own window: from its first connection, when that came inside the
-            // window (before it, no proxy had routed the path here; those empty slots are not
-            // pauses of its traffic). A path that young holds the commit (too few slots).
-            let skip = arrivals
-                .since_slot(path)
-                .map_or(0, |s| s.saturating_sub(w.first) as usize)
-                .min(before);
-            let before = before - skip;
-            let (activity_bits, fresh_bits) = (pw.activity >> skip, pw.fresh >> skip);
             // Fresh connections explain some of what came since: a slot marks one or more,
             // so four per fresh slot of the window, at its rate, over the time elapsed.
-            let fresh_slots = u64::from(fresh_bits.count_ones());
+            let fresh_slots = u64::from(pw.fresh.count_ones());
             let elapsed = (w.base + SLOT * (now + 1) as u32).saturating_duration_since(origin);
-            let explained = (4 * fresh_slots) as f64 / (before.max(1) as f64 * SLOT.as_secs_f64())
+            let explained = (4 * fresh_slots) as f64
+                / (w.slots().max(1) as f64 * SLOT.as_secs_f64())
                 * elapsed.as_secs_f64();
             let beyond = u64::from(after).saturating_sub(explained.ceil() as u64);
             // The connections open at the trigger that the drain moves: not those that left
@@ -522,7 +514,7 @@ impl Evidence {
             let (told, told_sum) = arrivals.told_sum(path);
             let mut slots = Slots::new();
             for i in 0..before {
-                slots.push(activity_bits & (1 << i) != 0);
+                slots.push(pw.activity & (1 << i) != 0);
             }
             if let Some(end) = last.map(|t| slot_of(w.base, t)).filter(|_| per_request) {
                 // The newest slots are the ones to keep, should the drain outlast the buffer.
@@ -545,10 +537,10 @@ impl Evidence {
             }
             let activity =
                 Estimate::fit(&slots, before, self.requests_seen, self.epsilon, self.max);
-            let fresh = (!per_request && fresh_bits != 0).then(|| {
+            let fresh = (!per_request && pw.fresh != 0).then(|| {
                 let mut slots = Slots::new();
                 for i in 0..before {
-                    slots.push(fresh_bits & (1 << i) != 0);
+                    slots.push(pw.fresh & (1 << i) != 0);
                 }
                 Estimate::fit(&slots, before, false, self.epsilon, self.max)
             });
@@ -557,7 +549,7 @@ impl Evidence {
                 peer,
                 routing: if per_request {
                     PathRouting::PerRequest
-                } else if fresh_bits != 0 {
+                } else if pw.fresh != 0 {
                     PathRouting::Connections
                 } else {
                     PathRouting::Pool

@@ -57,10 +57,6 @@ struct Row {
     /// (a coordinator lives as long as its process).
     key: AtomicU64,
     peer: OnceLock<IpAddr>,
-    /// The slot of the path's first connection + 1, written when the row is claimed (0: not
-    /// known, as for [`PathId::OTHER`]): slots before it say nothing about the path's traffic
-    /// (no proxy had routed it here yet).
-    since: AtomicU64,
     /// Which recent slots saw activity: `(slot + 1) << 2 | fresh << 1 | connection` of the
     /// latest slot that wrote the entry (32 bits: slots of 250 ms wrap after 8 years of
     /// serving).
@@ -87,7 +83,6 @@ impl Row {
         Self {
             key: AtomicU64::new(0),
             peer: OnceLock::new(),
-            since: AtomicU64::new(0),
             ring: std::array::from_fn(|_| AtomicU32::new(0)),
             open: AtomicU32::new(0),
             after: AtomicU32::new(0),
@@ -159,10 +154,10 @@ impl Arrivals {
         }
     }
 
-    /// The row of `peer`, claimed on its first connection (in `slot`); [`PathId::OTHER`]
-    /// without a peer or once every row is taken. Once per connection: a few relaxed loads, a
-    /// compare-exchange and a store for a peer's first.
-    pub(crate) fn path_of(&self, peer: Option<IpAddr>, slot: u64) -> PathId {
+    /// The row of `peer`, claimed on its first connection; [`PathId::OTHER`] without a peer
+    /// or once every row is taken. Once per connection: a few relaxed loads, a
+    /// compare-exchange for a peer's first.
+    pub(crate) fn path_of(&self, peer: Option<IpAddr>) -> PathId {
         let Some(ip) = peer else {
             return PathId::OTHER;
         };
@@ -180,8 +175,6 @@ impl Arrivals {
                 {
                     Ok(_) => {
                         let _ = row.peer.set(ip.to_canonical());
-                        // Relaxed: read by the driver at a trigger, long after.
-                        row.since.store(slot + 1, Ordering::Relaxed);
                         return PathId(i as u8);
                     }
                     Err(now) => current = now,
@@ -249,15 +242,6 @@ impl Arrivals {
     #[inline]
     pub(crate) fn closed(&self, path: PathId) {
         self.rows[path.index()].open.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// The slot of `path`'s first connection, when its row was claimed for it (`None` for
-    /// [`PathId::OTHER`]).
-    pub(crate) fn since_slot(&self, path: PathId) -> Option<u64> {
-        match self.rows[path.index()].since.load(Ordering::Relaxed) {
-            0 => None,
-            s => Some(s - 1),
-        }
     }
 
     /// Connections of `path` open now.
@@ -467,9 +451,9 @@ impl Observed {
     #[inline]
     #[cfg(feature = "http")]
     pub(crate) fn note_arrival(&self, peer: Option<IpAddr>) -> PathId {
-        let slot = slot_of(self.base, Instant::now());
-        let path = self.arrivals.path_of(peer, slot);
-        self.arrivals.record(path, slot);
+        let path = self.arrivals.path_of(peer);
+        self.arrivals
+            .record(path, slot_of(self.base, Instant::now()));
         path
     }
 

@@ -6,6 +6,7 @@
 #   bash testbed/run.sh table           # every server, iptables, 1 s sync, pooled + dense clients
 #   bash testbed/run.sh eviction        # single-replica eviction, every server
 #   bash testbed/run.sh bursty          # on/off and burst clients, kube-proxy 6 s and 1 s behind
+#   bash testbed/run.sh nodes           # two and three nodes, a kube-proxy each, one slow
 #   bash testbed/run.sh cell --server sleep5 --backend nftables --sync-delay 4s --rate 0.5
 #   bash testbed/run.sh --timelines table   # also print every deleted Pod's timeline
 #   bash testbed/run.sh real cell --server naive   # on the real Kubernetes components

@@ -94,9 +94,13 @@ pub fn drain(
     let stamp = |t: Instant| t.saturating_duration_since(base).as_nanos() as u64 + 1;
     let rows = Arrivals::new();
     rows.observe_from(1);
-    // A path's row is claimed at its first connection, as the accept loop does.
-    let mut paths: Vec<Option<PathId>> =
-        vec![None; usize::from(arrivals.iter().map(|a| a.path).max().unwrap_or(0)) + 1];
+    let paths: Vec<PathId> = (0..=arrivals.iter().map(|a| a.path).max().unwrap_or(0))
+        .map(|p| {
+            let [hi, lo] = p.to_be_bytes();
+            let ip = Ipv4Addr::new(198, 18, hi, lo.wrapping_add(1));
+            rows.path_of(Some(IpAddr::V4(ip)))
+        })
+        .collect();
     let mut next = 0;
     let mut last_connection = None;
     let origin = base + trigger;
@@ -108,12 +112,8 @@ pub fn drain(
             if at > now {
                 break;
             }
+            let path = paths[usize::from(a.path)];
             let slot = slot_of(base, at);
-            let path = *paths[usize::from(a.path)].get_or_insert_with(|| {
-                let [hi, lo] = a.path.to_be_bytes();
-                let ip = Ipv4Addr::new(198, 18, hi, lo.wrapping_add(1));
-                rows.path_of(Some(IpAddr::V4(ip)), slot)
-            });
             match a.what {
                 What::Fresh | What::Open => {
                     rows.record(path, slot);

@@ -129,19 +129,19 @@ fn a_request_marks_its_slot_and_a_connection_wins_over_it() {
 fn each_peer_gets_a_row_of_its_own_until_the_table_is_full() {
     let a = Arrivals::new();
     let ip = |i: u8| Some(std::net::IpAddr::from([198, 18, 0, i]));
-    let first = a.path_of(ip(1), 0);
-    assert_eq!(a.path_of(ip(1), 0), first, "the same peer, the same row");
+    let first = a.path_of(ip(1));
+    assert_eq!(a.path_of(ip(1)), first, "the same peer, the same row");
     let mut seen = std::collections::HashSet::new();
     for i in 1..=15 {
-        let p = a.path_of(ip(i), 0);
+        let p = a.path_of(ip(i));
         assert_ne!(p, PathId::OTHER, "peer {i}");
         assert!(seen.insert(p), "peer {i} shares a row");
     }
-    assert_eq!(a.path_of(ip(16), 0), PathId::OTHER, "beyond the table");
-    assert_eq!(a.path_of(None, 0), PathId::OTHER);
+    assert_eq!(a.path_of(ip(16)), PathId::OTHER, "beyond the table");
+    assert_eq!(a.path_of(None), PathId::OTHER);
     // An IPv4-mapped IPv6 address is the same peer.
     let mapped = "::ffff:198.18.0.3".parse::<std::net::IpAddr>().unwrap();
-    assert_eq!(a.path_of(Some(mapped), 0), a.path_of(ip(3), 0));
+    assert_eq!(a.path_of(Some(mapped)), a.path_of(ip(3)));
     assert_eq!(a.paths().count(), 16);
 }
 
