@@ -323,11 +323,19 @@ impl Link {
         let r = &st.routing;
         let (allowance, allowance_source) = self.allowance(&st);
         let allowance_note = match allowance_source {
-            AllowanceSource::Measured => format!(
-                "measured: the largest delay from the slices listing this Pod ready to a \
-                 peer's first new connection, at startup ({} peers)",
-                self.startup.report().peers.len()
-            ),
+            AllowanceSource::Measured => {
+                let peers = self.startup.report().peers;
+                let slowest = peers.iter().max_by_key(|p| p.delay_ms);
+                format!(
+                    "measured: the largest delay from the slices listing this Pod ready to a \
+                     peer's first new connection, at startup: {} ({} ms), the slowest of {} \
+                     peer{}; a proxy none of whose clients connected then is not measured",
+                    slowest.map_or("-", |p| p.peer.as_str()),
+                    slowest.map_or(0, |p| p.delay_ms),
+                    peers.len(),
+                    if peers.len() == 1 { "" } else { "s" }
+                )
+            }
             AllowanceSource::Configured => "configured: EndpointWatch::proxy_allowance".to_owned(),
             AllowanceSource::Default => format!(
                 "default: DEFAULT_PROXY_ALLOWANCE ({} ms: kube-proxy's minSyncPeriod of 1 s \

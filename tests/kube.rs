@@ -941,6 +941,14 @@ async fn the_proxy_allowance_is_measured_at_startup_and_reported() {
     assert_eq!(slice.allowance_ms, peer.delay_ms);
     assert_eq!(slice.startup.unmeasured, None);
     assert!(slice.allowance_note.starts_with("measured"), "{slice:?}");
+    // The note names the peer that set it and how many were measured.
+    assert!(
+        slice.allowance_note.contains(&format!(
+            "127.0.0.1 ({} ms), the slowest of 1 peer;",
+            peer.delay_ms
+        )),
+        "{slice:?}"
+    );
     // One connection is no rate (weak evidence), but a measured allowance is proof enough:
     // the slices end propagation at their change plus the measured delay, long before max.
     assert!(ev.weak.is_some(), "{ev:?}");
