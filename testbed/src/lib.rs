@@ -26,8 +26,8 @@ pub use proxy::Backend;
 
 /// For the test targets: the example service next to the running test binary
 /// (`target/<profile>/examples/service`), built first with the workspace's own cargo
-/// (`cargo build -p lameduck --examples --all-features`, the features `.ci/run` tests with, a
-/// no-op when it is fresh), so `cargo test -p lameduck-testbed --test real` alone runs. `Err`
+/// (`cargo build --workspace --examples --all-features`, the features `.ci/run` tests with,
+/// a no-op after its `cargo test --workspace --all-features`), so `cargo test -p lameduck-testbed --test real` alone runs. `Err`
 /// says why it could not be built.
 pub fn test_service_bin() -> Result<std::path::PathBuf, String> {
     use std::sync::OnceLock;
@@ -54,11 +54,12 @@ pub fn test_service_bin() -> Result<std::path::PathBuf, String> {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let status = std::process::Command::new(&cargo)
                 .current_dir(workspace)
+                // `--workspace`: the feature unification of `cargo test --workspace
+                // --all-features`, so that after it this is a no-op.
                 .args([
                     "build",
                     "--quiet",
-                    "-p",
-                    "lameduck",
+                    "--workspace",
                     "--examples",
                     "--all-features",
                 ])
