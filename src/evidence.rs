@@ -535,17 +535,10 @@ impl Evidence {
                         arrivals.activity(path, k)
                     };
                     // In the trigger's slot, what came before the trigger counts as before it.
+                    let at_trigger = k == w.trigger_slot;
                     after_slots.push((
-                        if k == w.trigger_slot {
-                            a.active
-                        } else {
-                            a.connection
-                        },
-                        if k == w.trigger_slot {
-                            a.fresh || a.connection
-                        } else {
-                            a.connection
-                        },
+                        if at_trigger { a.active } else { a.connection },
+                        a.connection || (at_trigger && a.fresh),
                     ));
                 }
             }

@@ -989,11 +989,7 @@ fn a_drain_call_that_waits_on_weak_evidence_says_so_on_stderr() {
     if let Some(s) = is_child() {
         child_main(&s);
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let p = spawn_with(
         "a_drain_call_that_waits_on_weak_evidence_says_so_on_stderr",
         "weak-drain",
@@ -1034,11 +1030,7 @@ fn a_young_process_says_on_stderr_that_it_waited_to_max_for_its_age() {
     if let Some(s) = is_child() {
         child_main(&s);
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let p = spawn_with(
         "a_young_process_says_on_stderr_that_it_waited_to_max_for_its_age",
         "young-serve",
@@ -1078,4 +1070,14 @@ fn a_young_process_says_on_stderr_that_it_waited_to_max_for_its_age() {
     // The line comes before the report, which stays the one JSON line.
     let at = |prefix: &str| err.lines().position(|l| l.starts_with(prefix)).unwrap();
     assert!(at("lameduck drain") < at("{\"outcome\""), "{err}");
+}
+
+/// A loopback port nothing listens on (bound, read, released) for a child to listen on.
+#[cfg(feature = "admin")]
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }

@@ -9,7 +9,9 @@ use std::time::Duration;
 use lameduck_probe::{ConnectionMode, HttpVersion, OnOff, Probe, ProbeConfig, ProbeResult};
 use serde::Serialize;
 
-use crate::cluster::{unix_ms, Cluster, ControlPlane, Event, Kubelet, PreStop, ServerCmd};
+use crate::cluster::{
+    unix_ms, Cluster, ControlPlane, Event, Kubelet, NodeSync, PreStop, ServerCmd,
+};
 use crate::net::{self, NetError, Netns, SERVICE_PORT, SERVICE_VIP};
 use crate::proxy::{Backend, Proxy};
 use crate::real;
@@ -326,7 +328,18 @@ impl CellConfig {
     /// A short name: `lameduck/iptables/sync1000ms/50.0ps/pool`; with several nodes
     /// `lameduck/iptables/n1:1000ms:fresh50,n2:6000ms:fresh0.7`.
     pub fn name(&self) -> String {
-        let mut n = if self.nodes.len() > 1 {
+        let minsync = self.stack == Stack::Real || self.min_sync_period;
+        let mut n = format!(
+            "{}{}/{}/",
+            if self.stack == Stack::Real {
+                "real/"
+            } else {
+                ""
+            },
+            self.server.as_str(),
+            self.backend.as_str()
+        );
+        if self.nodes.len() > 1 {
             let nodes: Vec<String> = self
                 .nodes
                 .iter()
@@ -341,25 +354,20 @@ impl CellConfig {
                     )
                 })
                 .collect();
-            format!(
-                "{}{}/{}/{}{}",
-                if self.stack == Stack::Real {
-                    "real/"
-                } else {
-                    ""
-                },
-                self.server.as_str(),
-                self.backend.as_str(),
-                if self.stack == Stack::Real || self.min_sync_period {
-                    "minsync/"
-                } else {
-                    ""
-                },
-                nodes.join(",")
-            )
+            if minsync {
+                n.push_str("minsync/");
+            }
+            n.push_str(&nodes.join(","));
         } else {
-            self.single_node_name()
-        };
+            let _ = write!(
+                n,
+                "{}{}ms/{}ps/{}",
+                if minsync { "minsync" } else { "sync" },
+                self.sync_delay.as_millis(),
+                self.new_conn_rate,
+                self.shape.as_str()
+            );
+        }
         if self.rollout == Rollout::Evict {
             n.push_str("/evict");
         }
@@ -373,27 +381,6 @@ impl CellConfig {
             n.push_str("/deployment");
         }
         n
-    }
-
-    fn single_node_name(&self) -> String {
-        format!(
-            "{}{}/{}/{}{}ms/{}ps/{}",
-            if self.stack == Stack::Real {
-                "real/"
-            } else {
-                ""
-            },
-            self.server.as_str(),
-            self.backend.as_str(),
-            if self.stack == Stack::Real || self.min_sync_period {
-                "minsync"
-            } else {
-                "sync"
-            },
-            self.sync_delay.as_millis(),
-            self.new_conn_rate,
-            self.shape.as_str()
-        )
     }
 
     fn kubelet(&self, pre_stop: PreStop) -> Kubelet {
@@ -412,9 +399,14 @@ impl CellConfig {
     fn plane(&self) -> ControlPlane {
         ControlPlane {
             slice_delay: self.slice_delay,
-            sync_delay: self.sync_delay,
-            node_sync: self.node_specs().iter().map(|n| n.sync_delay).collect(),
-            node_slow: self.node_specs().iter().map(|n| n.slow).collect(),
+            nodes: self
+                .node_specs()
+                .iter()
+                .map(|n| NodeSync {
+                    delay: n.sync_delay,
+                    slow: n.slow,
+                })
+                .collect(),
             sync_jitter: 0.2,
             min_sync_period: self.min_sync_period,
             publish_not_ready: self.publish_not_ready,

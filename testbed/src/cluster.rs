@@ -67,19 +67,23 @@ pub struct ServerCmd {
     pub flags: Vec<String>,
 }
 
+/// One node's kube-proxy timing in the model.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct NodeSync {
+    /// From a slice change to the rules that apply it (`sync_delay`).
+    pub delay: Duration,
+    /// Its syncs take `delay` (the rules of thousands of Services): it writes the slice it
+    /// read when the sync began.
+    pub slow: bool,
+}
+
 /// Timing of the EndpointSlice and kube-proxy models.
 #[derive(Debug, Clone, Serialize)]
 pub struct ControlPlane {
     /// From a Pod change to the slice that shows it.
     pub slice_delay: Duration,
-    /// From a slice change to the rules that apply it.
-    pub sync_delay: Duration,
-    /// Per node (1-based order), its kube-proxy's `sync_delay`; empty: one node at
-    /// `sync_delay`.
-    pub node_sync: Vec<Duration>,
-    /// Per node, whether its syncs take `sync_delay` (the rules of thousands of Services):
-    /// it writes the slice it read when the sync began.
-    pub node_slow: Vec<bool>,
+    /// Per node (node 1 first, one per node of the namespaces): its kube-proxy's timing.
+    pub nodes: Vec<NodeSync>,
     /// Jitter on `sync_delay`, ± this fraction (0.2 = ±20 %).
     pub sync_jitter: f64,
     /// `true`: `sync_delay` is kube-proxy's `minSyncPeriod` as its sync runner applies it
@@ -187,15 +191,6 @@ impl Cluster {
         self.applied.len()
     }
 
-    /// Node `k`'s (1-based) kube-proxy delay.
-    pub fn sync_delay_of(&self, k: usize) -> Duration {
-        self.plane
-            .node_sync
-            .get(k - 1)
-            .copied()
-            .unwrap_or(self.plane.sync_delay)
-    }
-
     /// Every step recorded so far.
     pub fn events(&self) -> Vec<Event> {
         self.events.lock().unwrap().clone()
@@ -259,16 +254,18 @@ impl Cluster {
 
     /// Node `k`'s (1-based) kube-proxy: after each slice change, waits its `sync_delay` ±
     /// jitter, then applies the latest slice in one atomic write. A node whose syncs are slow
-    /// (`node_slow`) reads the slice when it begins and writes it `sync_delay` later: a
+    /// ([`NodeSync::slow`]) reads the slice when it begins and writes it `sync_delay` later: a
     /// change during a sync waits for the next one (between one and two `sync_delay`s).
     pub async fn proxy_loop(self: Arc<Self>, k: usize, mut proxy: Proxy) {
         let mut rx = self.slice.subscribe();
         let mut n = 0u32;
         let mut last_done: Option<tokio::time::Instant> = None;
-        let sync_delay = self.sync_delay_of(k);
+        let NodeSync {
+            delay: sync_delay,
+            slow,
+        } = self.plane.nodes[k - 1];
         let applied = &self.applied[k - 1];
         let node = (self.nodes() > 1).then(|| format!("node{k}"));
-        let slow = self.plane.node_slow.get(k - 1).copied().unwrap_or(false);
         while rx.changed().await.is_ok() {
             let read_first = slow.then(|| rx.borrow_and_update().clone());
             if self.plane.min_sync_period {

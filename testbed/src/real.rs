@@ -94,7 +94,6 @@ pub struct Real {
     next_ip: Mutex<u8>,
     dir: PathBuf,
     service_bin: PathBuf,
-    node_ns: String,
     backend: Backend,
     start_delay: Duration,
     deleters: Mutex<HashMap<String, watch::Sender<Option<Duration>>>>,
@@ -105,7 +104,7 @@ pub struct Real {
 impl std::fmt::Debug for Real {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Real")
-            .field("node_ns", &self.node_ns)
+            .field("nodes", &self.node_nss)
             .field("backend", &self.backend)
             .finish_non_exhaustive()
     }
@@ -1361,7 +1360,6 @@ pub async fn start(
         next_ip: Mutex::new(1),
         dir: dir.to_owned(),
         service_bin: service_bin.to_owned(),
-        node_ns: node_ns.clone(),
         backend,
         start_delay,
         deleters: Mutex::new(HashMap::new()),
