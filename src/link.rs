@@ -69,8 +69,8 @@ pub(crate) enum Hold {
 pub(crate) struct Routing {
     /// `name (service)` of each slice that lists this Pod and can stop routing to it.
     pub(crate) slices: Vec<String>,
-    /// When every one of them first showed the endpoint not routable: monotonic and unix ms.
-    pub(crate) unrouted_since: Option<(Instant, u64)>,
+    /// When every one of them first showed the endpoint not routable.
+    pub(crate) unrouted_since: Option<Instant>,
     /// Services that select this Pod with `publishNotReadyAddresses: true`.
     pub(crate) publish_not_ready: Vec<String>,
     /// The condition waited for (`ready=false`, or `ready=false or terminating=true`).
@@ -285,7 +285,7 @@ impl Link {
             Source::Watching if st.routing.slices.is_empty() => Hold::None,
             #[cfg(feature = "kube")]
             Source::Watching => match st.routing.unrouted_since {
-                Some((at, _)) => match self.allowance(&st) {
+                Some(at) => match self.allowance(&st) {
                     (a, AllowanceSource::Default) => Hold::Floor(at + a),
                     (a, _) => Hold::Until(at + a),
                 },
@@ -318,7 +318,7 @@ impl Link {
     }
 
     /// The slice evidence for the report, relative to the drain's origin.
-    pub(crate) fn evidence(&self, origin: Instant, origin_unix_ms: u64) -> EndpointSliceEvidence {
+    pub(crate) fn evidence(&self, origin: Instant) -> EndpointSliceEvidence {
         let st = self.lock();
         let r = &st.routing;
         let (allowance, allowance_source) = self.allowance(&st);
@@ -347,14 +347,12 @@ impl Link {
         EndpointSliceEvidence {
             condition: r.condition.to_owned(),
             slices: r.slices.clone(),
-            changed_at_ms: r
-                .unrouted_since
-                .map(|(_, unix)| unix as i64 - origin_unix_ms as i64),
+            changed_at_ms: r.unrouted_since.map(|at| signed_ms(at, origin)),
             allowance_ms: allowance.as_millis() as u64,
             allowance_source,
             allowance_note,
             startup: self.startup.report(),
-            allowed_at_ms: r.unrouted_since.map(|(at, _)| {
+            allowed_at_ms: r.unrouted_since.map(|at| {
                 (at + allowance)
                     .saturating_duration_since(origin)
                     .as_millis() as u64
@@ -431,6 +429,19 @@ pub struct DeletionBudget {
     pub max_ms: u64,
 }
 
+/// `at - origin` in whole milliseconds, rounded down also when `at` is before `origin`: the
+/// same monotonic clock and rounding as every `at_ms` of the timeline, so a commit at least the
+/// allowance after the change never reads a millisecond short of it.
+fn signed_ms(at: Instant, origin: Instant) -> i64 {
+    match at.checked_duration_since(origin) {
+        Some(d) => d.as_millis() as i64,
+        None => {
+            let before = origin.duration_since(at);
+            -(before.as_nanos().div_ceil(1_000_000) as i64)
+        }
+    }
+}
+
 #[cfg(all(test, not(lameduck_loom)))]
 mod tests {
     use super::*;
@@ -449,3 +460,4 @@ mod tests {
         assert_eq!(link.kill().unwrap().grace, Duration::from_secs(3));
     }
 }
+

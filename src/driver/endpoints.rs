@@ -84,11 +84,10 @@ impl Driver {
     /// Adds the slice evidence to the propagation evidence, or why there was none.
     pub(super) fn endpoint_evidence(&self, report: &mut EvidenceReport, origin: Instant) {
         let link = &self.link;
-        let unix = self.origin().map_or(0, |o| o.unix_ms);
         let hold = link.hold();
         report.endpoint_slice_unused = link.unused_reason();
         if link.is_watching() {
-            report.endpoint_slice = Some(link.evidence(origin, unix));
+            report.endpoint_slice = Some(link.evidence(origin));
         }
         if hold == Hold::Pending && report.kind == EvidenceKind::Max {
             report.max_reason = Some(MaxReason::EndpointSliceStillRouting);

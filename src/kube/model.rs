@@ -113,7 +113,7 @@ pub(super) struct Model {
     ever: BTreeMap<String, Option<String>>,
     /// `publishNotReadyAddresses` per Service, once read.
     services: BTreeMap<String, bool>,
-    unrouted_since: Option<(Instant, u64)>,
+    unrouted_since: Option<Instant>,
     /// Per watched kind, why its last list failed (cleared by its next complete list).
     failures: BTreeMap<&'static str, String>,
     first_sync_done: bool,
@@ -352,7 +352,7 @@ impl Model {
             }
         }
         match (routed, self.unrouted_since) {
-            (false, None) if !relevant.is_empty() => self.unrouted_since = Some((now, unix)),
+            (false, None) if !relevant.is_empty() => self.unrouted_since = Some(now),
             (true, Some(_)) => self.unrouted_since = None,
             _ => {}
         }
