@@ -460,4 +460,3 @@ mod tests {
         assert_eq!(link.kill().unwrap().grace, Duration::from_secs(3));
     }
 }
-

@@ -325,6 +325,12 @@ impl CellConfig {
         }
     }
 
+    /// Whether the cell means anything on its stack: the `kube` feature and `--deployment`
+    /// need the real API, so on the model such a cell would only repeat its plain twin.
+    pub fn runs_on_its_stack(&self) -> bool {
+        self.stack == Stack::Real || !(self.kube || self.deployment)
+    }
+
     /// A short name: `lameduck/iptables/sync1000ms/50.0ps/pool`; with several nodes
     /// `lameduck/iptables/n1:1000ms:fresh50,n2:6000ms:fresh0.7`.
     pub fn name(&self) -> String {

@@ -22,7 +22,8 @@ commands:
   bursty     on/off and burst clients (fresh connections), kube-proxy 6 s and 1 s behind,
              eviction (deleted where a pause begins) and rolling update
   nodes      two and three nodes whose kube-proxies converge at different times, clients
-             behind each (dense through the fast, a trickle or a pool through the slow)
+             behind each (dense through the fast, a trickle or a pool through the slow);
+             every server, and lameduck with --kube on the real stack
   sweep      remove namespaces left by runs that were killed
 --rate is per second while sending (default 50; onoff 10, 5 s on, 5 s off; bursts 100,
 200 ms every 3 s). DUR: 300ms, 1s, 1.5s. --service-bin defaults to examples/service next to this binary;
@@ -31,7 +32,8 @@ the baselines (naive, graceful, sleep5) run examples/baseline next to the servic
 testbed/k8s/build.sh (in --k8s-bin, default $LAMEDUCK_K8S_BIN or /var/cache/lameduck-k8s/<v>),
 with --sync-delay as kube-proxy's min-sync-period; --stack both runs each cell on the model,
 then on the real stack. --min-sync-period: the model's kube-proxy applies --sync-delay as the
-real sync runner applies minSyncPeriod. --kube and --deployment: real stack only (README).
+real sync runner applies minSyncPeriod. --kube and --deployment: real stack only (README); with
+--stack both such a cell runs once, on the real stack.
 --nodes N (2 to 8): N nodes joined by a bridge, each with its own kube-proxy (--node-sync: one
 delay per node, default --sync-delay for all) and its own clients (--clients: per node a shape
 and rate, e.g. node1=fresh:50,node2=pool:0.7; nodes not named get none; default: every node
@@ -140,7 +142,11 @@ fn main() -> ExitCode {
                 ..c.clone()
             })
         })
+        .filter(CellConfig::runs_on_its_stack)
         .collect();
+    if cells.is_empty() {
+        fail("--kube and --deployment run on the real stack only: add --stack real or both");
+    }
     if stacks.contains(&Stack::Real) {
         if let Err(e) =
             lameduck_testbed::k8s::Binaries::find(&lameduck_testbed::k8s::default_bin_dir())

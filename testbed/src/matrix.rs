@@ -136,16 +136,19 @@ pub fn node_layouts() -> Vec<Vec<NodeSpec>> {
 pub const NODES_WARMUP: Duration = Duration::from_secs(32);
 
 /// Several nodes whose kube-proxies converge at different times ([`node_layouts`]), every
-/// server, iptables, rolling update, grace 30 s (the straggler is 8 s behind), Pods warm past
-/// the whole evidence window ([`NODES_WARMUP`]).
+/// server, and lameduck once more with the `kube` feature watching the real EndpointSlices
+/// (a real-stack cell only: [`CellConfig::runs_on`]); iptables, rolling update, grace 30 s (the
+/// straggler is 8 s behind), Pods warm past the whole evidence window ([`NODES_WARMUP`]).
 pub fn nodes() -> Vec<CellConfig> {
     let mut cells = Vec::new();
     for layout in node_layouts() {
-        for server in Server::ALL {
+        let servers = Server::ALL.into_iter().map(|s| (s, false));
+        for (server, kube) in servers.chain([(Server::Lameduck, true)]) {
             let mut c = CellConfig::new(server);
             c.nodes = layout.clone();
             c.grace = Duration::from_secs(30);
             c.warmup = NODES_WARMUP;
+            c.kube = kube;
             cells.push(c);
         }
     }
