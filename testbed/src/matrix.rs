@@ -137,7 +137,7 @@ pub const NODES_WARMUP: Duration = Duration::from_secs(32);
 
 /// Several nodes whose kube-proxies converge at different times ([`node_layouts`]), every
 /// server, and lameduck once more with the `kube` feature watching the real EndpointSlices
-/// (a real-stack cell only: [`CellConfig::runs_on`]); iptables, rolling update, grace 30 s (the
+/// (a real-stack cell only: [`CellConfig::runs_on_its_stack`]); iptables, rolling update, grace 30 s (the
 /// straggler is 8 s behind), Pods warm past the whole evidence window ([`NODES_WARMUP`]).
 pub fn nodes() -> Vec<CellConfig> {
     let mut cells = Vec::new();
