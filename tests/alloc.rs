@@ -360,7 +360,12 @@ mod layer {
                 lameduck::serve(listener, drain.layer().layer(Hello), &drain)
                     .conn_meta_on_every_request(),
             );
-            assert!(over_tcp(addr, N).await >= bare + N);
+            // One per request more, with a few of slack for the runtime's own schedule.
+            let per_request = over_tcp(addr, N).await;
+            assert!(
+                per_request + 8 >= bare + N,
+                "conn_meta_on_every_request {per_request} against {bare} for {N} requests"
+            );
 
             assert_eq!(drain.in_flight(), 0);
         });
@@ -558,9 +563,11 @@ mod serve_router {
             with_connect_info as f64 / N as f64,
             under_axum_serve as f64 / N as f64
         );
-        // The extension map and a box per value: at least 2 per request more.
+        // The extension map and a box per value: 2 per request more (measured: 24.00 against
+        // 22.00, and once 24.00 against 22.01), with a few of slack for allocations the runtime
+        // makes on its own schedule, as elsewhere in this file.
         assert!(
-            with_connect_info >= without + 2 * N,
+            with_connect_info + 8 >= without + 2 * N,
             "connect_info {with_connect_info} against {without} for {N} requests"
         );
         assert!(
