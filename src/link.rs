@@ -56,12 +56,37 @@ pub(crate) enum Hold {
     None,
     /// Slice evidence is coming or the slices still route here: no commit yet.
     Pending,
-    /// The slices stopped routing here; proxies are allowed until then, by an allowance that
-    /// was measured or configured: proof enough to commit on.
+    /// The slices stopped routing here; proxies are allowed until then, by an allowance the
+    /// operator configured: proof enough to commit on.
     Until(Instant),
+    /// The slices stopped routing here; proxies are allowed until then, by the allowance
+    /// measured at startup: one sample of each proxy's delay, which varies from one sync to
+    /// the next. Proof (as [`Until`](Self::Until)) while every path's arrivals can judge its
+    /// own silence; a floor (as [`Floor`](Self::Floor)) while some path's cannot: see
+    /// [`Hold::judged`].
+    Measured(Instant),
     /// The slices stopped routing here, but the allowance is the unmeasured default: no commit
     /// before this instant, and not before the arrival evidence alone would commit either.
     Floor(Instant),
+}
+
+impl Hold {
+    /// The hold as the policy uses it, given whether the arrival evidence can judge every
+    /// path's silence (`weak` is `None`): a measured allowance is proof only then.
+    ///
+    /// A measured allowance is one sample per proxy, taken when this Pod was added; the
+    /// proxy's delay when it is removed is another sample (on the testbed, a loaded node's
+    /// kube-proxy took 13.7 s to stop routing here after 12.2 s had been measured). A path
+    /// whose arrivals are dense enough shows by its own silence whether its proxy converged;
+    /// a sparse one cannot, so the drain waits for what the arrival evidence alone commits on
+    /// (`max`, or the fallback), not before the slices plus the allowance.
+    pub(crate) fn judged(self, weak: Option<crate::evidence::WeakEvidence>) -> Hold {
+        match self {
+            Hold::Measured(at) if weak.is_some() => Hold::Floor(at),
+            Hold::Measured(at) => Hold::Until(at),
+            h => h,
+        }
+    }
 }
 
 /// The routing state of this Pod's endpoint across the slices that list it.
@@ -287,7 +312,8 @@ impl Link {
             Source::Watching => match st.routing.unrouted_since {
                 Some(at) => match self.allowance(&st) {
                     (a, AllowanceSource::Default) => Hold::Floor(at + a),
-                    (a, _) => Hold::Until(at + a),
+                    (a, AllowanceSource::Measured) => Hold::Measured(at + a),
+                    (a, AllowanceSource::Configured) => Hold::Until(at + a),
                 },
                 None => Hold::Pending,
             },
@@ -317,11 +343,21 @@ impl Link {
         }
     }
 
-    /// The slice evidence for the report, relative to the drain's origin.
-    pub(crate) fn evidence(&self, origin: Instant) -> EndpointSliceEvidence {
+    /// The slice evidence for the report, relative to the drain's origin; `weak`: why the
+    /// arrival evidence could not judge some path's silence, if it could not.
+    pub(crate) fn evidence(
+        &self,
+        origin: Instant,
+        weak: Option<crate::evidence::WeakEvidence>,
+    ) -> EndpointSliceEvidence {
         let st = self.lock();
         let r = &st.routing;
         let (allowance, allowance_source) = self.allowance(&st);
+        let allowance_proof = match allowance_source {
+            AllowanceSource::Configured => true,
+            AllowanceSource::Measured => weak.is_none(),
+            AllowanceSource::Default => false,
+        };
         let allowance_note = match allowance_source {
             AllowanceSource::Measured => {
                 let peers = self.startup.report().peers;
@@ -329,11 +365,19 @@ impl Link {
                 format!(
                     "measured: the largest delay from the slices listing this Pod ready to a \
                      peer's first new connection, at startup: {} ({} ms), the slowest of {} \
-                     peer{}; a proxy none of whose clients connected then is not measured",
+                     peer{}; a proxy none of whose clients connected then is not measured; {}",
                     slowest.map_or("-", |p| p.peer.as_str()),
                     slowest.map_or(0, |p| p.delay_ms),
                     peers.len(),
-                    if peers.len() == 1 { "" } else { "s" }
+                    if peers.len() == 1 { "" } else { "s" },
+                    match weak {
+                        None => "proof, as every path's arrivals judged its own silence".to_owned(),
+                        Some(w) => format!(
+                            "a floor only, as some path's arrivals could not judge its silence \
+                             ({}): one sample of a proxy's delay does not bound the next",
+                            w.as_str()
+                        ),
+                    }
                 )
             }
             AllowanceSource::Configured => "configured: EndpointWatch::proxy_allowance".to_owned(),
@@ -350,6 +394,7 @@ impl Link {
             changed_at_ms: r.unrouted_since.map(|at| signed_ms(at, origin)),
             allowance_ms: allowance.as_millis() as u64,
             allowance_source,
+            allowance_proof,
             allowance_note,
             startup: self.startup.report(),
             allowed_at_ms: r.unrouted_since.map(|at| {
@@ -394,6 +439,13 @@ pub struct EndpointSliceEvidence {
     /// (then only a floor: the commit also waits for the arrival evidence).
     #[serde(default)]
     pub allowance_source: AllowanceSource,
+    /// Whether the allowance was proof enough to commit on: `configured`, or `measured` while
+    /// every path's arrivals could judge its own silence. Otherwise it was a floor only: the
+    /// commit also waited for what the arrival evidence alone would commit on (`max` on
+    /// sparse traffic, or the fallback). A measured allowance is one sample per proxy, taken
+    /// when this Pod was added; the delay when it is removed is another.
+    #[serde(default)]
+    pub allowance_proof: bool,
     /// One sentence: how the allowance was measured, or which default was used and why.
     #[serde(default)]
     pub allowance_note: String,

@@ -153,8 +153,11 @@ impl EndpointWatch {
     /// connected before (the proxies starting to route here), the largest of those delays.
     /// With no such connection before the trigger, [`DEFAULT_PROXY_ALLOWANCE`] (2 s) is used
     /// as a floor only: the drain then also waits for what the arrival evidence alone would
-    /// commit on (to `max` on sparse traffic), since an assumed 2 s is no proof. A value set
-    /// here is trusted like a measurement. The report's
+    /// commit on (to `max` on sparse traffic), since an assumed 2 s is no proof. A measured
+    /// allowance is one sample of each proxy's delay, taken when the Pod was added: proof
+    /// while every path's arrivals can judge its own silence, a floor as the default is
+    /// while some path's cannot. A value set here is trusted as proof: set it when you know
+    /// your proxies' worst case. The report's
     /// [`EndpointSliceEvidence::allowance_source`](crate::report::EndpointSliceEvidence::allowance_source)
     /// says which it was, and `startup` has the measurement.
     pub fn proxy_allowance(mut self, d: Duration) -> Self {

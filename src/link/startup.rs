@@ -50,7 +50,9 @@ pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 #[non_exhaustive]
 pub enum AllowanceSource {
     /// This Pod's own delay at startup, from the slice listing it ready to the first new
-    /// connection of each peer: the largest of them. Proof enough to commit on.
+    /// connection of each peer: the largest of them. Proof enough to commit on while every
+    /// path's arrivals can judge its own silence; otherwise a floor, as the default is (one
+    /// sample of a proxy's delay does not bound the next).
     Measured,
     /// Set with [`EndpointWatch::proxy_allowance`][proxy-allowance]: the operator knows the
     /// proxies. Proof enough to commit on.

@@ -104,6 +104,7 @@ impl Policy {
 
     /// What the policy expects to commit on, while it waits, with the slices' `hold`.
     pub(crate) fn waiting_on(&self, evidence: &Evidence, hold: Hold) -> EvidenceKind {
+        let hold = hold.judged(evidence.weak());
         match *self {
             Policy::Fixed(_) => EvidenceKind::Fixed,
             Policy::Quiet { .. } if matches!(hold, Hold::Pending | Hold::Until(_)) => {
@@ -140,6 +141,7 @@ impl Policy {
         if seen.now >= max_at {
             return Check::Max;
         }
+        let hold = hold.judged(evidence.weak());
         let last_conn = seen.last_connection.unwrap_or(origin).max(origin);
         // With connection data, only new connections are routing decisions: requests on
         // open connections (a pool, an HTTP/2 connection accepted during the drain, which
@@ -168,8 +170,9 @@ impl Policy {
             ),
             Hold::Pending => (max_at, EvidenceKind::EndpointSlice),
             // An unmeasured allowance is a floor, not proof: what the arrival evidence alone
-            // would commit on, and not before the slices plus the allowance.
-            Hold::None | Hold::Floor(_) => {
+            // would commit on, and not before the slices plus the allowance. So is a measured
+            // one while some path's arrivals cannot judge its silence (`Hold::judged`).
+            Hold::None | Hold::Floor(_) | Hold::Measured(_) => {
                 let alone = match fallback {
                     Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Fallback),
                     _ => (conf_at, EvidenceKind::Confidence),
@@ -288,4 +291,123 @@ pub(crate) fn silence(core: &Core, origin: Instant) -> Duration {
         .unwrap_or(origin)
         .max(origin);
     Instant::now().saturating_duration_since(last)
+}
+
+#[cfg(all(test, not(lameduck_loom)))]
+mod tests {
+    use super::*;
+    use crate::evidence::WeakEvidence;
+    use crate::{Drain, Signals};
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn quiet() -> Policy {
+        Policy::Quiet {
+            quiet: Duration::from_millis(500),
+            min: Duration::ZERO,
+            max: Duration::from_secs(15),
+            fallback: None,
+            epsilon: DEFAULT_EPSILON,
+        }
+    }
+
+    /// A drain that has seen a new connection every `every` for 30 s, and the evidence at
+    /// the trigger, right after the last of them.
+    async fn served(every: Duration) -> (Drain, Evidence, Instant) {
+        let d = Drain::builder()
+            .grace_period(Duration::from_secs(30))
+            .signals(Signals::none())
+            .report_to_stderr(false)
+            .termination_log(None)
+            .build()
+            .unwrap();
+        d.core().observed().observe_arrivals();
+        d.mark_serving();
+        let n = (Duration::from_secs(30).as_millis() / every.as_millis()) as u32;
+        for _ in 0..n {
+            tokio::time::sleep(every).await;
+            d.note_connection(None);
+        }
+        let origin = Instant::now();
+        let mut evidence = quiet().evidence_at(d.core(), origin);
+        Policy::refit(d.core(), origin, &mut evidence);
+        (d, evidence, origin)
+    }
+
+    fn seen(now: Instant) -> Seen {
+        Seen {
+            now,
+            last_connection: None,
+            last_activity: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_measured_allowance_is_proof_while_every_path_judges_its_silence() {
+        // 20 connections a second: the path's silence can say, in well under a second.
+        let (_d, evidence, origin) = served(Duration::from_millis(50)).await;
+        assert_eq!(evidence.weak(), None);
+        let max_at = origin + 15 * SECOND;
+        let allowed = origin + 3 * SECOND;
+        let policy = quiet();
+        for hold in [Hold::Measured(allowed), Hold::Until(allowed)] {
+            assert_eq!(
+                policy.check(origin, max_at, &evidence, seen(origin + 2 * SECOND), hold),
+                Check::Wait { until: allowed },
+                "{hold:?}"
+            );
+            assert_eq!(
+                policy.check(origin, max_at, &evidence, seen(allowed), hold),
+                Check::Ready(EvidenceKind::EndpointSlice),
+                "{hold:?}"
+            );
+        }
+        assert_eq!(
+            policy.waiting_on(&evidence, Hold::Measured(allowed)),
+            EvidenceKind::EndpointSlice
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_measured_allowance_is_a_floor_while_a_path_is_too_sparse_to_judge() {
+        // One connection a second: too sparse for its silence to say anything before `max`.
+        let (_d, evidence, origin) = served(SECOND).await;
+        assert_eq!(evidence.weak(), Some(WeakEvidence::TooSparse));
+        let max_at = origin + 15 * SECOND;
+        let allowed = origin + 3 * SECOND;
+        let policy = quiet();
+        // Configured: the operator knows the proxies, so the allowance alone commits.
+        assert_eq!(
+            policy.check(
+                origin,
+                max_at,
+                &evidence,
+                seen(allowed),
+                Hold::Until(allowed)
+            ),
+            Check::Ready(EvidenceKind::EndpointSlice)
+        );
+        // Measured: one sample of each proxy's delay; the path that cannot judge its own
+        // silence holds the drain to `max`, as the default allowance does.
+        for hold in [Hold::Measured(allowed), Hold::Floor(allowed)] {
+            assert_eq!(
+                policy.check(origin, max_at, &evidence, seen(allowed), hold),
+                Check::Wait { until: max_at },
+                "{hold:?}"
+            );
+            assert_eq!(
+                policy.check(origin, max_at, &evidence, seen(max_at), hold),
+                Check::Max,
+                "{hold:?}"
+            );
+        }
+        assert_eq!(
+            policy.waiting_on(&evidence, Hold::Measured(allowed)),
+            EvidenceKind::Max
+        );
+        assert_eq!(
+            policy.waiting_on(&evidence, Hold::Until(allowed)),
+            EvidenceKind::EndpointSlice
+        );
+    }
 }

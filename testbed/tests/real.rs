@@ -178,6 +178,11 @@ fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
     }
     let mut c = real(Server::Lameduck, Backend::Iptables);
     c.kube = true;
+    // `max` 15 s: the bursty fresh client's silence needs 4–7.5 s per Pod, at the edge of the
+    // 7.5 s that 15 s of grace leaves, so that both ways a drain may end are seen on their
+    // own evidence, not on where `max` happens to fall.
+    c.grace = Duration::from_secs(30);
+    let mut on_slices = 0;
     for r in &run(&[c]) {
         assert!(r.clean(), "lameduck lost requests: {}", describe(r));
         for p in &r.pods {
@@ -189,7 +194,9 @@ fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
             // The slices were read from the real API: the change is in the report. The
             // watch's startup gate holds readiness until it has listed, so it sees the slices
             // list the Pod ready and measures the proxies' delay from there: the commit rests
-            // on the slices plus that measured allowance, never on max.
+            // on the slices plus that measured allowance when the path's own arrivals judge
+            // its silence; when they cannot, the allowance is a floor and the drain waits to
+            // max, and says why.
             assert_eq!(
                 ev["endpoint_slice"]["condition"],
                 "ready=false",
@@ -210,13 +217,41 @@ fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
                 describe(r)
             );
             let kind = ev["kind"].as_str().unwrap_or_default();
+            let proof = ev["endpoint_slice"]["allowance_proof"].as_bool();
+            match kind {
+                "endpoint_slice" => {
+                    assert_eq!(proof, Some(true), "{}: {ev}", p.pod);
+                    assert!(ev["weak"].is_null(), "{}: {ev}", p.pod);
+                    on_slices += 1;
+                }
+                "max" => {
+                    assert_eq!(proof, Some(false), "{}: {ev}", p.pod);
+                    assert!(
+                        ev["weak"].is_string(),
+                        "{}: max, evidence not weak: {ev}",
+                        p.pod
+                    );
+                }
+                _ => panic!("{}: committed on {kind}: {ev}", p.pod),
+            }
+            let (changed, allowance) = (
+                ev["endpoint_slice"]["changed_at_ms"].as_i64().unwrap(),
+                ev["endpoint_slice"]["allowance_ms"].as_i64().unwrap(),
+            );
+            let done = v["timeline"]
+                .as_array()
+                .and_then(|t| t.iter().find(|e| e["event"] == "propagation_done"))
+                .and_then(|e| e["at_ms"].as_i64())
+                .expect("propagation_done in the timeline");
             assert!(
-                kind == "endpoint_slice",
-                "{}: committed on {kind}: {ev}",
+                done >= changed + allowance,
+                "{}: committed at {done} ms, before the slice change ({changed} ms) + {allowance} ms",
                 p.pod
             );
         }
     }
+    // A cell meant to test the slices' evidence does not end every drain at max.
+    assert!(on_slices > 0, "no drain committed on the slices");
 }
 
 /// Issue 33's cell on the real components: two nodes, each with its own real kube-proxy
