@@ -31,9 +31,10 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tower_service::Service;
 
+use crate::drain::Drain;
 use crate::guard::Core;
 use crate::http::note_accepted;
-use crate::{ConnMeta, Drain};
+use crate::http::ConnMeta;
 
 /// Serves `router` on `listener` with `axum::serve`, wired to `drain`: the one-call integration
 /// for axum apps.

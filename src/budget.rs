@@ -9,7 +9,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// The environment variable read for the grace period when the builder is not given one.
 pub const GRACE_PERIOD_ENV: &str = "LAMEDUCK_GRACE_PERIOD";

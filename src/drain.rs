@@ -354,7 +354,7 @@ impl Drain {
         let mut report = self.drained().await;
         if !self.inner.signals.is_none() {
             driver
-                .wait_for_stop_signal(&mut report, self.inner.signals.stop())
+                .wait_for_stop_signal(&mut report, self.inner.signals.stop().as_str())
                 .await;
         }
         let settle = self.inner.exit.settle(self.hard_deadline());

@@ -9,7 +9,7 @@
 //!   whatever the number of triggers; once the Done event is in, the timeline is final.
 //! * Every event is appended through one funnel, `Timeline::push` (`timeline.rs`), which
 //!   drops it once the timeline is final. Events after the start go through [`Driver::push`]
-//!   (one log line each, and the metrics, feature `metrics`, sampled), phase changes through
+//!   (one log line each, and the observer — the metrics, feature `metrics` — told), phase changes through
 //!   [`Driver::set_phase`]. Three appends log on their own or not at all: the start's events,
 //!   pushed under the same lock that fixes the origin (a concurrent trigger must see both);
 //!   the Kubernetes events seen before the trigger, added at 0 ms; and the watchdog's Done,
@@ -49,12 +49,14 @@ mod assemble;
 mod deadlines;
 mod endpoints;
 mod exit;
+mod observer;
 mod status;
 mod steps;
 mod timeline;
 mod trigger;
 
 pub(crate) use exit::ExitHolds;
+pub(crate) use observer::{Observer, Sample};
 
 pub use status::{Status, STATUS_TIMELINE_LIMIT};
 
@@ -67,6 +69,8 @@ pub(crate) struct Settings {
     pub(crate) sinks: Sinks,
     pub(crate) hurry_lead: Duration,
     pub(crate) proxy_label: Option<String>,
+    /// An add-on that follows the lifecycle (the metrics), if one is built in.
+    pub(crate) observer: Option<Box<dyn Observer>>,
 }
 
 #[derive(Clone, Copy)]
@@ -140,6 +144,7 @@ pub(crate) struct Driver {
     sinks: Sinks,
     hurry_lead: Duration,
     proxy_label: Option<String>,
+    observer: Option<Box<dyn Observer>>,
     phase: watch::Sender<Phase>,
     state: Mutex<Lifecycle>,
     pub(crate) tokens: Tokens,
@@ -178,6 +183,7 @@ impl Driver {
             sinks,
             hurry_lead,
             proxy_label,
+            observer,
         } = settings;
         Self {
             core,
@@ -189,6 +195,7 @@ impl Driver {
             sinks,
             hurry_lead,
             proxy_label,
+            observer,
             phase: watch::channel(Phase::Starting).0,
             state: Mutex::new(Lifecycle::default()),
             tokens: Tokens::default(),
@@ -225,11 +232,10 @@ impl Driver {
         self.observe();
     }
 
-    /// What the metrics are set from now.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn sample(&self) -> crate::metrics::Sample {
+    /// The lifecycle's counts now: what an observer is told.
+    pub(crate) fn sample(&self) -> Sample {
         let af = self.core.observed().after_flip();
-        crate::metrics::Sample {
+        Sample {
             phase: self.phase(),
             in_flight: self.core.counter.count(),
             connections: self.connections(),
@@ -239,11 +245,12 @@ impl Driver {
         }
     }
 
-    /// Sets the metrics (feature `metrics`) from a sample: they are sampled at lifecycle
+    /// Tells the observer (the metrics, feature `metrics`) the counts now: at lifecycle
     /// events, never per request.
     pub(crate) fn observe(&self) {
-        #[cfg(feature = "metrics")]
-        crate::metrics::record(&self.sample());
+        if let Some(o) = &self.observer {
+            o.sampled(&self.sample());
+        }
     }
 
     /// The table of `/readyz` callers, which the admin router writes.

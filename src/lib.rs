@@ -147,6 +147,13 @@ pub mod guide;
 pub mod drain_metrics;
 #[cfg(feature = "metrics")]
 use self::drain_metrics as metrics;
+/// Without the `metrics` feature no add-on follows the lifecycle.
+#[cfg(not(feature = "metrics"))]
+mod metrics {
+    pub(crate) fn observer() -> Option<Box<dyn crate::driver::Observer>> {
+        None
+    }
+}
 pub mod report;
 
 #[cfg(feature = "axum")]

@@ -114,7 +114,7 @@ pub(crate) struct Kill {
 /// An event seen before the trigger, added to the timeline when the drain starts.
 #[derive(Clone, Debug)]
 pub(crate) struct Early {
-    pub(crate) kind: crate::EventKind,
+    pub(crate) kind: crate::phase::EventKind,
     pub(crate) at: Instant,
     pub(crate) unix_ms: u64,
     pub(crate) name: Option<String>,

@@ -104,6 +104,7 @@ use std::time::Duration;
 use metrics::Unit;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
+use crate::driver::{Observer, Sample};
 use crate::phase::Phase;
 use crate::report::DrainReport;
 
@@ -142,8 +143,8 @@ fn phase_value(phase: Phase) -> f64 {
     }
 }
 
-/// Describes every metric. Called once, when a `Drain` is built.
-pub(crate) fn describe() {
+/// Describes every metric. Called when a `Drain` is built.
+fn describe() {
     describe_gauge!(
         IN_FLIGHT_REQUESTS,
         Unit::Count,
@@ -180,20 +181,29 @@ pub(crate) fn describe() {
     );
 }
 
-/// What the gauges and the counter are set from, sampled by the driver at every lifecycle
-/// event and phase change (and by [`Drain::record_metrics`](crate::Drain::record_metrics)).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Sample {
-    pub(crate) phase: Phase,
-    pub(crate) in_flight: usize,
-    pub(crate) connections: usize,
-    pub(crate) tasks: usize,
-    pub(crate) requests_on_new: u64,
-    pub(crate) requests_on_reused: u64,
+/// The lifecycle's observer that records the metrics: given to every drain when it is built
+/// (which describes them once), told at every lifecycle event and phase change (and by
+/// [`Drain::record_metrics`](crate::Drain::record_metrics)), and at the end.
+pub(crate) struct Recorder;
+
+/// The observer every drain is built with: the metrics are described then.
+pub(crate) fn observer() -> Option<Box<dyn Observer>> {
+    describe();
+    Some(Box::new(Recorder))
+}
+
+impl Observer for Recorder {
+    fn sampled(&self, sample: &Sample) {
+        record(sample);
+    }
+
+    fn done(&self, report: &DrainReport) {
+        record_done(report);
+    }
 }
 
 /// Sets every gauge and the after-flip counters from `sample`.
-pub(crate) fn record(sample: &Sample) {
+fn record(sample: &Sample) {
     gauge!(IN_FLIGHT_REQUESTS).set(sample.in_flight as f64);
     gauge!(OPEN_CONNECTIONS).set(sample.connections as f64);
     gauge!(BACKGROUND_TASKS).set(sample.tasks as f64);
@@ -207,7 +217,7 @@ pub(crate) fn record(sample: &Sample) {
 
 /// Records the histograms of a finished drain, from its report. Called once, just before the
 /// phase turns Done, so whoever awaits Done finds them recorded.
-pub(crate) fn record_done(report: &DrainReport) {
+fn record_done(report: &DrainReport) {
     histogram!(DRAIN_DURATION_SECONDS, "outcome" => report.outcome.as_str())
         .record(seconds(report.budget.used_ms));
     if let Some(ms) = report.after_flip.last_new_connection_ms {

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use crate::budget::{Budget, DurationDisplay};
+use crate::error::ConfigError;
 use crate::evidence::DEFAULT_EPSILON;
-use crate::ConfigError;
 
 mod policy;
 

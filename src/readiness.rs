@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::ConfigError;
 use crate::evidence::EvidenceReport;
 use crate::phase::Phase;
 use crate::sync::MutexExt;
-use crate::ConfigError;
 #[cfg(feature = "admin")]
 pub(crate) use sources::ProbeCaller;
 pub(crate) use sources::SourceTable;

@@ -98,7 +98,7 @@ pub struct BudgetReport {
 }
 
 impl BudgetReport {
-    pub(crate) fn new(budget: &crate::Budget, used: std::time::Duration) -> Self {
+    pub(crate) fn new(budget: &crate::budget::Budget, used: std::time::Duration) -> Self {
         let grace = budget.grace_period;
         Self {
             grace_ms: grace.as_millis() as u64,

@@ -14,7 +14,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::query::{shorten, Params, Wait};
 use crate::budget::parse_duration;
-use crate::{Drain, Trigger};
+use crate::drain::Drain;
+use crate::phase::Trigger;
 
 /// The environment variable the admin router reads its bearer token from by default.
 ///

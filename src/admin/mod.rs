@@ -103,7 +103,7 @@ pub use query::Wait;
 pub use router::AdminBuilder;
 pub use serve::{AdminServe, DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_MAX_CONNECTIONS};
 
-use crate::Drain;
+use crate::drain::Drain;
 
 impl Drain {
     /// A builder for the admin router, to set the token or the body limit.

@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 
 use super::handlers::ADMIN_TOKEN_ENV;
 use super::query::Wait;
-use crate::Status;
+use crate::driver::Status;
 
 /// Bound on the connect step when no timeout is given: the admin port is local, so a connect
 /// that takes longer than this is not going to succeed.

@@ -7,7 +7,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{ConfigError, Phase};
+use crate::error::ConfigError;
+use crate::phase::Phase;
 
 /// The parameters of one request, each known name at most once.
 #[derive(Debug, Default)]

@@ -23,7 +23,7 @@ use super::handlers::prometheus_metrics;
 use super::handlers::{
     drain, livez, not_found, readyz, status, AdminState, Token, ADMIN_TOKEN_ENV,
 };
-use crate::Drain;
+use crate::drain::Drain;
 
 /// Bodies are not used by any admin route; this only bounds what a confused client can make
 /// the server read.

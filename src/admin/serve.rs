@@ -60,10 +60,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::drain::Drain;
 use crate::http::accept::Acceptor;
 use crate::report::{Straggler, StragglerKind};
 use crate::sync::MutexExt;
-use crate::Drain;
 
 mod owed;
 mod waiters;

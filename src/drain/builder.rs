@@ -238,9 +238,8 @@ impl DrainBuilder {
             sinks: self.sinks,
             hurry_lead,
             proxy_label,
+            observer: crate::metrics::observer(),
         };
-        #[cfg(feature = "metrics")]
-        crate::metrics::describe();
         let driver = Arc::new(Driver::new(core, settings));
         if self.drain_on_task_panic {
             // Weak: the hook lives in the driver it would otherwise keep alive.

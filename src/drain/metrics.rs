@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::Drain;
+use crate::driver::Observer;
 use crate::phase::Phase;
 
 impl Drain {
@@ -29,7 +30,7 @@ impl Drain {
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn record_metrics(&self) {
-        crate::metrics::record(&self.inner.driver.sample());
+        crate::metrics::Recorder.sampled(&self.inner.driver.sample());
     }
 
     /// Spawns a task that calls [`record_metrics`](Self::record_metrics) every `period`, for
@@ -96,10 +97,13 @@ mod tests {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
     use metrics_util::MetricKind;
 
+    use crate::drain::Drain;
     use crate::metrics::{
         DRAIN_DURATION_SECONDS, OBSERVED_PROPAGATION_SECONDS, REQUESTS_AFTER_FLIP_TOTAL,
     };
-    use crate::{Drain, Propagation, Signals, Trigger};
+    use crate::phase::Trigger;
+    use crate::propagation::Propagation;
+    use crate::signal::Signals;
 
     /// One reading of the recorder. The debugging recorder resets what it reports, so a test
     /// takes one reading per checkpoint and looks everything up in it.

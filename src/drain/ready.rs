@@ -110,7 +110,7 @@ impl Drain {
     pub fn readiness_check<F, E>(&self, name: impl Into<String>, check: F)
     where
         F: Fn() -> Result<(), E> + Send + Sync + 'static,
-        E: Into<crate::BoxError>,
+        E: Into<crate::closers::BoxError>,
     {
         self.inner.readiness.add_check(
             name.into(),

@@ -15,7 +15,6 @@ use crate::report::{
     stderr_bounded, Advice, AdviceLevel, AdviceRule, DrainReport, Outcome, StopSignalWait,
     STDERR_WAIT,
 };
-use crate::signal::StopSignal;
 
 mod holds;
 
@@ -23,8 +22,9 @@ pub(crate) use holds::ExitHolds;
 
 impl Driver {
     /// After a drain a `preStop` call started and that ended before the stop signal came:
-    /// waits for `stop` (at most until the hard deadline) and records the wait in `report`.
-    pub(crate) async fn wait_for_stop_signal(&self, report: &mut DrainReport, stop: StopSignal) {
+    /// waits for the stop signal named `stop` (`SIGTERM`; at most until the hard deadline) and
+    /// records the wait in `report`. The signal source tells the driver that it arrived.
+    pub(crate) async fn wait_for_stop_signal(&self, report: &mut DrainReport, stop: &str) {
         let waiting = {
             let st = self.lock();
             st.trigger == Some(Trigger::PreStop) && !st.stop_seen
@@ -35,7 +35,7 @@ impl Driver {
         let since = Instant::now();
         let until = self.hard_deadline().unwrap_or(since);
         tracing::info!(
-            stop_signal = stop.as_str(),
+            stop_signal = stop,
             "lameduck: drained after preStop; waiting for the stop signal to exit"
         );
         if !tracing::dispatcher::has_been_set() {
@@ -44,7 +44,7 @@ impl Driver {
                  at most {} ms: kubelet sends it once the hook has returned; outside Kubernetes \
                  send it yourself (kill -{} {})\n",
                 until.saturating_duration_since(since).as_millis(),
-                stop.as_str().trim_start_matches("SIG"),
+                stop.trim_start_matches("SIG"),
                 std::process::id()
             );
             let _ = tokio::task::spawn_blocking(move || stderr_bounded(line, STDERR_WAIT)).await;

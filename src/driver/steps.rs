@@ -221,8 +221,9 @@ impl Driver {
         let emitted = self.emit_off_runtime(&report, !owned_by_run).await;
         emitted.apply_to(&mut report);
         // Before the phase turns Done, so whoever awaits Done finds the histograms recorded.
-        #[cfg(feature = "metrics")]
-        crate::metrics::record_done(&report);
+        if let Some(o) = &self.observer {
+            o.done(&report);
+        }
         self.lock().report = Some(report);
         self.set_phase(Phase::Done);
         // The report holds them now; the core block is leaked, its growth must not be.

@@ -12,10 +12,11 @@ use tokio::time::Instant;
 
 use super::{slot_of, Arrivals, Evidence, EvidenceKind, EvidenceReport, Window};
 use crate::budget::Budget;
+use crate::error::ConfigError;
 use crate::link::Hold;
 use crate::observed::PathId;
+use crate::propagation::Propagation;
 use crate::propagation::{Check, Policy, Seen};
-use crate::{ConfigError, Propagation};
 
 /// What one simulated drain committed on.
 #[derive(Clone, Debug)]

@@ -159,7 +159,10 @@ fn slots_are_counted_without_a_wide_division() {
 // Arrivals go through `Drain::note_connection`, the accept loop's own hook: counted in
 // the ring while Serving, and as new connections once draining.
 
-use crate::{Drain, EventKind, Phase, Propagation, Signals, Trigger};
+use crate::drain::Drain;
+use crate::phase::{EventKind, Phase, Trigger};
+use crate::propagation::Propagation;
+use crate::signal::Signals;
 
 const PEER: Option<std::net::SocketAddr> = None;
 

@@ -142,7 +142,7 @@ impl ConnMeta {
     /// assert_eq!((first.request_index(), second.request_index()), (Some(0), Some(1)));
     /// assert_eq!(first.id(), second.id());
     /// ```
-    pub fn accepted(drain: &crate::Drain, peer: Option<SocketAddr>) -> Self {
+    pub fn accepted(drain: &crate::drain::Drain, peer: Option<SocketAddr>) -> Self {
         let path = note_accepted(drain.core(), peer);
         Self::counted(peer, None, drain.core(), path)
     }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use tower_layer::Layer;
 
-use crate::Drain;
+use crate::drain::Drain;
 
 use super::line::{Naming, RequestLine, Unnamed};
 use super::options::{register, LayerEntry, Options};

@@ -16,10 +16,10 @@ use std::sync::RwLock;
 
 use http::{HeaderName, HeaderValue};
 
+use crate::drain::Drain;
 use crate::drain::WeakDrain;
 use crate::guard::{Core, Site};
 use crate::sync::RwLockExt;
-use crate::Drain;
 
 /// Bit 0 of a guard's tag: the request is HTTP/1.x, so `Connection: close` may be added while
 /// draining. The bits above hold the layer's options index (see [`LayerEntry`]).

@@ -51,7 +51,8 @@ use http_body::Body;
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-use crate::{BoxError, Drain};
+use crate::closers::BoxError;
+use crate::drain::Drain;
 
 mod accept_loop;
 mod bound;

@@ -8,7 +8,7 @@ use http::{Request, Response, Version};
 use tower_service::Service;
 
 use crate::guard::{Core, InFlightGuard, Site};
-use crate::Phase;
+use crate::phase::Phase;
 
 use super::body::DrainBody;
 use super::conn::ConnMeta;

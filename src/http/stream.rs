@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use crate::Drain;
+use crate::drain::Drain;
 
 /// Spread offsets come from one process-wide sequence (see `spread_fraction`).
 static SPREAD_SEQ: AtomicU64 = AtomicU64::new(0);

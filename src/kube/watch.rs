@@ -16,8 +16,9 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::model::Model;
+use crate::drain::{Drain, StartupGate};
 use crate::link::Source;
-use crate::{Drain, Phase, StartupGate};
+use crate::phase::Phase;
 
 /// The default proxy allowance: time granted to proxies after the EndpointSlice shows this
 /// endpoint not ready, before propagation may commit, when nothing was measured at startup

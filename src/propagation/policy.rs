@@ -296,8 +296,9 @@ pub(crate) fn silence(core: &Core, origin: Instant) -> Duration {
 #[cfg(all(test, not(lameduck_loom)))]
 mod tests {
     use super::*;
+    use crate::drain::Drain;
     use crate::evidence::WeakEvidence;
-    use crate::{Drain, Signals};
+    use crate::signal::Signals;
 
     const SECOND: Duration = Duration::from_secs(1);
 

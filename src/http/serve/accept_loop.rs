@@ -19,10 +19,12 @@ use tokio_util::task::TaskTracker;
 
 use super::bound::ConnectionBound;
 use super::Setup;
+use crate::closers::BoxError;
+use crate::drain::Drain;
 use crate::http::accept::Acceptor;
 use crate::http::conn::ConnMeta;
 use crate::http::connection::{ConnTask, Tokens};
-use crate::{BoxError, Drain, Phase};
+use crate::phase::Phase;
 
 /// Serves until the drain is over: accepts until the listener closes, then waits for the
 /// connections to end.
