@@ -396,29 +396,3 @@ impl Drain {
         }
     }
 }
-
-/// A handle that does not keep the coordinator alive: what the drain layer's option table
-/// holds, so a layer built once and kept does not pin a coordinator that is gone.
-#[cfg(feature = "http")]
-#[derive(Clone, Debug)]
-pub(crate) struct WeakDrain(std::sync::Weak<Inner>);
-
-#[cfg(feature = "http")]
-impl WeakDrain {
-    /// The coordinator, if it still exists.
-    pub(crate) fn upgrade(&self) -> Option<Drain> {
-        self.0.upgrade().map(|inner| Drain { inner })
-    }
-
-    /// Whether both point at the same coordinator.
-    pub(crate) fn same(&self, other: &WeakDrain) -> bool {
-        std::sync::Weak::ptr_eq(&self.0, &other.0)
-    }
-}
-
-#[cfg(feature = "http")]
-impl Drain {
-    pub(crate) fn downgrade(&self) -> WeakDrain {
-        WeakDrain(Arc::downgrade(&self.inner))
-    }
-}

@@ -219,7 +219,7 @@ impl Driver {
     // ---- phase and the one funnel ----
 
     pub(crate) fn phase(&self) -> Phase {
-        *self.phase.borrow()
+        self.core.phase()
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<Phase> {
@@ -228,6 +228,8 @@ impl Driver {
 
     /// Moves to `phase` and samples the metrics.
     fn set_phase(&self, phase: Phase) {
+        // The mirror first: whoever the channel wakes reads the new phase from either.
+        self.core.set_phase(phase);
         self.phase.send_modify(|p| *p = phase);
         self.observe();
     }
@@ -315,6 +317,7 @@ impl Driver {
     pub(crate) fn mark_serving(&self) {
         let moved = self.phase.send_if_modified(|p| {
             if *p == Phase::Starting {
+                self.core.set_phase(Phase::Serving);
                 *p = Phase::Serving;
                 true
             } else {

@@ -22,15 +22,14 @@
 //!   wake-up between the check and the sleep is never lost (see `counter.rs` for the model).
 
 use std::fmt;
-use std::sync::atomic::AtomicU32;
-#[cfg(feature = "http")]
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use tokio::sync::Notify;
 
 use crate::counter::Counter;
 use crate::observed::Observed;
+use crate::phase::Phase;
 use crate::sync::MutexExt;
 
 mod registry;
@@ -49,13 +48,47 @@ pub(crate) struct Core {
     requests: Mutex<Registry>,
     /// The site of guards taken outside the HTTP layer; set by [`Core::leak`].
     plain: OnceLock<&'static Site>,
+    /// The lifecycle's phase (`Phase as u8`), mirrored here by the driver where it changes, so
+    /// that the HTTP layer reads it (its phase header, refusal mode) without the facade.
+    phase: AtomicU8,
     /// The option sets of this coordinator's drain layers, found by a guard's tag; read only
-    /// while draining.
+    /// while draining. What they are is the HTTP layer's business (`http::options`).
     #[cfg(feature = "http")]
-    pub(crate) layer_options: crate::http::options::Table,
+    pub(crate) layer_options: TagTable,
 }
 
 const NO_SLOT: u32 = u32::MAX;
+
+/// What an add-on keeps per coordinator and finds by a guard's tag (the HTTP layer's option
+/// sets): leaked entries, in the order they were added. The hot-path block holds them without
+/// knowing their type; the add-on that added them downcasts. Written when a layer is built,
+/// read only while draining.
+#[cfg(feature = "http")]
+#[derive(Default)]
+pub(crate) struct TagTable(std::sync::RwLock<Vec<&'static (dyn std::any::Any + Send + Sync)>>);
+
+#[cfg(feature = "http")]
+impl TagTable {
+    /// The entries, to find one or add one under the write lock.
+    pub(crate) fn write(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, Vec<&'static (dyn std::any::Any + Send + Sync)>> {
+        crate::sync::RwLockExt::write_locked(&self.0)
+    }
+
+    /// The entry at `i` (from 0).
+    pub(crate) fn get(&self, i: usize) -> Option<&'static (dyn std::any::Any + Send + Sync)> {
+        crate::sync::RwLockExt::read_locked(&self.0).get(i).copied()
+    }
+}
+
+#[cfg(feature = "http")]
+impl fmt::Debug for TagTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = crate::sync::RwLockExt::read_locked(&self.0).len();
+        f.debug_struct("TagTable").field("entries", &n).finish()
+    }
+}
 
 /// Where a guard counts; leaked, so that a guard is one `&'static` reference. See the module
 /// docs.
@@ -114,11 +147,24 @@ impl Core {
             observed: Observed::new(),
             requests: Mutex::new(Registry::default()),
             plain: OnceLock::new(),
+            phase: AtomicU8::new(Phase::Starting as u8),
             #[cfg(feature = "http")]
             layer_options: Default::default(),
         }));
         let _ = core.plain.set(Box::leak(Box::new(Site::new(core, 0))));
         core
+    }
+
+    /// The lifecycle's phase, as the driver last mirrored it.
+    pub(crate) fn phase(&self) -> Phase {
+        // Acquire: pairs with `set_phase`'s release, so a reader that sees a phase sees what
+        // the driver did before publishing it.
+        Phase::from_index(self.phase.load(Ordering::Acquire))
+    }
+
+    /// Mirrors the lifecycle's phase (the driver, where the phase changes).
+    pub(crate) fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Release);
     }
 
     /// The site of guards taken outside the HTTP layer.

@@ -132,10 +132,6 @@ mod tasks;
 #[cfg(feature = "admin")]
 #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
-// Not public: its `serve` is `axum_serve` at the root and its future `server::AxumServe`, so
-// that `use lameduck::*;` leaves the `axum` crate's name alone.
-#[cfg(feature = "axum")]
-mod axum;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
@@ -156,12 +152,12 @@ mod metrics {
 }
 pub mod report;
 
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use self::axum::serve as axum_serve;
 #[cfg(feature = "kube")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kube")))]
 pub use self::kube::{EndpointWatch, KubeError, DEFAULT_PROXY_ALLOWANCE};
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use self::server::axum_serve;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use self::server::{

@@ -36,6 +36,19 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// The phase for its position in the order (`phase as u8`), as the hot-path block mirrors
+    /// it; anything past the last is `Done`.
+    pub(crate) fn from_index(i: u8) -> Phase {
+        match i {
+            0 => Phase::Starting,
+            1 => Phase::Serving,
+            2 => Phase::Draining,
+            3 => Phase::StoppedAccepting,
+            4 => Phase::Closing,
+            _ => Phase::Done,
+        }
+    }
+
     /// The phase's name as it appears in JSON (`"stopped_accepting"`).
     pub fn as_str(self) -> &'static str {
         crate::names::of(&self)

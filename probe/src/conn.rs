@@ -169,7 +169,7 @@ impl Connections {
                             return Err(format!(
                                 "HTTP/2 handshake with {}: {}",
                                 self.connect_to,
-                                crate::request::error_text(&e)
+                                error_text(&e)
                             ))
                         }
                         Err(_) => {
@@ -307,4 +307,20 @@ impl Connections {
         self.idle.lock().expect("idle pool lock").clear();
         *self.shared.lock().await = None;
     }
+}
+
+/// An error with its causes, `outer: inner: innermost`, skipping causes the outer text already
+/// spells out.
+pub(crate) fn error_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let part = e.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = e.source();
+    }
+    text
 }

@@ -58,7 +58,8 @@ pub use config::{
     ConfigError, ConnectionMode, HttpVersion, Kind, OnOff, ProbeConfig, MAX_DURATION,
     MAX_PLANNED_REQUESTS, MAX_RATE,
 };
-pub use latency::{LatencyRow, Window};
+pub use latency::LatencyRow;
+pub use record::Window;
 pub use record::{Failure, Outcome, Record, Retry};
 pub use request::{INSTANCE_HEADER, PHASE_HEADER, REQUEST_ID_HEADER, TRAFFIC_PATH_HEADER};
 pub use runner::{run, Probe, ProbeError, ProbeHandle, ProbeResult, Progress};

@@ -5,7 +5,6 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{ConnectionMode, Kind};
-use crate::latency::Window;
 
 /// How a request ended.
 ///
@@ -211,5 +210,47 @@ impl Record {
     /// Milliseconds from start to end, when the request ended.
     pub fn elapsed_ms(&self) -> Option<f64> {
         self.end_ms.map(|end| end - self.start_ms)
+    }
+}
+
+/// Where a request falls relative to the drain the probe saw.
+///
+/// **during**: answered with a drain-phase header other than `serving`, or, for a request
+/// with no such answer (failed, unfinished, answered by another instance), started between
+/// the first draining answer's start and the last draining answer's end; **before**: started
+/// before the first draining answer's start; **after**: started after the last draining
+/// answer's end. With no draining answer in the run every request is **before**.
+/// [`Summary::latency`](crate::Summary::latency) holds the percentiles of `ok` requests per
+/// kind and window.
+///
+/// JSON form: `"before"`, `"during"`, `"after"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Window {
+    /// Started before the first answer from a draining instance.
+    Before,
+    /// Answered by a draining instance, or started while answers said draining.
+    During,
+    /// Started after the last answer from a draining instance ended.
+    After,
+}
+
+impl Window {
+    /// All windows, in time order.
+    pub const ALL: [Window; 3] = [Window::Before, Window::During, Window::After];
+
+    /// The window's name as it appears in JSON and in the table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Window::Before => "before",
+            Window::During => "during",
+            Window::After => "after",
+        }
+    }
+}
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }

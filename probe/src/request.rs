@@ -7,7 +7,7 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, USER_A
 use hyper::Request;
 
 use crate::config::{HttpVersion, Kind};
-use crate::conn::{Connections, ReqBody};
+use crate::conn::{error_text, Connections, ReqBody};
 use crate::record::Failure;
 
 /// The response header naming the instance that served the request.
@@ -144,22 +144,6 @@ fn refused_unprocessed(error: &hyper::Error) -> bool {
         source = e.source();
     }
     false
-}
-
-/// An error with its causes, `outer: inner: innermost`, skipping causes the outer text already
-/// spells out.
-pub(crate) fn error_text(error: &(dyn StdError + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        let part = e.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = e.source();
-    }
-    text
 }
 
 fn header_text(headers: &HeaderMap, name: &'static str) -> Option<String> {

@@ -168,12 +168,10 @@ fn mark_draining<B>(res: &mut Response<B>, core: &Core, tag: u32) {
         return;
     };
     if let Some(name) = &o.phase_header {
-        if let Some(drain) = o.drain() {
-            res.headers_mut().insert(
-                name.clone(),
-                HeaderValue::from_static(drain.phase().as_str()),
-            );
-        }
+        res.headers_mut().insert(
+            name.clone(),
+            HeaderValue::from_static(core.phase().as_str()),
+        );
     }
     if let Some((name, value)) = &o.instance_header {
         res.headers_mut().insert(name.clone(), value.clone());

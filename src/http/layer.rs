@@ -44,7 +44,7 @@ impl Drain {
     /// ```
     pub fn layer(&self) -> DrainLayer {
         DrainLayer {
-            entry: register(Options::new(self.downgrade()), self.core()),
+            entry: register(Options::default(), self.core()),
             mode: PhantomData,
         }
     }

@@ -42,6 +42,13 @@ pub use serve::{serve, Serve, SUGGESTED_HEADER_READ_TIMEOUT};
 pub use service::DrainService;
 pub use stream::{EndOnStop, StreamStop};
 
+// Not a public module: its `serve` is `axum_serve` at the root and its future
+// `server::AxumServe`, so that `use lameduck::*;` leaves the `axum` crate's name alone.
+#[cfg(feature = "axum")]
+mod axum_serve;
+#[cfg(feature = "axum")]
+#[doc(hidden)] // public as `lameduck::axum_serve`
+pub use axum_serve::serve as axum_serve;
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use crate::axum::AxumServe;
+pub use axum_serve::AxumServe;

@@ -12,14 +12,10 @@
 //! * The table is written when a layer is built and read by index only while draining.
 
 use std::fmt;
-use std::sync::RwLock;
 
 use http::{HeaderName, HeaderValue};
 
-use crate::drain::Drain;
-use crate::drain::WeakDrain;
 use crate::guard::{Core, Site};
-use crate::sync::RwLockExt;
 
 /// Bit 0 of a guard's tag: the request is HTTP/1.x, so `Connection: close` may be added while
 /// draining. The bits above hold the layer's options index (see [`LayerEntry`]).
@@ -32,9 +28,8 @@ pub(crate) fn tag_options(tag: u32) -> u32 {
 }
 
 /// What the options add; read only while draining.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(crate) struct Options {
-    drain: WeakDrain,
     pub(crate) phase_header: Option<HeaderName>,
     pub(crate) instance_header: Option<(HeaderName, HeaderValue)>,
     /// `Retry-After` value, when refusal mode is on.
@@ -42,25 +37,10 @@ pub(crate) struct Options {
 }
 
 impl Options {
-    pub(super) fn new(drain: WeakDrain) -> Self {
-        Self {
-            drain,
-            phase_header: None,
-            instance_header: None,
-            refuse_retry_after: None,
-        }
-    }
-
     fn same(&self, other: &Options) -> bool {
-        self.drain.same(&other.drain)
-            && self.phase_header == other.phase_header
+        self.phase_header == other.phase_header
             && self.instance_header == other.instance_header
             && self.refuse_retry_after == other.refuse_retry_after
-    }
-
-    /// The coordinator, if it still exists.
-    pub(crate) fn drain(&self) -> Option<Drain> {
-        self.drain.upgrade()
     }
 }
 
@@ -72,19 +52,17 @@ pub(crate) struct LayerEntry {
     pub(crate) sites: [Site; 2],
 }
 
-/// Every distinct set of options a layer of one coordinator was built with; an entry's tag
-/// index is its position + 1. Lives in the coordinator's hot-path block (`Core`), so a guard,
-/// which knows its block, finds its layer's options without anything process-wide.
-#[derive(Debug, Default)]
-pub(crate) struct Table(RwLock<Vec<&'static LayerEntry>>);
-
 /// Largest option index: the guard's tag keeps it in 31 bits.
 const MAX_OPTIONS: usize = (u32::MAX >> 1) as usize;
 
 /// The table's entry for `opts` (counting at `core`), added if no equal set is there yet.
 pub(super) fn register(opts: Options, core: &'static Core) -> &'static LayerEntry {
-    let mut table = core.layer_options.0.write_locked();
-    if let Some(e) = table.iter().find(|e| e.options.same(&opts)) {
+    // Every distinct set of options a layer of one coordinator was built with; an entry's
+    // tag index is its position + 1. Kept in the coordinator's hot-path block (`Core`), so a
+    // guard, which knows its block, finds its layer's options without anything process-wide.
+    let mut table = core.layer_options.write();
+    let mut entries = table.iter().filter_map(|e| e.downcast_ref::<LayerEntry>());
+    if let Some(e) = entries.find(|e| e.options.same(&opts)) {
         return e;
     }
     assert!(
@@ -106,11 +84,8 @@ pub(super) fn register(opts: Options, core: &'static Core) -> &'static LayerEntr
 /// The options at `index` (from 1) of `core`'s table; `None` for 0.
 pub(crate) fn options(core: &Core, index: u32) -> Option<&'static Options> {
     let i = (index as usize).checked_sub(1)?;
-    core.layer_options
-        .0
-        .read_locked()
-        .get(i)
-        .map(|e| &e.options)
+    let entry = core.layer_options.get(i)?.downcast_ref::<LayerEntry>()?;
+    Some(&entry.options)
 }
 
 impl fmt::Debug for Options {

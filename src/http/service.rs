@@ -175,10 +175,8 @@ impl<S, N: Naming, R: Refusal> DrainService<S, N, R> {
 
     /// Refusal mode: `true` once the drain stopped accepting.
     fn refuses(&self) -> bool {
-        options(self.core(), self.opts()).is_some_and(|o| {
-            o.drain()
-                .is_some_and(|d| d.phase() >= Phase::StoppedAccepting)
-        })
+        options(self.core(), self.opts()).is_some()
+            && self.core().phase() >= Phase::StoppedAccepting
     }
 
     /// Accounting for a request that arrived while draining (refused or not): new or reused

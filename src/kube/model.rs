@@ -10,12 +10,14 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tokio::time::Instant;
 
-use super::watch::LABEL_SERVICE;
 use crate::drain::Drain;
 use crate::link::{Kill, Routing, Source};
 use crate::phase::unix_ms_now;
 use crate::phase::EventKind;
 use crate::readiness::ReadinessWhileDraining;
+
+/// The label that names an EndpointSlice's Service.
+const LABEL_SERVICE: &str = "kubernetes.io/service-name";
 
 /// This endpoint's conditions in one slice, nil values read as the API defines them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -36,9 +36,6 @@ pub const DEFAULT_PROXY_ALLOWANCE: Duration = Duration::from_secs(2);
 /// goes on trying; a later answer still counts).
 const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The label that names an EndpointSlice's Service.
-pub(super) const LABEL_SERVICE: &str = "kubernetes.io/service-name";
-
 /// Why an [`EndpointWatch`] could not start.
 #[derive(Debug)]
 pub struct KubeError {

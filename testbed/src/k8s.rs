@@ -23,6 +23,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::net::{self, NetError, NODE_CLIENT_IP};
 use crate::proxy::Backend;
 
+/// A kube client for `kubeconfig` (in the current thread's network namespace).
+pub async fn client(kubeconfig: &Path) -> Result<kube::Client, NetError> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .map_err(|e| NetError(format!("kubeconfig: {e}")))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| NetError(format!("kubeconfig: {e}")))?;
+    kube::Client::try_from(cfg).map_err(|e| NetError(format!("kube client: {e}")))
+}
+
 /// The (first) node's name on the API.
 pub const NODE_NAME: &str = "testbed-node";
 
@@ -480,7 +490,7 @@ impl ControlPlane {
                 "--v=1".into(),
             ],
         )?;
-        let admin = crate::real::client(&cp.creds.admin_kubeconfig).await?;
+        let admin = client(&cp.creds.admin_kubeconfig).await?;
         cp.wait_api(&admin, Duration::from_secs(120)).await?;
         cp.spawn(
             bins,

@@ -33,7 +33,7 @@ use serde_json::json;
 use tokio::sync::{watch, Notify};
 
 use crate::cluster::{unix_ms, Event, PreStop};
-use crate::k8s::{self, Binaries, ControlPlane, ProxyMetrics, ProxySettings, NODE_NAME};
+use crate::k8s::{self, client, Binaries, ControlPlane, ProxyMetrics, ProxySettings, NODE_NAME};
 use crate::net::{self, NetError, Netns, NODE_CLIENT_IP, SERVICE_PORT, SERVICE_VIP};
 use crate::proxy::Backend;
 
@@ -46,15 +46,6 @@ pub const APP: &str = "lameduck-testbed";
 
 fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> NetError + '_ {
     move |e| NetError(format!("{what}: {e}"))
-}
-
-/// A kube client for `kubeconfig` (in the current thread's network namespace).
-pub async fn client(kubeconfig: &Path) -> Result<kube::Client, NetError> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(err("kubeconfig"))?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .map_err(err("kubeconfig"))?;
-    kube::Client::try_from(cfg).map_err(err("kube client"))
 }
 
 /// What the Pod's spec says, as the controller writes it.

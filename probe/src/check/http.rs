@@ -109,7 +109,7 @@ async fn get_inner(url: &Url, headers: &[(String, String)]) -> Result<u16, Strin
         let response = sender
             .send_request(request)
             .await
-            .map_err(|e| crate::request::error_text(&e))?;
+            .map_err(|e| crate::conn::error_text(&e))?;
         let status = response.status().as_u16();
         let mut body = response.into_body();
         let mut read = 0u64;
@@ -119,7 +119,7 @@ async fn get_inner(url: &Url, headers: &[(String, String)]) -> Result<u16, Strin
                     read += frame.data_ref().map_or(0, |d| d.len() as u64);
                 }
                 Some(Err(e)) => {
-                    return Err(format!("body: {}", crate::request::error_text(&e)));
+                    return Err(format!("body: {}", crate::conn::error_text(&e)));
                 }
                 None => break,
             }
