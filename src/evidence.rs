@@ -124,8 +124,6 @@ use tokio::time::Instant;
 
 mod fit;
 mod report;
-#[doc(hidden)]
-pub mod sim;
 
 pub(crate) use fit::Estimate;
 pub use fit::SilenceRule;

@@ -174,7 +174,7 @@ pub use error::ConfigError;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::advice::advise;
-    pub use crate::evidence::sim as evidence_sim;
+    pub use crate::propagation::sim as evidence_sim;
 }
 pub use guard::InFlightGuard;
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};

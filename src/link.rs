@@ -72,7 +72,7 @@ pub(crate) enum Hold {
 
 impl Hold {
     /// The hold as the policy uses it, given whether the arrival evidence can judge every
-    /// path's silence (`weak` is `None`): a measured allowance is proof only then.
+    /// path's silence (`judged`): a measured allowance is proof only then.
     ///
     /// A measured allowance is one sample per proxy, taken when this Pod was added; the
     /// proxy's delay when it is removed is another sample (on the testbed, a loaded node's
@@ -80,9 +80,9 @@ impl Hold {
     /// whose arrivals are dense enough shows by its own silence whether its proxy converged;
     /// a sparse one cannot, so the drain waits for what the arrival evidence alone commits on
     /// (`max`, or the fallback), not before the slices plus the allowance.
-    pub(crate) fn judged(self, weak: Option<crate::evidence::WeakEvidence>) -> Hold {
+    pub(crate) fn judged(self, judged: bool) -> Hold {
         match self {
-            Hold::Measured(at) if weak.is_some() => Hold::Floor(at),
+            Hold::Measured(at) if !judged => Hold::Floor(at),
             Hold::Measured(at) => Hold::Until(at),
             h => h,
         }
@@ -344,12 +344,8 @@ impl Link {
     }
 
     /// The slice evidence for the report, relative to the drain's origin; `weak`: why the
-    /// arrival evidence could not judge some path's silence, if it could not.
-    pub(crate) fn evidence(
-        &self,
-        origin: Instant,
-        weak: Option<crate::evidence::WeakEvidence>,
-    ) -> EndpointSliceEvidence {
+    /// arrival evidence could not judge some path's silence (its name), if it could not.
+    pub(crate) fn evidence(&self, origin: Instant, weak: Option<&str>) -> EndpointSliceEvidence {
         let st = self.lock();
         let r = &st.routing;
         let (allowance, allowance_source) = self.allowance(&st);
@@ -375,7 +371,7 @@ impl Link {
                         Some(w) => format!(
                             "a floor only, as some path's arrivals could not judge its silence \
                              ({}): one sample of a proxy's delay does not bound the next",
-                            w.as_str()
+                            w
                         ),
                     }
                 )

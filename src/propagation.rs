@@ -7,6 +7,8 @@ use crate::error::ConfigError;
 use crate::evidence::DEFAULT_EPSILON;
 
 mod policy;
+#[doc(hidden)]
+pub mod sim;
 
 pub(crate) use policy::{silence, Check, Commit, Policy, Seen};
 

@@ -87,7 +87,7 @@ impl Driver {
         let hold = link.hold();
         report.endpoint_slice_unused = link.unused_reason();
         if link.is_watching() {
-            report.endpoint_slice = Some(link.evidence(origin, report.weak));
+            report.endpoint_slice = Some(link.evidence(origin, report.weak.map(|w| w.as_str())));
         }
         if hold == Hold::Pending && report.kind == EvidenceKind::Max {
             report.max_reason = Some(MaxReason::EndpointSliceStillRouting);

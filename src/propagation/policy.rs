@@ -104,7 +104,7 @@ impl Policy {
 
     /// What the policy expects to commit on, while it waits, with the slices' `hold`.
     pub(crate) fn waiting_on(&self, evidence: &Evidence, hold: Hold) -> EvidenceKind {
-        let hold = hold.judged(evidence.weak());
+        let hold = hold.judged(evidence.weak().is_none());
         match *self {
             Policy::Fixed(_) => EvidenceKind::Fixed,
             Policy::Quiet { .. } if matches!(hold, Hold::Pending | Hold::Until(_)) => {
@@ -119,7 +119,7 @@ impl Policy {
     }
 
     /// One check of the quiet policy: the rule itself, with no clock, no task and no I/O, so
-    /// the simulation (`evidence::sim`) drives the same code as the drain. `evidence` is
+    /// the simulation (`propagation::sim`) drives the same code as the drain. `evidence` is
     /// refitted to what `seen` says arrived; `max_at` is `origin + max` or earlier.
     pub(crate) fn check(
         &self,
@@ -141,7 +141,7 @@ impl Policy {
         if seen.now >= max_at {
             return Check::Max;
         }
-        let hold = hold.judged(evidence.weak());
+        let hold = hold.judged(evidence.weak().is_none());
         let last_conn = seen.last_connection.unwrap_or(origin).max(origin);
         // With connection data, only new connections are routing decisions: requests on
         // open connections (a pool, an HTTP/2 connection accepted during the drain, which

@@ -10,13 +10,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{slot_of, Arrivals, Evidence, EvidenceKind, EvidenceReport, Window};
+use super::{Check, Policy, Propagation, Seen};
 use crate::budget::Budget;
 use crate::error::ConfigError;
+use crate::evidence::{slot_of, Arrivals, Evidence, EvidenceKind, EvidenceReport, Window};
 use crate::link::Hold;
 use crate::observed::PathId;
-use crate::propagation::Propagation;
-use crate::propagation::{Check, Policy, Seen};
 
 /// What one simulated drain committed on.
 #[derive(Clone, Debug)]
