@@ -81,6 +81,8 @@ def edges_of(mods, aliases):
                 in_tests = True
             if in_tests or s.startswith('//'):
                 continue
+            # Paths in string literals (doc attributes' links) are not imports.
+            s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', s)
             for m in CRATE_RE.finditer(s):
                 parts = m.group(1).split('::')
                 parts[0] = aliases.get(parts[0], parts[0])

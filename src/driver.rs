@@ -35,12 +35,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::budget::Budget;
 use crate::closers::Closers;
-use crate::evidence::{Evidence, EvidenceReport};
+use crate::evidence::Evidence;
 use crate::guard::{Core, Site};
 use crate::link::Link;
 use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::Policy;
 use crate::readiness::{ReadinessWhileDraining, SourceTable};
+use crate::report::EvidenceReport;
 use crate::report::{DrainReport, ServerReport, Sinks};
 use crate::sync::MutexExt;
 use crate::tasks::{TaskContext, Tasks};

@@ -126,14 +126,11 @@ mod fit;
 mod report;
 
 pub(crate) use fit::Estimate;
-pub use fit::SilenceRule;
 use fit::Slots;
-pub use report::{
-    EvidenceKind, EvidenceReport, MaxReason, PathEvidence, PathRouting, WeakEvidence,
-};
 
 pub(crate) use crate::observed::{slot_of, Arrivals, SLOT};
 use crate::observed::{PathId, RING};
+use crate::report::{PathRouting, SilenceRule, WeakEvidence};
 
 /// How far back before the trigger the process is observed.
 pub(crate) const WINDOW: Duration = Duration::from_secs(30);

@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
-use crate::evidence::EvidenceReport;
 use crate::phase::Phase;
 use crate::sync::MutexExt;
 #[cfg(feature = "admin")]
@@ -235,14 +234,15 @@ impl ReadinessState {
         self.lock().checks.push(Check { name, f });
     }
 
-    /// Readiness in `phase` as `caller` (described as `who`) sees it, with `evidence` (what
-    /// the propagation policy waits on or went on) as an informational line while draining.
+    /// Readiness in `phase` as `caller` (described as `who`) sees it, with `evidence` (one line:
+    /// what the propagation policy waits on or went on) as an informational line while
+    /// draining.
     pub(crate) fn evaluate(
         &self,
         phase: Phase,
         caller: Caller,
         who: &str,
-        evidence: Option<EvidenceReport>,
+        evidence: Option<String>,
     ) -> Readiness {
         type Gates = Vec<(String, bool)>;
         type Checks = Vec<(String, Arc<CheckFn>)>;
@@ -292,7 +292,7 @@ impl ReadinessState {
         }
         if phase >= Phase::Draining {
             if let Some(ev) = evidence {
-                lines.push(format!("[i]propagation {}", ev.describe()));
+                lines.push(format!("[i]propagation {ev}"));
             }
         }
         if phase == Phase::Starting && reason.is_none() {

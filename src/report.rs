@@ -15,9 +15,6 @@ use crate::readiness::ReadinessWhileDraining;
 
 pub use crate::action::ActionResult;
 pub use crate::closers::CloserResult;
-pub use crate::evidence::{
-    EvidenceKind, EvidenceReport, MaxReason, PathEvidence, PathRouting, SilenceRule, WeakEvidence,
-};
 pub use crate::link::{
     AllowanceSource, DeletionBudget, EndpointSliceEvidence, PeerDelay, StartupMeasurement,
 };
@@ -26,11 +23,15 @@ pub use crate::tasks::{TaskEnd, TaskResult};
 
 mod advice;
 mod after_flip;
+mod evidence;
 mod sinks;
 mod summary;
 
 pub use advice::{Advice, AdviceLevel, AdviceRule};
 pub use after_flip::{AfterFlipReport, PathCount, PeerCount};
+pub use evidence::{
+    EvidenceKind, EvidenceReport, MaxReason, PathEvidence, PathRouting, SilenceRule, WeakEvidence,
+};
 
 pub(crate) mod evidence_json;
 

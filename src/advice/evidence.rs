@@ -3,9 +3,9 @@
 //! process stopped accepting.
 
 use super::{advice, secs, Ctx};
-use crate::evidence::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
 use crate::report::AdviceLevel::{Info, Warn};
 use crate::report::{Advice, AdviceRule};
+use crate::report::{EvidenceKind, EvidenceReport, MaxReason, WeakEvidence};
 
 /// The evidence, and when the process stopped accepting (ms after the trigger).
 fn evidence<'a>(cx: &Ctx<'a>) -> Option<(&'a EvidenceReport, u64)> {

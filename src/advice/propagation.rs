@@ -2,10 +2,10 @@
 //! cutting the wait, and one peer dominating new connections.
 
 use super::{advice, Ctx};
-use crate::evidence::{MaxReason, WeakEvidence};
 use crate::phase::CommitReason;
 use crate::report::AdviceLevel::{Info, Warn};
 use crate::report::{Advice, AdviceRule, PolicyKind};
+use crate::report::{MaxReason, WeakEvidence};
 
 /// Below this many requests after the drain started, propagation is not measured.
 const MIN_TRAFFIC: u64 = 5;

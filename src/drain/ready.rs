@@ -163,7 +163,7 @@ impl Drain {
     /// evidence once draining.
     fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> Readiness {
         let evidence = if phase >= Phase::Draining {
-            self.inner.driver.evidence_now()
+            self.inner.driver.evidence_now().map(|e| e.describe())
         } else {
             None
         };

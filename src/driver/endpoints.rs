@@ -7,7 +7,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Driver;
-use crate::evidence::{EvidenceKind, EvidenceReport, MaxReason};
 #[cfg(feature = "kube")]
 use crate::link::Early;
 use crate::link::Hold;
@@ -16,6 +15,7 @@ use crate::link::Link;
 use crate::phase::Event;
 #[cfg(feature = "kube")]
 use crate::phase::EventKind;
+use crate::report::{EvidenceKind, EvidenceReport, MaxReason};
 
 /// Events the Kubernetes watch saw before the trigger enter the timeline only when this
 /// recent.

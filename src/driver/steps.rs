@@ -8,10 +8,10 @@ use tokio::time::Instant;
 use super::deadlines::Deadlines;
 use super::{Driver, EMIT_DRIVER, EMIT_NONE};
 use crate::closers::CloserResult;
-use crate::evidence::EvidenceKind;
 use crate::phase::{CommitReason, EventKind, Phase};
 use crate::propagation::Commit;
 use crate::readiness::ReadinessWhileDraining;
+use crate::report::EvidenceKind;
 use crate::report::{InFlightHold, Outcome, Straggler, StragglerKind};
 
 impl Driver {

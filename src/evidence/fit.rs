@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::SLOT;
+use crate::report::SilenceRule;
 
 /// The strength, in slots, of the prior that pulls "an empty slot follows an empty slot"
 /// towards "a slot is empty" (independent slots): with few empty slots seen, the chain is not
@@ -22,28 +23,6 @@ const TAIL: f64 = 2.0;
 
 /// Slots in the fit: the 120 of the window, the trigger's, and up to a ring-turn after it.
 pub(crate) const MAX_SEQ: usize = 256;
-
-/// Which bound set the required silence.
-///
-/// In JSON: `markov`, `longest_gap`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum SilenceRule {
-    /// The busy/empty chain fitted to the slots: had routing gone on, a gap this long would
-    /// have begun before `max` with probability at most ε.
-    Markov,
-    /// A gap nearly this long already happened while routing was unchanged: the silence must
-    /// be longer than the longest gap seen.
-    LongestGap,
-}
-
-impl SilenceRule {
-    /// The name as it appears in JSON.
-    pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
-    }
-}
 
 /// A run of busy/empty slots, oldest first: the window before the trigger, then the trigger's
 /// slot and those after it.

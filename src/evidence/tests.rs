@@ -1,5 +1,6 @@
 use super::fit::Slots;
 use super::*;
+use crate::report::{EvidenceKind, EvidenceReport, MaxReason};
 
 /// The fit of `pattern` (`#` busy, `.` empty), all before the trigger, with max 15 s.
 fn fit(pattern: &str) -> Estimate {

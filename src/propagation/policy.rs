@@ -4,10 +4,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::evidence::{slot_of, Evidence, EvidenceKind, Window, DEFAULT_EPSILON};
+use crate::evidence::{slot_of, Evidence, Window, DEFAULT_EPSILON};
 use crate::guard::Core;
 use crate::link::{Hold, Link};
 use crate::phase::CommitReason;
+use crate::report::EvidenceKind;
 use crate::report::{PolicyKind, PolicyReport};
 
 /// A validated policy, offsets from the origin.
@@ -297,7 +298,7 @@ pub(crate) fn silence(core: &Core, origin: Instant) -> Duration {
 mod tests {
     use super::*;
     use crate::drain::Drain;
-    use crate::evidence::WeakEvidence;
+    use crate::report::WeakEvidence;
     use crate::signal::Signals;
 
     const SECOND: Duration = Duration::from_secs(1);

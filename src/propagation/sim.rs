@@ -13,9 +13,10 @@ use tokio::time::Instant;
 use super::{Check, Policy, Propagation, Seen};
 use crate::budget::Budget;
 use crate::error::ConfigError;
-use crate::evidence::{slot_of, Arrivals, Evidence, EvidenceKind, EvidenceReport, Window};
+use crate::evidence::{slot_of, Arrivals, Evidence, Window};
 use crate::link::Hold;
 use crate::observed::PathId;
+use crate::report::{EvidenceKind, EvidenceReport};
 
 /// What one simulated drain committed on.
 #[derive(Clone, Debug)]

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::evidence::{EvidenceKind, EvidenceReport};
+use super::{EvidenceKind, EvidenceReport};
 
 /// What a `fixed` policy's evidence says.
 #[derive(Serialize)]

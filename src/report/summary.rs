@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::{DrainReport, TERMINATION_LOG_LIMIT};
-use crate::evidence::{EvidenceKind, MaxReason, WeakEvidence};
+use super::{EvidenceKind, MaxReason, WeakEvidence};
 use crate::phase::Trigger;
 
 impl DrainReport {

@@ -1,0 +1,392 @@
+//! What the propagation commit went on, as the report and `/status` show it: data, filled in
+//! by the evidence (`evidence/report.rs`) and the EndpointSlice link.
+
+use serde::{Deserialize, Serialize};
+
+/// Why the arrival data cannot say how long to wait.
+///
+/// In JSON: `no_connection_data`, `too_few_slots`, `too_sparse`, `new_path`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum WeakEvidence {
+    /// No connection was ever counted: no server counted them (`lameduck::serve`,
+    /// `lameduck::axum_serve` and `ConnMeta::accepted` do; axum's own `ConnectInfo` hook
+    /// cannot) — a worker with no HTTP, or a raw `axum::serve`.
+    NoConnectionData,
+    /// The process had been serving for less than 15 s before the trigger: too short a window
+    /// to have seen the traffic's slower phases.
+    TooFewSlots,
+    /// New connections were too rare before the trigger: the silence needed for confidence
+    /// is longer than `max`.
+    TooSparse,
+    /// A peer that sent nothing in the window before the trigger kept opening connections
+    /// after it (more than a reconnect wave of the connections it had open): some proxy still
+    /// routes it here, and there is no rate of its own to weigh its silence by.
+    NewPath,
+}
+
+/// How a path (a peer address) reaches the process, as its arrivals show.
+///
+/// In JSON: `per_request`, `connections`, `pool`, `new`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PathRouting {
+    /// After the trigger it kept opening connections beyond the reconnect wave of those it had
+    /// open: each of its requests is a routing decision (an L7 proxy such as HAProxy or
+    /// Envoy, which comes back on a new connection for as long as it routes here). Judged by
+    /// its request rate.
+    PerRequest,
+    /// Before the trigger it opened connections that also closed before it: fresh
+    /// connections, which keep coming through a proxy that still routes here. Judged by its rate of new connections and by its
+    /// activity, whichever needs the longer silence.
+    Connections,
+    /// Only requests on kept connections before the trigger, and no more since than their
+    /// reconnect wave: a client pool, which moves away on the drain's `Connection: close`
+    /// (or GOAWAY) whatever the proxies do. Judged by its activity, in case it is a proxy
+    /// routing per request that has not shown it yet.
+    Pool,
+    /// Nothing before the trigger: it holds the drain (`weak` = `new_path`) once it sends
+    /// more than a reconnect wave.
+    New,
+}
+
+impl PathRouting {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        crate::names::of(&self)
+    }
+}
+
+/// One path's evidence: a peer address (or `other`, the peers beyond the table of 15 and
+/// connections of no known peer), how it is routed, and what its silence needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PathEvidence {
+    /// The peer address, or `other`.
+    pub peer: String,
+    /// How the path reaches the process.
+    pub routing: PathRouting,
+    /// Whether the path held the commit: it carried traffic before the trigger, or (a new
+    /// path) sent more than a reconnect wave since.
+    pub counted: bool,
+    /// Slots of the window before the trigger with activity (requests or new connections).
+    pub active_slots: u64,
+    /// Slots of the window before the trigger in which a connection was accepted that closed
+    /// before the trigger (a fresh connection).
+    pub connection_slots: u64,
+    /// Connections of the path open at the trigger.
+    pub open_at_trigger: u32,
+    /// New connections of the path since the trigger.
+    pub new_after_trigger: u32,
+    /// Connections of the path open at the commit (or now): a pool holds the commit while
+    /// its kept connections are open.
+    #[serde(default)]
+    pub open_now: u32,
+    /// A pool's wait after its last new connection for its kept connections to be used again
+    /// (and so to have reconnected elsewhere, or here), in milliseconds: see the Kubernetes
+    /// guide's paths. Absent for a path that kept no connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_wait_ms: Option<u64>,
+    /// λ̂ of the fit that set the path's silence, in arrivals per 1000 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_1000s: Option<u64>,
+    /// The silence the path needs, in milliseconds (see [`EvidenceReport::t_conf_ms`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_conf_ms: Option<u64>,
+    /// Why the path's data could not say, when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weak: Option<WeakEvidence>,
+    /// Silence of the path so far: since the later of the trigger and its last new
+    /// connection, in milliseconds.
+    pub silence_ms: u64,
+}
+
+impl WeakEvidence {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        crate::names::of(&self)
+    }
+}
+
+/// What the propagation policy went on when it committed (or, while draining, what it waits
+/// for).
+///
+/// In JSON: `confidence`, `fallback`, `max`, `fixed`, `cut`, `endpoint_slice`, `never_served`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EvidenceKind {
+    /// Silence long enough, by the arrivals measured before the trigger and during the
+    /// drain, that a new connection would have come with probability ≥ 1 − ε had the proxies
+    /// still routed here; [`EvidenceReport::rule`] names the bound that set it.
+    Confidence,
+    /// The user's fallback
+    /// ([`Propagation::quiet_suffices_after`](crate::Propagation::quiet_suffices_after))
+    /// passed before the evidence could say, and the quiet window held. A fallback, not a
+    /// floor: `min` is the floor.
+    Fallback,
+    /// `max` was reached; [`EvidenceReport::max_reason`] says why.
+    Max,
+    /// A fixed delay ([`Propagation::fixed`](crate::Propagation::fixed)): no evidence taken.
+    Fixed,
+    /// The drain was forced or the quiesce deadline came first.
+    Cut,
+    /// Every EndpointSlice listing this Pod showed it not ready (feature `kube`), the proxy
+    /// allowance passed and the quiet window held: [`EvidenceReport::endpoint_slice`] has the
+    /// numbers.
+    EndpointSlice,
+    /// The process was never ready (the drain started while it was Starting): nothing
+    /// routed here, nothing to wait for.
+    NeverServed,
+}
+
+impl EvidenceKind {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        crate::names::of(&self)
+    }
+}
+
+/// Why the policy waited until `max`.
+///
+/// In JSON: `not_enough_evidence`, `traffic_never_went_quiet`, `endpoint_slice_still_routing`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum MaxReason {
+    /// The arrival data could not say how long to wait ([`EvidenceReport::weak`] says why) and
+    /// no fallback was set.
+    NotEnoughEvidence,
+    /// The evidence was good, but new connections, requests or in-flight work went on until
+    /// `max`.
+    TrafficNeverWentQuiet,
+    /// An EndpointSlice still listed this Pod as ready at `max`, or the Kubernetes API had
+    /// not answered (feature `kube`).
+    EndpointSliceStillRouting,
+}
+
+impl MaxReason {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        crate::names::of(&self)
+    }
+}
+
+/// The evidence behind the propagation commit, with its numbers. Part of
+/// [`PolicyReport`](crate::report::PolicyReport); while draining, [`Status`](crate::Status) shows the
+/// evidence the policy is waiting on.
+///
+/// Fractions and rates are integers so the report stays exactly comparable: `p_empty_ppm` is
+/// p̂ in millionths, `rate_per_1000s` is λ̂ in arrivals per 1000 s. A slot is *active* when a
+/// new connection or a request arrived in it before the trigger, and when a new connection
+/// arrived in it after (every reused connection is told to close then, so a proxy that still
+/// routes here shows up as new connections).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct EvidenceReport {
+    /// What the commit went on (or, before it, what the policy waits for).
+    pub kind: EvidenceKind,
+    /// With [`EvidenceKind::Max`]: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_reason: Option<MaxReason>,
+    /// Why the arrival data was not enough, when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weak: Option<WeakEvidence>,
+    /// The slot length, in milliseconds.
+    pub slot_ms: u64,
+    /// Slots observed before the trigger (at most the 30 s window).
+    pub slots_observed: u64,
+    /// Slots fitted from the trigger's on: up to the last one with a new connection (the
+    /// silence after it is what is being tested).
+    #[serde(default)]
+    pub slots_after_trigger: u64,
+    /// Of the slots observed before and fitted after the trigger, those without activity.
+    pub empty_slots: u64,
+    /// Requests were counted, not only new connections (`lameduck::serve` and
+    /// `lameduck::axum_serve` count both; `ConnMeta` under `axum::serve` only connections).
+    #[serde(default)]
+    pub requests_seen: bool,
+    /// p̂ = (empty + ½) / (slots + 1), in millionths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p_empty_ppm: Option<u64>,
+    /// λ̂ = −ln p̂ / slot, the equivalent Poisson rate, in arrivals per 1000 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_1000s: Option<u64>,
+    /// â, the estimated chance that an empty slot follows an empty slot, in millionths: near
+    /// p̂ for independent arrivals, near 1 for traffic that pauses for many slots at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stay_empty_ppm: Option<u64>,
+    /// The longest run of empty slots seen while routing was unchanged, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longest_gap_ms: Option<u64>,
+    /// ε, the accepted chance that a connection would still have come, in millionths.
+    pub epsilon_ppm: u64,
+    /// The silence the evidence asks for, in milliseconds (before `max` bounds it): whole
+    /// empty slots, counted from the end of the slot of the later of the trigger and the last
+    /// new connection (so `silence_ms` at the commit is up to one slot more). Absent when even
+    /// four times `max` would not be enough.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub t_conf_ms: Option<u64>,
+    /// The bound that set `t_conf_ms`: `markov` or `longest_gap`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<SilenceRule>,
+    /// The user's fallback
+    /// ([`Propagation::quiet_suffices_after`](crate::Propagation::quiet_suffices_after)), in
+    /// milliseconds after the trigger, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_ms: Option<u64>,
+    /// Silence observed when the policy committed (or so far): time since the later of the
+    /// trigger and the last new connection, in milliseconds.
+    pub silence_ms: u64,
+    /// The EndpointSlice evidence (feature `kube`), when the slices were watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_slice: Option<crate::report::EndpointSliceEvidence>,
+    /// Why the EndpointSlice was not the evidence, when it was not: the feature is not built,
+    /// no watch was started, the API refused or could not be reached, no slice lists the Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_slice_unused: Option<String>,
+    /// The path whose evidence set the commit (its silence came last, or its data could not
+    /// say): a peer address, or `other`. The slot counts, rates and `t_conf_ms` above are
+    /// this path's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    /// Every path seen, the busiest first (at most 16).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathEvidence>,
+    /// When in-flight work, not the silence, set the commit's time: the window and the
+    /// evidence held while something was in flight, and the policy waited for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight_hold: Option<super::InFlightHold>,
+}
+
+impl EvidenceReport {
+    /// λ̂ in arrivals per second, for display.
+    pub fn rate_per_s(&self) -> Option<f64> {
+        self.rate_per_1000s.map(|r| r as f64 / 1000.0)
+    }
+
+    /// One line for `/readyz?verbose` and the `propagation_done` event: the evidence and its
+    /// numbers.
+    pub(crate) fn describe(&self) -> String {
+        if self.kind == EvidenceKind::NeverServed {
+            return "never_served: the drain started before the process was ever ready; no \
+                    proxy routed here, nothing to wait for"
+                .to_owned();
+        }
+        if self.kind == EvidenceKind::Fixed {
+            // A set delay reads no evidence: saying what evidence was missing would be noise
+            // (a worker with no HTTP was told to use `serve`).
+            return format!(
+                "fixed: a set delay, no evidence read; silent for {} ms",
+                self.silence_ms
+            );
+        }
+        let rate = match (self.rate_per_s(), self.weak) {
+            (_, Some(WeakEvidence::NoConnectionData)) => {
+                "no connection counted (no server counts them here)".to_owned()
+            }
+            (Some(r), _) => format!(
+                "{r:.2} {}/s ({} of {} slots empty, {} before the trigger; longest gap {} ms, \
+                 empty after empty {} ppm)",
+                if self.requests_seen {
+                    "arrivals (connections or requests)"
+                } else {
+                    "new connections"
+                },
+                self.empty_slots,
+                self.slots_observed + self.slots_after_trigger,
+                self.slots_observed,
+                self.longest_gap_ms.unwrap_or(0),
+                self.stay_empty_ppm.unwrap_or(0),
+            ),
+            (None, _) => "no rate".to_owned(),
+        };
+        let need = match self.t_conf_ms {
+            Some(t) if self.weak.is_none() => format!(
+                "needs {t} ms of silence ({})",
+                self.rule.map_or("no rule", SilenceRule::as_str)
+            ),
+            _ => match self.weak {
+                Some(w) => format!("not enough evidence ({})", w.as_str()),
+                None => String::new(),
+            },
+        };
+        let slices = match (&self.endpoint_slice, &self.endpoint_slice_unused) {
+            (Some(s), None) => match (s.changed_at_ms, s.allowed_at_ms) {
+                (Some(c), Some(a)) => format!(
+                    "; EndpointSlice {} at {c} ms, allowed from {a} ms ({} ms allowance)",
+                    s.condition, s.allowance_ms
+                ),
+                _ => format!("; waiting for the EndpointSlice to show {}", s.condition),
+            },
+            // A watch that was started and could not be used is worth the line; a build
+            // without the feature is a choice.
+            (_, Some(why))
+                if !why.starts_with("the kube feature") && !why.starts_with("no EndpointWatch") =>
+            {
+                format!("; no EndpointSlice evidence: {why}")
+            }
+            _ => String::new(),
+        };
+        let held = match self.held_by.as_deref() {
+            Some(peer)
+                if self.paths.len() > 1
+                    || self
+                        .paths
+                        .iter()
+                        .any(|p| p.open_at_trigger > 0 && p.routing != PathRouting::PerRequest) =>
+            {
+                let path = self.paths.iter().find(|p| p.peer == peer);
+                match path {
+                    Some(p) if p.open_now > 0 && p.open_at_trigger > 0 => format!(
+                        "; held by {peer} ({}, {} kept connection(s) still open)",
+                        p.routing.as_str(),
+                        p.open_now
+                    ),
+                    Some(p) if p.pool_wait_ms.is_some() => format!(
+                        "; held by {peer} ({}: {} ms after its last new connection for its kept \
+                         connections to be reused)",
+                        p.routing.as_str(),
+                        p.pool_wait_ms.unwrap_or(0)
+                    ),
+                    Some(p) => format!("; held by {peer} ({})", p.routing.as_str()),
+                    None => format!("; held by {peer}"),
+                }
+            }
+            _ => String::new(),
+        };
+        let work = self
+            .in_flight_hold
+            .as_ref()
+            .map_or_else(String::new, |h| format!("; {}", h.describe()));
+        format!(
+            "{}: {rate}; {need}; silent for {} ms{held}{slices}{work}",
+            self.kind.as_str(),
+            self.silence_ms
+        )
+    }
+}
+
+/// Which bound set the required silence.
+///
+/// In JSON: `markov`, `longest_gap`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum SilenceRule {
+    /// The busy/empty chain fitted to the slots: had routing gone on, a gap this long would
+    /// have begun before `max` with probability at most ε.
+    Markov,
+    /// A gap nearly this long already happened while routing was unchanged: the silence must
+    /// be longer than the longest gap seen.
+    LongestGap,
+}
+
+impl SilenceRule {
+    /// The name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        crate::names::of(&self)
+    }
+}
