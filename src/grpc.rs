@@ -40,10 +40,10 @@ use tonic_health::ServingStatus;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::drain::Drain;
-use crate::http::StreamStop;
 use crate::phase::Phase;
 use crate::readiness::ReadinessWhileDraining;
 use crate::readiness::{ready_in, Caller};
+use crate::server::StreamStop;
 
 impl Drain {
     /// The standard gRPC health service, with its status following this drain: `NOT_SERVING`

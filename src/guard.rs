@@ -52,7 +52,7 @@ pub(crate) struct Core {
     /// that the HTTP layer reads it (its phase header, refusal mode) without the facade.
     phase: AtomicU8,
     /// The option sets of this coordinator's drain layers, found by a guard's tag; read only
-    /// while draining. What they are is the HTTP layer's business (`http::options`).
+    /// while draining. What they are is the HTTP layer's business (`server::options`).
     #[cfg(feature = "http")]
     pub(crate) layer_options: TagTable,
 }
@@ -96,7 +96,7 @@ impl fmt::Debug for TagTable {
 pub(crate) struct Site {
     core: &'static Core,
     /// The HTTP layer's tag: bit 0 set for an HTTP/1.x request, the layer's options index
-    /// above (see `http::options`); 0 outside the layer. Fixed for a plain site; an entry site
+    /// above (see `server::options`); 0 outside the layer. Fixed for a plain site; an entry site
     /// takes the tag of the guard it describes when it is handed out.
     #[cfg_attr(not(feature = "http"), allow(dead_code))] // read by the HTTP layer only
     tag: AtomicU32,

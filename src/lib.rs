@@ -106,14 +106,8 @@ mod driver;
 mod error;
 mod evidence;
 mod guard;
-// Public under `server`: a module named `http` would make `use lameduck::*;` shadow the `http`
-// crate (E0659). The file keeps its name and the crate its `crate::http::…` paths.
-#[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-#[path = "http/mod.rs"]
-pub mod server;
-#[cfg(feature = "http")]
-use self::server as http;
+// Named `server`, not `http`: a module named `http` would make `use lameduck::*;` shadow the
+// `http` crate (E0659).
 #[cfg(feature = "kube")]
 mod kube;
 mod link;
@@ -124,6 +118,9 @@ mod path_counts;
 mod phase;
 mod propagation;
 mod readiness;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod server;
 mod signal;
 mod stall;
 mod sync;
@@ -139,13 +136,10 @@ pub mod guide;
 // Public as `drain_metrics`, not `metrics`: the `metrics` crate keeps its name under a glob.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-#[path = "metrics.rs"]
 pub mod drain_metrics;
-#[cfg(feature = "metrics")]
-use self::drain_metrics as metrics;
 /// Without the `metrics` feature no add-on follows the lifecycle.
 #[cfg(not(feature = "metrics"))]
-mod metrics {
+mod drain_metrics {
     pub(crate) fn observer() -> Option<Box<dyn crate::driver::Observer>> {
         None
     }

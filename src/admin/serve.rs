@@ -61,8 +61,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::drain::Drain;
-use crate::http::accept::Acceptor;
 use crate::report::{Straggler, StragglerKind};
+use crate::server::accept::Acceptor;
 use crate::sync::MutexExt;
 
 mod owed;

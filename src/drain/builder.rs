@@ -238,7 +238,7 @@ impl DrainBuilder {
             sinks: self.sinks,
             hurry_lead,
             proxy_label,
-            observer: crate::metrics::observer(),
+            observer: crate::drain_metrics::observer(),
         };
         let driver = Arc::new(Driver::new(core, settings));
         if self.drain_on_task_panic {

@@ -1,5 +1,5 @@
 //! The handle's metrics methods (feature `metrics`); the metrics themselves are in
-//! [`crate::metrics`].
+//! [`crate::drain_metrics`].
 
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ impl Drain {
     /// recorder, so between lifecycle events the gauges hold their last sample. It reads a few
     /// atomics and takes the task registry's lock (never taken by requests); calling it often
     /// is fine, calling it per request is pointless. It records into the recorder current on
-    /// the calling thread (normally the global one). See the [`metrics`](crate::metrics)
+    /// the calling thread (normally the global one). See the [`metrics`](crate::drain_metrics)
     /// module for the metrics.
     ///
     /// # Examples
@@ -30,7 +30,7 @@ impl Drain {
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn record_metrics(&self) {
-        crate::metrics::Recorder.sampled(&self.inner.driver.sample());
+        crate::drain_metrics::Recorder.sampled(&self.inner.driver.sample());
     }
 
     /// Spawns a task that calls [`record_metrics`](Self::record_metrics) every `period`, for
@@ -98,7 +98,7 @@ mod tests {
     use metrics_util::MetricKind;
 
     use crate::drain::Drain;
-    use crate::metrics::{
+    use crate::drain_metrics::{
         DRAIN_DURATION_SECONDS, OBSERVED_PROPAGATION_SECONDS, REQUESTS_AFTER_FLIP_TOTAL,
     };
     use crate::phase::Trigger;

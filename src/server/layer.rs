@@ -4,7 +4,7 @@
 //!
 //! * The layer and its service hold no reference count: one `&'static` entry of its
 //!   coordinator's table of leaked, deduplicated option sets, which also holds the two sites
-//!   the layer's guards count at (see `http::options`). Cloning either is a copy, so the
+//!   the layer's guards count at (see `server::options`). Cloning either is a copy, so the
 //!   per-request clones axum makes cost nothing but the copy.
 //! * The options are read only while draining; the table is locked only then (and when a layer
 //!   is built).
@@ -125,7 +125,7 @@ impl Drain {
 /// options is kept for the life of the process, like the coordinator's counter), read only
 /// while draining. Build layers at startup, not per request.
 pub struct DrainLayer<N = Unnamed, R = ServeAfterStop> {
-    /// The layer's options and the sites its guards count at (see `http::options`).
+    /// The layer's options and the sites its guards count at (see `server::options`).
     entry: &'static LayerEntry,
     mode: PhantomData<fn() -> (N, R)>,
 }

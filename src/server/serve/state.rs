@@ -9,8 +9,8 @@
 /// (`router.with_state(())`).
 #[cfg(feature = "axum")]
 pub(super) fn with_state<S: 'static>(mut service: S) -> S {
-    use crate::http::DrainService;
-    use crate::http::{RefuseAfterStop, RequestLine, Unnamed};
+    use crate::server::DrainService;
+    use crate::server::{RefuseAfterStop, RequestLine, Unnamed};
     use axum::Router;
 
     fn give(router: &mut Router) {

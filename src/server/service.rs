@@ -25,7 +25,7 @@ use super::refusal::{Refusal, ServeAfterStop};
 pub struct DrainService<S, N = Unnamed, R = ServeAfterStop> {
     inner: S,
     /// Where the guards count: `[HTTP/1.x, HTTP/2 and later]`, in the layer's leaked entry
-    /// (see `http::options`). A plain `&'static` reference, so cloning the service (axum
+    /// (see `server::options`). A plain `&'static` reference, so cloning the service (axum
     /// clones it per request) costs no reference count.
     sites: &'static [Site; 2],
     mode: PhantomData<fn() -> (N, R)>,
@@ -55,7 +55,7 @@ impl<S, N, R> DrainService<S, N, R> {
         self.sites[0].core()
     }
 
-    /// The layer's options index (see `http::options`).
+    /// The layer's options index (see `server::options`).
     fn opts(&self) -> u32 {
         tag_options(self.sites[0].tag())
     }

@@ -33,8 +33,8 @@ use tower_service::Service;
 
 use crate::drain::Drain;
 use crate::guard::Core;
-use crate::http::note_accepted;
-use crate::http::ConnMeta;
+use crate::server::note_accepted;
+use crate::server::ConnMeta;
 
 /// Serves `router` on `listener` with `axum::serve`, wired to `drain`: the one-call integration
 /// for axum apps.

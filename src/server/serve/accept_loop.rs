@@ -21,10 +21,10 @@ use super::bound::ConnectionBound;
 use super::Setup;
 use crate::closers::BoxError;
 use crate::drain::Drain;
-use crate::http::accept::Acceptor;
-use crate::http::conn::ConnMeta;
-use crate::http::connection::{ConnTask, Tokens};
 use crate::phase::Phase;
+use crate::server::accept::Acceptor;
+use crate::server::conn::ConnMeta;
+use crate::server::connection::{ConnTask, Tokens};
 
 /// Serves until the drain is over: accepts until the listener closes, then waits for the
 /// connections to end.
