@@ -20,12 +20,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use startup::Startup;
-pub use startup::{AllowanceSource, PeerDelay, StartupMeasurement};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::report::{AllowanceSource, EndpointSliceEvidence};
 use crate::sync::MutexExt;
 
 /// Where the slice evidence stands.
@@ -413,68 +412,6 @@ impl Link {
     pub(crate) fn is_watching(&self) -> bool {
         false
     }
-}
-
-/// The EndpointSlice evidence behind a propagation commit (feature `kube`): part of
-/// [`EvidenceReport`](crate::report::EvidenceReport).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EndpointSliceEvidence {
-    /// The endpoint condition waited for: `ready=false` (or, under
-    /// [`ServingUntilStop`](crate::ReadinessWhileDraining::ServingUntilStop),
-    /// `ready=false or terminating=true`). An endpoint removed from its slice counts too.
-    pub condition: String,
-    /// The slices that list this Pod, as `name (service)`.
-    pub slices: Vec<String>,
-    /// When every slice first showed the condition, in milliseconds after the trigger
-    /// (negative: before it). Absent while a slice still routes here.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub changed_at_ms: Option<i64>,
-    /// The proxy allowance added to it, in milliseconds.
-    pub allowance_ms: u64,
-    /// Where the allowance came from: `measured` at startup, `configured`, or the `default`
-    /// (then only a floor: the commit also waits for the arrival evidence).
-    #[serde(default)]
-    pub allowance_source: AllowanceSource,
-    /// Whether the allowance was proof enough to commit on: `configured`, or `measured` while
-    /// every path's arrivals could judge its own silence. Otherwise it was a floor only: the
-    /// commit also waited for what the arrival evidence alone would commit on (`max` on
-    /// sparse traffic, or the fallback). A measured allowance is one sample per proxy, taken
-    /// when this Pod was added; the delay when it is removed is another.
-    #[serde(default)]
-    pub allowance_proof: bool,
-    /// One sentence: how the allowance was measured, or which default was used and why.
-    #[serde(default)]
-    pub allowance_note: String,
-    /// This Pod's own delay at startup, from the slices listing it ready to each peer's first
-    /// new connection, or why there is none.
-    #[serde(default)]
-    pub startup: StartupMeasurement,
-    /// `changed_at + allowance`, in milliseconds after the trigger (0 if before it): the
-    /// earliest commit the slices allow.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allowed_at_ms: Option<u64>,
-    /// Services selecting this Pod with `publishNotReadyAddresses: true`: their slices keep
-    /// `ready=true`, so they are not waited on (see the advice).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub publish_not_ready_addresses: Vec<String>,
-}
-
-/// The budget of this deletion, when the Pod's `deletionGracePeriodSeconds` left less than
-/// `grace_period` (feature `kube`): part of [`BudgetReport`](crate::report::BudgetReport). Margin,
-/// close budget and propagation `max` shrink in the same proportion as the grace.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeletionBudget {
-    /// The Pod's `deletionGracePeriodSeconds`, in milliseconds.
-    pub deletion_grace_ms: u64,
-    /// When kubelet may kill the container (`deletionTimestamp`), in milliseconds after the
-    /// trigger.
-    pub kill_at_ms: u64,
-    /// The hard deadline it leaves, in milliseconds after the trigger.
-    pub hard_ms: u64,
-    /// The quiesce deadline it leaves, in milliseconds after the trigger.
-    pub quiesce_ms: u64,
-    /// Propagation `max` it leaves, in milliseconds after the trigger.
-    pub max_ms: u64,
 }
 
 /// `at - origin` in whole milliseconds, rounded down also when `at` is before `origin`: the

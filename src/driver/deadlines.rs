@@ -8,8 +8,9 @@ use tokio::time::Instant;
 
 use super::Driver;
 use crate::budget::Budget;
-use crate::link::{DeletionBudget, Kill};
+use crate::link::Kill;
 use crate::propagation::Policy;
+use crate::report::DeletionBudget;
 use crate::sync::MutexExt;
 
 /// The deadlines of one drain, as instants: the configured budget, tightened by the deletion.

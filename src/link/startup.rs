@@ -27,9 +27,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::report::{PeerDelay, StartupMeasurement};
 use crate::sync::MutexExt;
 
 /// Peers remembered before the listing (to leave them out after it).
@@ -40,74 +40,6 @@ const BEFORE_LIMIT: usize = 64;
 pub(crate) const PEER_LIMIT: usize = 16;
 /// Connections later than this after the listing are not the proxies catching up.
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
-
-/// Where the proxy allowance came from:
-/// [`EndpointSliceEvidence::allowance_source`](crate::report::EndpointSliceEvidence::allowance_source).
-///
-/// In JSON: `measured`, `configured`, `default`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum AllowanceSource {
-    /// This Pod's own delay at startup, from the slice listing it ready to the first new
-    /// connection of each peer: the largest of them. Proof enough to commit on while every
-    /// path's arrivals can judge its own silence; otherwise a floor, as the default is (one
-    /// sample of a proxy's delay does not bound the next).
-    Measured,
-    /// Set with [`EndpointWatch::proxy_allowance`][proxy-allowance]: the operator knows the
-    /// proxies. Proof enough to commit on.
-    ///
-    #[cfg_attr(
-        feature = "kube",
-        doc = "[proxy-allowance]: crate::EndpointWatch::proxy_allowance"
-    )]
-    #[cfg_attr(not(feature = "kube"), doc = "[proxy-allowance]: crate#feature-flags")]
-    Configured,
-    /// Nothing measured, nothing set: `DEFAULT_PROXY_ALLOWANCE` (2 s). Only a floor: the
-    /// commit also waits for what the arrival evidence alone would have committed on.
-    #[default]
-    Default,
-}
-
-impl AllowanceSource {
-    /// The name as it appears in JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AllowanceSource::Measured => "measured",
-            AllowanceSource::Configured => "configured",
-            AllowanceSource::Default => "default",
-        }
-    }
-}
-
-/// One peer's delay from the slice listing this Pod ready to its first new connection.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PeerDelay {
-    /// The peer's IP address.
-    pub peer: String,
-    /// Milliseconds after the watch saw the slice list this Pod ready.
-    pub delay_ms: u64,
-}
-
-/// The startup measurement behind a measured allowance (feature `kube`): part of
-/// [`EndpointSliceEvidence`](crate::report::EndpointSliceEvidence).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StartupMeasurement {
-    /// Per peer, its first new connection after the listing (at most 16 peers).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub peers: Vec<PeerDelay>,
-    /// Peers left out because they connected before any slice listed this Pod ready: they
-    /// came another way (its IP, a port-forward), not through the proxies.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub peers_left_out: u64,
-    /// Why there is no measurement, when there is none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unmeasured: Option<String>,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
 
 #[derive(Default)]
 struct State {
