@@ -123,10 +123,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 mod fit;
+mod path;
 mod report;
 
 pub(crate) use fit::Estimate;
 use fit::Slots;
+pub(crate) use path::PathFit;
 
 pub(crate) use crate::observed::{slot_of, Arrivals, SLOT};
 use crate::observed::{PathId, RING};
@@ -236,167 +238,6 @@ impl Window {
     fn slots(&self) -> u64 {
         self.trigger_slot - self.first
     }
-}
-
-/// One path's evidence at the latest check: how it is routed, and the fits its silence is
-/// judged by.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct PathFit {
-    pub(crate) path: PathId,
-    pub(crate) peer: Option<IpAddr>,
-    pub(crate) routing: PathRouting,
-    /// Connections open at the trigger that have not left by themselves since (the ones the
-    /// drain moves), and new ones since.
-    pub(crate) open: u32,
-    pub(crate) after: u32,
-    /// Slots of the window with a fresh connection (accepted and closed while Serving).
-    pub(crate) fresh_slots: u64,
-    /// The last new connection of the path after the trigger.
-    pub(crate) last: Option<Instant>,
-    /// Connections of the path open at the check.
-    pub(crate) open_now: u32,
-    /// Of the connections open at the trigger, those told to close since, and the sum of how
-    /// long after the trigger.
-    pub(crate) told: u32,
-    pub(crate) told_sum: Duration,
-    /// The fit of the path's activity (requests and new connections) before the trigger, and
-    /// for a path routed per request its new connections after it: what a proxy that routes
-    /// per request would keep sending.
-    pub(crate) activity: Estimate,
-    /// The fit of the path's new connections alone before the trigger, when it opened some
-    /// and is not routed per request: fresh connections keep coming while a proxy routes
-    /// here, whatever the path's kept connections do, so the silence must satisfy both.
-    pub(crate) fresh: Option<Estimate>,
-}
-
-impl PathFit {
-    /// Whether the path holds the commit: it carried traffic before the trigger, or has sent
-    /// more since than its reconnect wave.
-    pub(crate) fn counts(&self) -> bool {
-        match self.routing {
-            PathRouting::New => {
-                (self.open == 0 && self.after > 0) || beyond_wave(self.open, self.after)
-            }
-            _ => self.activity.slots_before > 0 && self.activity.busy() > 0,
-        }
-    }
-
-    /// The silence the path needs, and the fit that set it; `None` when the data cannot say.
-    pub(crate) fn required(&self) -> Option<(Duration, SilenceRule, &Estimate)> {
-        if self.routing == PathRouting::New {
-            return None;
-        }
-        let (t, rule) = self.activity.required()?;
-        match &self.fresh {
-            None => Some((t, rule, &self.activity)),
-            Some(f) => {
-                let (tf, rf) = f.required()?;
-                Some(if tf > t {
-                    (tf, rf, f)
-                } else {
-                    (t, rule, &self.activity)
-                })
-            }
-        }
-    }
-
-    /// The estimate to show for the path: the one that set its silence, or the activity's.
-    pub(crate) fn shown(&self) -> &Estimate {
-        match self.required() {
-            Some((_, _, e)) => e,
-            None => match &self.fresh {
-                Some(f) if f.required().is_none() => f,
-                _ => &self.activity,
-            },
-        }
-    }
-
-    /// Why the path's data cannot decide the commit, if it cannot.
-    pub(crate) fn weak(&self, max: Duration) -> Option<WeakEvidence> {
-        if self.routing == PathRouting::New {
-            return Some(WeakEvidence::NewPath);
-        }
-        if self.activity.slots_before + self.activity.slots_after < MIN_SLOTS {
-            return Some(WeakEvidence::TooFewSlots);
-        }
-        match self.required() {
-            Some((t, _, _)) if t < max => None,
-            _ => Some(WeakEvidence::TooSparse),
-        }
-    }
-
-    /// When the path's silence proves the run of empty slots its fit asks for: the end of the
-    /// slot of its last new connection (or of the trigger's) plus the silence needed, so the
-    /// slots counted are whole slots of the chain.
-    ///
-    /// A path that kept connections open at the trigger and is not routed per request (a
-    /// pool) also waits, after its last new connection, long enough that a connection that
-    /// landed here again has made its next request (and reconnected elsewhere, or here): see
-    /// [`pool_silence`]; and, while some of its kept connections are still open (one closed
-    /// by the commit reconnects through a proxy that may still route here), as long from the
-    /// trigger. Until one of them has been used the path asks to be checked again at the next
-    /// slot (`next`).
-    fn conf_at(&self, base: Instant, origin: Instant, next: Instant) -> Option<Instant> {
-        let proved = self.silence_proved_at(base, origin)?;
-        let last = self.last.unwrap_or(origin).max(origin);
-        if self.open == 0 || self.routing == PathRouting::PerRequest {
-            return Some(proved);
-        }
-        let Some(wait) = self.pool_wait() else {
-            // None of its kept connections used yet: nothing says how soon they will be.
-            return Some(proved.max(next));
-        };
-        let mut at = proved.max(last + wait);
-        if self.open_now > 0 {
-            // A kept connection still unused when a used one would, at the rate the used ones
-            // show, have been used again with chance 1 − ε/C is parked (a pool that takes its
-            // most recent connection first): closing it makes no reconnect of its own.
-            at = at.max(origin + wait);
-        }
-        Some(at)
-    }
-
-    /// When the path's silence alone proves its run of empty slots: the end of the slot of
-    /// its last new connection (or of the trigger's) plus the silence its fit asks for.
-    fn silence_proved_at(&self, base: Instant, origin: Instant) -> Option<Instant> {
-        let (t, _, _) = self.required()?;
-        let last = self.last.unwrap_or(origin).max(origin);
-        let end = (slot_of(base, last) + 1) * SLOT.as_nanos() as u64;
-        Some(base + Duration::from_nanos(end) + t)
-    }
-
-    /// A pool's wait after its last new connection (see [`pool_silence`]), from the kept
-    /// connections used since the trigger; `None` for a path that is no pool, or a pool none
-    /// of whose kept connections has been used yet.
-    pub(crate) fn pool_wait(&self) -> Option<Duration> {
-        (self.open > 0 && self.routing != PathRouting::PerRequest && self.told > 0)
-            .then(|| pool_silence(self.open, self.told, self.told_sum, self.activity.epsilon))
-    }
-}
-
-/// The silence a pool of `open` kept connections needs after its last new connection: each
-/// connection is used again after a time of its own, about exponential (requests spread over
-/// the pool); `told` of them were used (or closed) first `sum` after the trigger in all, which
-/// bounds the mean time between two uses of one connection from above (a sum of `told`
-/// exponentials, at its lower 1 % quantile). A connection that landed here again reconnects
-/// after such a time; the wait makes it unlikely (below ε over all `open`) that one still has
-/// not by the commit.
-pub(crate) fn pool_silence(open: u32, told: u32, sum: Duration, epsilon: f64) -> Duration {
-    let n = f64::from(told.max(1));
-    let mean = sum.as_secs_f64() / gamma_lower_quantile(n);
-    let s = mean * (f64::from(open.max(1)) / epsilon).ln();
-    Duration::from_secs_f64(s.min(3600.0))
-}
-
-/// A lower 1 % quantile of the Gamma(k, 1) law (a sum of k unit exponentials), by the
-/// Wilson–Hilferty cube-root approximation, which errs low (so high on the mean it bounds).
-pub(crate) fn gamma_lower_quantile(k: f64) -> f64 {
-    const Z: f64 = 2.326; // the normal law's 1 % quantile, negated
-    let v = 1.0 / (9.0 * k);
-    let c = (1.0 - v - Z * v.sqrt()).max(0.0);
-    // 0.99: the approximation is within half a percent of the quantile from k = 10 on, on
-    // either side; below, far under it.
-    (0.99 * k * c * c * c).max(1e-3)
 }
 
 /// The whole evidence as the driver holds it: the window taken at the trigger, the fits of

@@ -1,4 +1,5 @@
 use super::fit::Slots;
+use super::path::{gamma_lower_quantile, pool_silence};
 use super::*;
 use crate::report::{EvidenceKind, EvidenceReport, MaxReason};
 

@@ -4,7 +4,8 @@
 //! # Invariants
 //!
 //! * A layer holds a `&'static` entry of its coordinator's table of leaked, deduplicated
-//!   option sets ([`Table`], in the coordinator's hot-path block), not a reference count, so
+//!   option sets (`Core::layer_options`, a `TagTable` in the coordinator's hot-path block,
+//!   which holds them untyped: this module downcasts), not a reference count, so
 //!   copying a layer or a service costs nothing but the copy. Two coordinators in one process
 //!   have two tables: a guard's tag indexes its own coordinator's.
 //! * Each entry has the two sites its layer's guards count at (HTTP/1.x and the rest), whose
