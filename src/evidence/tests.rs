@@ -1,6 +1,7 @@
 use super::fit::Slots;
 use super::path::{gamma_lower_quantile, pool_silence};
 use super::*;
+use crate::observed::PathId;
 use crate::report::{EvidenceKind, EvidenceReport, MaxReason};
 
 /// The fit of `pattern` (`#` busy, `.` empty), all before the trigger, with max 15 s.
