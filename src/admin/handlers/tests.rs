@@ -1,3 +1,4 @@
+use super::admission::{bearer, constant_time_eq};
 use super::*;
 
 #[test]
