@@ -1,0 +1,375 @@
+//! The controller's side of the real stack: the Service, the Deployment or the testbed as its
+//! controller, the scheduler, Pod creation and deletion, the rollout.
+
+use super::*;
+
+impl Real {
+    /// Creates the Service (ClusterIP [`SERVICE_VIP`], port 80 → 8080), with
+    /// `publishNotReadyAddresses` as given.
+    pub async fn create_service(&self, publish_not_ready: bool) -> Result<(), NetError> {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": SERVICE, "namespace": NAMESPACE},
+            "spec": {
+                "clusterIP": SERVICE_VIP.to_string(),
+                "publishNotReadyAddresses": publish_not_ready,
+                "selector": {"app": APP},
+                "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}]
+            }
+        }))
+        .map_err(err("service"))?;
+        Api::<Service>::namespaced(self.admin.clone(), NAMESPACE)
+            .create(&PostParams::default(), &svc)
+            .await
+            .map_err(err("create the Service"))?;
+        Ok(())
+    }
+
+    /// Loads the cluster with `count` other Services, each with an EndpointSlice of two
+    /// endpoints (addresses in 198.19.0.0/16 that nothing answers; no client uses them), as a
+    /// cluster with thousands of Services has: every kube-proxy writes their rules on every
+    /// sync. Sixteen writers at once; returns how long it took.
+    pub async fn load_services(self: &Arc<Self>, count: usize) -> Result<Duration, NetError> {
+        let t0 = tokio::time::Instant::now();
+        let writers = 16;
+        let mut tasks = Vec::new();
+        for w in 0..writers {
+            let me = self.clone();
+            tasks.push(tokio::spawn(async move {
+                let svcs = Api::<Service>::namespaced(me.admin.clone(), NAMESPACE);
+                let slices = Api::<EndpointSlice>::namespaced(me.admin.clone(), NAMESPACE);
+                let pp = PostParams::default();
+                for i in (w..count).step_by(writers) {
+                    let name = format!("load-{i:05}");
+                    let svc: Service = serde_json::from_value(json!({
+                        "metadata": {"name": name, "namespace": NAMESPACE},
+                        "spec": {"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+                    }))
+                    .map_err(err("load service"))?;
+                    svcs.create(&pp, &svc).await.map_err(err("create a load Service"))?;
+                    let ip = |j: usize| {
+                        let n = i * 2 + j;
+                        format!("198.19.{}.{}", n / 250, n % 250 + 1)
+                    };
+                    let slice: EndpointSlice = serde_json::from_value(json!({
+                        "metadata": {"name": format!("{name}-1"), "namespace": NAMESPACE,
+                                     "labels": {"kubernetes.io/service-name": name,
+                                                "endpointslice.kubernetes.io/managed-by": "lameduck-testbed"}},
+                        "addressType": "IPv4",
+                        "endpoints": [
+                            {"addresses": [ip(0)], "conditions": {"ready": true}},
+                            {"addresses": [ip(1)], "conditions": {"ready": true}},
+                        ],
+                        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+                    }))
+                    .map_err(err("load slice"))?;
+                    slices
+                        .create(&pp, &slice)
+                        .await
+                        .map_err(err("create a load EndpointSlice"))?;
+                }
+                Ok::<(), NetError>(())
+            }));
+        }
+        for t in tasks {
+            t.await.map_err(err("load writer"))??;
+        }
+        let took = t0.elapsed();
+        self.record(
+            "services_loaded",
+            None,
+            format!(
+                "{count} Services with 2 endpoints each in {} ms",
+                took.as_millis()
+            ),
+        );
+        Ok(took)
+    }
+
+    /// The Pod spec of template `t` (no `nodeName`).
+    pub(in crate::real) fn pod_spec(t: &PodTemplate) -> serde_json::Value {
+        let lifecycle = match &t.pre_stop {
+            PreStop::None => json!(null),
+            PreStop::HttpGet(path) => {
+                json!({"preStop": {"httpGet": {"path": path, "port": "admin"}}})
+            }
+            PreStop::Exec => {
+                json!({"preStop": {"exec": {"command": ["service", "prestop", "--admin", format!("127.0.0.1:{}", net::ADMIN_PORT)]}}})
+            }
+            PreStop::Sleep(d) => json!({"preStop": {"sleep": {"seconds": d.as_secs()}}}),
+        };
+        let mut env: Vec<serde_json::Value> = t
+            .env
+            .iter()
+            .map(|(k, v)| json!({"name": k, "value": v}))
+            .collect();
+        for (name, path) in [
+            ("POD_NAME", "metadata.name"),
+            ("POD_NAMESPACE", "metadata.namespace"),
+            ("POD_UID", "metadata.uid"),
+            ("POD_IP", "status.podIP"),
+        ] {
+            env.push(json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}));
+        }
+        let mut container = json!({
+            "name": "service",
+            "image": "lameduck-testbed/service",
+            "args": t.args,
+            "env": env,
+            "ports": [
+                {"name": "http", "containerPort": net::POD_PORT, "protocol": "TCP"},
+                {"name": "admin", "containerPort": net::ADMIN_PORT, "protocol": "TCP"}
+            ],
+            "readinessProbe": {
+                "httpGet": {"path": "/readyz", "port": "admin"},
+                "periodSeconds": 2, "timeoutSeconds": 1, "failureThreshold": 1, "successThreshold": 1
+            }
+        });
+        if !lifecycle.is_null() {
+            container["lifecycle"] = lifecycle;
+        }
+        let mut spec = json!({
+            "terminationGracePeriodSeconds": t.grace.as_secs(),
+            "containers": [container],
+        });
+        match &t.service_account {
+            Some(sa) => spec["serviceAccountName"] = json!(sa),
+            None => spec["automountServiceAccountToken"] = json!(false),
+        }
+        spec
+    }
+
+    /// Creates the Deployment (maxSurge 1, maxUnavailable 0) of `replicas` Pods of `t`: the
+    /// real Deployment and ReplicaSet controllers create and delete its Pods.
+    pub async fn create_deployment(
+        &self,
+        replicas: usize,
+        t: &PodTemplate,
+    ) -> Result<(), NetError> {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let d: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": SERVICE, "namespace": NAMESPACE},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": APP}},
+                "strategy": {"type": "RollingUpdate",
+                             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                "template": {"metadata": {"labels": {"app": APP}}, "spec": Self::pod_spec(t)},
+            }
+        }))
+        .map_err(err("deployment"))?;
+        Api::<Deployment>::namespaced(self.admin.clone(), NAMESPACE)
+            .create(&PostParams::default(), &d)
+            .await
+            .map_err(err("create the Deployment"))?;
+        self.record("deployment_created", None, format!("{replicas} replicas"));
+        Ok(())
+    }
+
+    /// Starts a rollout of the Deployment: a new template revision (an annotation).
+    pub async fn roll_deployment(&self, revision: u32) -> Result<(), NetError> {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let patch = json!({"spec": {"template": {"metadata": {"annotations":
+            {"lameduck-testbed/revision": revision.to_string()}}}}});
+        Api::<Deployment>::namespaced(self.admin.clone(), NAMESPACE)
+            .patch(SERVICE, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(err("roll the Deployment"))?;
+        self.record(
+            "rollout_started",
+            None,
+            format!("template revision {revision}"),
+        );
+        Ok(())
+    }
+
+    /// Evicts Pod `name` through the Eviction API (what `kubectl drain` does).
+    pub async fn evict(&self, name: &str) -> Result<(), NetError> {
+        self.record("evict_requested", Some(name), "");
+        Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE)
+            .evict(name, &kube::api::EvictParams::default())
+            .await
+            .map_err(err("evict"))?;
+        Ok(())
+    }
+
+    /// The Pods the API shows, not being deleted and not gone, Ready or not.
+    pub fn live_pods(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .pods
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, p)| !p.deleting && !p.gone)
+            .map(|(n, _)| n.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The scheduler's one decision here: every unscheduled Pod is bound to the node.
+    pub(in crate::real) async fn scheduler_loop(self: Arc<Self>) {
+        let api = Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE);
+        let cfg = watcher::Config::default().fields("spec.nodeName=");
+        let mut stream = watcher(api.clone(), cfg).boxed();
+        while let Some(ev) = stream.next().await {
+            let pod = match ev {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
+                Ok(_) => continue,
+                Err(e) => {
+                    self.record("watch_error", None, format!("unscheduled pods: {e}"));
+                    continue;
+                }
+            };
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let binding = json!({
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": NODE_NAME},
+            });
+            let r = api
+                .create_subresource::<serde_json::Value>(
+                    "binding",
+                    &name,
+                    &PostParams::default(),
+                    binding.to_string().into_bytes(),
+                )
+                .await;
+            match r {
+                Ok(_) => self.record("bound", Some(&name), NODE_NAME),
+                Err(e) => self.record("bind_failed", Some(&name), e.to_string()),
+            }
+        }
+    }
+
+    /// Creates Pod `name` bound to the node (no scheduler involved).
+    pub async fn create_pod(&self, name: &str, t: &PodTemplate) -> Result<(), NetError> {
+        let mut spec = Self::pod_spec(t);
+        spec["nodeName"] = json!(NODE_NAME);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": APP}},
+            "spec": spec,
+        }))
+        .map_err(err("pod"))?;
+        let api = Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE);
+        // The ServiceAccount admission needs the account, which the controller-manager
+        // creates a moment after the namespace appears.
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match api.create(&PostParams::default(), &pod).await {
+                Ok(_) => break,
+                Err(kube::Error::Api(e))
+                    if e.message.contains("serviceaccount")
+                        && tokio::time::Instant::now() < give_up =>
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(NetError(format!("create Pod {name}: {e}"))),
+            }
+        }
+        self.pods
+            .lock()
+            .unwrap()
+            .entry(name.to_owned())
+            .or_default();
+        self.record("create_requested", Some(name), "");
+        Ok(())
+    }
+
+    /// Applies `examples/k8s/`'s ServiceAccount, Role and RoleBinding unchanged (what the
+    /// `kube` feature needs to read its Pod, the EndpointSlices and the Service).
+    pub async fn apply_example_rbac(&self) -> Result<(), NetError> {
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+        let pp = PostParams::default();
+        let yaml = |text: &str| -> Result<serde_json::Value, NetError> {
+            serde_yaml::from_str(text).map_err(err("examples/k8s"))
+        };
+        let sa: ServiceAccount = serde_json::from_value(yaml(include_str!(
+            "../../../examples/k8s/serviceaccount.yaml"
+        ))?)
+        .map_err(err("serviceaccount.yaml"))?;
+        Api::<ServiceAccount>::namespaced(self.admin.clone(), NAMESPACE)
+            .create(&pp, &sa)
+            .await
+            .map_err(err("apply serviceaccount.yaml"))?;
+        let role: Role =
+            serde_json::from_value(yaml(include_str!("../../../examples/k8s/role.yaml"))?)
+                .map_err(err("role.yaml"))?;
+        Api::<Role>::namespaced(self.admin.clone(), NAMESPACE)
+            .create(&pp, &role)
+            .await
+            .map_err(err("apply role.yaml"))?;
+        let rb: RoleBinding = serde_json::from_value(yaml(include_str!(
+            "../../../examples/k8s/rolebinding.yaml"
+        ))?)
+        .map_err(err("rolebinding.yaml"))?;
+        Api::<RoleBinding>::namespaced(self.admin.clone(), NAMESPACE)
+            .create(&pp, &rb)
+            .await
+            .map_err(err("apply rolebinding.yaml"))?;
+        self.record(
+            "rbac_applied",
+            None,
+            "examples/k8s/{serviceaccount,role,rolebinding}.yaml",
+        );
+        Ok(())
+    }
+
+    /// Deletes Pod `name` through the API (its own grace period).
+    pub async fn delete_pod(&self, name: &str) -> Result<(), NetError> {
+        self.record("delete_requested", Some(name), "");
+        Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE)
+            .delete(name, &DeleteParams::default())
+            .await
+            .map_err(err("delete Pod"))?;
+        Ok(())
+    }
+
+    /// The Deployment controller's rolling update (maxSurge, maxUnavailable) from `old` to
+    /// new Pods named `pod-<first_new>`, `pod-<first_new + 1>`, …; returns the new Pods.
+    pub async fn rollout(
+        &self,
+        old: &[String],
+        template: &PodTemplate,
+        first_new: usize,
+        max_surge: usize,
+        max_unavailable: usize,
+        deadline: Duration,
+    ) -> Result<Vec<String>, NetError> {
+        let replicas = old.len();
+        let mut remaining: Vec<String> = old.to_vec();
+        let mut new: Vec<String> = Vec::new();
+        let give_up = tokio::time::Instant::now() + deadline;
+        loop {
+            let new_ready = new.iter().filter(|n| self.available(n)).count();
+            if remaining.is_empty() && new_ready == replicas {
+                return Ok(new);
+            }
+            if tokio::time::Instant::now() > give_up {
+                return Err(NetError(format!(
+                    "rollout did not finish in {deadline:?}: {new_ready} of {replicas} new Pods ready"
+                )));
+            }
+            while new.len() < replicas && new.len() + remaining.len() < replicas + max_surge {
+                let name = format!("pod-{}", first_new + new.len());
+                self.create_pod(&name, template).await?;
+                new.push(name);
+            }
+            let mut available = new_ready + remaining.iter().filter(|n| self.available(n)).count();
+            while !remaining.is_empty() && available + max_unavailable > replicas {
+                let victim = remaining.remove(0);
+                if self.available(&victim) {
+                    available -= 1;
+                }
+                self.delete_pod(&victim).await?;
+            }
+            tokio::select! {
+                () = self.pods_changed.notified() => {}
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+    }
+}
