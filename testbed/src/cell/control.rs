@@ -1,0 +1,260 @@
+//! The control side of a cell: the rollout on the model stack, on the real stack, and through
+//! the real Deployment controller.
+
+use super::*;
+
+/// The node side: pods, control plane, rollout. Returns the deleted Pods.
+pub(super) async fn control(
+    cluster: Arc<Cluster>,
+    config: CellConfig,
+    proxies: Vec<Proxy>,
+    go: tokio::sync::watch::Sender<bool>,
+    stop: tokio::sync::watch::Sender<bool>,
+) -> Result<Vec<String>, NetError> {
+    // Whatever happens, the client stops.
+    struct StopOnDrop(tokio::sync::watch::Sender<bool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.send_replace(true);
+        }
+    }
+    let _stop = StopOnDrop(stop);
+    let slices = tokio::spawn(cluster.clone().slice_controller());
+    let syncs: Vec<_> = proxies
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| tokio::spawn(cluster.clone().proxy_loop(i + 1, p)))
+        .collect();
+    let result = async {
+        let replicas = match config.rollout {
+            Rollout::Rolling => config.replicas.max(1),
+            Rollout::Evict => 1,
+        };
+        let mut first = Vec::new();
+        for _ in 0..replicas {
+            first.push(cluster.create_pod()?);
+        }
+        let settle = Duration::from_secs(30);
+        tokio::time::timeout(settle, async {
+            while !first.iter().all(|p| cluster.available(p)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            cluster.wait_applied(&first).await;
+        })
+        .await
+        .map_err(|_| {
+            NetError(
+                "the first Pods did not become ready and routed in 30 s: see the pod logs".into(),
+            )
+        })?;
+        go.send_replace(true);
+        cluster.record("client_started", None, "");
+        tokio::time::sleep(config.warmup).await;
+        let (surge, unavailable) = match config.rollout {
+            Rollout::Rolling => (1, 0),
+            Rollout::Evict => (1, 1),
+        };
+        let new = cluster
+            .rollout(&first, surge, unavailable, config.grace * 4 + settle)
+            .await?;
+        // Every old Pod gone, the rules on the new ones, then a tail of traffic.
+        tokio::time::timeout(config.grace + Duration::from_secs(5), async {
+            while !first.iter().all(|p| cluster.exited(p)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            cluster.wait_applied(&new).await;
+        })
+        .await
+        .map_err(|_| NetError("old Pods did not exit, or the rules did not settle".into()))?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cluster.record("client_stopped", None, "");
+        Ok(first)
+    }
+    .await;
+    slices.abort();
+    for s in syncs {
+        s.abort();
+    }
+    result
+}
+
+/// The node side on the real stack: control plane, kubelet, the Pods and the rollout through
+/// the API. Returns the deleted Pods and every recorded step.
+pub(super) async fn control_real(
+    netns: Netns,
+    config: CellConfig,
+    service_bin: PathBuf,
+    dir: PathBuf,
+    go: tokio::sync::watch::Sender<bool>,
+    stop: tokio::sync::watch::Sender<bool>,
+) -> (Result<Vec<String>, NetError>, Vec<Event>) {
+    struct StopOnDrop(tokio::sync::watch::Sender<bool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.send_replace(true);
+        }
+    }
+    let _stop = StopOnDrop(stop);
+    let bins = match crate::k8s::Binaries::find(&crate::k8s::default_bin_dir()) {
+        Ok(b) => b,
+        Err(e) => return (Err(e), Vec::new()),
+    };
+    let proxies: Vec<crate::k8s::ProxySettings> = config
+        .node_specs()
+        .iter()
+        .map(|n| crate::k8s::ProxySettings {
+            backend: config.backend,
+            min_sync_period: n.sync_delay,
+            sync_period: Duration::from_secs(30),
+            cpu_share: n.slow.then_some(SLOW_NODE_CPU),
+        })
+        .collect();
+    let load = if proxies.iter().any(|p| p.cpu_share.is_some()) {
+        SLOW_NODE_SERVICES
+    } else {
+        0
+    };
+    let options = real::StartOptions {
+        proxies: &proxies,
+        load_services: load,
+        service_bin: &service_bin,
+        start_delay: config.start_delay,
+        kube: config.kube,
+        publish_not_ready: config.publish_not_ready,
+        dir: &dir,
+    };
+    let run = match real::start(netns, &bins, &options).await {
+        Ok(r) => r,
+        Err(e) => return (Err(e), Vec::new()),
+    };
+    let r = run.real.clone();
+    let template = config.pod_template();
+    if config.deployment {
+        let result = deployment_rollout(&r, &config, &template, &dir, go).await;
+        let events = r.events();
+        drop(run);
+        return (result, events);
+    }
+    let result = async {
+        let replicas = match config.rollout {
+            Rollout::Rolling => config.replicas.max(1),
+            Rollout::Evict => 1,
+        };
+        let first: Vec<String> = (1..=replicas).map(|i| format!("pod-{i}")).collect();
+        for p in &first {
+            r.create_pod(p, &template).await?;
+        }
+        let settle = Duration::from_secs(60);
+        tokio::time::timeout(settle, async {
+            while !first.iter().all(|p| r.available(p)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            r.wait_applied(&first).await;
+        })
+        .await
+        .map_err(|_| {
+            NetError(format!(
+                "the first Pods did not become ready and routed in {settle:?}: see the logs in {}",
+                dir.display()
+            ))
+        })?;
+        go.send_replace(true);
+        r.record("client_started", None, "");
+        tokio::time::sleep(config.warmup).await;
+        let (surge, unavailable) = match config.rollout {
+            Rollout::Rolling => (1, 0),
+            Rollout::Evict => (1, 1),
+        };
+        let new = r
+            .rollout(
+                &first,
+                &template,
+                replicas + 1,
+                surge,
+                unavailable,
+                config.grace * 4 + settle,
+            )
+            .await?;
+        tokio::time::timeout(config.grace + Duration::from_secs(10), async {
+            while !first.iter().all(|p| r.removed(p)) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            r.wait_applied(&new).await;
+        })
+        .await
+        .map_err(|_| NetError("old Pods were not removed, or the rules did not settle".into()))?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        r.record("client_stopped", None, "");
+        Ok(first)
+    }
+    .await;
+    let events = r.events();
+    drop(run);
+    (result, events)
+}
+
+/// The rollout by the real Deployment controller: the Deployment, its Pods Ready and routed,
+/// the clients, then a new template revision (or the eviction of the one Pod) and the wait
+/// until the old Pods are gone and the rules route to the new ones. Returns the old Pods.
+pub(super) async fn deployment_rollout(
+    r: &Arc<real::Real>,
+    config: &CellConfig,
+    template: &real::PodTemplate,
+    dir: &Path,
+    go: tokio::sync::watch::Sender<bool>,
+) -> Result<Vec<String>, NetError> {
+    let replicas = match config.rollout {
+        Rollout::Rolling => config.replicas.max(1),
+        Rollout::Evict => 1,
+    };
+    r.create_deployment(replicas, template).await?;
+    let settle = Duration::from_secs(60);
+    let first = tokio::time::timeout(settle, async {
+        loop {
+            let live = r.live_pods();
+            if live.len() == replicas && live.iter().all(|p| r.available(p)) {
+                r.wait_applied(&live).await;
+                return live;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .map_err(|_| {
+        NetError(format!(
+            "the Deployment's Pods did not become ready and routed in {settle:?}: see the logs in {}",
+            dir.display()
+        ))
+    })?;
+    go.send_replace(true);
+    r.record("client_started", None, "");
+    tokio::time::sleep(config.warmup).await;
+    match config.rollout {
+        Rollout::Rolling => r.roll_deployment(2).await?,
+        Rollout::Evict => r.evict(&first[0]).await?,
+    }
+    tokio::time::timeout(config.grace * 4 + settle, async {
+        loop {
+            let live: Vec<String> = r
+                .live_pods()
+                .into_iter()
+                .filter(|p| !first.contains(p))
+                .collect();
+            if first.iter().all(|p| r.removed(p))
+                && live.len() == replicas
+                && live.iter().all(|p| r.available(p))
+            {
+                r.wait_applied(&live).await;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .map_err(|_| {
+        NetError("the rollout did not finish: old Pods left or new ones not ready".into())
+    })?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    r.record("client_stopped", None, "");
+    Ok(first)
+}
