@@ -129,16 +129,10 @@ pub fn node_layouts() -> Vec<Vec<NodeSpec>> {
     ]
 }
 
-/// Warm-up of the [`nodes`] cells: past the whole 30 s evidence window. The clients start
-/// once every node routes the first Pods, up to 12 s after the slow node's first slice, and
-/// those empty seconds before any traffic would be in a 20 s-warm Pod's window, read as a
-/// pause of every path's traffic.
-pub const NODES_WARMUP: Duration = Duration::from_secs(32);
-
 /// Several nodes whose kube-proxies converge at different times ([`node_layouts`]), every
 /// server, and lameduck once more with the `kube` feature watching the real EndpointSlices
 /// (a real-stack cell only: [`CellConfig::runs_on_its_stack`]); iptables, rolling update, grace 30 s (the
-/// straggler is 8 s behind), Pods warm past the whole evidence window ([`NODES_WARMUP`]).
+/// straggler is 8 s behind), Pods warm past the whole evidence window ([`crate::cell::WARM`], the default).
 pub fn nodes() -> Vec<CellConfig> {
     let mut cells = Vec::new();
     for layout in node_layouts() {
@@ -147,7 +141,6 @@ pub fn nodes() -> Vec<CellConfig> {
             let mut c = CellConfig::new(server);
             c.nodes = layout.clone();
             c.grace = Duration::from_secs(30);
-            c.warmup = NODES_WARMUP;
             c.kube = kube;
             cells.push(c);
         }

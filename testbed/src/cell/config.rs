@@ -30,10 +30,10 @@ pub struct CellConfig {
     pub replicas: usize,
     /// `terminationGracePeriodSeconds`, also the service's `--grace-period`.
     pub grace: Duration,
-    /// Client traffic before the rollout starts. The default, 20 s, lets the Pods serve past
-    /// the propagation evidence's 15 s window, so their drains are judged on evidence; a
-    /// younger Pod waits to `max` (`too_few_slots`) and "0 lost" would only show that `max`
-    /// outlasted the proxy.
+    /// Client traffic before the rollout starts (the clients start once every node routes the
+    /// first Pods). The default, [`WARM`], lets the Pods serve past the whole evidence window,
+    /// so their drains are judged on their traffic; a Pod younger than 15 s waits to `max`
+    /// (`too_few_slots`) and "0 lost" would only show that `max` outlasted the proxy.
     pub warmup: Duration,
     /// `publishNotReadyAddresses`.
     pub publish_not_ready: bool,
@@ -63,12 +63,17 @@ pub const SLOW_NODE_SERVICES: usize = 2000;
 /// Real stack: the share of one CPU a slow node's kube-proxy gets (a busy node).
 pub const SLOW_NODE_CPU: f64 = 0.1;
 
-/// The default warm-up: past the propagation evidence's 15 s window, with room to spare.
-pub const WARM: Duration = Duration::from_secs(20);
+/// The default warm-up: past the whole 30 s evidence window. The clients start once every
+/// node routes the first Pods, a second or more after the Pods became ready; with a shorter
+/// warm-up those empty slots before any traffic are in the Pod's window and read as a pause
+/// of its traffic, which the estimator must allow for (a dense fresh-connection cell behind a
+/// 1 s proxy: `t_conf` 2.5 s with 20 s, 500 ms with 35 s). A Pod that has served for minutes,
+/// as most do, has no such slots in its window either.
+pub const WARM: Duration = Duration::from_secs(32);
 
 impl CellConfig {
     /// Defaults: lameduck, iptables, 1 s sync, 0.1 s slice, 50/s fresh, pool, rolling 2,
-    /// grace 15 s, warm-up 20 s (past the evidence window), Pod start 2 s.
+    /// grace 15 s, warm-up [`WARM`] (past the evidence window), Pod start 2 s.
     pub fn new(server: Server) -> Self {
         CellConfig {
             stack: Stack::Model,
