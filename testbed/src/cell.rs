@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lameduck_probe::{ConnectionMode, HttpVersion, OnOff, Probe, ProbeConfig, ProbeResult};
+use lameduck_probe::{
+    ConnectionMode, HttpVersion, OnOff, Outcome, Probe, ProbeConfig, ProbeResult,
+};
 use serde::Serialize;
 
 use crate::cluster::{
@@ -48,8 +50,11 @@ pub fn run_cell(
     let netns = Netns::create_nodes(specs.len())?;
     let node_ns = netns.node();
 
-    // The clients wait for the go, run until the stop, then hand their results back.
+    // The clients wait for the go (the first Pods created, not yet ready), are counted from
+    // the moment every node routes the first Pods (unix ms), run until the stop, then hand
+    // their results back.
     let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+    let (count_tx, count_rx) = tokio::sync::watch::channel(None::<f64>);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     // The Pods live until the clients are done (streams still running end on their own): the
     // node side waits until every client dropped its sender.
@@ -64,14 +69,19 @@ pub fn run_cell(
         } else {
             String::new()
         };
-        let (go_rx, stop_rx, done_tx) = (go_rx.clone(), stop_rx.clone(), done_tx.clone());
+        let (go_rx, count_rx, stop_rx, done_tx) = (
+            go_rx.clone(),
+            count_rx.clone(),
+            stop_rx.clone(),
+            done_tx.clone(),
+        );
         client_threads.push(net::spawn_in(&netns.client_of(i + 1), move || async move {
-            let r = clients(clients_spec, prefix, go_rx, stop_rx).await;
+            let r = clients(clients_spec, prefix, go_rx, count_rx, stop_rx).await;
             drop(done_tx);
             r
         }));
     }
-    drop((done_tx, go_rx, stop_rx));
+    drop((done_tx, go_rx, count_rx, stop_rx));
     let done = async move {
         let _ = tokio::time::timeout(Duration::from_secs(30), done_rx.recv()).await;
     };
@@ -93,8 +103,13 @@ pub fn run_cell(
             );
             let c = cluster.clone();
             let cfg = config.clone();
+            let signals = control::Signals {
+                go: go_tx,
+                count: count_tx,
+                stop: stop_tx,
+            };
             let node = net::spawn_in(&node_ns, move || async move {
-                let r = control(c, cfg, proxies, go_tx, stop_tx).await;
+                let r = control(c, cfg, proxies, signals).await;
                 done.await;
                 r
             });
@@ -109,8 +124,13 @@ pub fn run_cell(
             let cfg = config.clone();
             let bin = config.server_bin(service_bin);
             let d = dir.clone();
+            let signals = control::Signals {
+                go: go_tx,
+                count: count_tx,
+                stop: stop_tx,
+            };
             let node = net::spawn_in(&node_ns, move || async move {
-                let (r, events) = control_real(netns, cfg, bin, d, go_tx, stop_tx).await;
+                let (r, events) = control_real(netns, cfg, bin, d, signals).await;
                 done.await;
                 (r, events)
             });
@@ -120,7 +140,7 @@ pub fn run_cell(
             (Ok(r), events)
         }
     };
-    let mut client_result: Result<Vec<ProbeResult>, String> = Ok(Vec::new());
+    let mut client_result: Result<Vec<Counted>, String> = Ok(Vec::new());
     for thread in client_threads {
         let r = thread
             .join()
@@ -140,23 +160,11 @@ pub fn run_cell(
     let results = client_result.map_err(NetError)?;
 
     let mut counts = Counts::default();
-    for (i, r) in results.iter().enumerate() {
-        let s = &r.summary;
-        counts.requests += s.all.total;
-        counts.ok += s.all.succeeded;
-        counts.failed += s.all.failed;
-        counts.unfinished += s.all.unfinished;
-        counts.rerouted += s.rerouted;
-        counts.not_sent += s.not_sent;
-        if let Some(f) = &s.first_failure {
-            let at = s.started_unix_ms as f64 + f.at_ms;
-            let line = format!("{at:.0} [{}] {} {}", s.label, f.kind.as_str(), f.error);
-            if counts.first_failure.as_ref().is_none_or(|old| *old > line) {
-                counts.first_failure = Some(line);
-            }
-        }
-        if let Ok(file) = std::fs::File::create(dir.join(format!("probe-{i}-{}.jsonl", s.label))) {
-            let _ = r.write_json_lines(std::io::BufWriter::new(file));
+    for (i, c) in results.iter().enumerate() {
+        counts.add(&c.result, c.counted_from, c.not_sent_before);
+        let label = &c.result.summary.label;
+        if let Ok(file) = std::fs::File::create(dir.join(format!("probe-{i}-{label}.jsonl"))) {
+            let _ = c.result.write_json_lines(std::io::BufWriter::new(file));
         }
     }
     let pods = deleted
@@ -179,14 +187,27 @@ pub fn run_cell(
     Ok(result)
 }
 
+/// One probe's run, and from when it counts.
+struct Counted {
+    result: ProbeResult,
+    /// Unix ms from which its requests count: every node routed the first Pods (`None`: the
+    /// cell ended before that, so everything counts).
+    counted_from: Option<f64>,
+    /// What its in-flight cap refused before then.
+    not_sent_before: u64,
+}
+
 /// The client side behind one node: the probes, retry-free, at the VIP; their labels start
-/// with `prefix`.
+/// with `prefix`. They start at `go` (the first Pods created, none ready yet), so each Pod
+/// sees its proxies start routing to it on live traffic; `count` says from when their
+/// requests count.
 async fn clients(
     spec: ClientSpec,
     prefix: String,
     mut go: tokio::sync::watch::Receiver<bool>,
+    mut count: tokio::sync::watch::Receiver<Option<f64>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<Vec<ProbeResult>, String> {
+) -> Result<Vec<Counted>, String> {
     if go.wait_for(|g| *g).await.is_err() {
         return Ok(Vec::new());
     }
@@ -199,6 +220,8 @@ async fn clients(
         c.duration = Duration::from_secs(600);
         c.drain_wait = Duration::from_secs(5);
         c.connect_timeout = Duration::from_secs(2);
+        // They start before any Pod is ready: the Service has no endpoint yet.
+        c.allow_unreachable_start = true;
         c.slow = Duration::from_secs(1);
         c.stream = Duration::from_secs(2);
         c.short_rate = 0.0;
@@ -242,14 +265,36 @@ async fn clients(
         let p = Probe::new(c).map_err(|e| format!("probe config: {e}"))?;
         probes.push((p.handle(), tokio::spawn(p.run())));
     }
+    // What each probe's cap refused before the count starts; the stop may come first.
+    let mut counted_from = None;
+    tokio::select! {
+        from = count.wait_for(Option::is_some) => {
+            counted_from = from.ok().and_then(|f| *f);
+        }
+        _ = stop.wait_for(|s| *s) => {}
+    }
+    let not_sent_before: Vec<u64> = probes
+        .iter()
+        .map(|(h, _)| {
+            if counted_from.is_some() {
+                h.progress().not_sent
+            } else {
+                0
+            }
+        })
+        .collect();
     let _ = stop.wait_for(|s| *s).await;
     let mut out = Vec::new();
     for (h, _) in &probes {
         h.stop();
     }
-    for (_, task) in probes {
+    for ((_, task), not_sent_before) in probes.into_iter().zip(not_sent_before) {
         match task.await {
-            Ok(Ok(r)) => out.push(r),
+            Ok(Ok(result)) => out.push(Counted {
+                result,
+                counted_from,
+                not_sent_before,
+            }),
             Ok(Err(e)) => return Err(format!("probe: {e}")),
             Err(e) => return Err(format!("probe task: {e}")),
         }

@@ -68,10 +68,6 @@ fn bursty_on(backend: Backend) -> Vec<CellConfig> {
                     c.shape = shape;
                     c.new_conn_rate = shape.default_rate();
                     c.rollout = rollout;
-                    if let Some(o) = shape.on_off() {
-                        // Warm, and the trigger where a pause begins.
-                        c.warmup = crate::cell::WARM + o.on;
-                    }
                     cells.push(c);
                 }
             }
@@ -131,8 +127,9 @@ pub fn node_layouts() -> Vec<Vec<NodeSpec>> {
 
 /// Several nodes whose kube-proxies converge at different times ([`node_layouts`]), every
 /// server, and lameduck once more with the `kube` feature watching the real EndpointSlices
-/// (a real-stack cell only: [`CellConfig::runs_on_its_stack`]); iptables, rolling update, grace 30 s (the
-/// straggler is 8 s behind), Pods warm past the whole evidence window ([`crate::cell::WARM`], the default).
+/// (a real-stack cell only: [`CellConfig::runs_on_its_stack`]); iptables, rolling update,
+/// grace 30 s (the straggler is 8 s behind), Pods warm past the whole evidence window
+/// ([`crate::cell::WARM`]).
 pub fn nodes() -> Vec<CellConfig> {
     let mut cells = Vec::new();
     for layout in node_layouts() {

@@ -321,6 +321,13 @@ impl Netns {
         Ok((pod, ip4))
     }
 
+    /// [`forget_unrouted`] on every node: the Service's flows that were never DNATed.
+    pub fn forget_unrouted(&self) -> Result<u64, NetError> {
+        (1..=self.nodes).try_fold(0, |sum, k| {
+            Ok(sum + forget_unrouted(&self.node_of(k), SERVICE_VIP)?)
+        })
+    }
+
     /// The node (1-based) Pod `n` was placed on.
     pub fn node_of_pod(&self, n: u8) -> Option<usize> {
         self.pods.iter().find(|(p, _)| *p == n).map(|(_, k)| *k)

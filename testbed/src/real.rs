@@ -106,6 +106,19 @@ impl std::fmt::Debug for Real {
 }
 
 impl Real {
+    /// Deletes every node's conntrack entries towards the Service that were never DNATed
+    /// ([`crate::net::forget_unrouted`]: the first endpoint's switch-over can leave some), and
+    /// records how many: the clients' requests count from here on.
+    pub fn forget_unrouted(&self) -> Result<(), NetError> {
+        let n = self.netns.lock().unwrap().forget_unrouted()?;
+        self.record(
+            "unrouted_forgotten",
+            None,
+            format!("{n} conntrack entries towards the VIP that were never DNATed"),
+        );
+        Ok(())
+    }
+
     /// Records a step.
     pub fn record(&self, what: &str, pod: Option<&str>, detail: impl Into<String>) {
         self.record_at(unix_ms(), what, pod, detail);

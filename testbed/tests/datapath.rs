@@ -273,9 +273,8 @@ fn lameduck_loses_nothing_on_off_eviction_slow_proxy() {
         Shape::OnOff.default_rate(),
         Shape::OnOff,
     );
+    // Warm (past the evidence window); the cell evicts where a pause begins.
     c.rollout = Rollout::Evict;
-    // Warm (past the evidence window), and the eviction where a pause begins.
-    c.warmup = cell::WARM + Shape::OnOff.on_off().expect("onoff has phases").on;
     for r in &run(&[c]) {
         assert!(
             r.counts.requests > 30,

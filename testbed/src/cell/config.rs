@@ -30,10 +30,12 @@ pub struct CellConfig {
     pub replicas: usize,
     /// `terminationGracePeriodSeconds`, also the service's `--grace-period`.
     pub grace: Duration,
-    /// Client traffic before the rollout starts (the clients start once every node routes the
-    /// first Pods). The default, [`WARM`], lets the Pods serve past the whole evidence window,
-    /// so their drains are judged on their traffic; a Pod younger than 15 s waits to `max`
-    /// (`too_few_slots`) and "0 lost" would only show that `max` outlasted the proxy.
+    /// Client traffic before the rollout starts, counted from the moment every node routes
+    /// the first Pods (the clients run from before they are ready). The default, [`WARM`],
+    /// lets the Pods serve past the whole evidence window, so their drains are judged on
+    /// their traffic; a Pod younger than 15 s waits to `max` (`too_few_slots`) and "0 lost"
+    /// would only show that `max` outlasted the proxy. With an on/off client the rollout
+    /// then waits for the next pause to begin.
     pub warmup: Duration,
     /// `publishNotReadyAddresses`.
     pub publish_not_ready: bool,
@@ -63,12 +65,11 @@ pub const SLOW_NODE_SERVICES: usize = 2000;
 /// Real stack: the share of one CPU a slow node's kube-proxy gets (a busy node).
 pub const SLOW_NODE_CPU: f64 = 0.1;
 
-/// The default warm-up: past the whole 30 s evidence window. The clients start once every
-/// node routes the first Pods, a second or more after the Pods became ready; with a shorter
-/// warm-up those empty slots before any traffic are in the Pod's window and read as a pause
-/// of its traffic, which the estimator must allow for (a dense fresh-connection cell behind a
-/// 1 s proxy: `t_conf` 2.5 s with 20 s, 500 ms with 35 s). A Pod that has served for minutes,
-/// as most do, has no such slots in its window either.
+/// The default warm-up, counted from the moment every node routes the first Pods: past the
+/// whole 30 s evidence window, so a Pod's window holds its traffic and not the empty slots
+/// before its proxies routed to it (which it would read as a pause of its traffic: a dense
+/// fresh-connection cell behind a 1 s proxy needed `t_conf` 2.5 s with 20 s, 500 ms with
+/// 32 s). A Pod that has served for minutes, as most do, has no such slots in its window.
 pub const WARM: Duration = Duration::from_secs(32);
 
 impl CellConfig {

@@ -3,22 +3,70 @@
 
 use super::*;
 
+/// What the control side tells the clients: `go` when the first Pods are created (none ready
+/// yet), `count` (unix ms) once every node routes them, `stop` at the end (also when the
+/// control side fails: dropping it stops the clients).
+pub(super) struct Signals {
+    pub go: tokio::sync::watch::Sender<bool>,
+    pub count: tokio::sync::watch::Sender<Option<f64>>,
+    pub stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Signals {
+    /// The clients start: `started` is when, to align the rollout with an on/off client's
+    /// phases.
+    fn go(&self) -> std::time::Instant {
+        let started = std::time::Instant::now();
+        self.go.send_replace(true);
+        started
+    }
+
+    /// From now on the clients' requests count.
+    fn count(&self) {
+        self.count.send_replace(Some(unix_ms() as f64));
+    }
+}
+
+impl Drop for Signals {
+    /// Whatever happens, the clients stop.
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+/// The warm-up after every node routes the first Pods, then, for an on/off client, on to the
+/// start of its next pause (its phases run from `started`), so the rollout begins where the
+/// traffic pauses.
+async fn warm_up(config: &CellConfig, started: std::time::Instant) {
+    tokio::time::sleep(config.warmup).await;
+    let Some(o) = config
+        .node_specs()
+        .iter()
+        .find_map(|n| n.clients.and_then(|c| c.shape.on_off()))
+    else {
+        return;
+    };
+    let period = (o.on + o.off).as_nanos();
+    if period == 0 {
+        return;
+    }
+    let into = started.elapsed().as_nanos() % period;
+    let on = o.on.as_nanos();
+    let wait = if into <= on {
+        on - into
+    } else {
+        period - into + on
+    };
+    tokio::time::sleep(Duration::from_nanos(u64::try_from(wait).unwrap_or(0))).await;
+}
+
 /// The node side: pods, control plane, rollout. Returns the deleted Pods.
 pub(super) async fn control(
     cluster: Arc<Cluster>,
     config: CellConfig,
     proxies: Vec<Proxy>,
-    go: tokio::sync::watch::Sender<bool>,
-    stop: tokio::sync::watch::Sender<bool>,
+    signals: Signals,
 ) -> Result<Vec<String>, NetError> {
-    // Whatever happens, the client stops.
-    struct StopOnDrop(tokio::sync::watch::Sender<bool>);
-    impl Drop for StopOnDrop {
-        fn drop(&mut self) {
-            self.0.send_replace(true);
-        }
-    }
-    let _stop = StopOnDrop(stop);
     let slices = tokio::spawn(cluster.clone().slice_controller());
     let syncs: Vec<_> = proxies
         .into_iter()
@@ -34,6 +82,8 @@ pub(super) async fn control(
         for _ in 0..replicas {
             first.push(cluster.create_pod()?);
         }
+        let started = signals.go();
+        cluster.record("client_started", None, "before the first Pods are ready");
         let settle = Duration::from_secs(30);
         tokio::time::timeout(settle, async {
             while !first.iter().all(|p| cluster.available(p)) {
@@ -47,9 +97,10 @@ pub(super) async fn control(
                 "the first Pods did not become ready and routed in 30 s: see the pod logs".into(),
             )
         })?;
-        go.send_replace(true);
-        cluster.record("client_started", None, "");
-        tokio::time::sleep(config.warmup).await;
+        cluster.forget_unrouted()?;
+        signals.count();
+        cluster.record("client_counted", None, "every node routes the first Pods");
+        warm_up(&config, started).await;
         let (surge, unavailable) = match config.rollout {
             Rollout::Rolling => (1, 0),
             Rollout::Evict => (1, 1),
@@ -85,16 +136,8 @@ pub(super) async fn control_real(
     config: CellConfig,
     service_bin: PathBuf,
     dir: PathBuf,
-    go: tokio::sync::watch::Sender<bool>,
-    stop: tokio::sync::watch::Sender<bool>,
+    signals: Signals,
 ) -> (Result<Vec<String>, NetError>, Vec<Event>) {
-    struct StopOnDrop(tokio::sync::watch::Sender<bool>);
-    impl Drop for StopOnDrop {
-        fn drop(&mut self) {
-            self.0.send_replace(true);
-        }
-    }
-    let _stop = StopOnDrop(stop);
     let bins = match crate::k8s::Binaries::find(&crate::k8s::default_bin_dir()) {
         Ok(b) => b,
         Err(e) => return (Err(e), Vec::new()),
@@ -130,7 +173,7 @@ pub(super) async fn control_real(
     let r = run.real.clone();
     let template = config.pod_template();
     if config.deployment {
-        let result = deployment_rollout(&r, &config, &template, &dir, go).await;
+        let result = deployment_rollout(&r, &config, &template, &dir, &signals).await;
         let events = r.events();
         drop(run);
         return (result, events);
@@ -144,6 +187,8 @@ pub(super) async fn control_real(
         for p in &first {
             r.create_pod(p, &template).await?;
         }
+        let started = signals.go();
+        r.record("client_started", None, "before the first Pods are ready");
         let settle = Duration::from_secs(60);
         tokio::time::timeout(settle, async {
             while !first.iter().all(|p| r.available(p)) {
@@ -158,9 +203,10 @@ pub(super) async fn control_real(
                 dir.display()
             ))
         })?;
-        go.send_replace(true);
-        r.record("client_started", None, "");
-        tokio::time::sleep(config.warmup).await;
+        r.forget_unrouted()?;
+        signals.count();
+        r.record("client_counted", None, "every node routes the first Pods");
+        warm_up(&config, started).await;
         let (surge, unavailable) = match config.rollout {
             Rollout::Rolling => (1, 0),
             Rollout::Evict => (1, 1),
@@ -201,13 +247,15 @@ pub(super) async fn deployment_rollout(
     config: &CellConfig,
     template: &real::PodTemplate,
     dir: &Path,
-    go: tokio::sync::watch::Sender<bool>,
+    signals: &Signals,
 ) -> Result<Vec<String>, NetError> {
     let replicas = match config.rollout {
         Rollout::Rolling => config.replicas.max(1),
         Rollout::Evict => 1,
     };
     r.create_deployment(replicas, template).await?;
+    let started = signals.go();
+    r.record("client_started", None, "before the first Pods are ready");
     let settle = Duration::from_secs(60);
     let first = tokio::time::timeout(settle, async {
         loop {
@@ -226,9 +274,10 @@ pub(super) async fn deployment_rollout(
             dir.display()
         ))
     })?;
-    go.send_replace(true);
-    r.record("client_started", None, "");
-    tokio::time::sleep(config.warmup).await;
+    r.forget_unrouted()?;
+    signals.count();
+    r.record("client_counted", None, "every node routes the first Pods");
+    warm_up(config, started).await;
     match config.rollout {
         Rollout::Rolling => r.roll_deployment(2).await?,
         Rollout::Evict => r.evict(&first[0]).await?,

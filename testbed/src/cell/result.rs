@@ -21,9 +21,46 @@ pub struct Counts {
     pub not_sent: u64,
     /// The first failure, `at_unix_ms error`.
     pub first_failure: Option<String>,
+    /// Requests sent before the first Pods were routed on every node (the clients run from
+    /// before the first Pod is ready, so the drains measure their proxies on traffic, not on
+    /// the harness): the Service had no endpoint yet, so they are not counted above.
+    pub before_routing: u64,
 }
 
 impl Counts {
+    /// Counts the requests that started at or after `counted_from` (unix ms; every request
+    /// when `None`). `not_sent_before` is what the in-flight cap refused until then.
+    pub fn add(&mut self, r: &ProbeResult, counted_from: Option<f64>, not_sent_before: u64) {
+        let started = r.summary.started_unix_ms as f64;
+        for rec in &r.records {
+            let at = rec.start_unix_ms.unwrap_or(started + rec.start_ms);
+            if counted_from.is_some_and(|from| at < from) {
+                self.before_routing += 1;
+                continue;
+            }
+            self.requests += 1;
+            match rec.outcome {
+                Outcome::Ok => self.ok += 1,
+                Outcome::Failed => {
+                    self.failed += 1;
+                    let end = rec.end_ms.map_or(at, |e| started + e);
+                    let line = format!(
+                        "{end:.0} [{}] {} {}",
+                        rec.label,
+                        rec.failure.map_or("failed", |f| f.as_str()),
+                        rec.error.as_deref().unwrap_or("")
+                    );
+                    if self.first_failure.as_ref().is_none_or(|old| *old > line) {
+                        self.first_failure = Some(line);
+                    }
+                }
+                Outcome::Unfinished => self.unfinished += 1,
+            }
+            self.rerouted += u64::from(rec.rerouted > 0);
+        }
+        self.not_sent += r.summary.not_sent.saturating_sub(not_sent_before);
+    }
+
     /// Failed plus rerouted plus not sent: every request that a retry-free client lost.
     pub fn lost(&self) -> u64 {
         self.failed + self.rerouted + self.not_sent
