@@ -117,6 +117,7 @@
 //!   a slot of it. Slots after the trigger older than a ring-turn read as empty, which only
 //!   lengthens the silence asked for.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -131,8 +132,8 @@ use fit::Slots;
 pub(crate) use path::PathFit;
 pub(crate) use window::Window;
 
-use crate::observed::RING;
 pub(crate) use crate::observed::{slot_of, Arrivals, SLOT};
+use crate::observed::{PathId, RING};
 use crate::report::{PathRouting, SilenceRule, WeakEvidence};
 
 /// How far back before the trigger the process is observed.
@@ -161,6 +162,35 @@ const _: () = assert!(fit::MAX_SEQ as u64 > WINDOW_SLOTS + RING as u64);
 /// request (an L7 proxy), or through a proxy that still sends it all here.
 pub(crate) fn beyond_wave(open: u32, after: u32) -> bool {
     u64::from(after) > 3 * u64::from(open) + 4
+}
+
+/// A path's slots from the trigger's up to `end` (its last new connection's), each as
+/// (activity, a fresh connection): in the trigger's slot, what came before the trigger counts
+/// as before it. The newest are kept, should the drain outlast the buffer; slots older than a
+/// turn of the ring read as empty.
+fn samples_after(
+    w: &Window,
+    arrivals: &Arrivals,
+    path: PathId,
+    end: u64,
+    now: u64,
+) -> Vec<(bool, bool)> {
+    let room = (fit::MAX_SEQ - w.slots() as usize) as u64;
+    let start = w.trigger_slot.max((end + 1).saturating_sub(room));
+    (start..=end)
+        .map(|k| {
+            let a = if k + RING as u64 <= now {
+                Default::default()
+            } else {
+                arrivals.activity(path, k)
+            };
+            let at_trigger = k == w.trigger_slot;
+            (
+                if at_trigger { a.active } else { a.connection },
+                a.connection || (at_trigger && a.fresh),
+            )
+        })
+        .collect()
 }
 
 /// The whole evidence as the driver holds it: the window taken at the trigger, the fits of
@@ -224,120 +254,123 @@ impl Evidence {
         self.origin = Some(origin);
         self.next = Some(w.base + SLOT * (now + 1) as u32);
         self.requests_seen = arrivals.requests_seen();
-        let unstamp = |stamp: u64| (stamp != 0).then(|| w.base + Duration::from_nanos(stamp - 1));
         let mut fits = Vec::with_capacity(w.paths.len());
-        let before = w.slots() as usize;
         for (path, peer) in arrivals.paths() {
             let (after, last) = arrivals.after(path);
-            let last = unstamp(last).filter(|&t| t >= origin);
+            let last = (last != 0)
+                .then(|| w.base + Duration::from_nanos(last - 1))
+                .filter(|&t| t >= origin);
             let pw = w.paths.iter().find(|p| p.path == path);
-            let Some(pw) = pw.filter(|p| p.activity != 0) else {
-                if after > 0 {
-                    let mut slots = Slots::new();
-                    (0..before).for_each(|_| slots.push(false));
-                    fits.push(PathFit {
-                        path,
-                        peer,
-                        routing: PathRouting::New,
-                        open: pw.map_or(0, |p| p.open),
-                        after,
-                        fresh_slots: 0,
-                        last,
-                        open_now: arrivals.open(path),
-                        told: 0,
-                        told_sum: Duration::ZERO,
-                        activity: Estimate::fit(
-                            &slots,
-                            before,
-                            self.requests_seen,
-                            self.epsilon,
-                            self.max,
-                        ),
-                        fresh: None,
-                    });
-                }
-                continue;
+            let fit = match pw.filter(|p| p.activity != 0) {
+                Some(pw) => self.fit_path(w, pw, arrivals, origin, now, (after, last)),
+                // Nothing in the window: a new path, once it sent anything.
+                None if after > 0 => self.fit_new_path(w, path, peer, pw, arrivals, (after, last)),
+                None => continue,
             };
-            // Fresh connections explain some of what came since: a slot marks one or more,
-            // so four per fresh slot of the window, at its rate, over the time elapsed.
-            let fresh_slots = u64::from(pw.fresh.count_ones());
-            let elapsed = (w.base + SLOT * (now + 1) as u32).saturating_duration_since(origin);
-            let explained = (4 * fresh_slots) as f64
-                / (w.slots().max(1) as f64 * SLOT.as_secs_f64())
-                * elapsed.as_secs_f64();
-            let beyond = u64::from(after).saturating_sub(explained.ceil() as u64);
-            // The connections open at the trigger that the drain moves: not those that left
-            // by themselves since (a request in flight whose client then closed).
-            let open = pw.open.saturating_sub(arrivals.left_count(path));
-            let per_request = beyond_wave(open, u32::try_from(beyond).unwrap_or(u32::MAX));
-            let (told, told_sum) = arrivals.told_sum(path);
-            // After the trigger, up to the path's last new connection: samples of its arrivals
-            // while some proxy still routed it here, for a path that routes per request and
-            // for a fresh-connection client alike (its rate may have changed since the window:
-            // a slow phase at the trigger is what its silence is weighed by; without them the
-            // simulation's Markov-modulated 20/s ↔ 0.5/s lost 235 in 200,000 at the gap
-            // start, 179 with them). Not while the drain's own reconnect wave could be most of
-            // them: each connection open at the trigger comes back at most once, so a path
-            // with kept connections is sampled only once its new connections are more than
-            // twice those.
-            let mut after_slots: Vec<(bool, bool)> = Vec::new();
-            let sampled = per_request
-                || (pw.fresh != 0 && (open == 0 || u64::from(after) > 2 * u64::from(open)));
-            if let Some(end) = last.map(|t| slot_of(w.base, t)).filter(|_| sampled) {
-                // The newest slots are the ones to keep, should the drain outlast the buffer.
-                let room = (fit::MAX_SEQ - before) as u64;
-                let start = w.trigger_slot.max((end + 1).saturating_sub(room));
-                for k in start..=end {
-                    let a = if k + RING as u64 <= now {
-                        Default::default()
-                    } else {
-                        arrivals.activity(path, k)
-                    };
-                    // In the trigger's slot, what came before the trigger counts as before it.
-                    let at_trigger = k == w.trigger_slot;
-                    after_slots.push((
-                        if at_trigger { a.active } else { a.connection },
-                        a.connection || (at_trigger && a.fresh),
-                    ));
-                }
-            }
-            let mut slots = Slots::new();
-            for i in 0..before {
-                slots.push(pw.activity & (1 << i) != 0);
-            }
-            after_slots.iter().for_each(|(a, _)| slots.push(*a));
-            let activity =
-                Estimate::fit(&slots, before, self.requests_seen, self.epsilon, self.max);
-            let fresh = (!per_request && pw.fresh != 0).then(|| {
-                let mut slots = Slots::new();
-                for i in 0..before {
-                    slots.push(pw.fresh & (1 << i) != 0);
-                }
-                after_slots.iter().for_each(|(_, f)| slots.push(*f));
-                Estimate::fit(&slots, before, false, self.epsilon, self.max)
-            });
-            fits.push(PathFit {
-                path,
-                peer,
-                routing: if per_request {
-                    PathRouting::PerRequest
-                } else if pw.fresh != 0 {
-                    PathRouting::Connections
-                } else {
-                    PathRouting::Pool
-                },
-                open,
-                after,
-                fresh_slots,
-                last,
-                open_now: arrivals.open(path),
-                told,
-                told_sum,
-                activity,
-                fresh,
-            });
+            fits.push(fit);
         }
         self.fits = fits;
+    }
+
+    /// A path with nothing in the window that sent `after` new connections since, the last at
+    /// `last`: no rate of its own to judge.
+    fn fit_new_path(
+        &self,
+        w: &Window,
+        path: PathId,
+        peer: Option<IpAddr>,
+        pw: Option<&window::PathWindow>,
+        arrivals: &Arrivals,
+        (after, last): (u32, Option<Instant>),
+    ) -> PathFit {
+        let before = w.slots() as usize;
+        let mut slots = Slots::new();
+        (0..before).for_each(|_| slots.push(false));
+        PathFit {
+            path,
+            peer,
+            routing: PathRouting::New,
+            open: pw.map_or(0, |p| p.open),
+            after,
+            fresh_slots: 0,
+            last,
+            open_now: arrivals.open(path),
+            told: 0,
+            told_sum: Duration::ZERO,
+            activity: Estimate::fit(&slots, before, self.requests_seen, self.epsilon, self.max),
+            fresh: None,
+        }
+    }
+
+    /// A path that was active in the window: how it is routed, and its fits.
+    fn fit_path(
+        &self,
+        w: &Window,
+        pw: &window::PathWindow,
+        arrivals: &Arrivals,
+        origin: Instant,
+        now: u64,
+        (after, last): (u32, Option<Instant>),
+    ) -> PathFit {
+        let path = pw.path;
+        let before = w.slots() as usize;
+        // Fresh connections explain some of what came since: a slot marks one or more,
+        // so four per fresh slot of the window, at its rate, over the time elapsed.
+        let fresh_slots = u64::from(pw.fresh.count_ones());
+        let elapsed = (w.base + SLOT * (now + 1) as u32).saturating_duration_since(origin);
+        let explained = (4 * fresh_slots) as f64 / (w.slots().max(1) as f64 * SLOT.as_secs_f64())
+            * elapsed.as_secs_f64();
+        let beyond = u64::from(after).saturating_sub(explained.ceil() as u64);
+        // The connections open at the trigger that the drain moves: not those that left
+        // by themselves since (a request in flight whose client then closed).
+        let open = pw.open.saturating_sub(arrivals.left_count(path));
+        let per_request = beyond_wave(open, u32::try_from(beyond).unwrap_or(u32::MAX));
+        let (told, told_sum) = arrivals.told_sum(path);
+        // After the trigger, up to the path's last new connection: samples of its arrivals
+        // while some proxy still routed it here, for a path that routes per request and
+        // for a fresh-connection client alike (its rate may have changed since the window:
+        // a slow phase at the trigger is what its silence is weighed by; without them the
+        // simulation's Markov-modulated 20/s ↔ 0.5/s lost 235 in 200,000 at the gap
+        // start, 179 with them). Not while the drain's own reconnect wave could be most of
+        // them: each connection open at the trigger comes back at most once, so a path
+        // with kept connections is sampled only once its new connections are more than
+        // twice those.
+        let sampled =
+            per_request || (pw.fresh != 0 && (open == 0 || u64::from(after) > 2 * u64::from(open)));
+        let after_slots = match last.filter(|_| sampled) {
+            Some(last) => samples_after(w, arrivals, path, slot_of(w.base, last), now),
+            None => Vec::new(),
+        };
+        let fit = |bits: u128, requests_seen: bool, pick: fn(&(bool, bool)) -> bool| {
+            let mut slots = Slots::new();
+            for i in 0..before {
+                slots.push(bits & (1 << i) != 0);
+            }
+            after_slots.iter().for_each(|a| slots.push(pick(a)));
+            Estimate::fit(&slots, before, requests_seen, self.epsilon, self.max)
+        };
+        let activity = fit(pw.activity, self.requests_seen, |a| a.0);
+        let fresh = (!per_request && pw.fresh != 0).then(|| fit(pw.fresh, false, |a| a.1));
+        PathFit {
+            path,
+            peer: pw.peer,
+            routing: if per_request {
+                PathRouting::PerRequest
+            } else if pw.fresh != 0 {
+                PathRouting::Connections
+            } else {
+                PathRouting::Pool
+            },
+            open,
+            after,
+            fresh_slots,
+            last,
+            open_now: arrivals.open(path),
+            told,
+            told_sum,
+            activity,
+            fresh,
+        }
     }
 
     /// The path that sets the commit: the first that cannot say (in the order too few
@@ -357,6 +390,11 @@ impl Evidence {
         }
         let next = self.next?;
         counted().max_by_key(|f| f.conf_at(base, origin, next))
+    }
+
+    /// The start of the slot after the latest refit: when the data next changes.
+    pub(crate) fn next_slot(&self) -> Option<Instant> {
+        self.next
     }
 
     /// The silence the binding path needs and the rule that set it, when the data can say.

@@ -31,6 +31,8 @@ impl Evidence {
                     new_after_trigger: f.after,
                     open_now: f.open_now,
                     pool_wait_ms: f.pool_wait().map(ms),
+                    kept_reused: (f.open > 0 && f.routing != PathRouting::PerRequest)
+                        .then_some(f.told),
                     rate_per_1000s: (f.routing != PathRouting::New)
                         .then(|| (shown.rate() * 1000.0).round() as u64),
                     t_conf_ms: f.required().map(|(t, _, _)| ms(t)),

@@ -186,11 +186,19 @@ impl Policy {
         };
         let ready_at = (last + quiet).max(origin + min).max(conf_at);
         if hold != Hold::Pending && seen.now >= ready_at {
-            Check::Ready(kind)
-        } else {
-            Check::Wait {
-                until: ready_at.min(max_at),
-            }
+            return Check::Ready(kind);
+        }
+        // Data that cannot say now may say at the next slot: a path that comes back after
+        // each close shows it routes per request once it opened more than a reconnect wave,
+        // and the slots after the trigger are samples of its rate. Without a look at each
+        // slot a drain that could not say at its first check waited to `max` whatever came
+        // after (a pool behind kube-proxy 8 s behind: silent from 4.0 s, committed at 15 s).
+        let until = match evidence.next_slot() {
+            Some(next) if proved_at.is_none() => ready_at.min(next),
+            _ => ready_at,
+        };
+        Check::Wait {
+            until: until.min(max_at),
         }
     }
 
@@ -390,11 +398,14 @@ mod tests {
             Check::Ready(EvidenceKind::EndpointSlice)
         );
         // Measured: one sample of each proxy's delay; the path that cannot judge its own
-        // silence holds the drain to `max`, as the default allowance does.
+        // silence holds the drain to `max`, as the default allowance does — looking again at
+        // the next slot, when its data may say more.
         for hold in [Hold::Measured(allowed), Hold::Floor(allowed)] {
+            let next = evidence.next_slot().expect("refitted");
+            assert!(next < max_at);
             assert_eq!(
                 policy.check(origin, max_at, &evidence, seen(allowed), hold),
-                Check::Wait { until: max_at },
+                Check::Wait { until: next },
                 "{hold:?}"
             );
             assert_eq!(

@@ -91,68 +91,20 @@ pub fn drain(
             "the simulation runs the quiet policy; a fixed delay needs none",
         ));
     };
-    let base = Instant::from_std(std::time::Instant::now());
-    let stamp = |t: Instant| t.saturating_duration_since(base).as_nanos() as u64 + 1;
-    let rows = Arrivals::new();
-    rows.observe_from(1);
-    let paths: Vec<PathId> = (0..=arrivals.iter().map(|a| a.path).max().unwrap_or(0))
-        .map(|p| {
-            let [hi, lo] = p.to_be_bytes();
-            let ip = Ipv4Addr::new(198, 18, hi, lo.wrapping_add(1));
-            rows.path_of(Some(IpAddr::V4(ip)))
-        })
-        .collect();
-    let mut next = 0;
-    let mut last_connection = None;
-    let origin = base + trigger;
-    // Feeds the rows up to `now`, in time order, as the accept loop and the connections
-    // would have.
-    let mut feed = |now: Instant, last: &mut Option<Instant>| {
-        while let Some(a) = arrivals.get(next) {
-            let at = base + a.at;
-            if at > now {
-                break;
-            }
-            let path = paths[usize::from(a.path)];
-            let slot = slot_of(base, at);
-            match a.what {
-                What::Fresh | What::Open => {
-                    rows.record(path, slot);
-                    if a.what == What::Open {
-                        rows.opened(path);
-                    } else if at < origin {
-                        // Closed at once, while Serving.
-                        rows.closed_fresh(path, slot);
-                    }
-                    if at >= origin {
-                        rows.after_drain(path, stamp(at));
-                        *last = Some(at);
-                    }
-                }
-                What::Request => {
-                    rows.note_request(path, slot);
-                    if at >= origin {
-                        // A kept connection's first request after the trigger: told to close.
-                        rows.told(path, at - origin);
-                    }
-                }
-                What::Close => rows.closed(path),
-            }
-            next += 1;
-        }
-    };
-    feed(origin, &mut last_connection);
-    let window = Window::at(&rows, base, origin, Some(base));
+    let mut feed = Feed::new(arrivals, trigger);
+    let (base, origin) = (feed.base, feed.origin);
+    feed.up_to(origin);
+    let window = Window::at(&feed.rows, base, origin, Some(base));
     let mut evidence = Evidence::new(window, epsilon, max, fallback);
     let max_at = origin + max;
     let mut now = origin;
     loop {
-        feed(now, &mut last_connection);
-        evidence.refit(&rows, origin, slot_of(base, now));
+        feed.up_to(now);
+        evidence.refit(&feed.rows, origin, slot_of(base, now));
         let seen = Seen {
             now,
-            last_connection,
-            last_activity: last_connection,
+            last_connection: feed.last_connection,
+            last_activity: feed.last_connection,
         };
         let kind = match policy.check(origin, max_at, &evidence, seen, Hold::None) {
             Check::Max => {
@@ -165,10 +117,88 @@ pub fn drain(
                 continue;
             }
         };
-        let silence = now.saturating_duration_since(last_connection.unwrap_or(origin).max(origin));
+        let last = feed.last_connection.unwrap_or(origin).max(origin);
         return Ok(Outcome {
             commit: now - origin,
-            evidence: evidence.report(kind, silence),
+            evidence: evidence.report(kind, now.saturating_duration_since(last)),
         });
+    }
+}
+
+/// The rows a drain reads, fed from a trace in time order as the accept loop and the
+/// connections would have.
+struct Feed<'a> {
+    arrivals: &'a [Arrival],
+    /// The next arrival to feed.
+    next: usize,
+    rows: Arrivals,
+    /// A peer address per path of the trace.
+    paths: Vec<PathId>,
+    base: Instant,
+    origin: Instant,
+    /// The last new connection after the trigger.
+    last_connection: Option<Instant>,
+}
+
+impl<'a> Feed<'a> {
+    fn new(arrivals: &'a [Arrival], trigger: Duration) -> Self {
+        let base = Instant::from_std(std::time::Instant::now());
+        let rows = Arrivals::new();
+        rows.observe_from(1);
+        let paths = (0..=arrivals.iter().map(|a| a.path).max().unwrap_or(0))
+            .map(|p| {
+                let [hi, lo] = p.to_be_bytes();
+                let ip = Ipv4Addr::new(198, 18, hi, lo.wrapping_add(1));
+                rows.path_of(Some(IpAddr::V4(ip)))
+            })
+            .collect();
+        Self {
+            arrivals,
+            next: 0,
+            rows,
+            paths,
+            base,
+            origin: base + trigger,
+            last_connection: None,
+        }
+    }
+
+    /// Feeds the arrivals up to `now`.
+    fn up_to(&mut self, now: Instant) {
+        let (base, origin) = (self.base, self.origin);
+        let stamp = |t: Instant| t.saturating_duration_since(base).as_nanos() as u64 + 1;
+        while let Some(a) = self.arrivals.get(self.next) {
+            let at = base + a.at;
+            if at > now {
+                break;
+            }
+            let path = self.paths[usize::from(a.path)];
+            let slot = slot_of(base, at);
+            let rows = &self.rows;
+            match a.what {
+                What::Fresh | What::Open => {
+                    rows.record(path, slot);
+                    if a.what == What::Open {
+                        rows.opened(path);
+                    } else if at < origin {
+                        // Closed at once, while Serving.
+                        rows.closed_fresh(path, slot);
+                    }
+                    if at >= origin {
+                        rows.after_drain(path, stamp(at));
+                        self.last_connection = Some(at);
+                    }
+                }
+                What::Request => {
+                    rows.note_request(path, slot);
+                    if at >= origin {
+                        // A kept connection's first request after the trigger: told to close.
+                        rows.told(path, at - origin);
+                    }
+                }
+                What::Close => rows.closed(path),
+            }
+            self.next += 1;
+        }
     }
 }

@@ -56,8 +56,102 @@ pub fn run_cell(
     let (go_tx, go_rx) = tokio::sync::watch::channel(false);
     let (count_tx, count_rx) = tokio::sync::watch::channel(None::<f64>);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    // The Pods live until the clients are done (streams still running end on their own): the
-    // node side waits until every client dropped its sender.
+    let (client_threads, done) = spawn_clients(&specs, &netns, go_rx, count_rx, stop_rx);
+
+    let signals = control::Signals {
+        go: go_tx,
+        count: count_tx,
+        stop: stop_tx,
+    };
+    // `keep` holds the model's namespaces until the results are read.
+    let (control_result, events, keep) = match config.stack {
+        Stack::Model => run_model(config, netns, service_bin, &dir, signals, done)?,
+        Stack::Real => {
+            let cfg = config.clone();
+            let bin = config.server_bin(service_bin);
+            let d = dir.clone();
+            let node = net::spawn_in(&node_ns, move || async move {
+                let (r, events) = control_real(netns, cfg, bin, d, signals).await;
+                done.await;
+                (r, events)
+            });
+            let (r, events) = node
+                .join()
+                .map_err(|_| NetError("the node thread panicked".into()))??;
+            (Ok(r), events, None)
+        }
+    };
+    let client_result = join_clients(client_threads)?;
+    if let Ok(json) = serde_json::to_string_pretty(&events) {
+        let _ = std::fs::write(dir.join("events.json"), json);
+    }
+    let deleted = control_result??;
+    let results = client_result.map_err(NetError)?;
+    let result = cell_result(config, name, &dir, &results, &deleted, events);
+    // Dropping the last reference to the cluster removes the namespaces.
+    drop(keep);
+    Ok(result)
+}
+
+/// The model's side of a cell: its proxies, its cluster, the control loop in the node
+/// namespace; what it returned, its events, and the cluster (whose drop removes the
+/// namespaces).
+#[allow(clippy::type_complexity)]
+fn run_model(
+    config: &CellConfig,
+    netns: Netns,
+    service_bin: &Path,
+    dir: &Path,
+    signals: control::Signals,
+    done: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<
+    (
+        Result<Result<Vec<String>, NetError>, NetError>,
+        Vec<Event>,
+        Option<Arc<Cluster>>,
+    ),
+    NetError,
+> {
+    let node_ns = netns.node();
+    let proxies = (1..=config.node_specs().len())
+        .map(|k| Proxy::install(config.backend, &netns.node_of(k)))
+        .collect::<Result<Vec<Proxy>, NetError>>()?;
+    let (server, pre_stop) = config.server_cmd(service_bin);
+    let cluster = Cluster::new(
+        netns,
+        config.plane(),
+        config.kubelet(pre_stop),
+        server,
+        dir.to_path_buf(),
+    );
+    let c = cluster.clone();
+    let cfg = config.clone();
+    let node = net::spawn_in(&node_ns, move || async move {
+        let r = control(c, cfg, proxies, signals).await;
+        done.await;
+        r
+    });
+    let r = node
+        .join()
+        .map_err(|_| NetError("the node thread panicked".into()))?;
+    let events = cluster.events();
+    Ok((r, events, Some(cluster)))
+}
+
+/// The clients behind each node, one thread each in the node's client namespace; and a
+/// future that ends when all of them are done (or 30 s after the stop): the Pods live until
+/// then, so streams still running end on their own.
+#[allow(clippy::type_complexity)]
+fn spawn_clients(
+    specs: &[NodeSpec],
+    netns: &Netns,
+    go_rx: tokio::sync::watch::Receiver<bool>,
+    count_rx: tokio::sync::watch::Receiver<Option<f64>>,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+) -> (
+    Vec<std::thread::JoinHandle<Result<Result<Vec<Counted>, String>, NetError>>>,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
     let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<()>(1);
     let mut client_threads = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
@@ -81,71 +175,24 @@ pub fn run_cell(
             r
         }));
     }
-    drop((done_tx, go_rx, count_rx, stop_rx));
+    drop(done_tx);
     let done = async move {
         let _ = tokio::time::timeout(Duration::from_secs(30), done_rx.recv()).await;
     };
+    (client_threads, done)
+}
 
-    // Holds the model's namespaces until the results are read.
-    let mut keep: Option<Arc<Cluster>> = None;
-    let (control_result, events) = match config.stack {
-        Stack::Model => {
-            let proxies = (1..=specs.len())
-                .map(|k| Proxy::install(config.backend, &netns.node_of(k)))
-                .collect::<Result<Vec<Proxy>, NetError>>()?;
-            let (server, pre_stop) = config.server_cmd(service_bin);
-            let cluster = Cluster::new(
-                netns,
-                config.plane(),
-                config.kubelet(pre_stop),
-                server,
-                dir.clone(),
-            );
-            let c = cluster.clone();
-            let cfg = config.clone();
-            let signals = control::Signals {
-                go: go_tx,
-                count: count_tx,
-                stop: stop_tx,
-            };
-            let node = net::spawn_in(&node_ns, move || async move {
-                let r = control(c, cfg, proxies, signals).await;
-                done.await;
-                r
-            });
-            let r = node
-                .join()
-                .map_err(|_| NetError("the node thread panicked".into()))?;
-            let events = cluster.events();
-            keep = Some(cluster);
-            (r, events)
-        }
-        Stack::Real => {
-            let cfg = config.clone();
-            let bin = config.server_bin(service_bin);
-            let d = dir.clone();
-            let signals = control::Signals {
-                go: go_tx,
-                count: count_tx,
-                stop: stop_tx,
-            };
-            let node = net::spawn_in(&node_ns, move || async move {
-                let (r, events) = control_real(netns, cfg, bin, d, signals).await;
-                done.await;
-                (r, events)
-            });
-            let (r, events) = node
-                .join()
-                .map_err(|_| NetError("the node thread panicked".into()))??;
-            (Ok(r), events)
-        }
-    };
-    let mut client_result: Result<Vec<Counted>, String> = Ok(Vec::new());
-    for thread in client_threads {
+/// Every client thread's probes, or the first error.
+#[allow(clippy::type_complexity)]
+fn join_clients(
+    threads: Vec<std::thread::JoinHandle<Result<Result<Vec<Counted>, String>, NetError>>>,
+) -> Result<Result<Vec<Counted>, String>, NetError> {
+    let mut all: Result<Vec<Counted>, String> = Ok(Vec::new());
+    for thread in threads {
         let r = thread
             .join()
             .map_err(|_| NetError("a client thread panicked".into()))??;
-        client_result = match (client_result, r) {
+        all = match (all, r) {
             (Ok(mut all), Ok(more)) => {
                 all.extend(more);
                 Ok(all)
@@ -153,12 +200,19 @@ pub fn run_cell(
             (Err(e), _) | (_, Err(e)) => Err(e),
         };
     }
-    if let Ok(json) = serde_json::to_string_pretty(&events) {
-        let _ = std::fs::write(dir.join("events.json"), json);
-    }
-    let deleted = control_result??;
-    let results = client_result.map_err(NetError)?;
+    Ok(all)
+}
 
+/// The cell's counts and timelines, with each probe's requests and `cell.json` written to
+/// `dir`.
+fn cell_result(
+    config: &CellConfig,
+    name: String,
+    dir: &Path,
+    results: &[Counted],
+    deleted: &[String],
+    events: Vec<Event>,
+) -> CellResult {
     let mut counts = Counts::default();
     for (i, c) in results.iter().enumerate() {
         counts.add(&c.result, c.counted_from, c.not_sent_before);
@@ -169,7 +223,7 @@ pub fn run_cell(
     }
     let pods = deleted
         .iter()
-        .map(|p| pod_timeline(p, &events, &dir, config.stack.as_str()))
+        .map(|p| pod_timeline(p, &events, dir, config.stack.as_str()))
         .collect();
     let result = CellResult {
         name,
@@ -177,14 +231,12 @@ pub fn run_cell(
         counts,
         pods,
         events,
-        dir: dir.clone(),
+        dir: dir.to_path_buf(),
     };
     if let Ok(json) = serde_json::to_string_pretty(&result) {
         let _ = std::fs::write(dir.join("cell.json"), json);
     }
-    // Dropping the last reference to the cluster removes the namespaces.
-    drop(keep);
-    Ok(result)
+    result
 }
 
 /// One probe's run, and from when it counts.
@@ -197,20 +249,8 @@ struct Counted {
     not_sent_before: u64,
 }
 
-/// The client side behind one node: the probes, retry-free, at the VIP; their labels start
-/// with `prefix`. They start at `go` (the first Pods created, none ready yet), so each Pod
-/// sees its proxies start routing to it on live traffic; `count` says from when their
-/// requests count.
-async fn clients(
-    spec: ClientSpec,
-    prefix: String,
-    mut go: tokio::sync::watch::Receiver<bool>,
-    mut count: tokio::sync::watch::Receiver<Option<f64>>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<Vec<Counted>, String> {
-    if go.wait_for(|g| *g).await.is_err() {
-        return Ok(Vec::new());
-    }
+/// The probes of a client spec, labels prefixed with `prefix`.
+fn probe_configs(spec: ClientSpec, prefix: &str) -> Vec<ProbeConfig> {
     let target = format!("{SERVICE_VIP}:{SERVICE_PORT}");
     let base = |label: &str, mode: ConnectionMode, http: HttpVersion| {
         let mut c = ProbeConfig::new(target.clone());
@@ -260,6 +300,24 @@ async fn clients(
         }
     }
     configs.push(fresh);
+    configs
+}
+
+/// The client side behind one node: the probes, retry-free, at the VIP; their labels start
+/// with `prefix`. They start at `go` (the first Pods created, none ready yet), so each Pod
+/// sees its proxies start routing to it on live traffic; `count` says from when their
+/// requests count.
+async fn clients(
+    spec: ClientSpec,
+    prefix: String,
+    mut go: tokio::sync::watch::Receiver<bool>,
+    mut count: tokio::sync::watch::Receiver<Option<f64>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<Vec<Counted>, String> {
+    if go.wait_for(|g| *g).await.is_err() {
+        return Ok(Vec::new());
+    }
+    let configs = probe_configs(spec, &prefix);
     let mut probes = Vec::new();
     for c in configs {
         let p = Probe::new(c).map_err(|e| format!("probe config: {e}"))?;

@@ -1,6 +1,6 @@
 //! `lameduck-testbed`: runs cells of the kube-proxy datapath testbed. See the README.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -65,17 +65,27 @@ fn dur(flag: &str, v: &str) -> Duration {
     }
 }
 
-fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1).peekable();
-    let mut service_bin: Option<PathBuf> = None;
-    let mut out: Option<PathBuf> = None;
-    let mut timelines = false;
-    let mut stacks = vec![Stack::Model];
+/// The flags before the command.
+struct Global {
+    service_bin: Option<PathBuf>,
+    out: Option<PathBuf>,
+    timelines: bool,
+    stacks: Vec<Stack>,
+}
+
+/// Reads the flags before the command; `None` after `--help`.
+fn parse_global(args: &mut std::iter::Peekable<impl Iterator<Item = String>>) -> Option<Global> {
+    let mut g = Global {
+        service_bin: None,
+        out: None,
+        timelines: false,
+        stacks: vec![Stack::Model],
+    };
     while let Some(a) = args.peek() {
         match a.as_str() {
             "--service-bin" => {
                 args.next();
-                service_bin = Some(
+                g.service_bin = Some(
                     args.next()
                         .unwrap_or_else(|| fail("--service-bin needs a path"))
                         .into(),
@@ -83,7 +93,7 @@ fn main() -> ExitCode {
             }
             "--out" => {
                 args.next();
-                out = Some(
+                g.out = Some(
                     args.next()
                         .unwrap_or_else(|| fail("--out needs a directory"))
                         .into(),
@@ -91,11 +101,11 @@ fn main() -> ExitCode {
             }
             "--timelines" => {
                 args.next();
-                timelines = true;
+                g.timelines = true;
             }
             "--stack" => {
                 args.next();
-                stacks = match args.next().as_deref() {
+                g.stacks = match args.next().as_deref() {
                     Some("model") => vec![Stack::Model],
                     Some("real") => vec![Stack::Real],
                     Some("both") => vec![Stack::Model, Stack::Real],
@@ -112,11 +122,19 @@ fn main() -> ExitCode {
             }
             "-h" | "--help" => {
                 println!("{USAGE}");
-                return ExitCode::SUCCESS;
+                return None;
             }
             _ => break,
         }
     }
+    Some(g)
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1).peekable();
+    let Some(g) = parse_global(&mut args) else {
+        return ExitCode::SUCCESS;
+    };
     let command = args.next().unwrap_or_else(|| fail("a command is needed"));
     if command == "sweep" {
         for n in net::sweep_stale() {
@@ -134,6 +152,7 @@ fn main() -> ExitCode {
         "nodes" => matrix::nodes(),
         other => fail(&format!("unknown command {other:?}")),
     };
+    let stacks = &g.stacks;
     let cells: Vec<CellConfig> = base
         .into_iter()
         .flat_map(|c| {
@@ -147,15 +166,34 @@ fn main() -> ExitCode {
     if cells.is_empty() {
         fail("--kube and --deployment run on the real stack only: add --stack real or both");
     }
-    if stacks.contains(&Stack::Real) {
+    let service_bin = match binaries(&g, &cells) {
+        Ok(b) => b,
+        Err(code) => return code,
+    };
+    for n in net::sweep_stale() {
+        eprintln!("removed a namespace left by a killed run: {n}");
+    }
+    lameduck_testbed::k8s::sweep_cgroups();
+    install_signal_cleanup();
+    let out = g
+        .out
+        .clone()
+        .unwrap_or_else(|| cell::default_out(&service_bin));
+    run_cells(&cells, &service_bin, &out, g.timelines)
+}
+
+/// The service binary, once it, the baseline (when a cell needs it), the Kubernetes
+/// binaries (for the real stack) and the host are there; else the exit code.
+fn binaries(g: &Global, cells: &[CellConfig]) -> Result<PathBuf, ExitCode> {
+    if g.stacks.contains(&Stack::Real) {
         if let Err(e) =
             lameduck_testbed::k8s::Binaries::find(&lameduck_testbed::k8s::default_bin_dir())
         {
             eprintln!("lameduck-testbed: {e}");
-            return ExitCode::from(3);
+            return Err(ExitCode::from(3));
         }
     }
-    let service_bin = service_bin.unwrap_or_else(|| {
+    let service_bin = g.service_bin.clone().unwrap_or_else(|| {
         let exe = std::env::current_exe().unwrap_or_default();
         exe.parent()
             .map(|d| d.join("examples").join("service"))
@@ -176,20 +214,19 @@ fn main() -> ExitCode {
     }
     if let Err(e) = net::preflight() {
         eprintln!("lameduck-testbed: {e}");
-        return ExitCode::from(3);
+        return Err(ExitCode::from(3));
     }
-    for n in net::sweep_stale() {
-        eprintln!("removed a namespace left by a killed run: {n}");
-    }
-    lameduck_testbed::k8s::sweep_cgroups();
-    install_signal_cleanup();
-    let out = out.unwrap_or_else(|| cell::default_out(&service_bin));
+    Ok(service_bin)
+}
+
+/// Runs the cells one after the other, prints and writes their table.
+fn run_cells(cells: &[CellConfig], service_bin: &Path, out: &Path, timelines: bool) -> ExitCode {
     eprintln!("{} cells, files under {}", cells.len(), out.display());
     let mut results: Vec<CellResult> = Vec::new();
     let mut errors = 0;
     for (i, c) in cells.iter().enumerate() {
         eprintln!("[{}/{}] {}", i + 1, cells.len(), c.name());
-        match cell::run_cell(c, &service_bin, &out) {
+        match cell::run_cell(c, service_bin, out) {
             Ok(r) => {
                 eprint!("{}", cell::table_row(&r));
                 if timelines || cells.len() == 1 {
@@ -219,13 +256,19 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The flags of several nodes, before they are checked against `--nodes`.
+#[derive(Default)]
+struct NodeFlags {
+    nodes: Option<usize>,
+    sync: Option<Vec<Duration>>,
+    clients: Option<Vec<(usize, cell::ClientSpec)>>,
+    slow: Vec<usize>,
+}
+
 fn parse_cell(args: Vec<String>) -> CellConfig {
     let mut c = CellConfig::new(cell::Server::Lameduck);
     let mut rate_given = false;
-    let mut nodes: Option<usize> = None;
-    let mut node_sync: Option<Vec<Duration>> = None;
-    let mut node_clients: Option<Vec<(usize, cell::ClientSpec)>> = None;
-    let mut slow_nodes: Vec<usize> = Vec::new();
+    let mut nf = NodeFlags::default();
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -262,95 +305,105 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--deployment" => c.deployment = true,
             "--min-sync-period" => c.min_sync_period = true,
             "--nodes" => {
-                nodes = match value().parse::<usize>() {
+                nf.nodes = match value().parse::<usize>() {
                     Ok(n) if (1..=net::MAX_NODES).contains(&n) => Some(n),
                     _ => fail(&format!("--nodes: expected 1 to {}", net::MAX_NODES)),
                 }
             }
             "--node-sync" => {
-                node_sync = Some(
+                nf.sync = Some(
                     value()
                         .split(',')
                         .map(|d| dur("--node-sync", d.trim()))
                         .collect(),
                 )
             }
-            "--slow-nodes" => {
-                for k in value().split(',') {
-                    match k.trim().trim_start_matches("node").parse::<usize>() {
-                        Ok(k) if k >= 1 => slow_nodes.push(k),
-                        _ => fail(&format!(
-                            "--slow-nodes {k:?}: expected node numbers, 1-based"
-                        )),
-                    }
-                }
-            }
-            "--clients" => {
-                let mut list = Vec::new();
-                for part in value().split(',') {
-                    let Some((node, spec)) = part.split_once('=') else {
-                        fail(&format!("--clients {part:?}: expected nodeK=SHAPE[:RATE]"))
-                    };
-                    let k = node
-                        .trim()
-                        .strip_prefix("node")
-                        .and_then(|k| k.parse::<usize>().ok())
-                        .filter(|k| *k >= 1)
-                        .unwrap_or_else(|| {
-                            fail(&format!("--clients {part:?}: expected node1, node2, …"))
-                        });
-                    let spec = spec
-                        .trim()
-                        .parse()
-                        .unwrap_or_else(|e: String| fail(&format!("--clients {part:?}: {e}")));
-                    list.push((k, spec));
-                }
-                node_clients = Some(list);
-            }
+            "--slow-nodes" => nf.slow.extend(parse_slow_nodes(&value())),
+            "--clients" => nf.clients = Some(parse_clients(&value())),
             other => fail(&format!("unknown cell flag {other:?}")),
         }
     }
     if !rate_given {
         c.new_conn_rate = c.shape.default_rate();
     }
-    let n = nodes.unwrap_or(1);
-    if n == 1 && (node_sync.is_some() || node_clients.is_some() || !slow_nodes.is_empty()) {
+    set_nodes(&mut c, nf);
+    c
+}
+
+/// `--slow-nodes 2,node3`: node numbers, 1-based.
+fn parse_slow_nodes(v: &str) -> Vec<usize> {
+    v.split(',')
+        .map(
+            |k| match k.trim().trim_start_matches("node").parse::<usize>() {
+                Ok(k) if k >= 1 => k,
+                _ => fail(&format!(
+                    "--slow-nodes {k:?}: expected node numbers, 1-based"
+                )),
+            },
+        )
+        .collect()
+}
+
+/// `--clients node1=fresh:50,node2=pool:0.7`.
+fn parse_clients(v: &str) -> Vec<(usize, cell::ClientSpec)> {
+    v.split(',')
+        .map(|part| {
+            let Some((node, spec)) = part.split_once('=') else {
+                fail(&format!("--clients {part:?}: expected nodeK=SHAPE[:RATE]"))
+            };
+            let k = node
+                .trim()
+                .strip_prefix("node")
+                .and_then(|k| k.parse::<usize>().ok())
+                .filter(|k| *k >= 1)
+                .unwrap_or_else(|| fail(&format!("--clients {part:?}: expected node1, node2, …")));
+            let spec = spec
+                .trim()
+                .parse()
+                .unwrap_or_else(|e: String| fail(&format!("--clients {part:?}: {e}")));
+            (k, spec)
+        })
+        .collect()
+}
+
+/// Checks the node flags against `--nodes` and sets the cell's nodes.
+fn set_nodes(c: &mut CellConfig, nf: NodeFlags) {
+    let n = nf.nodes.unwrap_or(1);
+    if n == 1 && (nf.sync.is_some() || nf.clients.is_some() || !nf.slow.is_empty()) {
         fail("--node-sync, --slow-nodes and --clients need --nodes 2 or more");
     }
-    if let Some(k) = slow_nodes.iter().find(|k| **k > n) {
+    if let Some(k) = nf.slow.iter().find(|k| **k > n) {
         fail(&format!("--slow-nodes: node{k} but --nodes {n}"));
     }
-    if n > 1 {
-        let syncs = node_sync.unwrap_or_else(|| vec![c.sync_delay; n]);
-        if syncs.len() != n {
-            fail(&format!(
-                "--node-sync: {} delays for {n} nodes",
-                syncs.len()
-            ));
-        }
-        let cell_clients = cell::ClientSpec {
-            shape: c.shape,
-            rate: c.new_conn_rate,
-        };
-        if let Some(list) = &node_clients {
-            if let Some((k, _)) = list.iter().find(|(k, _)| *k > n) {
-                fail(&format!("--clients: node{k} but --nodes {n}"));
-            }
-        }
-        c.nodes = syncs
-            .into_iter()
-            .enumerate()
-            .map(|(i, sync_delay)| cell::NodeSpec {
-                sync_delay,
-                slow: slow_nodes.contains(&(i + 1)),
-                clients: match &node_clients {
-                    None => Some(cell_clients),
-                    Some(list) => list.iter().find(|(k, _)| *k == i + 1).map(|(_, s)| *s),
-                },
-            })
-            .collect();
+    if n == 1 {
+        return;
     }
-    c
+    let syncs = nf.sync.unwrap_or_else(|| vec![c.sync_delay; n]);
+    if syncs.len() != n {
+        fail(&format!(
+            "--node-sync: {} delays for {n} nodes",
+            syncs.len()
+        ));
+    }
+    let cell_clients = cell::ClientSpec {
+        shape: c.shape,
+        rate: c.new_conn_rate,
+    };
+    if let Some((k, _)) = nf.clients.iter().flatten().find(|(k, _)| *k > n) {
+        fail(&format!("--clients: node{k} but --nodes {n}"));
+    }
+    c.nodes = syncs
+        .into_iter()
+        .enumerate()
+        .map(|(i, sync_delay)| cell::NodeSpec {
+            sync_delay,
+            slow: nf.slow.contains(&(i + 1)),
+            clients: match &nf.clients {
+                None => Some(cell_clients),
+                Some(list) => list.iter().find(|(k, _)| *k == i + 1).map(|(_, s)| *s),
+            },
+        })
+        .collect();
 }
 
 /// On SIGINT / SIGTERM: kill the Pods, remove the namespaces, exit 130.
