@@ -164,35 +164,6 @@ pub(crate) fn beyond_wave(open: u32, after: u32) -> bool {
     u64::from(after) > 3 * u64::from(open) + 4
 }
 
-/// A path's slots from the trigger's up to `end` (its last new connection's), each as
-/// (activity, a fresh connection): in the trigger's slot, what came before the trigger counts
-/// as before it. The newest are kept, should the drain outlast the buffer; slots older than a
-/// turn of the ring read as empty.
-fn samples_after(
-    w: &Window,
-    arrivals: &Arrivals,
-    path: PathId,
-    end: u64,
-    now: u64,
-) -> Vec<(bool, bool)> {
-    let room = (fit::MAX_SEQ - w.slots() as usize) as u64;
-    let start = w.trigger_slot.max((end + 1).saturating_sub(room));
-    (start..=end)
-        .map(|k| {
-            let a = if k + RING as u64 <= now {
-                Default::default()
-            } else {
-                arrivals.activity(path, k)
-            };
-            let at_trigger = k == w.trigger_slot;
-            (
-                if at_trigger { a.active } else { a.connection },
-                a.connection || (at_trigger && a.fresh),
-            )
-        })
-        .collect()
-}
-
 /// The whole evidence as the driver holds it: the window taken at the trigger, the fits of
 /// the latest check, and the policy's numbers.
 #[derive(Clone, Debug, PartialEq)]
@@ -338,7 +309,7 @@ impl Evidence {
         let sampled =
             per_request || (pw.fresh != 0 && (open == 0 || u64::from(after) > 2 * u64::from(open)));
         let after_slots = match last.filter(|_| sampled) {
-            Some(last) => samples_after(w, arrivals, path, slot_of(w.base, last), now),
+            Some(last) => w.samples_after(arrivals, path, slot_of(w.base, last), now),
             None => Vec::new(),
         };
         let fit = |bits: u128, requests_seen: bool, pick: fn(&(bool, bool)) -> bool| {

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{slot_of, Arrivals, SLOT, WINDOW_SLOTS};
+use super::{fit, slot_of, Arrivals, SLOT, WINDOW_SLOTS};
 use crate::observed::PathId;
+use crate::observed::RING;
 
 /// One path's slots in the window before the trigger.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -34,6 +35,35 @@ pub(crate) struct Window {
 }
 
 impl Window {
+    /// A path's slots from the trigger's up to `end` (its last new connection's), each as
+    /// (activity, a fresh connection): in the trigger's slot, what came before the trigger counts
+    /// as before it. The newest are kept, should the drain outlast the buffer; slots older than a
+    /// turn of the ring read as empty.
+    pub(super) fn samples_after(
+        &self,
+        arrivals: &Arrivals,
+        path: PathId,
+        end: u64,
+        now: u64,
+    ) -> Vec<(bool, bool)> {
+        let room = (fit::MAX_SEQ - self.slots() as usize) as u64;
+        let start = self.trigger_slot.max((end + 1).saturating_sub(room));
+        (start..=end)
+            .map(|k| {
+                let a = if k + RING as u64 <= now {
+                    Default::default()
+                } else {
+                    arrivals.activity(path, k)
+                };
+                let at_trigger = k == self.trigger_slot;
+                (
+                    if at_trigger { a.active } else { a.connection },
+                    a.connection || (at_trigger && a.fresh),
+                )
+            })
+            .collect()
+    }
+
     /// The window at `at` from what `arrivals` counted, slots numbered from `base`. `None`: no
     /// connection data at all.
     pub(crate) fn at(

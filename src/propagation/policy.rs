@@ -203,8 +203,9 @@ impl Policy {
     }
 
     /// Waits until the policy commits, and says on what evidence. Event-driven: it sleeps
-    /// until the earliest instant the policy could hold, or until in-flight work reaches zero,
-    /// or until the `link` changes, then refits the evidence with what arrived and re-checks.
+    /// until the earliest instant the policy could hold (while the evidence cannot say, the
+    /// next slot), or until in-flight work reaches zero, or until the `link` changes, then
+    /// refits the evidence with what arrived and re-checks.
     ///
     /// `max_at` is `origin + max`, unless a deletion with a shorter grace left less (the
     /// driver's deadlines); the link's [`Hold`] is the EndpointSlice's say (feature `kube`).

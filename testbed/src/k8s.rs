@@ -275,34 +275,8 @@ impl ControlPlane {
         settings: &ProxySettings,
     ) -> Result<(), NetError> {
         let limit_label = format!("kube-proxy-node{k}");
-        let mode = settings.backend.as_str();
-        let ms = |d: Duration| format!("{}ms", d.as_millis());
-        let sync = serde_json::json!({
-            "minSyncPeriod": ms(settings.min_sync_period),
-            "syncPeriod": ms(settings.sync_period),
-        });
-        // The configuration file: the nftables mode's sync settings have no flags.
         let metrics = proxy_metrics(k);
-        let config = serde_json::json!({
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-            "kind": "KubeProxyConfiguration",
-            "clientConnection": {
-                "kubeconfig": self.dir.join("pki").join(if k <= 1 {
-                    "proxy.kubeconfig"
-                } else {
-                    "proxy-remote.kubeconfig"
-                }),
-            },
-            "hostnameOverride": node_name(k),
-            "bindAddress": net::client_link(k).0.to_string(),
-            "healthzBindAddress": "127.0.0.1:10256",
-            "metricsBindAddress": metrics,
-            "mode": mode,
-            "iptables": sync,
-            "nftables": sync,
-            // Conntrack limits are host-wide: leave them alone.
-            "conntrack": {"maxPerCore": 0},
-        });
+        let config = self.proxy_config(k, settings, &metrics);
         let label = if k <= 1 {
             "kube-proxy".to_owned()
         } else {
@@ -347,6 +321,38 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Node `k`'s kube-proxy configuration (`KubeProxyConfiguration`) with `settings`,
+    /// serving its metrics on `metrics`.
+    fn proxy_config(&self, k: usize, settings: &ProxySettings, metrics: &str) -> serde_json::Value {
+        let mode = settings.backend.as_str();
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let sync = serde_json::json!({
+            "minSyncPeriod": ms(settings.min_sync_period),
+            "syncPeriod": ms(settings.sync_period),
+        });
+        // The configuration file: the nftables mode's sync settings have no flags.
+        serde_json::json!({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {
+                "kubeconfig": self.dir.join("pki").join(if k <= 1 {
+                    "proxy.kubeconfig"
+                } else {
+                    "proxy-remote.kubeconfig"
+                }),
+            },
+            "hostnameOverride": node_name(k),
+            "bindAddress": net::client_link(k).0.to_string(),
+            "healthzBindAddress": "127.0.0.1:10256",
+            "metricsBindAddress": metrics,
+            "mode": mode,
+            "iptables": sync,
+            "nftables": sync,
+            // Conntrack limits are host-wide: leave them alone.
+            "conntrack": {"maxPerCore": 0},
+        })
     }
 
     fn spawn(

@@ -128,61 +128,7 @@ impl Netns {
             ip(&["-n", &fabric, "link", "set", "br0", "up"])?;
         }
         for k in 1..=nodes {
-            let client = n.client_of(k);
-            let node = n.node_of(k);
-            n.add(&client)?;
-            n.add(&node)?;
-            let (node_ip, client_ip) = client_link(k);
-            let subnet = |a: Ipv4Addr| format!("{a}/24");
-            ip(&[
-                "-n", &node, "link", "add", "cli", "type", "veth", "peer", "name", "eth0", "netns",
-                &client,
-            ])?;
-            ip(&["-n", &node, "addr", "add", &subnet(node_ip), "dev", "cli"])?;
-            ip(&["-n", &node, "link", "set", "cli", "up"])?;
-            ip(&[
-                "-n",
-                &client,
-                "addr",
-                "add",
-                &subnet(client_ip),
-                "dev",
-                "eth0",
-            ])?;
-            ip(&["-n", &client, "link", "set", "eth0", "up"])?;
-            ip(&[
-                "-n",
-                &client,
-                "route",
-                "add",
-                "default",
-                "via",
-                &node_ip.to_string(),
-            ])?;
-            // Unmatched VIP traffic goes towards the client link, through FORWARD, where the
-            // no-endpoints reject sits, as on a node whose default route leads off the node.
-            ip(&["-n", &node, "route", "add", "198.18.96.0/20", "dev", "cli"])?;
-            run_in(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"], None)?;
-            if nodes > 1 {
-                let port = format!("n{k}");
-                ip(&[
-                    "-n", &node, "link", "add", "fab", "type", "veth", "peer", "name", &port,
-                    "netns", &fabric,
-                ])?;
-                ip(&["-n", &fabric, "link", "set", &port, "master", "br0"])?;
-                ip(&["-n", &fabric, "link", "set", &port, "up"])?;
-                let fab = Netns::fabric_ip(k);
-                ip(&[
-                    "-n",
-                    &node,
-                    "addr",
-                    "add",
-                    &format!("{fab}/24"),
-                    "dev",
-                    "fab",
-                ])?;
-                ip(&["-n", &node, "link", "set", "fab", "up"])?;
-            }
+            n.add_node(k)?;
         }
         // Every node reaches every other node's clients across the fabric.
         for k in 1..=nodes {
@@ -201,6 +147,69 @@ impl Netns {
             }
         }
         Ok(n)
+    }
+
+    /// Node `k`'s (1-based) namespaces: its client namespace and the link to it, forwarding,
+    /// routes, and its port on the fabric's bridge when there are several nodes.
+    fn add_node(&mut self, k: usize) -> Result<(), NetError> {
+        let ip = |args: &[&str]| run("ip", args).map(drop);
+        let fabric = self.fabric();
+        let client = self.client_of(k);
+        let node = self.node_of(k);
+        self.add(&client)?;
+        self.add(&node)?;
+        let (node_ip, client_ip) = client_link(k);
+        let subnet = |a: Ipv4Addr| format!("{a}/24");
+        ip(&[
+            "-n", &node, "link", "add", "cli", "type", "veth", "peer", "name", "eth0", "netns",
+            &client,
+        ])?;
+        ip(&["-n", &node, "addr", "add", &subnet(node_ip), "dev", "cli"])?;
+        ip(&["-n", &node, "link", "set", "cli", "up"])?;
+        ip(&[
+            "-n",
+            &client,
+            "addr",
+            "add",
+            &subnet(client_ip),
+            "dev",
+            "eth0",
+        ])?;
+        ip(&["-n", &client, "link", "set", "eth0", "up"])?;
+        ip(&[
+            "-n",
+            &client,
+            "route",
+            "add",
+            "default",
+            "via",
+            &node_ip.to_string(),
+        ])?;
+        // Unmatched VIP traffic goes towards the client link, through FORWARD, where the
+        // no-endpoints reject sits, as on a node whose default route leads off the node.
+        ip(&["-n", &node, "route", "add", "198.18.96.0/20", "dev", "cli"])?;
+        run_in(&node, &["sysctl", "-qw", "net.ipv4.ip_forward=1"], None)?;
+        if self.nodes > 1 {
+            let port = format!("n{k}");
+            ip(&[
+                "-n", &node, "link", "add", "fab", "type", "veth", "peer", "name", &port, "netns",
+                &fabric,
+            ])?;
+            ip(&["-n", &fabric, "link", "set", &port, "master", "br0"])?;
+            ip(&["-n", &fabric, "link", "set", &port, "up"])?;
+            let fab = Netns::fabric_ip(k);
+            ip(&[
+                "-n",
+                &node,
+                "addr",
+                "add",
+                &format!("{fab}/24"),
+                "dev",
+                "fab",
+            ])?;
+            ip(&["-n", &node, "link", "set", "fab", "up"])?;
+        }
+        Ok(())
     }
 
     /// Node `k`'s (1-based) address on the fabric.

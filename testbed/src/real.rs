@@ -288,6 +288,34 @@ pub struct StartOptions<'a> {
     pub dir: &'a Path,
 }
 
+/// One kube-proxy per node, each with its settings, each start recorded.
+async fn start_proxies(
+    real: &Real,
+    plane: &mut ControlPlane,
+    bins: &Binaries,
+    node_nss: &[String],
+    proxies: &[k8s::ProxySettings],
+) -> Result<(), NetError> {
+    for (i, (ns, proxy)) in node_nss.iter().zip(proxies).enumerate() {
+        let k = i + 1;
+        plane.start_proxy(bins, k, ns, proxy).await?;
+        real.record(
+            "proxy_started",
+            None,
+            format!(
+                "{} kube-proxy {} mode, minSyncPeriod {} ms{}",
+                k8s::node_name(k),
+                proxy.backend.as_str(),
+                proxy.min_sync_period.as_millis(),
+                proxy
+                    .cpu_share
+                    .map_or(String::new(), |s| format!(", {:.0} % of a CPU", s * 100.0))
+            ),
+        );
+    }
+    Ok(())
+}
+
 /// Starts the control plane and the testbed's kubelet, scheduler binding and watchers in
 /// `netns`'s node namespace (call from a thread inside it): registers the Node, starts
 /// kube-proxy, creates the Service, and with `kube` applies `examples/k8s/`'s RBAC.
@@ -354,23 +382,7 @@ pub async fn start(
     if load_services > 0 {
         real.load_services(load_services).await?;
     }
-    for (i, (ns, proxy)) in node_nss.iter().zip(proxies).enumerate() {
-        let k = i + 1;
-        plane.start_proxy(bins, k, ns, proxy).await?;
-        real.record(
-            "proxy_started",
-            None,
-            format!(
-                "{} kube-proxy {} mode, minSyncPeriod {} ms{}",
-                k8s::node_name(k),
-                proxy.backend.as_str(),
-                proxy.min_sync_period.as_millis(),
-                proxy
-                    .cpu_share
-                    .map_or(String::new(), |s| format!(", {:.0} % of a CPU", s * 100.0))
-            ),
-        );
-    }
+    start_proxies(&real, &mut plane, bins, &node_nss, proxies).await?;
     tokio::spawn(real.clone().kubelet_loop());
     tokio::spawn(real.clone().watch_slices());
     for k in 1..=node_nss.len() {

@@ -178,65 +178,75 @@ pub(super) async fn control_real(
         drop(run);
         return (result, events);
     }
-    let result = async {
-        let replicas = match config.rollout {
-            Rollout::Rolling => config.replicas.max(1),
-            Rollout::Evict => 1,
-        };
-        let first: Vec<String> = (1..=replicas).map(|i| format!("pod-{i}")).collect();
-        for p in &first {
-            r.create_pod(p, &template).await?;
-        }
-        let started = signals.go();
-        r.record("client_started", None, "before the first Pods are ready");
-        let settle = Duration::from_secs(60);
-        tokio::time::timeout(settle, async {
-            while !first.iter().all(|p| r.available(p)) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            r.wait_applied(&first).await;
-        })
-        .await
-        .map_err(|_| {
-            NetError(format!(
-                "the first Pods did not become ready and routed in {settle:?}: see the logs in {}",
-                dir.display()
-            ))
-        })?;
-        r.forget_unrouted()?;
-        signals.count();
-        r.record("client_counted", None, "every node routes the first Pods");
-        warm_up(&config, started).await;
-        let (surge, unavailable) = match config.rollout {
-            Rollout::Rolling => (1, 0),
-            Rollout::Evict => (1, 1),
-        };
-        let new = r
-            .rollout(
-                &first,
-                &template,
-                replicas + 1,
-                surge,
-                unavailable,
-                config.grace * 4 + settle,
-            )
-            .await?;
-        tokio::time::timeout(config.grace + Duration::from_secs(10), async {
-            while !first.iter().all(|p| r.removed(p)) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            r.wait_applied(&new).await;
-        })
-        .await
-        .map_err(|_| NetError("old Pods were not removed, or the rules did not settle".into()))?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        r.record("client_stopped", None, "");
-        Ok(first)
-    }
-    .await;
+    let result = testbed_rollout(&r, &config, &template, &dir, &signals).await;
     let events = r.events();
     drop(run);
     (result, events)
+}
+
+/// The rollout by the testbed's own controller on the real stack: the first Pods Ready and
+/// routed, the clients, then the rolling update (or the eviction) and the wait until the old
+/// Pods are gone and the rules route to the new ones. Returns the old Pods.
+async fn testbed_rollout(
+    r: &Arc<real::Real>,
+    config: &CellConfig,
+    template: &real::PodTemplate,
+    dir: &Path,
+    signals: &Signals,
+) -> Result<Vec<String>, NetError> {
+    let replicas = match config.rollout {
+        Rollout::Rolling => config.replicas.max(1),
+        Rollout::Evict => 1,
+    };
+    let first: Vec<String> = (1..=replicas).map(|i| format!("pod-{i}")).collect();
+    for p in &first {
+        r.create_pod(p, template).await?;
+    }
+    let started = signals.go();
+    r.record("client_started", None, "before the first Pods are ready");
+    let settle = Duration::from_secs(60);
+    tokio::time::timeout(settle, async {
+        while !first.iter().all(|p| r.available(p)) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        r.wait_applied(&first).await;
+    })
+    .await
+    .map_err(|_| {
+        NetError(format!(
+            "the first Pods did not become ready and routed in {settle:?}: see the logs in {}",
+            dir.display()
+        ))
+    })?;
+    r.forget_unrouted()?;
+    signals.count();
+    r.record("client_counted", None, "every node routes the first Pods");
+    warm_up(config, started).await;
+    let (surge, unavailable) = match config.rollout {
+        Rollout::Rolling => (1, 0),
+        Rollout::Evict => (1, 1),
+    };
+    let new = r
+        .rollout(
+            &first,
+            template,
+            replicas + 1,
+            surge,
+            unavailable,
+            config.grace * 4 + settle,
+        )
+        .await?;
+    tokio::time::timeout(config.grace + Duration::from_secs(10), async {
+        while !first.iter().all(|p| r.removed(p)) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        r.wait_applied(&new).await;
+    })
+    .await
+    .map_err(|_| NetError("old Pods were not removed, or the rules did not settle".into()))?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    r.record("client_stopped", None, "");
+    Ok(first)
 }
 
 /// The rollout by the real Deployment controller: the Deployment, its Pods Ready and routed,

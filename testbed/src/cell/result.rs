@@ -345,44 +345,11 @@ pub(super) fn pod_timeline(pod: &str, events: &[Event], dir: &Path, source: &str
             rows.push((e.unix_ms, source.into(), what, e.detail.clone()));
         }
     }
-    let (mut evidence, mut held_by) = (None, None);
-    if let Ok(text) = std::fs::read_to_string(dir.join(format!("{pod}.report.json"))) {
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-            let ev = &v["propagation"]["evidence"];
-            evidence = ev["kind"].as_str().map(str::to_owned);
-            held_by = ev["held_by"].as_str().map(str::to_owned);
-            for ev in v["timeline"].as_array().into_iter().flatten() {
-                if let (Some(what), Some(at)) = (ev["event"].as_str(), ev["unix_ms"].as_u64()) {
-                    let mut detail = String::new();
-                    if let Some(obj) = ev.as_object() {
-                        for (k, val) in obj {
-                            if !matches!(k.as_str(), "event" | "at_ms" | "unix_ms") {
-                                let _ = write!(detail, "{k}={val} ");
-                            }
-                        }
-                    }
-                    rows.push((
-                        at,
-                        "report".into(),
-                        what.to_owned(),
-                        detail.trim().to_owned(),
-                    ));
-                }
-            }
-            let kind = v["propagation"]["kind"].as_str().unwrap_or("?");
-            rows.push((
-                exit.unwrap_or(deleted),
-                "report".into(),
-                "summary".into(),
-                format!(
-                    "outcome={} propagation={kind} evidence={} held_by={}",
-                    v["outcome"],
-                    evidence.as_deref().unwrap_or("-"),
-                    held_by.as_deref().unwrap_or("-")
-                ),
-            ));
-        }
-    }
+    let (evidence, held_by) = report_rows(
+        &dir.join(format!("{pod}.report.json")),
+        exit.unwrap_or(deleted),
+        &mut rows,
+    );
     rows.sort_by_key(|r| r.0);
     let lines = rows
         .into_iter()
@@ -400,4 +367,53 @@ pub(super) fn pod_timeline(pod: &str, events: &[Event], dir: &Path, source: &str
         evidence,
         held_by,
     }
+}
+
+/// The drain report's timeline as rows, and a summary row at `summary_at`; the report's
+/// evidence kind and the path that held it. Nothing without a readable report.
+fn report_rows(
+    path: &Path,
+    summary_at: u64,
+    rows: &mut Vec<(u64, String, String, String)>,
+) -> (Option<String>, Option<String>) {
+    let Some(v) = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+    else {
+        return (None, None);
+    };
+    let ev = &v["propagation"]["evidence"];
+    let evidence = ev["kind"].as_str().map(str::to_owned);
+    let held_by = ev["held_by"].as_str().map(str::to_owned);
+    for ev in v["timeline"].as_array().into_iter().flatten() {
+        if let (Some(what), Some(at)) = (ev["event"].as_str(), ev["unix_ms"].as_u64()) {
+            let mut detail = String::new();
+            if let Some(obj) = ev.as_object() {
+                for (k, val) in obj {
+                    if !matches!(k.as_str(), "event" | "at_ms" | "unix_ms") {
+                        let _ = write!(detail, "{k}={val} ");
+                    }
+                }
+            }
+            rows.push((
+                at,
+                "report".into(),
+                what.to_owned(),
+                detail.trim().to_owned(),
+            ));
+        }
+    }
+    let kind = v["propagation"]["kind"].as_str().unwrap_or("?");
+    rows.push((
+        summary_at,
+        "report".into(),
+        "summary".into(),
+        format!(
+            "outcome={} propagation={kind} evidence={} held_by={}",
+            v["outcome"],
+            evidence.as_deref().unwrap_or("-"),
+            held_by.as_deref().unwrap_or("-")
+        ),
+    ));
+    (evidence, held_by)
 }

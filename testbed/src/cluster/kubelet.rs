@@ -130,51 +130,17 @@ impl Cluster {
     ) {
         let admin = SocketAddr::from((ip, ADMIN_PORT));
         let (exit_tx, exit_rx) = watch::channel(false);
-        // Readiness probes, until exit.
-        let prober = {
-            let me = self.clone();
-            let name = name.clone();
-            let mut exit_rx = exit_rx.clone();
-            tokio::spawn(async move {
-                let k = &me.kubelet;
-                let (mut ok_run, mut fail_run) = (0u32, 0u32);
-                let mut tick = tokio::time::interval(k.period);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                // The first probe comes a moment after the start, like kubelet's.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                loop {
-                    tokio::select! {
-                        _ = async { let _ = exit_rx.wait_for(|e| *e).await; } => return,
-                        _ = tick.tick() => {}
-                    }
-                    let ok = matches!(http_get(admin, "/readyz", k.timeout).await, Ok(200));
-                    if ok {
-                        ok_run += 1;
-                        fail_run = 0;
-                        if ok_run >= k.success_threshold {
-                            me.set_ready(&name, true);
-                        }
-                    } else {
-                        fail_run += 1;
-                        ok_run = 0;
-                        if fail_run >= k.failure_threshold {
-                            me.set_ready(&name, false);
-                        }
-                    }
-                }
-            })
-        };
+        let prober = tokio::spawn(self.clone().readiness_probes(name.clone(), admin, exit_rx));
         // Deletion, or an exit on its own.
-        let deleted_at = tokio::select! {
-            _ = async { let _ = deleted.wait_for(|d| *d).await; } => Some(tokio::time::Instant::now()),
+        tokio::select! {
+            _ = async { let _ = deleted.wait_for(|d| *d).await; } => {}
             status = child.wait() => {
                 self.finish(&name, &format!("exited before deletion: {status:?}"), &exit_tx);
                 let _ = prober.await;
                 return;
             }
-        };
-        let deleted_at = deleted_at.expect("deleted");
-        let kill_at = deleted_at + self.kubelet.grace;
+        }
+        let kill_at = tokio::time::Instant::now() + self.kubelet.grace;
         let now = unix_ms();
         if let Some(p) = self
             .state
@@ -188,36 +154,8 @@ impl Cluster {
         self.record("deleted", Some(&name), "");
         self.pod_changed.notify_one();
 
-        let hook = async {
-            match &self.kubelet.pre_stop {
-                PreStop::None => None,
-                PreStop::HttpGet(path) => {
-                    Some(match http_get(admin, path, self.kubelet.grace).await {
-                        Ok(code) => format!("httpGet {path}: {code}"),
-                        Err(e) => format!("httpGet {path}: {e}"),
-                    })
-                }
-                PreStop::Exec => {
-                    let out = tokio::process::Command::new("ip")
-                        .args(["netns", "exec", &ns])
-                        .arg(&self.server.bin)
-                        .args(["prestop", "--admin", &admin.to_string()])
-                        .stdin(std::process::Stdio::null())
-                        .output()
-                        .await;
-                    Some(match out {
-                        Ok(o) => format!("exec prestop: {}", o.status),
-                        Err(e) => format!("exec prestop: {e}"),
-                    })
-                }
-                PreStop::Sleep(d) => {
-                    tokio::time::sleep(*d).await;
-                    Some(format!("sleep {}ms", d.as_millis()))
-                }
-            }
-        };
         let hook_result = tokio::select! {
-            r = hook => r,
+            r = self.pre_stop(&ns, admin) => r,
             () = tokio::time::sleep_until(kill_at) => Some("hook cut at the grace period".to_owned()),
         };
         if let Some(r) = hook_result {
@@ -247,6 +185,70 @@ impl Cluster {
         };
         self.finish(&name, &detail, &exit_tx);
         let _ = prober.await;
+    }
+
+    /// Readiness probes of one Pod's admin port, until `exit`: each verdict past its
+    /// threshold set on the Pod.
+    async fn readiness_probes(
+        self: Arc<Self>,
+        name: String,
+        admin: SocketAddr,
+        mut exit: watch::Receiver<bool>,
+    ) {
+        let k = &self.kubelet;
+        let (mut ok_run, mut fail_run) = (0u32, 0u32);
+        let mut tick = tokio::time::interval(k.period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first probe comes a moment after the start, like kubelet's.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        loop {
+            tokio::select! {
+                _ = async { let _ = exit.wait_for(|e| *e).await; } => return,
+                _ = tick.tick() => {}
+            }
+            let ok = matches!(http_get(admin, "/readyz", k.timeout).await, Ok(200));
+            if ok {
+                ok_run += 1;
+                fail_run = 0;
+                if ok_run >= k.success_threshold {
+                    self.set_ready(&name, true);
+                }
+            } else {
+                fail_run += 1;
+                ok_run = 0;
+                if fail_run >= k.failure_threshold {
+                    self.set_ready(&name, false);
+                }
+            }
+        }
+    }
+
+    /// The configured `preStop` hook against the Pod's admin port, and what it returned.
+    async fn pre_stop(&self, ns: &str, admin: SocketAddr) -> Option<String> {
+        match &self.kubelet.pre_stop {
+            PreStop::None => None,
+            PreStop::HttpGet(path) => Some(match http_get(admin, path, self.kubelet.grace).await {
+                Ok(code) => format!("httpGet {path}: {code}"),
+                Err(e) => format!("httpGet {path}: {e}"),
+            }),
+            PreStop::Exec => {
+                let out = tokio::process::Command::new("ip")
+                    .args(["netns", "exec", ns])
+                    .arg(&self.server.bin)
+                    .args(["prestop", "--admin", &admin.to_string()])
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .await;
+                Some(match out {
+                    Ok(o) => format!("exec prestop: {}", o.status),
+                    Err(e) => format!("exec prestop: {e}"),
+                })
+            }
+            PreStop::Sleep(d) => {
+                tokio::time::sleep(*d).await;
+                Some(format!("sleep {}ms", d.as_millis()))
+            }
+        }
     }
 
     pub(in crate::cluster) fn finish(

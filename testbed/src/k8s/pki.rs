@@ -58,72 +58,7 @@ pub(super) fn kubeconfig(server: &str, ca: &Path, user: &str, token: &str) -> St
 pub(super) fn pki(dir: &Path) -> Result<(Credentials, PathBuf), NetError> {
     let pki = dir.join("pki");
     std::fs::create_dir_all(&pki).map_err(|e| NetError(format!("{}: {e}", pki.display())))?;
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
-    let mut ca_args = vec!["req", "-x509", "-nodes", "-days", "2"];
-    ca_args.extend_from_slice(&ec);
-    ca_args.extend_from_slice(&[
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-subj",
-        "/CN=lameduck-testbed-ca",
-    ]);
-    openssl(&pki, &ca_args)?;
-    let mut csr_args = vec!["req", "-nodes"];
-    csr_args.extend_from_slice(&ec);
-    csr_args.extend_from_slice(&[
-        "-keyout",
-        "apiserver.key",
-        "-out",
-        "apiserver.csr",
-        "-subj",
-        "/CN=kube-apiserver",
-    ]);
-    openssl(&pki, &csr_args)?;
-    write(
-        &pki.join("apiserver.ext"),
-        &format!(
-            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:{NODE_CLIENT_IP},IP:127.0.0.1,IP:{KUBERNETES_SERVICE_IP},DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost\n"
-        ),
-    )?;
-    openssl(
-        &pki,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "apiserver.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "apiserver.ext",
-            "-out",
-            "apiserver.crt",
-        ],
-    )?;
-    openssl(
-        &pki,
-        &[
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-out",
-            "sa.key",
-        ],
-    )?;
-    openssl(
-        &pki,
-        &["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"],
-    )?;
-
+    keys_and_certificates(&pki)?;
     let ca = pki.join("ca.crt");
     let local = format!("https://127.0.0.1:{API_PORT}");
     let (admin, kubelet, kcm, proxy) = (token()?, token()?, token()?, token()?);
@@ -169,4 +104,73 @@ pub(super) fn pki(dir: &Path) -> Result<(Credentials, PathBuf), NetError> {
         ),
     )?;
     Ok((creds, pki))
+}
+
+/// The CA, the API server's serving certificate and the ServiceAccount key pair, made with
+/// `openssl` in `pki`.
+fn keys_and_certificates(pki: &Path) -> Result<(), NetError> {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+    let mut ca_args = vec!["req", "-x509", "-nodes", "-days", "2"];
+    ca_args.extend_from_slice(&ec);
+    ca_args.extend_from_slice(&[
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=lameduck-testbed-ca",
+    ]);
+    openssl(pki, &ca_args)?;
+    let mut csr_args = vec!["req", "-nodes"];
+    csr_args.extend_from_slice(&ec);
+    csr_args.extend_from_slice(&[
+        "-keyout",
+        "apiserver.key",
+        "-out",
+        "apiserver.csr",
+        "-subj",
+        "/CN=kube-apiserver",
+    ]);
+    openssl(pki, &csr_args)?;
+    write(
+        &pki.join("apiserver.ext"),
+        &format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:{NODE_CLIENT_IP},IP:127.0.0.1,IP:{KUBERNETES_SERVICE_IP},DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost\n"
+        ),
+    )?;
+    openssl(
+        pki,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "apiserver.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "apiserver.ext",
+            "-out",
+            "apiserver.crt",
+        ],
+    )?;
+    openssl(
+        pki,
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-out",
+            "sa.key",
+        ],
+    )?;
+    openssl(pki, &["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
+
+    Ok(())
 }

@@ -173,8 +173,6 @@ impl Real {
         pod: &Pod,
         c: &Container,
     ) -> Result<Option<PathBuf>, NetError> {
-        use k8s_openapi::api::authentication::v1::TokenRequest;
-        use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
         let name = pod.metadata.name.clone().unwrap_or_default();
         let spec = pod.spec.clone().unwrap_or_default();
         let Some((vol, sources)) = spec.volumes.iter().flatten().find_map(|v| {
@@ -211,44 +209,7 @@ impl Real {
             .clone()
             .unwrap_or_else(|| "default".into());
         for src in &sources {
-            if let Some(t) = &src.service_account_token {
-                let req: TokenRequest = serde_json::from_value(json!({
-                    "spec": {
-                        "audiences": t.audience.iter().collect::<Vec<_>>(),
-                        "expirationSeconds": t.expiration_seconds.unwrap_or(3607),
-                        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name,
-                                           "uid": pod.metadata.uid.clone().unwrap_or_default()},
-                    }
-                }))
-                .map_err(err("token request"))?;
-                let tr = Api::<ServiceAccount>::namespaced(self.kubelet.clone(), NAMESPACE)
-                    .create_token_request(&sa, &PostParams::default(), &req)
-                    .await
-                    .map_err(err("request the ServiceAccount token"))?;
-                let token = tr.status.map(|s| s.token).unwrap_or_default();
-                write_file(&target.join(&t.path), &token)?;
-            }
-            if let Some(cm) = &src.config_map {
-                let map = Api::<ConfigMap>::namespaced(self.kubelet.clone(), NAMESPACE)
-                    .get(&cm.name)
-                    .await
-                    .map_err(err("read the CA ConfigMap"))?;
-                let data = map.data.unwrap_or_default();
-                for item in cm.items.iter().flatten() {
-                    if let Some(v) = data.get(&item.key) {
-                        write_file(&target.join(&item.path), v)?;
-                    }
-                }
-            }
-            if let Some(d) = &src.downward_api {
-                for item in d.items.iter().flatten() {
-                    if item.field_ref.as_ref().map(|f| f.field_path.as_str())
-                        == Some("metadata.namespace")
-                    {
-                        write_file(&target.join(&item.path), NAMESPACE)?;
-                    }
-                }
-            }
+            self.project_source(pod, &sa, src, &target).await?;
         }
         self.record(
             "volume",
@@ -256,6 +217,59 @@ impl Real {
             format!("{mount}: token, ca.crt, namespace"),
         );
         Ok(Some(run))
+    }
+
+    /// One source of a projected ServiceAccount volume written under `target`: the token,
+    /// the CA ConfigMap's items, the namespace.
+    async fn project_source(
+        &self,
+        pod: &Pod,
+        sa: &str,
+        src: &k8s_openapi::api::core::v1::VolumeProjection,
+        target: &Path,
+    ) -> Result<(), NetError> {
+        use k8s_openapi::api::authentication::v1::TokenRequest;
+        use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        if let Some(t) = &src.service_account_token {
+            let req: TokenRequest = serde_json::from_value(json!({
+                "spec": {
+                    "audiences": t.audience.iter().collect::<Vec<_>>(),
+                    "expirationSeconds": t.expiration_seconds.unwrap_or(3607),
+                    "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name,
+                                       "uid": pod.metadata.uid.clone().unwrap_or_default()},
+                }
+            }))
+            .map_err(err("token request"))?;
+            let tr = Api::<ServiceAccount>::namespaced(self.kubelet.clone(), NAMESPACE)
+                .create_token_request(sa, &PostParams::default(), &req)
+                .await
+                .map_err(err("request the ServiceAccount token"))?;
+            let token = tr.status.map(|s| s.token).unwrap_or_default();
+            write_file(&target.join(&t.path), &token)?;
+        }
+        if let Some(cm) = &src.config_map {
+            let map = Api::<ConfigMap>::namespaced(self.kubelet.clone(), NAMESPACE)
+                .get(&cm.name)
+                .await
+                .map_err(err("read the CA ConfigMap"))?;
+            let data = map.data.unwrap_or_default();
+            for item in cm.items.iter().flatten() {
+                if let Some(v) = data.get(&item.key) {
+                    write_file(&target.join(&item.path), v)?;
+                }
+            }
+        }
+        if let Some(d) = &src.downward_api {
+            for item in d.items.iter().flatten() {
+                if item.field_ref.as_ref().map(|f| f.field_path.as_str())
+                    == Some("metadata.namespace")
+                {
+                    write_file(&target.join(&item.path), NAMESPACE)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The container's environment as kubelet builds it: literal values, downward-API fields,
