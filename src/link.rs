@@ -14,6 +14,8 @@
 //! - One std mutex, never held across an await or while calling out; every write bumps the
 //!   generation so a waiting driver re-reads.
 
+#[cfg(feature = "kube")]
+mod kube;
 mod startup;
 
 use std::sync::Mutex;
@@ -29,19 +31,18 @@ use crate::sync::MutexExt;
 
 /// Where the slice evidence stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
+// Without `kube` only the first two are made; the readers match every variant in every build.
+#[cfg_attr(not(feature = "kube"), allow(dead_code))]
 pub(crate) enum Source {
     /// Built without the `kube` feature.
     NotBuilt,
     /// Built with it, but no `EndpointWatch` was started.
     NotStarted,
     /// Started; the first list has not answered yet.
-    #[cfg(feature = "kube")]
     Connecting,
     /// Listed and watching.
-    #[cfg(feature = "kube")]
     Watching,
     /// The API refused or could not be reached: why.
-    #[cfg(feature = "kube")]
     Unavailable(String),
 }
 
@@ -120,10 +121,6 @@ pub(crate) struct Early {
     pub(crate) detail: String,
 }
 
-/// At most this many events from before the trigger are kept (the latest ones).
-#[cfg(feature = "kube")]
-const EARLY_LIMIT: usize = 16;
-
 struct State {
     source: Source,
     /// The configured allowance, or the default when not `configured`.
@@ -174,11 +171,6 @@ impl Link {
         self.state.locked()
     }
 
-    #[cfg(feature = "kube")]
-    fn bump(&self) {
-        self.generation.send_modify(|g| *g = g.wrapping_add(1));
-    }
-
     /// Changes whenever the link does: the driver waits on it next to its deadlines.
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.generation.subscribe()
@@ -203,31 +195,6 @@ impl Link {
         }
     }
 
-    #[cfg(feature = "kube")]
-    pub(crate) fn set_source(&self, source: Source) {
-        self.lock().source = source;
-        self.bump();
-    }
-
-    /// The proxy allowance: `configured` by the user, or the default used when nothing is
-    /// measured at startup (measuring starts now).
-    #[cfg(feature = "kube")]
-    pub(crate) fn set_allowance(&self, allowance: Duration, configured: bool) {
-        {
-            let mut st = self.lock();
-            st.allowance = allowance;
-            st.configured = configured;
-        }
-        self.startup.arm();
-        self.bump();
-    }
-
-    /// The startup measurement of this Pod's proxy delay (feature `kube`).
-    #[cfg(feature = "kube")]
-    pub(crate) fn startup(&self) -> &Startup {
-        &self.startup
-    }
-
     /// A new connection accepted before the trigger: a sample of the proxies' delay while
     /// the startup measurement runs, one relaxed load otherwise.
     #[inline]
@@ -247,49 +214,8 @@ impl Link {
         }
     }
 
-    #[cfg(feature = "kube")]
-    pub(crate) fn set_routing(&self, routing: Routing) {
-        let changed = {
-            let mut st = self.lock();
-            let changed = st.routing != routing;
-            st.routing = routing;
-            changed
-        };
-        if changed {
-            self.bump();
-        }
-    }
-
-    /// Records the deletion's kill time; `true` if it tightened the budget.
-    #[cfg(feature = "kube")]
-    pub(crate) fn tighten(&self, kill: Kill) -> bool {
-        let tightened = {
-            let mut st = self.lock();
-            match st.kill {
-                Some(k) if k.at <= kill.at => false,
-                _ => {
-                    st.kill = Some(kill);
-                    true
-                }
-            }
-        };
-        if tightened {
-            self.bump();
-        }
-        tightened
-    }
-
     pub(crate) fn kill(&self) -> Option<Kill> {
         self.lock().kill
-    }
-
-    #[cfg(feature = "kube")]
-    pub(crate) fn push_early(&self, e: Early) {
-        let mut st = self.lock();
-        if st.early.len() == EARLY_LIMIT {
-            st.early.remove(0);
-        }
-        st.early.push(e);
     }
 
     pub(crate) fn take_early(&self) -> Vec<Early> {
@@ -301,13 +227,9 @@ impl Link {
         let st = self.lock();
         match st.source {
             Source::NotBuilt | Source::NotStarted => Hold::None,
-            #[cfg(feature = "kube")]
             Source::Unavailable(_) => Hold::None,
-            #[cfg(feature = "kube")]
             Source::Connecting => Hold::Pending,
-            #[cfg(feature = "kube")]
             Source::Watching if st.routing.slices.is_empty() => Hold::None,
-            #[cfg(feature = "kube")]
             Source::Watching => match st.routing.unrouted_since {
                 Some(at) => match self.allowance(&st) {
                     (a, AllowanceSource::Default) => Hold::Floor(at + a),
@@ -325,11 +247,8 @@ impl Link {
         match &st.source {
             Source::NotBuilt => Some("the kube feature is not built".to_owned()),
             Source::NotStarted => Some("no EndpointWatch was started".to_owned()),
-            #[cfg(feature = "kube")]
             Source::Connecting => Some("the Kubernetes API had not answered yet".to_owned()),
-            #[cfg(feature = "kube")]
             Source::Unavailable(why) => Some(why.clone()),
-            #[cfg(feature = "kube")]
             Source::Watching if st.routing.slices.is_empty() => {
                 Some(if st.routing.publish_not_ready.is_empty() {
                     "no EndpointSlice lists this Pod's addresses".to_owned()
@@ -337,7 +256,6 @@ impl Link {
                     "every Service listing this Pod publishes not-ready addresses".to_owned()
                 })
             }
-            #[cfg(feature = "kube")]
             Source::Watching => None,
         }
     }
@@ -402,15 +320,8 @@ impl Link {
     }
 
     /// Listed and watching: the slice evidence is worth reporting, used or not.
-    #[cfg(feature = "kube")]
     pub(crate) fn is_watching(&self) -> bool {
         self.lock().source == Source::Watching
-    }
-
-    /// Without the `kube` feature nothing watches.
-    #[cfg(not(feature = "kube"))]
-    pub(crate) fn is_watching(&self) -> bool {
-        false
     }
 }
 
@@ -424,24 +335,5 @@ fn signed_ms(at: Instant, origin: Instant) -> i64 {
             let before = origin.duration_since(at);
             -(before.as_nanos().div_ceil(1_000_000) as i64)
         }
-    }
-}
-
-#[cfg(all(test, not(lameduck_loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_budget_only_tightens() {
-        let link = Link::new();
-        let now = Instant::now();
-        let k = |s| Kill {
-            at: now + Duration::from_secs(s),
-            grace: Duration::from_secs(s),
-        };
-        assert!(link.tighten(k(10)));
-        assert!(!link.tighten(k(20)));
-        assert!(link.tighten(k(3)));
-        assert_eq!(link.kill().unwrap().grace, Duration::from_secs(3));
     }
 }

@@ -175,7 +175,7 @@ impl Startup {
     }
 }
 
-#[cfg(all(test, not(lameduck_loom)))]
+#[cfg(all(test, feature = "kube", feature = "http", not(lameduck_loom)))]
 mod tests {
     use super::*;
 
