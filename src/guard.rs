@@ -32,6 +32,8 @@ use crate::observed::Observed;
 use crate::phase::Phase;
 use crate::sync::MutexExt;
 
+#[cfg(feature = "http")]
+mod http;
 mod registry;
 
 use registry::Registry;
@@ -54,41 +56,10 @@ pub(crate) struct Core {
     /// The option sets of this coordinator's drain layers, found by a guard's tag; read only
     /// while draining. What they are is the HTTP layer's business (`server::options`).
     #[cfg(feature = "http")]
-    pub(crate) layer_options: TagTable,
+    pub(crate) layer_options: http::TagTable,
 }
 
 const NO_SLOT: u32 = u32::MAX;
-
-/// What an add-on keeps per coordinator and finds by a guard's tag (the HTTP layer's option
-/// sets): leaked entries, in the order they were added. The hot-path block holds them without
-/// knowing their type; the add-on that added them downcasts. Written when a layer is built,
-/// read only while draining.
-#[cfg(feature = "http")]
-#[derive(Default)]
-pub(crate) struct TagTable(std::sync::RwLock<Vec<&'static (dyn std::any::Any + Send + Sync)>>);
-
-#[cfg(feature = "http")]
-impl TagTable {
-    /// The entries, to find one or add one under the write lock.
-    pub(crate) fn write(
-        &self,
-    ) -> std::sync::RwLockWriteGuard<'_, Vec<&'static (dyn std::any::Any + Send + Sync)>> {
-        crate::sync::RwLockExt::write_locked(&self.0)
-    }
-
-    /// The entry at `i` (from 0).
-    pub(crate) fn get(&self, i: usize) -> Option<&'static (dyn std::any::Any + Send + Sync)> {
-        crate::sync::RwLockExt::read_locked(&self.0).get(i).copied()
-    }
-}
-
-#[cfg(feature = "http")]
-impl fmt::Debug for TagTable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = crate::sync::RwLockExt::read_locked(&self.0).len();
-        f.debug_struct("TagTable").field("entries", &n).finish()
-    }
-}
 
 /// Where a guard counts; leaked, so that a guard is one `&'static` reference. See the module
 /// docs.
@@ -121,21 +92,6 @@ impl Site {
     pub(crate) fn enter(&'static self) -> (InFlightGuard, bool) {
         let draining = self.core.counter.enter();
         (InFlightGuard { site: self }, draining)
-    }
-
-    /// The coordinator's hot-path block.
-    #[inline]
-    #[cfg(feature = "http")] // the `http` feature's layer only
-    pub(crate) fn core(&self) -> &'static Core {
-        self.core
-    }
-
-    /// The HTTP layer's tag (see [`Site`]).
-    #[cfg(feature = "http")] // the `http` feature's layer only
-    pub(crate) fn tag(&self) -> u32 {
-        // Relaxed: a plain site's tag never changes; an entry site's was set under the
-        // registry's lock before its holder got the site.
-        self.tag.load(Ordering::Relaxed)
     }
 }
 
@@ -194,14 +150,6 @@ impl Core {
         &self.observed
     }
 
-    /// Takes a guard that is not an arrival: no activity is recorded for the propagation
-    /// policy (a response waiting for its reader, a connection being polled).
-    #[inline]
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn hold(&'static self) -> InFlightGuard {
-        self.plain().enter().0
-    }
-
     pub(crate) fn wake_zero(&self) {
         self.zero.notify_waiters();
     }
@@ -242,47 +190,6 @@ pub struct InFlightGuard {
     /// One pointer: a guard is 8 bytes, so the HTTP layer's response (head, body and guard)
     /// stays small enough to be moved without a call to `memcpy`.
     site: &'static Site,
-}
-
-impl InFlightGuard {
-    /// Registers what this guard counts, for the straggler list. Only called while draining.
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn describe(&mut self, info: RequestInfo) {
-        if !self.is_described() {
-            self.site = self.site.core.register(info, self.tag());
-        }
-    }
-
-    /// Moves this guard to an entry site registered by [`Core::register`] for the request it
-    /// counts, so that its drop unregisters the entry. A guard already described keeps its own
-    /// entry, and `entry` is released at once.
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn adopt(&mut self, entry: &'static Site) {
-        if self.is_described() {
-            self.site.core.unregister(entry.slot);
-        } else {
-            self.site = entry;
-        }
-    }
-
-    /// `true` once [`describe`](Self::describe) registered this guard.
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn is_described(&self) -> bool {
-        self.site.slot != NO_SLOT
-    }
-
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn core(&self) -> &'static Core {
-        self.site.core
-    }
-
-    /// The HTTP layer's tag of the request this guard counts (see [`Site`]).
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn tag(&self) -> u32 {
-        self.site.tag()
-    }
 }
 
 impl fmt::Debug for InFlightGuard {

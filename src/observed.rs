@@ -16,8 +16,6 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-#[cfg(feature = "http")]
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -27,6 +25,8 @@ use tokio::time::Instant;
 use crate::sync::MutexExt;
 
 mod arrivals;
+#[cfg(feature = "http")]
+mod http;
 
 pub(crate) use arrivals::{slot_of, Arrivals, PathId, RING, SLOT};
 
@@ -109,77 +109,6 @@ impl Observed {
         self.connections.load(Ordering::Relaxed)
     }
 
-    /// A connection opened.
-    #[cfg(feature = "http")]
-    #[inline]
-    pub(crate) fn connection_opened(&self) {
-        self.connections.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A connection closed.
-    #[cfg(feature = "http")]
-    #[inline]
-    pub(crate) fn connection_closed(&self) {
-        self.connections.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Counts a new connection from `peer` in its path's arrival ring (Serving or not) and
-    /// returns the path, for the connection to count its requests on: a few relaxed atomic
-    /// operations, once per connection, never per request.
-    #[inline]
-    #[cfg(feature = "http")]
-    pub(crate) fn note_arrival(&self, peer: Option<IpAddr>) -> PathId {
-        let path = self.arrivals.path_of(peer);
-        self.arrivals
-            .record(path, slot_of(self.base, Instant::now()));
-        path
-    }
-
-    /// A connection of `path` accepted at `accepted` closed: no longer open on it; when it
-    /// closed while Serving after `few` requests, a fresh connection in its slot; when it was
-    /// open at the drain's start and not `told` to close, one that left by itself.
-    #[cfg(feature = "http")]
-    pub(crate) fn connection_ended(&self, path: PathId, accepted: Instant, told: bool, few: bool) {
-        self.arrivals.closed(path);
-        match self.drain_started() {
-            None if few => self
-                .arrivals
-                .closed_fresh(path, slot_of(self.base, accepted)),
-            None => {}
-            Some(start) if accepted < start && !told => self.arrivals.left(path),
-            Some(_) => {}
-        }
-    }
-
-    /// A connection of `path` open at the drain's start (`start`) was told to close now.
-    #[cfg(feature = "http")]
-    pub(crate) fn connection_told(&self, path: PathId, start: Instant) {
-        self.arrivals
-            .told(path, Instant::now().saturating_duration_since(start));
-    }
-
-    /// Counts a request of `path` in the arrival ring: the clock read, and one relaxed load
-    /// of the ring entry of the slot (a write only for the first request of a slot).
-    #[inline]
-    #[cfg(feature = "http")] // `serve`'s and `axum::serve`'s per-connection service only
-    pub(crate) fn note_request_arrival(&self, path: PathId) {
-        let slot = slot_of(self.base, Instant::now());
-        self.arrivals.note_request(path, slot);
-    }
-
-    /// Connection data is counted from now on (the accept loop starts).
-    #[cfg(feature = "http")] // called by the accept loop
-    pub(crate) fn observe_arrivals(&self) {
-        self.arrivals.observe_from(self.stamp(Instant::now()));
-    }
-
-    /// Connection data is counted from the coordinator's build (a server other than `serve`,
-    /// which runs from then on; slots before Serving are left out anyway).
-    #[cfg(feature = "http")]
-    pub(crate) fn observe_arrivals_from_build(&self) {
-        self.arrivals.observe_from(1);
-    }
-
     /// The phase moved to Serving: slots before it say nothing about routing.
     pub(crate) fn mark_serving(&self) {
         let _ = self.serving_since.compare_exchange(
@@ -207,15 +136,6 @@ impl Observed {
         (v != 0).then(|| self.base + Duration::from_nanos(v - 1))
     }
 
-    /// [`record_activity`](Self::record_activity) for a request that arrived while draining,
-    /// out of line (the HTTP layer's cold path).
-    #[cfg(feature = "http")] // the `http` feature's layer only
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn note_request_activity(&self) {
-        self.record_activity();
-    }
-
     pub(crate) fn record_activity(&self) {
         let now = self.stamp(Instant::now());
         // Relaxed: a timestamp read by the propagation policy, which tolerates staleness of a
@@ -235,47 +155,6 @@ impl Observed {
         #[cfg(feature = "http")]
         self.drain_started
             .store(self.stamp(Instant::now()), Ordering::Release);
-    }
-
-    /// When the drain started, once the stamp is visible (see `mark_drain_started`).
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn drain_started(&self) -> Option<Instant> {
-        self.unstamp(self.drain_started.load(Ordering::Acquire))
-    }
-
-    /// A new connection accepted while draining.
-    #[cfg(feature = "http")] // called by the accept loop
-    pub(crate) fn note_connection(&self, peer: Option<SocketAddr>, path: PathId) {
-        let now = self.stamp(Instant::now());
-        self.arrivals.after_drain(path, now);
-        self.last_activity.fetch_max(now, Ordering::Relaxed);
-        let af = &self.after_flip;
-        af.new_connections.fetch_add(1, Ordering::Relaxed);
-        af.last_new_connection.fetch_max(now, Ordering::Relaxed);
-        if let Some(peer) = peer {
-            *af.peers.locked().entry(peer.ip()).or_insert(0) += 1;
-        }
-    }
-
-    /// A request that arrived while draining, on a new or a reused connection.
-    #[cfg(feature = "http")] // called by the HTTP layer
-    pub(crate) fn note_request(&self, on_new_connection: bool) {
-        let c = if on_new_connection {
-            &self.after_flip.requests_on_new
-        } else {
-            &self.after_flip.requests_on_reused
-        };
-        c.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A request that arrived while draining carried this traffic-path label. Only while
-    /// draining (the layer's cold path), so a short lock is fine.
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
-    pub(crate) fn note_path(&self, label: &[u8], on_new_connection: bool) {
-        self.after_flip
-            .paths
-            .locked()
-            .note(label, on_new_connection);
     }
 
     /// The after-drain counts now. Relaxed: plain statistics.

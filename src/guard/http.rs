@@ -1,0 +1,96 @@
+//! What only the HTTP side (`lameduck::serve`'s accept loop and connections, the drain layer)
+//! uses of the hot-path block: the layers' option table, a guard's tag, its description for
+//! the straggler list.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+
+use super::{Core, InFlightGuard, RequestInfo, Site, NO_SLOT};
+
+/// What an add-on keeps per coordinator and finds by a guard's tag (the HTTP layer's option
+/// sets): leaked entries, in the order they were added. The hot-path block holds them without
+/// knowing their type; the add-on that added them downcasts. Written when a layer is built,
+/// read only while draining.
+#[derive(Default)]
+pub(crate) struct TagTable(std::sync::RwLock<Vec<&'static (dyn std::any::Any + Send + Sync)>>);
+
+impl TagTable {
+    /// The entries, to find one or add one under the write lock.
+    pub(crate) fn write(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, Vec<&'static (dyn std::any::Any + Send + Sync)>> {
+        crate::sync::RwLockExt::write_locked(&self.0)
+    }
+
+    /// The entry at `i` (from 0).
+    pub(crate) fn get(&self, i: usize) -> Option<&'static (dyn std::any::Any + Send + Sync)> {
+        crate::sync::RwLockExt::read_locked(&self.0).get(i).copied()
+    }
+}
+
+impl fmt::Debug for TagTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = crate::sync::RwLockExt::read_locked(&self.0).len();
+        f.debug_struct("TagTable").field("entries", &n).finish()
+    }
+}
+
+impl Site {
+    /// The coordinator's hot-path block.
+    #[inline]
+    pub(crate) fn core(&self) -> &'static Core {
+        self.core
+    }
+
+    /// The HTTP layer's tag (see [`Site`]).
+    pub(crate) fn tag(&self) -> u32 {
+        // Relaxed: a plain site's tag never changes; an entry site's was set under the
+        // registry's lock before its holder got the site.
+        self.tag.load(Ordering::Relaxed)
+    }
+}
+
+impl Core {
+    /// Takes a guard that is not an arrival: no activity is recorded for the propagation
+    /// policy (a response waiting for its reader, a connection being polled).
+    #[inline]
+    pub(crate) fn hold(&'static self) -> InFlightGuard {
+        self.plain().enter().0
+    }
+}
+
+impl InFlightGuard {
+    /// Registers what this guard counts, for the straggler list. Only called while draining.
+    pub(crate) fn describe(&mut self, info: RequestInfo) {
+        if !self.is_described() {
+            self.site = self.site.core.register(info, self.tag());
+        }
+    }
+
+    /// Moves this guard to an entry site registered by [`Core::register`] for the request it
+    /// counts, so that its drop unregisters the entry. A guard already described keeps its own
+    /// entry, and `entry` is released at once.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn adopt(&mut self, entry: &'static Site) {
+        if self.is_described() {
+            self.site.core.unregister(entry.slot);
+        } else {
+            self.site = entry;
+        }
+    }
+
+    /// `true` once [`describe`](Self::describe) registered this guard.
+    pub(crate) fn is_described(&self) -> bool {
+        self.site.slot != NO_SLOT
+    }
+
+    pub(crate) fn core(&self) -> &'static Core {
+        self.site.core
+    }
+
+    /// The HTTP layer's tag of the request this guard counts (see [`Site`]).
+    pub(crate) fn tag(&self) -> u32 {
+        self.site.tag()
+    }
+}
