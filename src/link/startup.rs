@@ -20,10 +20,8 @@
 //!   default applies, as a floor.
 
 use std::net::IpAddr;
-#[cfg(feature = "http")]
-use std::net::SocketAddr;
 #[cfg(any(feature = "http", feature = "kube"))]
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -32,12 +30,11 @@ use tokio::time::Instant;
 use crate::report::{PeerDelay, StartupMeasurement};
 use crate::sync::MutexExt;
 
-/// Peers remembered before the listing (to leave them out after it).
 #[cfg(feature = "http")]
-const BEFORE_LIMIT: usize = 64;
-/// Peers measured at most.
-#[cfg(feature = "http")]
-pub(crate) const PEER_LIMIT: usize = 16;
+mod http;
+#[cfg(feature = "kube")]
+mod kube;
+
 /// Connections later than this after the listing are not the proxies catching up.
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 
@@ -62,75 +59,6 @@ pub(crate) struct Startup {
 impl Startup {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.locked()
-    }
-
-    /// The watch started: peers are remembered from now on.
-    #[cfg(feature = "kube")]
-    pub(crate) fn arm(&self) {
-        // Relaxed: a connection that misses the flag by a few nanoseconds is one the watch
-        // could not have placed before or after the listing anyway.
-        self.measuring.store(true, Ordering::Relaxed);
-    }
-
-    /// The watch saw a slice list this Pod ready for the first time.
-    #[cfg(feature = "kube")]
-    pub(crate) fn listed(&self, at: Instant) {
-        let mut st = self.lock();
-        if st.listed_at.is_none() && st.unmeasurable.is_none() {
-            st.listed_at = Some(at);
-        }
-    }
-
-    /// The slices already listed this Pod ready when the watch first read them.
-    #[cfg(feature = "kube")]
-    pub(crate) fn unmeasurable(&self, why: String) {
-        let mut st = self.lock();
-        if st.listed_at.is_none() && st.unmeasurable.is_none() {
-            st.unmeasurable = Some(why);
-            self.measuring.store(false, Ordering::Relaxed);
-        }
-    }
-
-    /// A new connection was accepted before the trigger.
-    #[inline]
-    #[cfg(feature = "http")]
-    pub(crate) fn note(&self, peer: Option<SocketAddr>) {
-        if !self.measuring.load(Ordering::Relaxed) {
-            return;
-        }
-        self.note_slow(peer);
-    }
-
-    #[cold]
-    #[cfg(feature = "http")]
-    fn note_slow(&self, peer: Option<SocketAddr>) {
-        let Some(ip) = peer.map(|p| p.ip()) else {
-            return;
-        };
-        let now = Instant::now();
-        let mut st = self.lock();
-        match st.listed_at {
-            None => {
-                if st.before.len() < BEFORE_LIMIT && !st.before.contains(&ip) {
-                    st.before.push(ip);
-                }
-            }
-            Some(at) => {
-                let delay = now.saturating_duration_since(at);
-                if delay > WINDOW {
-                    self.measuring.store(false, Ordering::Relaxed);
-                } else if st.before.contains(&ip) {
-                    if !st.left_out.contains(&ip) {
-                        st.left_out.push(ip);
-                    }
-                } else if !st.delays.iter().any(|(p, _)| *p == ip) {
-                    st.delays.push((ip, delay));
-                    if st.delays.len() == PEER_LIMIT {
-                        self.measuring.store(false, Ordering::Relaxed);
-                    }
-                }
-            }
-        }
     }
 
     /// The largest delay measured, if any.
@@ -177,6 +105,8 @@ impl Startup {
 
 #[cfg(all(test, feature = "kube", feature = "http", not(lameduck_loom)))]
 mod tests {
+    use std::net::SocketAddr;
+
     use super::*;
 
     fn peer(s: &str) -> Option<SocketAddr> {
