@@ -274,33 +274,26 @@ impl Cluster {
         max_unavailable: usize,
         deadline: Duration,
     ) -> Result<Vec<String>, NetError> {
-        let replicas = old.len();
-        let mut remaining: Vec<String> = old.to_vec();
-        let mut new: Vec<String> = Vec::new();
-        let give_up = tokio::time::Instant::now() + deadline;
-        loop {
-            let new_ready = new.iter().filter(|n| self.available(n)).count();
-            if remaining.is_empty() && new_ready == replicas {
-                return Ok(new);
-            }
-            if tokio::time::Instant::now() > give_up {
-                return Err(NetError(format!(
-                    "rollout did not finish in {deadline:?}: {new_ready} of {replicas} new Pods ready"
-                )));
-            }
-            while new.len() < replicas && new.len() + remaining.len() < replicas + max_surge {
-                new.push(self.create_pod()?);
-            }
-            let mut available = new_ready + remaining.iter().filter(|n| self.available(n)).count();
-            while !remaining.is_empty() && available + max_unavailable > replicas {
-                let victim = remaining.remove(0);
-                if self.available(&victim) {
-                    available -= 1;
-                }
-                self.delete(&victim);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        crate::rollout::rolling_update(self, old, max_surge, max_unavailable, deadline).await
+    }
+}
+
+impl crate::rollout::Pods for Arc<Cluster> {
+    fn available(&self, name: &str) -> bool {
+        Cluster::available(self, name)
+    }
+
+    async fn create(&self, _index: usize) -> Result<String, NetError> {
+        self.create_pod()
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), NetError> {
+        Cluster::delete(self, name);
+        Ok(())
+    }
+
+    async fn changed(&self) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -20,6 +20,7 @@ pub mod matrix;
 pub mod net;
 pub mod proxy;
 pub mod real;
+mod rollout;
 
 pub use cell::{run_cell, CellConfig, CellResult, Rollout, Server, Shape, Stack};
 pub use proxy::Backend;

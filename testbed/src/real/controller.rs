@@ -339,37 +339,42 @@ impl Real {
         max_unavailable: usize,
         deadline: Duration,
     ) -> Result<Vec<String>, NetError> {
-        let replicas = old.len();
-        let mut remaining: Vec<String> = old.to_vec();
-        let mut new: Vec<String> = Vec::new();
-        let give_up = tokio::time::Instant::now() + deadline;
-        loop {
-            let new_ready = new.iter().filter(|n| self.available(n)).count();
-            if remaining.is_empty() && new_ready == replicas {
-                return Ok(new);
-            }
-            if tokio::time::Instant::now() > give_up {
-                return Err(NetError(format!(
-                    "rollout did not finish in {deadline:?}: {new_ready} of {replicas} new Pods ready"
-                )));
-            }
-            while new.len() < replicas && new.len() + remaining.len() < replicas + max_surge {
-                let name = format!("pod-{}", first_new + new.len());
-                self.create_pod(&name, template).await?;
-                new.push(name);
-            }
-            let mut available = new_ready + remaining.iter().filter(|n| self.available(n)).count();
-            while !remaining.is_empty() && available + max_unavailable > replicas {
-                let victim = remaining.remove(0);
-                if self.available(&victim) {
-                    available -= 1;
-                }
-                self.delete_pod(&victim).await?;
-            }
-            tokio::select! {
-                () = self.pods_changed.notified() => {}
-                () = tokio::time::sleep(Duration::from_millis(100)) => {}
-            }
+        let pods = RealPods {
+            real: self,
+            template,
+            first_new,
+        };
+        crate::rollout::rolling_update(&pods, old, max_surge, max_unavailable, deadline).await
+    }
+}
+
+/// The real stack's Pods for a rolling update: created from `template` as `pod-<first_new>`,
+/// `pod-<first_new + 1>`, …, deleted through the API, changes seen through the watch.
+struct RealPods<'a> {
+    real: &'a Real,
+    template: &'a PodTemplate,
+    first_new: usize,
+}
+
+impl crate::rollout::Pods for RealPods<'_> {
+    fn available(&self, name: &str) -> bool {
+        self.real.available(name)
+    }
+
+    async fn create(&self, index: usize) -> Result<String, NetError> {
+        let name = format!("pod-{}", self.first_new + index);
+        self.real.create_pod(&name, self.template).await?;
+        Ok(name)
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), NetError> {
+        self.real.delete_pod(name).await
+    }
+
+    async fn changed(&self) {
+        tokio::select! {
+            () = self.real.pods_changed.notified() => {}
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
     }
 }
