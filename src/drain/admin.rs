@@ -24,13 +24,14 @@ impl Drain {
             wait,
             weak = weak.as_str(),
             max_ms,
-            "lameduck: /drain waits for the propagation max: too little traffic to measure"
+            "lameduck: /drain waits for the propagation max unless the traffic during the drain says more: too little traffic to measure so far"
         );
         if !tracing::dispatcher::has_been_set() {
             let line = format!(
                 "lameduck: /drain (wait={wait}) answers when the drain is done: too little traffic to \
-                 measure propagation ({}), so it waits for max, {max_ms} ms after the trigger; \
-                 `/drain?wait=none` answers at once, `/status` shows the drain\n",
+                 measure propagation ({}) so far, so it waits for max, {max_ms} ms after the \
+                 trigger, unless the traffic during the drain says more; `/drain?wait=none` \
+                 answers at once, `/status` shows the drain\n",
                 weak.as_str()
             );
             // Bounded, and off the runtime: a stalled stderr must not hold the answer.
