@@ -129,3 +129,60 @@ fn a_dense_fast_proxy_does_not_prove_a_slow_one() {
     let s = simulate_scenario(&sc, RUNS, 33);
     assert_eq!(s.lost, 0, "{s:?}");
 }
+
+#[test]
+fn a_drain_that_cannot_say_at_the_trigger_looks_again_and_commits_on_what_came_after() {
+    // The datapath's cell behind kube-proxy 8 s late: one peer with four kept connections
+    // (20 requests/s on them) and a fresh connection every 4 s — too sparse to judge at the
+    // trigger. Through a proxy that still routes here the pool reconnects at every request
+    // (20 new connections/s for 4 s, far beyond the reconnect wave of four): the path routes
+    // per request, its rate is clear, then it goes silent. The drain must commit on that
+    // silence, not sleep to `max` (15 s) because the first check could not say.
+    use lameduck::__private::evidence_sim::{drain, Arrival, What};
+    use lameduck::report::{EvidenceKind, PathRouting};
+    use lameduck::Propagation;
+    use std::time::Duration;
+
+    let ms = Duration::from_millis;
+    let trigger = ms(30_000);
+    let mut trace = Vec::new();
+    for c in 0..4u64 {
+        trace.push(Arrival::new(ms(100 + c), 0, What::Open));
+    }
+    for k in 1..1_200u64 {
+        // Requests on the kept connections, 20/s, up to the trigger.
+        let at = ms(200 + 25 * k);
+        if at < trigger {
+            trace.push(Arrival::new(at, 0, What::Request));
+        }
+    }
+    for k in 0..8u64 {
+        trace.push(Arrival::new(ms(1_000 + 4_000 * k), 0, What::Fresh));
+    }
+    // After the trigger: each kept connection's next request is told to close, and closes.
+    for c in 0..4u64 {
+        trace.push(Arrival::new(trigger + ms(10 + 20 * c), 0, What::Request));
+        trace.push(Arrival::new(trigger + ms(11 + 20 * c), 0, What::Close));
+    }
+    // The pool reconnecting through a proxy that still routes here, 20/s for 4 s.
+    for k in 0..80u64 {
+        trace.push(Arrival::new(trigger + ms(100 + 50 * k), 0, What::Fresh));
+    }
+    trace.sort_by_key(|a| a.at);
+    let out = drain(
+        &trace,
+        trigger,
+        &Propagation::default(),
+        Duration::from_secs(30),
+    )
+    .expect("the default policy");
+    let ev = &out.evidence;
+    assert_eq!(out.kind(), EvidenceKind::Confidence, "{ev:?}");
+    assert_eq!(ev.paths[0].routing, PathRouting::PerRequest, "{ev:?}");
+    // The last connection at 4.05 s; its slot ends at 4.25 s; two empty slots later: 4.75 s.
+    assert!(
+        out.commit > ms(4_050) && out.commit <= ms(5_500),
+        "committed {:?} after the trigger: {ev:?}",
+        out.commit
+    );
+}
