@@ -10,6 +10,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::report::BudgetReport;
 
 /// The environment variable read for the grace period when the builder is not given one.
 pub const GRACE_PERIOD_ENV: &str = "LAMEDUCK_GRACE_PERIOD";
@@ -195,6 +196,21 @@ impl fmt::Display for DurationDisplay {
             write!(f, "{}ms", d.as_millis())
         } else {
             write!(f, "{:?}", d)
+        }
+    }
+}
+
+/// The budget as the report shows it: converted here, where the budget is defined.
+impl BudgetReport {
+    pub(crate) fn new(budget: &Budget, used: std::time::Duration) -> Self {
+        let grace = budget.grace_period;
+        Self {
+            grace_ms: grace.as_millis() as u64,
+            used_ms: used.as_millis() as u64,
+            remaining_ms: grace.saturating_sub(used).as_millis() as u64,
+            quiesce_ms: budget.quiesce_deadline().as_millis() as u64,
+            close_budget_ms: budget.close_budget.as_millis() as u64,
+            deletion: None,
         }
     }
 }

@@ -18,11 +18,10 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::action::ActionResult;
+use crate::report::{ActionResult, CloserResult};
 use crate::sync::MutexExt;
 
 /// The error type a closer may return.
@@ -143,26 +142,6 @@ impl std::fmt::Debug for Closer {
             .field("name", &self.name)
             .field("options", &self.options)
             .finish()
-    }
-}
-
-/// How one closer went, as recorded in the report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct CloserResult {
-    /// The name given to [`Drain::on_close`](crate::Drain::on_close).
-    pub name: String,
-    /// How long it took, in milliseconds.
-    pub took_ms: u64,
-    /// `ok`, `error: <message>`, `panicked`, `aborted` (cut by a forced exit), `timed_out` or
-    /// `skipped` (no budget left, or the exit was forced before its turn).
-    pub result: ActionResult,
-}
-
-impl CloserResult {
-    /// `true` if the closer returned `Ok`.
-    pub fn is_ok(&self) -> bool {
-        self.result.is_ok()
     }
 }
 

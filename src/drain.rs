@@ -19,8 +19,9 @@ use crate::budget::Budget;
 use crate::driver::ExitHolds;
 use crate::driver::{Driver, Status};
 use crate::guard::{Core, InFlightGuard};
+use crate::phase::ReadinessWhileDraining;
 use crate::phase::{unix_ms_now, Event, Phase, Trigger};
-use crate::readiness::{Caller, ReadinessState, ReadinessWhileDraining};
+use crate::readiness::{Caller, ReadinessState};
 use crate::report::DrainReport;
 use crate::signal::{Receipt, Signals};
 

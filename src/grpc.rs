@@ -41,7 +41,7 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::drain::Drain;
 use crate::phase::Phase;
-use crate::readiness::ReadinessWhileDraining;
+use crate::phase::ReadinessWhileDraining;
 use crate::readiness::{ready_in, Caller};
 use crate::server::StreamStop;
 

@@ -171,9 +171,10 @@ pub mod __private {
     pub use crate::propagation::sim as evidence_sim;
 }
 pub use guard::InFlightGuard;
+pub use phase::ReadinessWhileDraining;
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
-pub use readiness::{Readiness, ReadinessWhileDraining, KNATIVE_PROBE_HEADER, PROBE_HEADER};
+pub use readiness::{Readiness, KNATIVE_PROBE_HEADER, PROBE_HEADER};
 pub use report::DrainReport;
 pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
 pub use tasks::TaskContext;

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::report::{AfterFlipReport, PathCount, PeerCount};
 use crate::sync::MutexExt;
 
 mod arrivals;
@@ -187,5 +188,45 @@ impl Observed {
     pub(crate) fn release(&self) {
         drop(std::mem::take(&mut *self.after_flip.peers.locked()));
         drop(std::mem::take(&mut *self.after_flip.paths.locked()));
+    }
+}
+
+impl Observed {
+    /// What was counted after the drain started at `origin`, as the report shows it.
+    pub(crate) fn after_flip_report(&self, origin: Instant) -> AfterFlipReport {
+        let observed = self;
+        let mut peers: Vec<PeerCount> = observed
+            .peers()
+            .into_iter()
+            .map(|(ip, n)| PeerCount {
+                peer: ip.to_string(),
+                new_connections: n,
+            })
+            .collect();
+        peers.sort_by(|a, b| {
+            b.new_connections
+                .cmp(&a.new_connections)
+                .then(a.peer.cmp(&b.peer))
+        });
+        peers.truncate(10);
+        let counts = observed.after_flip();
+        AfterFlipReport {
+            new_connections: counts.new_connections,
+            requests_on_new_connections: counts.requests_on_new,
+            requests_on_reused_connections: counts.requests_on_reused,
+            last_new_connection_ms: counts
+                .last_new_connection
+                .map(|t| t.saturating_duration_since(origin).as_millis() as u64),
+            peers,
+            paths: observed
+                .paths()
+                .into_iter()
+                .map(|(path, on_new, on_reused)| PathCount {
+                    path,
+                    requests_on_new_connections: on_new,
+                    requests_on_reused_connections: on_reused,
+                })
+                .collect(),
+        }
     }
 }

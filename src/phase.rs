@@ -5,6 +5,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::ConfigError;
+
 /// Where the service is in its life. Phases only move forward.
 ///
 /// ```text
@@ -242,5 +244,82 @@ impl Event {
             count: None,
             code: None,
         }
+    }
+}
+
+/// What `/readyz` says while draining: a policy, because neither answer is right everywhere.
+///
+/// When a Pod is deleted, the EndpointSlice controller marks its endpoint `ready=false`,
+/// `terminating=true` whatever the probe says; `serving` follows the Pod's Ready condition,
+/// i.e. this probe. Proxies ignore terminating endpoints, except that when *every* endpoint of
+/// a Service is terminating, kube-proxy falls back to those still `serving` (a single replica
+/// evicted while its replacement is not ready yet, a scale to zero).
+///
+/// The trade-off: kubelet's probe decides `serving`, which only matters for that fallback, and
+/// `ready` turns false at deletion anyway — so kubelet should see "ready" until the process
+/// stops accepting. A load balancer that probes the Pod directly (a cloud LB, HAProxy) has no
+/// EndpointSlice to tell it: it must see "not ready" from the trigger, or it keeps sending new
+/// work for its whole probe interval. [`Auto`](Self::Auto), the default, answers each by who
+/// asks.
+///
+/// In JSON: `auto`, `not_ready`, `serving_until_stop`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ReadinessWhileDraining {
+    /// By caller (the default): kubelet's probe gets
+    /// [`ServingUntilStop`](Self::ServingUntilStop), which keeps kube-proxy's all-terminating
+    /// fallback; every other caller gets [`NotReady`](Self::NotReady).
+    ///
+    /// `/readyz` takes a caller for kubelet's probe when, in this order: it sends
+    /// `X-Lameduck-Probe: kubelet` ([`PROBE_HEADER`](crate::PROBE_HEADER), set in the probe's `httpHeaders`, which
+    /// survives a mesh that rewrites probes), or Knative's `K-Kubelet-Probe` header
+    /// ([`KNATIVE_PROBE_HEADER`](crate::KNATIVE_PROBE_HEADER)), or a `User-Agent` starting with `kube-probe/` (kubelet's
+    /// own). `X-Lameduck-Probe: load-balancer` and the `User-Agent`s of known load-balancer
+    /// checkers (`GoogleHC/`, `ELB-HealthChecker/`, `Envoy/HC`, …) are classed as load
+    /// balancers; they and everyone else see "not ready" from the trigger. An external checker
+    /// that sends kubelet's `User-Agent` or the header is taken for kubelet. `/status` and the
+    /// report list the sources seen and how each was classified ([`ProbeSources`](crate::report::ProbeSources)).
+    /// [`Drain::readiness`](crate::Drain::readiness) and `/status` answer as for other callers;
+    /// gRPC health goes by `User-Agent` only.
+    #[default]
+    Auto,
+    /// 503 from the trigger on, for every caller (the convention of kube-apiserver). Load
+    /// balancers that probe the Pod directly stop sending soonest; kube-proxy's all-terminating
+    /// fallback loses this endpoint.
+    NotReady,
+    /// 200 until `stopped_accepting`, then 503. Keeps kube-proxy's all-terminating fallback
+    /// (scale to zero, one replica, `externalTrafficPolicy: Local` on a draining node), at the
+    /// cost of load balancers that probe the Pod directly sending new work for longer.
+    ServingUntilStop,
+}
+
+impl ReadinessWhileDraining {
+    /// The policy's name as it appears in JSON.
+    pub fn as_str(self) -> &'static str {
+        crate::names::of(&self)
+    }
+
+    /// `true` when the trigger itself flips readiness for someone (every policy but
+    /// [`ServingUntilStop`](Self::ServingUntilStop)).
+    pub(crate) fn flips_at_trigger(self) -> bool {
+        self != ReadinessWhileDraining::ServingUntilStop
+    }
+}
+
+impl std::str::FromStr for ReadinessWhileDraining {
+    type Err = ConfigError;
+
+    /// The JSON name, with `-` accepted for `_` (`not-ready`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let name = s.replace('-', "_");
+        [Self::Auto, Self::NotReady, Self::ServingUntilStop]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+            .ok_or_else(|| {
+                ConfigError::parse(format!(
+                    "`{s}` is not a readiness policy: expected auto, not-ready or serving-until-stop"
+                ))
+            })
     }
 }

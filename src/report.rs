@@ -10,18 +10,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::phase::{Event, EventKind, Trigger};
-use crate::readiness::ReadinessWhileDraining;
-
-pub use crate::action::ActionResult;
-pub use crate::closers::CloserResult;
-pub use crate::readiness::{ProbeClass, ProbeSource, ProbeSources};
-pub use crate::tasks::{TaskEnd, TaskResult};
+use crate::phase::{Event, EventKind, ReadinessWhileDraining, Trigger};
 
 mod advice;
 mod after_flip;
 mod endpoint_slice;
 mod evidence;
+mod probes;
+mod results;
 mod sinks;
 mod summary;
 mod work;
@@ -34,6 +30,8 @@ pub use endpoint_slice::{
 pub use evidence::{
     EvidenceKind, EvidenceReport, MaxReason, PathEvidence, PathRouting, SilenceRule, WeakEvidence,
 };
+pub use probes::{ProbeClass, ProbeSource, ProbeSources};
+pub use results::{ActionResult, CloserResult, TaskEnd, TaskResult};
 pub use work::{InFlightHold, Straggler, StragglerKind};
 
 pub(crate) mod evidence_json;
@@ -99,20 +97,6 @@ pub struct BudgetReport {
     /// `grace_ms` (feature `kube`): the deadlines the drain kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion: Option<DeletionBudget>,
-}
-
-impl BudgetReport {
-    pub(crate) fn new(budget: &crate::budget::Budget, used: std::time::Duration) -> Self {
-        let grace = budget.grace_period;
-        Self {
-            grace_ms: grace.as_millis() as u64,
-            used_ms: used.as_millis() as u64,
-            remaining_ms: grace.saturating_sub(used).as_millis() as u64,
-            quiesce_ms: budget.quiesce_deadline().as_millis() as u64,
-            close_budget_ms: budget.close_budget.as_millis() as u64,
-            deletion: None,
-        }
-    }
 }
 
 /// Which propagation policy was in force: [`PolicyReport::kind`].
@@ -285,12 +269,10 @@ pub struct DrainReport {
     /// report says what it measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_label: Option<String>,
-    /// The timeouts of this process's own accept loop, when it is [`serve`][serve-fn]:
+    /// The timeouts of this process's own accept loop, when it is `lameduck::serve`
+    /// (feature `http`):
     /// the one layer of the timeout chain the drain can see (advice
     /// `server_idle_timeout_short`).
-    ///
-    #[cfg_attr(feature = "http", doc = "[serve-fn]: crate::serve")]
-    #[cfg_attr(not(feature = "http"), doc = "[serve-fn]: crate#feature-flags")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerReport>,
     /// Who called `/readyz` and how each caller was classified — kubelet's probe, a load
@@ -301,10 +283,7 @@ pub struct DrainReport {
 }
 
 /// The accept loop's own timeouts (the report's `server`), recorded by
-/// [`serve`][serve-fn] when it starts.
-///
-#[cfg_attr(feature = "http", doc = "[serve-fn]: crate::serve")]
-#[cfg_attr(not(feature = "http"), doc = "[serve-fn]: crate#feature-flags")]
+/// `lameduck::serve` (feature `http`) when it starts.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ServerReport {

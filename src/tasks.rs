@@ -14,14 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
-use crate::action::ActionResult;
+use crate::report::{ActionResult, TaskEnd, TaskResult};
 use crate::sync::MutexExt;
 
 /// How a background task is treated by the drain.
@@ -31,44 +30,6 @@ pub(crate) enum TaskKind {
     MustFinish,
     /// Its token fires at drain start (stop taking new work); counted until it returns.
     CancelOnDrain,
-}
-
-/// How a background task ended abnormally: [`TaskEnd::result`].
-///
-/// In JSON: `panicked`, `aborted`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum TaskResult {
-    /// The task panicked.
-    Panicked,
-    /// The task was aborted at the quiesce deadline (or when the drain was forced).
-    Aborted,
-}
-
-impl TaskResult {
-    /// The name as it appears in JSON.
-    pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
-    }
-}
-
-impl std::fmt::Display for TaskResult {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A background task that did not end normally, as recorded in the report.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct TaskEnd {
-    /// The task's name.
-    pub name: String,
-    /// `panicked` or `aborted`.
-    pub result: TaskResult,
-    /// How long it ran, in milliseconds.
-    pub ran_ms: u64,
 }
 
 /// Given to cancellable tasks: the drain's moments, under the names of their timeline events

@@ -2,10 +2,10 @@
 //! tasks that panicked, closers skipped or failed.
 
 use super::{advice, Ctx};
-use crate::action::ActionResult;
+use crate::report::ActionResult;
 use crate::report::AdviceLevel::Warn;
+use crate::report::TaskResult;
 use crate::report::{Advice, AdviceRule, Outcome, StragglerKind};
-use crate::tasks::TaskResult;
 
 /// `requests_cut`: requests still running at the quiesce deadline.
 pub(super) fn requests_cut(cx: &Ctx<'_>) -> Option<Advice> {

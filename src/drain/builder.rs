@@ -12,9 +12,10 @@ use crate::driver::ExitHolds;
 use crate::driver::{Driver, Settings};
 use crate::error::ConfigError;
 use crate::guard::Core;
+use crate::phase::ReadinessWhileDraining;
 use crate::phase::{unix_ms_now, Trigger};
 use crate::propagation::Propagation;
-use crate::readiness::{ReadinessState, ReadinessWhileDraining, SourceTable};
+use crate::readiness::{ReadinessState, SourceTable};
 use crate::report::Sinks;
 use crate::signal::{Signals, STOP_SIGNAL_ENV};
 

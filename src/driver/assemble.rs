@@ -4,10 +4,9 @@
 use tokio::time::Instant;
 
 use super::Driver;
-use crate::closers::CloserResult;
+use crate::report::CloserResult;
 use crate::report::{
-    AfterFlipReport, BudgetReport, DrainReport, Emitted, Outcome, PodInfo, SignalReceipt,
-    Straggler, StragglerKind,
+    BudgetReport, DrainReport, Emitted, Outcome, PodInfo, SignalReceipt, Straggler, StragglerKind,
 };
 
 impl Driver {
@@ -72,7 +71,7 @@ impl Driver {
         stragglers: Vec<Straggler>,
         closers: Vec<CloserResult>,
     ) -> DrainReport {
-        let after_flip = AfterFlipReport::from_core(self.core, origin);
+        let after_flip = self.core.observed().after_flip_report(origin);
         let used = origin.elapsed();
         let mut propagation = self.policy.report();
         let (trigger, timeline, receipt, noticed, server) = {

@@ -5,10 +5,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::Driver;
+use crate::phase::ReadinessWhileDraining;
 use crate::phase::{Event, Phase, Trigger};
-use crate::readiness::{ProbeSources, ReadinessWhileDraining};
 use crate::report::BudgetReport;
 use crate::report::EvidenceReport;
+use crate::report::ProbeSources;
 
 /// The most events `/status` (and `/drain`) carry; the rest are counted in
 /// [`Status::timeline_omitted`].

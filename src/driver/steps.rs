@@ -7,10 +7,10 @@ use tokio::time::Instant;
 
 use super::deadlines::Deadlines;
 use super::{Driver, EMIT_DRIVER, EMIT_NONE};
-use crate::closers::CloserResult;
+use crate::phase::ReadinessWhileDraining;
 use crate::phase::{CommitReason, EventKind, Phase};
 use crate::propagation::Commit;
-use crate::readiness::ReadinessWhileDraining;
+use crate::report::CloserResult;
 use crate::report::EvidenceKind;
 use crate::report::{InFlightHold, Outcome, Straggler, StragglerKind};
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{exit, Driver, Lifecycle, Origin};
+use crate::phase::ReadinessWhileDraining;
 use crate::phase::{unix_ms_now, Event, EventKind, Phase, Trigger};
-use crate::readiness::ReadinessWhileDraining;
 
 impl Driver {
     /// Starts the drain with its origin at `now` (a signal's receipt time), or records a later

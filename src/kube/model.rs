@@ -14,7 +14,7 @@ use crate::drain::Drain;
 use crate::link::{Kill, Routing, Source};
 use crate::phase::unix_ms_now;
 use crate::phase::EventKind;
-use crate::readiness::ReadinessWhileDraining;
+use crate::phase::ReadinessWhileDraining;
 
 /// The label that names an EndpointSlice's Service.
 const LABEL_SERVICE: &str = "kubernetes.io/service-name";

@@ -1,9 +1,6 @@
 //! What arrived after the drain started: the observed propagation, as counted by the core.
 
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
-
-use crate::guard::Core;
 
 /// New connections from one peer address after the drain started.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,46 +36,6 @@ pub struct AfterFlipReport {
     /// kept); empty when no request carried the header.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathCount>,
-}
-
-impl AfterFlipReport {
-    /// What `core` counted after the drain started at `origin`.
-    pub(crate) fn from_core(core: &Core, origin: Instant) -> Self {
-        let observed = core.observed();
-        let mut peers: Vec<PeerCount> = observed
-            .peers()
-            .into_iter()
-            .map(|(ip, n)| PeerCount {
-                peer: ip.to_string(),
-                new_connections: n,
-            })
-            .collect();
-        peers.sort_by(|a, b| {
-            b.new_connections
-                .cmp(&a.new_connections)
-                .then(a.peer.cmp(&b.peer))
-        });
-        peers.truncate(10);
-        let counts = observed.after_flip();
-        AfterFlipReport {
-            new_connections: counts.new_connections,
-            requests_on_new_connections: counts.requests_on_new,
-            requests_on_reused_connections: counts.requests_on_reused,
-            last_new_connection_ms: counts
-                .last_new_connection
-                .map(|t| t.saturating_duration_since(origin).as_millis() as u64),
-            peers,
-            paths: observed
-                .paths()
-                .into_iter()
-                .map(|(path, on_new, on_reused)| PathCount {
-                    path,
-                    requests_on_new_connections: on_new,
-                    requests_on_reused_connections: on_reused,
-                })
-                .collect(),
-        }
-    }
 }
 
 /// Requests after the drain started that came by one route (`x-traffic-path`).

@@ -16,14 +16,8 @@ pub enum AllowanceSource {
     /// path's arrivals can judge its own silence; otherwise a floor, as the default is (one
     /// sample of a proxy's delay does not bound the next).
     Measured,
-    /// Set with [`EndpointWatch::proxy_allowance`][proxy-allowance]: the operator knows the
+    /// Set with `EndpointWatch::proxy_allowance` (feature `kube`): the operator knows the
     /// proxies. Proof enough to commit on.
-    ///
-    #[cfg_attr(
-        feature = "kube",
-        doc = "[proxy-allowance]: crate::EndpointWatch::proxy_allowance"
-    )]
-    #[cfg_attr(not(feature = "kube"), doc = "[proxy-allowance]: crate#feature-flags")]
     Configured,
     /// Nothing measured, nothing set: `DEFAULT_PROXY_ALLOWANCE` (2 s). Only a floor: the
     /// commit also waits for what the arrival evidence alone would have committed on.

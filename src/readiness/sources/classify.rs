@@ -2,7 +2,8 @@
 //! in the table of probe sources.
 
 use super::super::Caller;
-use super::{ProbeClass, ProbeSource, Seen, SourceTable};
+use super::{Seen, SourceTable};
+use crate::report::{ProbeClass, ProbeSource};
 use crate::sync::MutexExt;
 
 /// Rows kept in the table of probe sources.
