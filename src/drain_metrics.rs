@@ -247,7 +247,6 @@ fn seconds(ms: u64) -> f64 {
 /// # Ok(()) }
 /// ```
 #[cfg(feature = "prometheus")]
-#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub fn prometheus_builder() -> PrometheusBuilder {
     use metrics_exporter_prometheus::Matcher;
     [DRAIN_DURATION_SECONDS, OBSERVED_PROPAGATION_SECONDS]
@@ -259,7 +258,6 @@ pub fn prometheus_builder() -> PrometheusBuilder {
 }
 
 #[cfg(feature = "prometheus")]
-#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 #[cfg(test)]

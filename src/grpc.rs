@@ -108,13 +108,13 @@ impl Drain {
     }
 }
 
+/// gRPC health goes by `User-Agent` only: kubelet's gRPC probe sends `kube-probe/…`.
 fn caller_of<T>(request: &Request<T>) -> Caller {
-    Caller::from_user_agent(
-        request
-            .metadata()
-            .get("user-agent")
-            .map(|v| v.as_encoded_bytes()),
-    )
+    let ua = request.metadata().get("user-agent");
+    match ua.map(|v| v.as_encoded_bytes()) {
+        Some(ua) if ua.starts_with(b"kube-probe/") => Caller::Kubelet,
+        _ => Caller::Other,
+    }
 }
 
 /// Sets every name's status at each phase change, until nothing can change any more.

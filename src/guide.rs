@@ -27,17 +27,14 @@
 #![cfg_attr(not(feature = "grpc"), doc = "[`tonic`]: crate#feature-flags")]
 
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[doc = include_str!("docs/axum.md")]
 pub mod axum {}
 
 #[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 #[doc = include_str!("docs/hyper.md")]
 pub mod hyper {}
 
 #[cfg(feature = "grpc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 #[doc = include_str!("docs/tonic.md")]
 #[doc = ""]
 #[cfg_attr(feature = "axum", doc = "[axum-guide]: crate::guide::axum")]

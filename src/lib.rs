@@ -94,6 +94,7 @@
     not(feature = "admin"),
     doc = "[`Drain::admin`]: crate#feature-flags\n[`prestop`]: crate#feature-flags"
 )]
+// On docs.rs, `doc_cfg` labels every item behind a feature with it (no per-item attribute).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod action;
@@ -119,7 +120,6 @@ mod phase;
 mod propagation;
 mod readiness;
 #[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod server;
 mod signal;
 mod stall;
@@ -127,15 +127,12 @@ mod sync;
 mod tasks;
 
 #[cfg(feature = "admin")]
-#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
 #[cfg(feature = "grpc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
 pub mod guide;
 // Public as `drain_metrics`, not `metrics`: the `metrics` crate keeps its name under a glob.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod drain_metrics;
 /// Without the `metrics` feature no add-on follows the lifecycle.
 #[cfg(not(feature = "metrics"))]
@@ -147,13 +144,10 @@ mod drain_metrics {
 pub mod report;
 
 #[cfg(feature = "kube")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kube")))]
 pub use self::kube::{EndpointWatch, KubeError, DEFAULT_PROXY_ALLOWANCE};
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use self::server::axum_serve;
 #[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use self::server::{
     serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
 };
@@ -180,7 +174,6 @@ pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
 pub use tasks::TaskContext;
 
 #[cfg(feature = "admin")]
-#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub use admin::{prestop, prestop_blocking, AdminBuilder, PrestopError, PrestopOptions};
 
 // Compile-checks the README's Rust examples (the first is an axum service with the admin port).

@@ -14,13 +14,12 @@
 //!   entry's counts move to `other`, so a label's counts are exact from its (last) admission.
 
 // Only the drain layer (feature `http`) writes the counts; every build reads them (empty
-// without it) into the report.
+// without it) into the report, and every build compiles and tests the sketch.
+#![cfg_attr(not(feature = "http"), allow(dead_code))]
 
 /// Distinct traffic-path labels kept.
-#[cfg(feature = "http")]
 pub(crate) const MAX_PATHS: usize = 16;
 /// Longest label kept; a longer one counts as `other`.
-#[cfg(feature = "http")]
 const MAX_PATH_LABEL: usize = 64;
 /// Where what is not kept is counted.
 const OTHER: &str = "other";
@@ -30,7 +29,6 @@ struct Entry {
     label: String,
     /// Requests since admission plus the weight of the entry it replaced: the sketch's
     /// over-estimate, used only to choose what to evict.
-    #[cfg(feature = "http")]
     weight: u64,
     on_new: u64,
     on_reused: u64,
@@ -46,7 +44,6 @@ pub(crate) struct PathCounts {
 
 impl PathCounts {
     /// Counts one request that carried `label` (raw header bytes).
-    #[cfg(feature = "http")]
     pub(crate) fn note(&mut self, label: &[u8], on_new_connection: bool) {
         let bump = |on_new: &mut u64, on_reused: &mut u64| {
             if on_new_connection {
@@ -110,7 +107,7 @@ impl PathCounts {
     }
 }
 
-#[cfg(all(test, feature = "http"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 

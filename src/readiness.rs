@@ -7,7 +7,7 @@
 //!   never held while a check runs: checks are user code.
 //! * A gate only ever goes from closed to open; a gate dropped unopened stays closed.
 
-mod sources;
+pub(crate) mod sources;
 
 use std::sync::{Arc, Mutex};
 
@@ -15,8 +15,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::phase::{Phase, ReadinessWhileDraining};
 use crate::sync::MutexExt;
-#[cfg(feature = "admin")]
-pub(crate) use sources::ProbeCaller;
 pub(crate) use sources::SourceTable;
 pub use sources::{KNATIVE_PROBE_HEADER, PROBE_HEADER};
 
@@ -50,14 +48,6 @@ pub(crate) enum Caller {
 }
 
 impl Caller {
-    #[cfg(feature = "grpc")]
-    pub(crate) fn from_user_agent(ua: Option<&[u8]>) -> Self {
-        match ua {
-            Some(ua) if ua.starts_with(b"kube-probe/") => Caller::Kubelet,
-            _ => Caller::Other,
-        }
-    }
-
     pub(crate) fn describe(self) -> &'static str {
         match self {
             Caller::Kubelet => "kubelet's probe (User-Agent kube-probe/)",

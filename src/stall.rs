@@ -11,6 +11,9 @@
 //! * The byte count is written by the connection's own task only, read here at the deadline:
 //!   a gauge, so `Relaxed` is enough.
 
+// Only the accept loop of the `http` feature writes it; every build reads it into the report.
+#![cfg_attr(not(feature = "http"), allow(dead_code))]
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,7 +73,6 @@ impl Stalls {
     /// Names connection `conn` (from `peer`, `written` bytes so far) as a stalled write from
     /// now on, until [`unregister`](Self::unregister). Written by the accept loop of the `http`
     /// feature only.
-    #[cfg(feature = "http")]
     pub(crate) fn register(
         &self,
         conn: u64,
@@ -89,7 +91,6 @@ impl Stalls {
         entry
     }
 
-    #[cfg(feature = "http")]
     pub(crate) fn unregister(&self, entry: &StalledWrite) {
         self.lock().remove(&(entry.conn, entry.after_goaway));
     }

@@ -56,7 +56,7 @@ pub(super) async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Ou
     let verbose = params.flag("verbose").map_err(bad_request)?;
     // Who asks decides what `auto` answers: probe headers first, then the User-Agent.
     let get = |name: &str| parts.headers.get(name).map(HeaderValue::as_bytes);
-    let probe = crate::readiness::ProbeCaller::classify(
+    let probe = crate::readiness::sources::classify::ProbeCaller::classify(
         get(header::USER_AGENT.as_str()),
         get(crate::readiness::KNATIVE_PROBE_HEADER),
         get(crate::readiness::PROBE_HEADER),

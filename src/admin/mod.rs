@@ -120,7 +120,6 @@ impl Drain {
     ///     .router();
     /// # Ok(()) }
     /// ```
-    #[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
     pub fn admin(&self) -> AdminBuilder {
         AdminBuilder::new(self.clone())
     }

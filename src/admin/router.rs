@@ -137,7 +137,6 @@ impl AdminBuilder {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "prometheus")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
     pub fn prometheus(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
         self.prometheus = Some(handle);
         self

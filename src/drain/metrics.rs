@@ -28,7 +28,6 @@ impl Drain {
     /// drain.record_metrics(); // lameduck_in_flight_requests = 1
     /// # Ok(()) }
     /// ```
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn record_metrics(&self) {
         crate::drain_metrics::Recorder.sampled(&self.inner.driver.sample());
     }
@@ -62,7 +61,6 @@ impl Drain {
     /// # Panics
     ///
     /// If `period` is zero, or if called outside a Tokio runtime.
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn spawn_metrics_updater(&self, period: Duration) -> tokio::task::JoinHandle<()> {
         assert!(
             !period.is_zero(),

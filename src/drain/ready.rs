@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::Drain;
 use crate::phase::Phase;
 #[cfg(feature = "admin")]
-use crate::readiness::ProbeCaller;
+use crate::readiness::sources::classify::ProbeCaller;
 use crate::readiness::{Caller, Readiness};
 
 /// A startup gate: readiness stays false until every gate is [`open`](Self::open)ed.

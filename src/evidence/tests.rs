@@ -2,7 +2,6 @@ use super::fit::Slots;
 use super::path::{gamma_lower_quantile, pool_silence};
 use super::*;
 use crate::observed::PathId;
-use crate::report::{EvidenceKind, EvidenceReport, MaxReason};
 
 /// The fit of `pattern` (`#` busy, `.` empty), all before the trigger, with max 15 s.
 fn fit(pattern: &str) -> Estimate {
@@ -203,4 +202,6 @@ fn the_gamma_quantile_errs_low_and_is_exact_for_a_pool() {
     }
 }
 
+// Drains that open connections as the accept loop of the `http` feature does.
+#[cfg(feature = "http")]
 mod drains;

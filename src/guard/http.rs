@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::sync::atomic::Ordering;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::{Core, InFlightGuard, RequestInfo, Site, NO_SLOT};
 
@@ -12,25 +13,30 @@ use super::{Core, InFlightGuard, RequestInfo, Site, NO_SLOT};
 /// knowing their type; the add-on that added them downcasts. Written when a layer is built,
 /// read only while draining.
 #[derive(Default)]
-pub(crate) struct TagTable(std::sync::RwLock<Vec<&'static (dyn std::any::Any + Send + Sync)>>);
+pub(crate) struct TagTable(RwLock<Entries>);
+
+type Entries = Vec<&'static (dyn std::any::Any + Send + Sync)>;
 
 impl TagTable {
     /// The entries, to find one or add one under the write lock.
-    pub(crate) fn write(
-        &self,
-    ) -> std::sync::RwLockWriteGuard<'_, Vec<&'static (dyn std::any::Any + Send + Sync)>> {
-        crate::sync::RwLockExt::write_locked(&self.0)
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Entries> {
+        // Poisoning ignored, as everywhere (`sync.rs`): the table is only pushed to.
+        self.0.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Entries> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The entry at `i` (from 0).
     pub(crate) fn get(&self, i: usize) -> Option<&'static (dyn std::any::Any + Send + Sync)> {
-        crate::sync::RwLockExt::read_locked(&self.0).get(i).copied()
+        self.read().get(i).copied()
     }
 }
 
 impl fmt::Debug for TagTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = crate::sync::RwLockExt::read_locked(&self.0).len();
+        let n = self.read().len();
         f.debug_struct("TagTable").field("entries", &n).finish()
     }
 }

@@ -1,15 +1,15 @@
 //! The straggler registry: what is known about the requests still in flight while draining,
 //! one *entry* [`Site`] per described request (see the parent module's invariants).
 
+// Only the HTTP side (feature `http`) describes requests; every build reads the registry.
+#![cfg_attr(not(feature = "http"), allow(dead_code))]
+
 use std::net::SocketAddr;
-#[cfg(feature = "http")]
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio::time::Instant;
 
-use super::Core;
-#[cfg(feature = "http")]
-use super::{Site, NO_SLOT};
+use super::{Core, Site, NO_SLOT};
 use crate::sync::MutexExt;
 
 /// What is known about a request that is in flight while draining, for the straggler list.
@@ -29,7 +29,6 @@ pub(super) struct Registry {
     pub(super) entries: Vec<Option<RequestInfo>>,
     /// The entry sites, by slot: leaked once each, reused (only the HTTP layer describes
     /// requests).
-    #[cfg(feature = "http")]
     pub(super) sites: Vec<&'static Site>,
     /// Slots whose entry is empty and whose site no guard holds.
     pub(super) free: Vec<u32>,
@@ -44,7 +43,6 @@ impl Core {
 
     /// Registers a request for the straggler list: the entry site a guard with `tag` moves to
     /// (see [`InFlightGuard::adopt`]). Only called while draining.
-    #[cfg(feature = "http")] // the `http` feature's accept loop and layer only
     pub(crate) fn register(&'static self, info: RequestInfo, tag: u32) -> &'static Site {
         let mut reg = self.requests.locked();
         let site = match reg.free.pop() {

@@ -21,9 +21,7 @@ use crate::report::ProbeSources;
 use crate::sync::MutexExt;
 
 #[cfg(feature = "admin")]
-mod classify;
-#[cfg(feature = "admin")]
-pub(crate) use classify::ProbeCaller;
+pub(crate) mod classify;
 
 /// The header a probe's `httpHeaders` can set to say who it is, whatever its `User-Agent`
 /// became on the way (a mesh that rewrites probes): `X-Lameduck-Probe: kubelet` or

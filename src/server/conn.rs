@@ -310,7 +310,6 @@ impl fmt::Debug for ConnMeta {
 }
 
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl
     axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
     for ConnMeta
@@ -329,7 +328,6 @@ impl
 }
 
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum::extract::connect_info::Connected<SocketAddr> for ConnMeta {
     /// Counted in no arrival rate, as for a `TcpListener` above.
     fn connect_info(peer: SocketAddr) -> Self {

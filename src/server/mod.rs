@@ -50,5 +50,4 @@ mod axum_serve;
 #[doc(hidden)] // public as `lameduck::axum_serve`
 pub use axum_serve::serve as axum_serve;
 #[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use axum_serve::AxumServe;

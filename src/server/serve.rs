@@ -369,7 +369,6 @@ impl<S> Serve<S> {
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "axum")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
     pub fn connect_info(mut self) -> Self {
         if let Some(setup) = &mut self.setup {
             setup.connect_info = true;

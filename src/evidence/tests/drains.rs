@@ -8,6 +8,7 @@ use super::*;
 use crate::drain::Drain;
 use crate::phase::{EventKind, Phase, Trigger};
 use crate::propagation::Propagation;
+use crate::report::{EvidenceKind, EvidenceReport, MaxReason};
 use crate::signal::Signals;
 
 const PEER: Option<std::net::SocketAddr> = None;
