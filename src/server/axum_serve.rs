@@ -175,9 +175,9 @@ struct WithConnMeta {
 }
 
 impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
-    type Response = ConnService;
+    type Response = AxumConnService;
     type Error = Infallible;
-    type Future = Ready<Result<ConnService, Infallible>>;
+    type Future = Ready<Result<AxumConnService, Infallible>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -187,7 +187,7 @@ impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
         let peer = *stream.remote_addr();
         let path = note_accepted(self.core, Some(peer));
         let meta = ConnMeta::counted(Some(peer), None, self.core, path);
-        ready(Ok(ConnService {
+        ready(Ok(AxumConnService {
             router: self.router.clone(),
             meta,
             peer,
@@ -198,14 +198,14 @@ impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
 
 /// The router for one connection: attaches both `ConnectInfo`s to each request.
 #[derive(Clone)]
-struct ConnService {
+struct AxumConnService {
     router: Router,
     meta: ConnMeta,
     peer: SocketAddr,
     core: &'static Core,
 }
 
-impl Service<Request> for ConnService {
+impl Service<Request> for AxumConnService {
     type Response = Response;
     type Error = Infallible;
     type Future = <Router as Service<Request>>::Future;

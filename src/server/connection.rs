@@ -18,11 +18,11 @@ use tokio_util::sync::CancellationToken;
 use crate::closers::BoxError;
 use crate::guard::Core;
 
-use super::conn::{ConnMeta, PROTO_H1, PROTO_H2, PROTO_UNKNOWN};
+use super::conn_meta::{ConnMeta, PROTO_H1, PROTO_H2, PROTO_UNKNOWN};
 use super::io::{Pending, WatchedIo};
 
 #[derive(Clone)]
-pub(super) struct Tokens {
+pub(super) struct ConnTokens {
     /// Drain start: GOAWAY to HTTP/2.
     pub(super) drain: CancellationToken,
     /// Listener closed: close idle HTTP/1 connections.
@@ -59,11 +59,11 @@ impl Drop for Counted {
 pub(super) struct ConnTask {
     counted: Counted,
     meta: ConnMeta,
-    tokens: Tokens,
+    tokens: ConnTokens,
 }
 
 impl ConnTask {
-    pub(super) fn new(core: &'static Core, meta: ConnMeta, tokens: Tokens) -> Self {
+    pub(super) fn new(core: &'static Core, meta: ConnMeta, tokens: ConnTokens) -> Self {
         Self {
             counted: Counted::new(core),
             meta,
@@ -239,7 +239,7 @@ impl<S> ConnService<S> {
         inner: TowerToHyperService<S>,
         meta: &ConnMeta,
         core: &'static Core,
-        tokens: &Tokens,
+        tokens: &ConnTokens,
     ) -> Self {
         Self {
             inner,

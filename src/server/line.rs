@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::guard::{InFlightGuard, RequestInfo};
 
-use super::conn::ConnMeta;
+use super::conn_meta::ConnMeta;
 
 pub(crate) mod sealed {
     use super::InFlightGuard;

@@ -19,7 +19,7 @@
 
 pub(crate) mod accept;
 mod body;
-mod conn;
+mod conn_meta;
 mod connection;
 pub mod future;
 mod io;
@@ -33,8 +33,8 @@ mod stream;
 
 pub use body::DrainBody;
 #[cfg(feature = "axum")]
-pub(crate) use conn::note_accepted;
-pub use conn::ConnMeta;
+pub(crate) use conn_meta::note_accepted;
+pub use conn_meta::ConnMeta;
 pub use layer::DrainLayer;
 pub use line::{Naming, RequestLine, Unnamed};
 pub use refusal::{Refusal, RefuseAfterStop, ServeAfterStop};

@@ -11,7 +11,7 @@ use crate::guard::{Core, InFlightGuard, Site};
 use crate::phase::Phase;
 
 use super::body::DrainBody;
-use super::conn::ConnMeta;
+use super::conn_meta::ConnMeta;
 use super::future::ResponseFuture;
 use super::line::{request_info, Naming, Unnamed};
 use super::options::{options, tag_options};

@@ -23,8 +23,8 @@ use crate::closers::BoxError;
 use crate::drain::Drain;
 use crate::phase::Phase;
 use crate::server::accept::Acceptor;
-use crate::server::conn::ConnMeta;
-use crate::server::connection::{ConnTask, Tokens};
+use crate::server::conn_meta::ConnMeta;
+use crate::server::connection::{ConnTask, ConnTokens};
 
 /// Serves until the drain is over: accepts until the listener closes, then waits for the
 /// connections to end.
@@ -50,7 +50,7 @@ where
     } = setup;
     let mut bound = ConnectionBound::new(max_connections);
     announce_start(&drain, header_read_timeout);
-    let tokens = Tokens {
+    let tokens = ConnTokens {
         drain: drain.drain_started(),
         idle_close: CancellationToken::new(),
         deadline: drain.deadline_exceeded(),
@@ -136,7 +136,7 @@ where
 /// The accepted connections' tasks, and what each is started with.
 struct Connections<S> {
     builder: auto::Builder<TokioExecutor>,
-    tokens: Tokens,
+    tokens: ConnTokens,
     tracker: TaskTracker,
     service: S,
     drain: Drain,
