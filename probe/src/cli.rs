@@ -5,14 +5,14 @@
 //! environment (`LAMEDUCK_PROBE_TARGET`, ...). clap's own messages are rewritten into the
 //! probe's one-line form (`--rate: "fast" is not a number of requests per second`).
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{CommandFactory, Parser};
 
-use crate::config::{ConfigError, ConnectionMode, HttpVersion, OnOff, ProbeConfig};
+use crate::config::{ConnectionMode, HttpVersion, OnOff, ProbeConfig};
+use crate::flags::{clap_outcome, Parsed};
+pub use crate::flags::{parse_duration, CliError};
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -42,47 +42,6 @@ pub struct RunArgs {
     pub config: ProbeConfig,
     /// `--out FILE`: where to write one JSON line per request.
     pub out: Option<PathBuf>,
-}
-
-/// A command-line mistake, with what to type instead.
-///
-/// `Display` is one lowercase line, e.g. `--duration: "30" has no unit; write it like 30s,
-/// 1500ms or 2m`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CliError {
-    message: String,
-}
-
-impl CliError {
-    fn new(message: impl Into<String>) -> Self {
-        CliError {
-            message: message.into(),
-        }
-    }
-
-    #[cfg(unix)]
-    pub(crate) fn from_message(message: String) -> Self {
-        CliError::new(message)
-    }
-
-    /// The message, without a trailing hint.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl fmt::Display for CliError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for CliError {}
-
-impl From<ConfigError> for CliError {
-    fn from(e: ConfigError) -> Self {
-        CliError::new(e.to_string())
-    }
 }
 
 /// The flags, as clap sees them. Every value is optional so [`ProbeConfig::new`] stays the one
@@ -246,16 +205,29 @@ where
 {
     let args: Vec<String> = args.into_iter().map(Into::into).collect();
     if args.first().map(String::as_str) == Some("correlate") {
-        return crate::correlate::parse_correlate(&args[1..]);
+        return Ok(match crate::correlate::parse_correlate(&args[1..])? {
+            Parsed::Args(a) => Command::Correlate(Box::new(a)),
+            Parsed::Help => Command::CorrelateHelp,
+            Parsed::Version => Command::Version,
+        });
     }
     #[cfg(unix)]
     if args.first().map(String::as_str) == Some("check") {
-        return crate::check::parse_check(&args[1..]);
+        return Ok(match crate::check::parse_check(&args[1..])? {
+            Parsed::Args(a) => Command::Check(Box::new(a)),
+            Parsed::Help => Command::CheckHelp,
+            Parsed::Version => Command::Version,
+        });
     }
     let argv = std::iter::once("lameduck-probe".to_owned()).chain(args);
     let flags = match RunFlags::try_parse_from(argv) {
         Ok(flags) => flags,
-        Err(e) => return clap_outcome(e),
+        Err(e) => {
+            return clap_outcome::<()>(e).map(|p| match p {
+                Parsed::Version => Command::Version,
+                _ => Command::Help,
+            })
+        }
     };
     let mut config = ProbeConfig::new("");
     config.progress = !flags.quiet;
@@ -285,63 +257,6 @@ where
     })?;
     config.validate()?;
     Ok(Command::Run(Box::new(RunArgs { config, out })))
-}
-
-/// Parses the flags of the sub-command `name`: `Err` holds what to return instead (its own
-/// `help` for `--help`, the version, or the one-line message).
-pub(crate) fn subcommand_flags<F: clap::Parser>(
-    name: &str,
-    args: &[String],
-    help: Command,
-) -> Result<F, Result<Command, CliError>> {
-    let argv = std::iter::once(name.to_owned()).chain(args.iter().cloned());
-    F::try_parse_from(argv).map_err(|e| match clap_outcome(e) {
-        Ok(Command::Help) => Ok(help),
-        other => other,
-    })
-}
-
-/// Turns a clap error into help, version, or the probe's one-line message.
-pub(crate) fn clap_outcome(e: clap::Error) -> Result<Command, CliError> {
-    let context = |kind| match e.get(kind) {
-        Some(ContextValue::String(s)) => Some(s.clone()),
-        Some(ContextValue::Strings(v)) => v.first().cloned(),
-        _ => None,
-    };
-    // "--duration <DUR>" → "--duration"
-    let arg = context(ContextKind::InvalidArg)
-        .map(|a| a.split([' ', '=']).next().unwrap_or_default().to_owned())
-        .unwrap_or_default();
-    let message = match e.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            return Ok(Command::Help)
-        }
-        ErrorKind::DisplayVersion => return Ok(Command::Version),
-        ErrorKind::UnknownArgument if arg.starts_with('-') => {
-            match context(ContextKind::SuggestedArg) {
-                Some(s) => {
-                    format!("unknown flag {arg} (did you mean {s}?); see --help for the list")
-                }
-                None => format!("unknown flag {arg}; see --help for the list"),
-            }
-        }
-        ErrorKind::UnknownArgument => {
-            format!("unexpected argument {arg:?}; flags start with -- (e.g. --target {arg})")
-        }
-        ErrorKind::ValueValidation => match std::error::Error::source(&e) {
-            Some(source) => format!("{arg}: {source}"),
-            None => format!("{arg}: invalid value"),
-        },
-        ErrorKind::InvalidValue | ErrorKind::NoEquals => format!("{arg} needs a value"),
-        ErrorKind::TooManyValues => format!("{arg} takes no value"),
-        _ => {
-            // Anything else: clap's first line, without its "error: " prefix.
-            let text = e.render().to_string();
-            let line = text.lines().next().unwrap_or_default();
-            line.strip_prefix("error: ").unwrap_or(line).to_owned()
-        }
-    };
-    Err(CliError::new(message))
 }
 
 fn parse_http(value: &str) -> Result<HttpVersion, String> {
@@ -381,67 +296,4 @@ fn parse_on_off(text: &str) -> Result<OnOff, String> {
         on: parse_duration(on)?,
         off: parse_duration(off)?,
     })
-}
-
-/// Parses a duration written with units: `1500ms`, `30s`, `2m`, `1h`, `0.5s`, `1m30s`.
-///
-/// A bare number is refused (is `30` seconds or milliseconds?).
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// use lameduck_probe::cli::parse_duration;
-///
-/// assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
-/// assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
-/// assert!(parse_duration("30").unwrap_err().contains("no unit"));
-/// ```
-///
-/// # Errors
-///
-/// A message saying what is wrong and how to write it.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let s = text.trim();
-    let how = "write it like 30s, 1500ms, 2m or 1m30s";
-    if s.is_empty() {
-        return Err(format!("empty duration; {how}"));
-    }
-    let mut total = 0.0_f64;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if number_len == 0 {
-            return Err(format!("{text:?} is not a duration; {how}"));
-        }
-        let number: f64 = rest[..number_len]
-            .parse()
-            .map_err(|_| format!("{text:?} is not a duration; {how}"))?;
-        rest = &rest[number_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let seconds = match unit {
-            "" => return Err(format!("{text:?} has no unit; {how}")),
-            "ms" => 0.001,
-            "s" => 1.0,
-            "m" | "min" => 60.0,
-            "h" => 3600.0,
-            other => {
-                return Err(format!(
-                    "{text:?} has an unknown unit {other:?}; use ms, s, m or h"
-                ))
-            }
-        };
-        total += number * seconds;
-    }
-    if !total.is_finite() || total > 1e9 {
-        return Err(format!("{text:?} is too long"));
-    }
-    // Rounded to whole microseconds so 0.1s is exactly 100ms.
-    Ok(Duration::from_micros((total * 1_000_000.0).round() as u64))
 }

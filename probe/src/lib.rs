@@ -47,6 +47,7 @@ pub mod cli;
 mod config;
 mod conn;
 pub mod correlate;
+pub mod flags;
 mod latency;
 mod record;
 mod request;

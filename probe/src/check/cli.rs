@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::Parser;
 
 use super::{default_traffic, signal_of, CheckArgs, ExpectReadiness, PreStop};
-use crate::cli::{parse_duration, subcommand_flags, CliError, Command};
 use crate::config::{ConnectionMode, HttpVersion};
+use crate::flags::{parse_duration, subcommand_flags, CliError, Parsed};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -176,12 +176,12 @@ fn parse_mode(v: &str) -> Result<ConnectionMode, String> {
 /// # Errors
 ///
 /// A missing command, target or readiness URL, a bad value; the message names the flag.
-pub fn parse_check(args: &[String]) -> Result<Command, CliError> {
-    let flags: CheckFlags = match subcommand_flags("check", args, Command::CheckHelp) {
+pub fn parse_check(args: &[String]) -> Result<Parsed<CheckArgs>, CliError> {
+    let flags: CheckFlags = match subcommand_flags("check", args) {
         Ok(flags) => flags,
-        Err(done) => return done,
+        Err(done) => return done.map(Parsed::widen),
     };
-    let fail = |m: String| Err(CliError::from_message(m));
+    let fail = |m: String| Err(CliError::new(m));
     if flags.command.is_empty() {
         return fail("no command: put the service's command line after --, e.g. -- ./service --listen 127.0.0.1:8080".into());
     }
@@ -228,7 +228,7 @@ pub fn parse_check(args: &[String]) -> Result<Command, CliError> {
     } else {
         flags.prestop_sleep.map(PreStop::Sleep)
     };
-    Ok(Command::Check(Box::new(CheckArgs {
+    Ok(Parsed::Args(CheckArgs {
         command: flags.command,
         pid_namespace: flags.pid_namespace,
         ready_url: ready,
@@ -247,5 +247,5 @@ pub fn parse_check(args: &[String]) -> Result<Command, CliError> {
         traffic,
         json: flags.json,
         junit: flags.junit,
-    })))
+    }))
 }

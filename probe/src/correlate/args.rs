@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::cli::{subcommand_flags, CliError, Command};
+use crate::flags::{subcommand_flags, CliError, Parsed};
 
 /// The `correlate` command's inputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,10 +48,10 @@ pub fn correlate_usage() -> String {
     CorrelateFlags::command().render_help().to_string()
 }
 
-pub(crate) fn parse_correlate(args: &[String]) -> Result<Command, CliError> {
-    let flags: CorrelateFlags = match subcommand_flags("correlate", args, Command::CorrelateHelp) {
+pub(crate) fn parse_correlate(args: &[String]) -> Result<Parsed<CorrelateArgs>, CliError> {
+    let flags: CorrelateFlags = match subcommand_flags("correlate", args) {
         Ok(flags) => flags,
-        Err(done) => return done,
+        Err(done) => return done.map(Parsed::widen),
     };
     let reports = flags
         .report
@@ -63,10 +63,10 @@ pub(crate) fn parse_correlate(args: &[String]) -> Result<Command, CliError> {
             _ => (None, PathBuf::from(r)),
         })
         .collect();
-    Ok(Command::Correlate(Box::new(CorrelateArgs {
+    Ok(Parsed::Args(CorrelateArgs {
         probe: flags.probe,
         reports,
         events: flags.events,
         svg: flags.svg,
-    })))
+    }))
 }
