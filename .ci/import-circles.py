@@ -11,8 +11,8 @@ a child using its parent's items, and a parent declaring its children, is how Ru
 modules. A circle is a strongly connected component of more than one file; each is printed
 with its edges. Exit status 1 when there is one.
 
-`--top` also prints, without failing, the circles between top-level modules (each with all its
-descendants): the coarser view, where a child's import of a sibling's ancestor counts.
+`--top` also fails on circles between top-level modules (each with all its descendants): the
+coarser view, where a child's import of a sibling's ancestor counts.
 """
 import os
 import re
@@ -159,7 +159,8 @@ def main():
         edges = edges_of(mods, aliases)
         if top:
             for comp in circles(top_level(edges)):
-                print(f'{root}: top-level circle (not failing): '
+                failed = True
+                print(f'{root}: top-level import circle: '
                       f'{", ".join(sorted("::".join(m) for m in comp))}')
         found = circles(edges)
         name = lambda m: '::'.join(m) or 'crate'
