@@ -262,19 +262,35 @@ impl Cluster {
             .iter()
             .any(|p| p.name == name && p.exited_ms.is_some())
     }
+}
 
-    /// A Deployment-like rolling update from `old` to as many new Pods: creates replacements
-    /// (each on a new IP) while at most `max_surge` above `old.len()`, deletes old Pods while at
-    /// least `replicas - max_unavailable` stay available, until every old Pod is deleted and the
-    /// new ones are Ready. Returns the new Pods' names.
-    pub async fn rollout(
-        self: &Arc<Self>,
-        old: &[String],
-        max_surge: usize,
-        max_unavailable: usize,
-        deadline: Duration,
-    ) -> Result<Vec<String>, NetError> {
-        crate::rollout::rolling_update(self, old, max_surge, max_unavailable, deadline).await
+impl crate::rollout::Stack for Arc<Cluster> {
+    const SETTLE: Duration = Duration::from_secs(30);
+    const TAIL: Duration = Duration::from_secs(5);
+
+    /// New Pods each get a new IP; their names come from the cluster's own count.
+    fn pods(&self, _first_new: usize) -> impl crate::rollout::Pods + '_ {
+        Arc::clone(self)
+    }
+
+    fn gone(&self, name: &str) -> bool {
+        self.exited(name)
+    }
+
+    async fn wait_applied(&self, pods: &[String]) {
+        Cluster::wait_applied(self, pods).await
+    }
+
+    fn forget_unrouted(&self) -> Result<(), NetError> {
+        Cluster::forget_unrouted(self)
+    }
+
+    fn record(&self, what: &str, pod: Option<&str>, detail: &str) {
+        Cluster::record(self, what, pod, detail)
+    }
+
+    fn logs_hint(&self) -> String {
+        "see the pod logs".to_owned()
     }
 }
 

@@ -38,6 +38,8 @@ use crate::net::{self, NetError, Netns, NODE_CLIENT_IP, SERVICE_PORT, SERVICE_VI
 use crate::proxy::Backend;
 
 mod controller;
+
+pub(crate) use controller::RealStack;
 mod kubelet;
 mod watchers;
 

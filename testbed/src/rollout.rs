@@ -1,7 +1,8 @@
-//! The Deployment controller's rolling update, written once for the model
-//! ([`Cluster::rollout`](crate::cluster::Cluster::rollout)) and the real stack
-//! ([`Real::rollout`](crate::real::Real::rollout)): each says how it creates, deletes and
-//! watches Pods.
+//! The Deployment controller's rolling update and the steps of a cell around it, written once
+//! for the model ([`Cluster`](crate::cluster::Cluster)) and the real stack (`RealStack`, the
+//! testbed's own controller through the API): each stack says how it creates, deletes and
+//! watches Pods ([`Pods`]) and what the steps need of it ([`Stack`]). The real Deployment
+//! controller's rollout (`cell::control::deployment_rollout`) has steps of its own.
 
 use std::time::Duration;
 
@@ -57,4 +58,25 @@ pub(crate) async fn rolling_update(
         }
         pods.changed().await;
     }
+}
+
+/// A stack a cell's rollout runs on (the model's [`Cluster`](crate::cluster::Cluster), the
+/// real stack through the API): what the cell's steps around the rolling update need of it.
+pub(crate) trait Stack {
+    /// How long the first Pods may take to be Ready and routed on every node.
+    const SETTLE: Duration;
+    /// How long after the grace period the old Pods may take to be gone.
+    const TAIL: Duration;
+    /// The Pods a rolling update creates, named from the `first_new`-th Pod on (from 1).
+    fn pods(&self, first_new: usize) -> impl Pods + '_;
+    /// Whether an old Pod is gone: the model's process exited, the real stack's object removed.
+    fn gone(&self, name: &str) -> bool;
+    /// Waits until every node's proxy routes to exactly `pods`.
+    async fn wait_applied(&self, pods: &[String]);
+    /// Forgets the conntrack entries that were never DNATed (the clients count from here).
+    fn forget_unrouted(&self) -> Result<(), NetError>;
+    /// Records a step in the cell's timeline.
+    fn record(&self, what: &str, pod: Option<&str>, detail: &str);
+    /// Where to look when the first Pods do not come up.
+    fn logs_hint(&self) -> String;
 }

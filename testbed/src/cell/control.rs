@@ -2,6 +2,7 @@
 //! the real Deployment controller.
 
 use super::*;
+use crate::rollout::{rolling_update, Pods, Stack};
 
 /// What the control side tells the clients: `go` when the first Pods are created (none ready
 /// yet), `count` (unix ms) once every node routes them, `stop` at the end (also when the
@@ -60,6 +61,71 @@ async fn warm_up(config: &CellConfig, started: std::time::Instant) {
     tokio::time::sleep(Duration::from_nanos(u64::try_from(wait).unwrap_or(0))).await;
 }
 
+/// The steps of a cell around the rolling update, on either stack: the first Pods, Ready and
+/// routed on every node (the clients start before, so the proxies' startup is measured on
+/// traffic), the count from then on, the warm-up, the rolling update (or the eviction) and the
+/// wait until the old Pods are gone and the rules route to the new ones. Returns the old Pods.
+async fn rollout_steps<S: Stack>(
+    stack: &S,
+    config: &CellConfig,
+    signals: &Signals,
+) -> Result<Vec<String>, NetError> {
+    let replicas = match config.rollout {
+        Rollout::Rolling => config.replicas.max(1),
+        Rollout::Evict => 1,
+    };
+    let creator = stack.pods(1);
+    let mut first = Vec::new();
+    for i in 0..replicas {
+        first.push(creator.create(i).await?);
+    }
+    let started = signals.go();
+    stack.record("client_started", None, "before the first Pods are ready");
+    let settle = S::SETTLE;
+    tokio::time::timeout(settle, async {
+        while !first.iter().all(|p| creator.available(p)) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stack.wait_applied(&first).await;
+    })
+    .await
+    .map_err(|_| {
+        NetError(format!(
+            "the first Pods did not become ready and routed in {settle:?}: {}",
+            stack.logs_hint()
+        ))
+    })?;
+    stack.forget_unrouted()?;
+    signals.count();
+    stack.record("client_counted", None, "every node routes the first Pods");
+    warm_up(config, started).await;
+    let (surge, unavailable) = match config.rollout {
+        Rollout::Rolling => (1, 0),
+        Rollout::Evict => (1, 1),
+    };
+    let deadline = config.grace * 4 + settle;
+    let new = rolling_update(
+        &stack.pods(replicas + 1),
+        &first,
+        surge,
+        unavailable,
+        deadline,
+    )
+    .await?;
+    // Every old Pod gone, the rules on the new ones, then a tail of traffic.
+    tokio::time::timeout(config.grace + S::TAIL, async {
+        while !first.iter().all(|p| stack.gone(p)) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stack.wait_applied(&new).await;
+    })
+    .await
+    .map_err(|_| NetError("old Pods were not gone, or the rules did not settle".into()))?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stack.record("client_stopped", None, "");
+    Ok(first)
+}
+
 /// The node side: pods, control plane, rollout. Returns the deleted Pods.
 pub(super) async fn control(
     cluster: Arc<Cluster>,
@@ -73,55 +139,7 @@ pub(super) async fn control(
         .enumerate()
         .map(|(i, p)| tokio::spawn(cluster.clone().proxy_loop(i + 1, p)))
         .collect();
-    let result = async {
-        let replicas = match config.rollout {
-            Rollout::Rolling => config.replicas.max(1),
-            Rollout::Evict => 1,
-        };
-        let mut first = Vec::new();
-        for _ in 0..replicas {
-            first.push(cluster.create_pod()?);
-        }
-        let started = signals.go();
-        cluster.record("client_started", None, "before the first Pods are ready");
-        let settle = Duration::from_secs(30);
-        tokio::time::timeout(settle, async {
-            while !first.iter().all(|p| cluster.available(p)) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            cluster.wait_applied(&first).await;
-        })
-        .await
-        .map_err(|_| {
-            NetError(
-                "the first Pods did not become ready and routed in 30 s: see the pod logs".into(),
-            )
-        })?;
-        cluster.forget_unrouted()?;
-        signals.count();
-        cluster.record("client_counted", None, "every node routes the first Pods");
-        warm_up(&config, started).await;
-        let (surge, unavailable) = match config.rollout {
-            Rollout::Rolling => (1, 0),
-            Rollout::Evict => (1, 1),
-        };
-        let new = cluster
-            .rollout(&first, surge, unavailable, config.grace * 4 + settle)
-            .await?;
-        // Every old Pod gone, the rules on the new ones, then a tail of traffic.
-        tokio::time::timeout(config.grace + Duration::from_secs(5), async {
-            while !first.iter().all(|p| cluster.exited(p)) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            cluster.wait_applied(&new).await;
-        })
-        .await
-        .map_err(|_| NetError("old Pods did not exit, or the rules did not settle".into()))?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        cluster.record("client_stopped", None, "");
-        Ok(first)
-    }
-    .await;
+    let result = rollout_steps(&cluster, &config, &signals).await;
     slices.abort();
     for s in syncs {
         s.abort();
@@ -178,75 +196,11 @@ pub(super) async fn control_real(
         drop(run);
         return (result, events);
     }
-    let result = testbed_rollout(&r, &config, &template, &dir, &signals).await;
+    let stack = real::RealStack::new(&r, &template, &dir);
+    let result = rollout_steps(&stack, &config, &signals).await;
     let events = r.events();
     drop(run);
     (result, events)
-}
-
-/// The rollout by the testbed's own controller on the real stack: the first Pods Ready and
-/// routed, the clients, then the rolling update (or the eviction) and the wait until the old
-/// Pods are gone and the rules route to the new ones. Returns the old Pods.
-async fn testbed_rollout(
-    r: &Arc<real::Real>,
-    config: &CellConfig,
-    template: &real::PodTemplate,
-    dir: &Path,
-    signals: &Signals,
-) -> Result<Vec<String>, NetError> {
-    let replicas = match config.rollout {
-        Rollout::Rolling => config.replicas.max(1),
-        Rollout::Evict => 1,
-    };
-    let first: Vec<String> = (1..=replicas).map(|i| format!("pod-{i}")).collect();
-    for p in &first {
-        r.create_pod(p, template).await?;
-    }
-    let started = signals.go();
-    r.record("client_started", None, "before the first Pods are ready");
-    let settle = Duration::from_secs(60);
-    tokio::time::timeout(settle, async {
-        while !first.iter().all(|p| r.available(p)) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        r.wait_applied(&first).await;
-    })
-    .await
-    .map_err(|_| {
-        NetError(format!(
-            "the first Pods did not become ready and routed in {settle:?}: see the logs in {}",
-            dir.display()
-        ))
-    })?;
-    r.forget_unrouted()?;
-    signals.count();
-    r.record("client_counted", None, "every node routes the first Pods");
-    warm_up(config, started).await;
-    let (surge, unavailable) = match config.rollout {
-        Rollout::Rolling => (1, 0),
-        Rollout::Evict => (1, 1),
-    };
-    let new = r
-        .rollout(
-            &first,
-            template,
-            replicas + 1,
-            surge,
-            unavailable,
-            config.grace * 4 + settle,
-        )
-        .await?;
-    tokio::time::timeout(config.grace + Duration::from_secs(10), async {
-        while !first.iter().all(|p| r.removed(p)) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        r.wait_applied(&new).await;
-    })
-    .await
-    .map_err(|_| NetError("old Pods were not removed, or the rules did not settle".into()))?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    r.record("client_stopped", None, "");
-    Ok(first)
 }
 
 /// The rollout by the real Deployment controller: the Deployment, its Pods Ready and routed,

@@ -327,24 +327,55 @@ impl Real {
             .map_err(err("delete Pod"))?;
         Ok(())
     }
+}
 
-    /// The Deployment controller's rolling update (maxSurge, maxUnavailable) from `old` to
-    /// new Pods named `pod-<first_new>`, `pod-<first_new + 1>`, …; returns the new Pods.
-    pub async fn rollout(
-        &self,
-        old: &[String],
-        template: &PodTemplate,
-        first_new: usize,
-        max_surge: usize,
-        max_unavailable: usize,
-        deadline: Duration,
-    ) -> Result<Vec<String>, NetError> {
-        let pods = RealPods {
-            real: self,
+/// The real stack as a cell's rollout sees it: Pods from `template`, logs under `dir`.
+pub(crate) struct RealStack<'a> {
+    real: &'a Real,
+    template: &'a PodTemplate,
+    dir: &'a std::path::Path,
+}
+
+impl<'a> RealStack<'a> {
+    pub(crate) fn new(real: &'a Real, template: &'a PodTemplate, dir: &'a std::path::Path) -> Self {
+        Self {
+            real,
             template,
+            dir,
+        }
+    }
+}
+
+impl crate::rollout::Stack for RealStack<'_> {
+    const SETTLE: Duration = Duration::from_secs(60);
+    const TAIL: Duration = Duration::from_secs(10);
+
+    fn pods(&self, first_new: usize) -> impl crate::rollout::Pods + '_ {
+        RealPods {
+            real: self.real,
+            template: self.template,
             first_new,
-        };
-        crate::rollout::rolling_update(&pods, old, max_surge, max_unavailable, deadline).await
+        }
+    }
+
+    fn gone(&self, name: &str) -> bool {
+        self.real.removed(name)
+    }
+
+    async fn wait_applied(&self, pods: &[String]) {
+        self.real.wait_applied(pods).await
+    }
+
+    fn forget_unrouted(&self) -> Result<(), NetError> {
+        self.real.forget_unrouted()
+    }
+
+    fn record(&self, what: &str, pod: Option<&str>, detail: &str) {
+        self.real.record(what, pod, detail)
+    }
+
+    fn logs_hint(&self) -> String {
+        format!("see the logs in {}", self.dir.display())
     }
 }
 
