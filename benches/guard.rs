@@ -119,7 +119,7 @@ fn guards(c: &mut Criterion) {
         .termination_log(None)
         .build()
         .unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let subjects = Subjects {
         drain,
         atomic: Arc::new(AtomicUsize::new(0)),

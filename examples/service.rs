@@ -206,7 +206,7 @@ async fn run(args: Args) -> ExitCode {
     }
 
     // Startup gate: not ready until the warm-up is done.
-    let warmup = drain.startup_gate("warmup");
+    let warmup = drain.readiness().startup_gate("warmup");
     let delay = args.startup_delay;
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;

@@ -20,7 +20,7 @@ use crate::driver::ExitHolds;
 use crate::driver::{Driver, Status};
 use crate::guard::{Core, InFlightGuard};
 use crate::phase::{unix_ms_now, Event, Phase, Trigger};
-use crate::readiness::{Caller, ReadinessState, ReadinessWhileDraining};
+use crate::readiness::{Caller, ReadinessState};
 use crate::report::DrainReport;
 use crate::signal::{Receipt, Signals};
 
@@ -35,7 +35,7 @@ mod ready;
 mod work;
 
 pub use builder::{DrainBuilder, PROXY_LABEL_ENV};
-pub use ready::StartupGate;
+pub use ready::{Readiness, StartupGate};
 
 pub(crate) struct Inner {
     readiness: ReadinessState,
@@ -67,10 +67,10 @@ pub(crate) struct Inner {
 ///     .report_to_stderr(false)
 ///     .build()?;
 ///
-/// let gate = drain.startup_gate("cache-warmup");
-/// assert!(!drain.is_ready());
+/// let gate = drain.readiness().startup_gate("cache-warmup");
+/// assert!(!drain.readiness().is_ready());
 /// gate.open();
-/// assert!(drain.is_ready());
+/// assert!(drain.readiness().is_ready());
 ///
 /// let guard = drain.enter(); // one request in flight
 /// assert!(drain.start(Trigger::Api));
@@ -166,9 +166,9 @@ impl Drain {
         self.inner.driver.budget
     }
 
-    /// The readiness policy in force.
-    pub fn readiness_policy(&self) -> ReadinessWhileDraining {
-        self.inner.readiness.policy()
+    /// Readiness: startup gates, readiness checks, what `/readyz` answers, the policy.
+    pub fn readiness(&self) -> Readiness<'_> {
+        Readiness::new(self)
     }
 
     /// Counts one unit of in-flight work until the returned guard is dropped.
@@ -292,7 +292,7 @@ impl Drain {
     /// assert!(drain.start(Trigger::Api)); // started it
     /// assert!(!drain.start(Trigger::Sigterm)); // recorded as `signal_received`, changes nothing
     /// assert_eq!(drain.phase(), Phase::Draining);
-    /// assert!(!drain.is_ready());
+    /// assert!(!drain.readiness().is_ready());
     /// # }
     /// ```
     pub fn start(&self, trigger: Trigger) -> bool {
@@ -317,7 +317,7 @@ impl Drain {
     /// [`ReadinessWhileDraining::Auto`] while draining).
     pub fn status(&self) -> Status {
         let phase = self.phase();
-        let ready = self.is_ready();
+        let ready = self.readiness().is_ready();
         let for_kubelet = self.readiness_for(Caller::Kubelet).ready;
         self.inner.driver.status(phase, ready, for_kubelet)
     }
@@ -350,7 +350,7 @@ impl Drain {
         let driver = &self.inner.driver;
         driver.note_owned_by_run();
         self.install_signals();
-        self.mark_serving();
+        self.readiness().mark_serving();
         let mut report = self.drained().await;
         if !self.inner.signals.is_none() {
             driver

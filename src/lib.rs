@@ -159,7 +159,7 @@ pub use self::server::{
 };
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions};
-pub use drain::{Drain, DrainBuilder, StartupGate, PROXY_LABEL_ENV};
+pub use drain::{Drain, DrainBuilder, Readiness, StartupGate, PROXY_LABEL_ENV};
 pub use driver::{Status, STATUS_TIMELINE_LIMIT};
 pub use error::ConfigError;
 /// Internals that this crate's own tests, examples and benchmarks reach: the advice rules and
@@ -173,7 +173,7 @@ pub mod __private {
 pub use guard::InFlightGuard;
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
-pub use readiness::{Readiness, ReadinessWhileDraining, KNATIVE_PROBE_HEADER, PROBE_HEADER};
+pub use readiness::{ReadinessAnswer, ReadinessWhileDraining, KNATIVE_PROBE_HEADER, PROBE_HEADER};
 pub use report::DrainReport;
 pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
 pub use tasks::TaskContext;

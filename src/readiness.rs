@@ -54,7 +54,7 @@ pub enum ReadinessWhileDraining {
     /// balancers; they and everyone else see "not ready" from the trigger. An external checker
     /// that sends kubelet's `User-Agent` or the header is taken for kubelet. `/status` and the
     /// report list the sources seen and how each was classified ([`ProbeSources`]).
-    /// [`Drain::readiness`](crate::Drain::readiness) and `/status` answer as for other callers;
+    /// [`Readiness::answer`](crate::Readiness::answer) and `/status` answer as for other callers;
     /// gRPC health goes by `User-Agent` only.
     #[default]
     Auto,
@@ -144,12 +144,12 @@ impl Caller {
     }
 }
 
-/// Readiness and why, as `/readyz` reports it.
+/// Readiness and why, as `/readyz` reports it: [`Readiness::answer`](crate::Readiness::answer).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
-pub struct Readiness {
+pub struct ReadinessAnswer {
     /// `true` when `/readyz` answers 200 to the caller this describes
-    /// ([`Drain::readiness`](crate::Drain::readiness): any caller but kubelet's probe, see
+    /// ([`Readiness::answer`](crate::Readiness::answer): any caller but kubelet's probe, see
     /// [`ReadinessWhileDraining::Auto`]).
     pub ready: bool,
     /// `ok`, `starting: waiting for <gate>`, `draining`, `check <name> failed: <why>`.
@@ -243,7 +243,7 @@ impl ReadinessState {
         caller: Caller,
         who: &str,
         evidence: Option<String>,
-    ) -> Readiness {
+    ) -> ReadinessAnswer {
         type Gates = Vec<(String, bool)>;
         type Checks = Vec<(String, Arc<CheckFn>)>;
         let (gates, checks): (Gates, Checks) = {
@@ -308,7 +308,7 @@ impl ReadinessState {
                 }
             }
         }
-        Readiness {
+        ReadinessAnswer {
             ready: reason.is_none(),
             reason: reason.unwrap_or_else(|| "ok".to_owned()),
             checks: lines,

@@ -31,7 +31,7 @@ async fn serve_axum(drain: &Drain, app: axum::Router) -> (SocketAddr, JoinHandle
     .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
     .into_future();
     let deadline = drain.deadline_exceeded();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let handle = tokio::spawn(async move {
         tokio::select! {
             r = server => { r.unwrap(); true }

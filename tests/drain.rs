@@ -21,7 +21,7 @@ async fn phases_move_forward_in_order() {
         .unwrap();
     let mut rx = drain.subscribe();
     assert_eq!(drain.phase(), Phase::Starting);
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     assert_eq!(drain.phase(), Phase::Serving);
 
     let seen = tokio::spawn(async move {
@@ -85,32 +85,36 @@ async fn phases_move_forward_in_order() {
 #[tokio::test(start_paused = true)]
 async fn readiness_is_false_until_every_gate_opens() {
     let drain = quiet_builder().build().unwrap();
-    let warm = drain.startup_gate("cache-warmup");
-    let migrations = drain.startup_gate("migrations");
-    drain.mark_serving();
+    let warm = drain.readiness().startup_gate("cache-warmup");
+    let migrations = drain.readiness().startup_gate("migrations");
+    drain.readiness().mark_serving();
     assert_eq!(drain.phase(), Phase::Starting);
-    let r = drain.readiness();
+    let r = drain.readiness().answer();
     assert!(!r.ready);
     assert_eq!(r.reason, "starting: waiting for cache-warmup");
     warm.open();
-    assert!(!drain.is_ready());
-    assert_eq!(drain.readiness().reason, "starting: waiting for migrations");
+    assert!(!drain.readiness().is_ready());
+    assert_eq!(
+        drain.readiness().answer().reason,
+        "starting: waiting for migrations"
+    );
     assert_eq!(drain.phase(), Phase::Starting);
     migrations.open();
-    assert!(drain.is_ready());
+    assert!(drain.readiness().is_ready());
     assert_eq!(drain.phase(), Phase::Serving);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_gate_keeps_readiness_false() {
     let drain = quiet_builder().build().unwrap();
-    let gate = drain.startup_gate("warmup");
+    let gate = drain.readiness().startup_gate("warmup");
     drop(gate);
-    drain.mark_serving();
-    assert!(!drain.is_ready());
+    drain.readiness().mark_serving();
+    assert!(!drain.readiness().is_ready());
     assert_eq!(drain.phase(), Phase::Starting);
     assert!(drain
         .readiness()
+        .answer()
         .checks
         .iter()
         .any(|c| c == "[-]gate warmup waiting"));
@@ -119,19 +123,19 @@ async fn a_dropped_gate_keeps_readiness_false() {
 #[tokio::test(start_paused = true)]
 async fn readiness_checks_are_listed_and_can_fail() {
     let drain = quiet_builder().build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let h = healthy.clone();
-    drain.readiness_check("local-disk", move || {
+    drain.readiness().check("local-disk", move || {
         if h.load(std::sync::atomic::Ordering::Relaxed) {
             Ok(())
         } else {
             Err("full")
         }
     });
-    assert!(drain.is_ready());
+    assert!(drain.readiness().is_ready());
     healthy.store(false, std::sync::atomic::Ordering::Relaxed);
-    let r = drain.readiness();
+    let r = drain.readiness().answer();
     assert!(!r.ready);
     assert_eq!(r.reason, "check local-disk failed: full");
     assert!(r.checks.contains(&"[-]local-disk failed: full".to_owned()));
@@ -140,7 +144,7 @@ async fn readiness_checks_are_listed_and_can_fail() {
 #[tokio::test(start_paused = true)]
 async fn exactly_one_of_many_concurrent_starts_wins() {
     let drain = quiet_builder().build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let mut handles = Vec::new();
     for i in 0..100 {
         let d = drain.clone();
@@ -697,21 +701,22 @@ async fn readiness_through_a_drain(
         .propagation(Propagation::fixed(Duration::from_secs(1)))
         .build()
         .unwrap();
-    drain.mark_serving();
-    let mut seen = vec![(drain.phase(), drain.is_ready())];
+    drain.readiness().mark_serving();
+    let mut seen = vec![(drain.phase(), drain.readiness().is_ready())];
     let guard = drain.enter();
     drain.start(Trigger::Sigterm);
-    seen.push((drain.phase(), drain.is_ready()));
+    seen.push((drain.phase(), drain.readiness().is_ready()));
     assert!(drain
         .readiness()
+        .answer()
         .checks
         .iter()
         .any(|c| c.contains(policy.as_str())));
     tokio::time::sleep(ms(1500)).await;
-    seen.push((drain.phase(), drain.is_ready()));
+    seen.push((drain.phase(), drain.readiness().is_ready()));
     drop(guard);
     let report = drain.drained().await;
-    seen.push((drain.phase(), drain.is_ready()));
+    seen.push((drain.phase(), drain.readiness().is_ready()));
     assert_eq!(report.readiness_policy, policy);
     (seen, report)
 }
@@ -760,7 +765,7 @@ async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
         .propagation(Propagation::fixed(ms(100)))
         .build()
         .unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let triggers = [
         Trigger::Api,
         Trigger::PreStop,
@@ -833,7 +838,7 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
         .propagation(Propagation::fixed(Duration::from_secs(40)))
         .build()
         .unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let (listener, addr) = common::bind().await;
     let router = drain.admin().without_token().router();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
@@ -896,8 +901,8 @@ async fn a_drain_before_the_process_ever_served_stops_accepting_at_once() {
         .propagation(Propagation::quiet(ms(1000)).max(Duration::from_secs(15)))
         .build()
         .unwrap();
-    let _warm_up = drain.startup_gate("warm-up");
-    drain.mark_serving();
+    let _warm_up = drain.readiness().startup_gate("warm-up");
+    drain.readiness().mark_serving();
     assert_eq!(drain.phase(), Phase::Starting);
     let t0 = Instant::now();
     assert!(drain.start(Trigger::Sigterm));
@@ -932,7 +937,7 @@ async fn status_shows_both_readiness_answers_under_auto() {
         .propagation(Propagation::fixed(ms(500)))
         .build()
         .unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let s = drain.status();
     assert!(s.ready && s.ready_for_kubelet);
     assert!(drain.start(Trigger::Api));

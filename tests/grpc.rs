@@ -306,7 +306,7 @@ async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
         .readiness_while_draining(ReadinessWhileDraining::ServingUntilStop)
         .build()
         .unwrap();
-    let warmup = drain.startup_gate("warmup");
+    let warmup = drain.readiness().startup_gate("warmup");
     let (addr, server) = start(&drain).await;
     let (channel, _) = connect(addr);
     let mut health = HealthClient::new(channel);
@@ -354,7 +354,7 @@ async fn health_under_auto_keeps_kubelet_serving_and_tells_everyone_else_at_once
         secs(30),
         quiet_window(secs(3)).quiet_suffices_after(Duration::ZERO),
     );
-    assert_eq!(drain.readiness_policy(), ReadinessWhileDraining::Auto);
+    assert_eq!(drain.readiness().policy(), ReadinessWhileDraining::Auto);
     let (addr, server) = start(&drain).await;
     let mut other = HealthClient::new(connect(addr).0);
     wait_status(&mut other, slow::SERVICE, ServingStatus::Serving).await;

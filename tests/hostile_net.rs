@@ -406,7 +406,7 @@ async fn admin_server(drain: &lameduck::Drain, cap: usize) -> std::net::SocketAd
 #[tokio::test]
 async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
     let drain = drain(secs(30), Propagation::fixed(ms(1500)));
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let addr = admin_server(&drain, 8).await;
 
     // A preStop caller waiting for the drain: busy, never evicted.
@@ -450,7 +450,7 @@ async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_window_http2_connections_do_not_lock_kubelet_probes_out() {
     let drain = drain(secs(30), Propagation::fixed(ms(300)));
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let addr = admin_server(&drain, lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS).await;
 
     // Every slot holds an answer its peer will never take.

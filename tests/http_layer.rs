@@ -224,7 +224,7 @@ async fn stream_stop_ends_streams_cleanly_at_stopped_accepting() {
 #[tokio::test]
 async fn spread_stream_stops_fire_within_the_window() {
     let drain = drain(secs(6), Propagation::fixed(ms(200)));
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let window = Duration::from_millis(600);
     let stops: Vec<_> = (0..5).map(|_| drain.stream_stop_spread(window)).collect();
     let mut offsets: Vec<_> = stops.iter().map(|s| s.offset()).collect();

@@ -36,7 +36,13 @@ async fn stream_ends_cleanly_at_stopped_accepting_and_resumes_on_another_replica
     let (a, a_addr) = replica(Propagation::fixed(Duration::from_secs(2)), Duration::ZERO).await;
     let (b, b_addr) = replica(Propagation::fixed(Duration::from_secs(2)), Duration::ZERO).await;
     // Stands in for the EndpointSlice controller: new connections go to a ready replica.
-    let pick = |a: &Drain| if a.is_ready() { a_addr } else { b_addr };
+    let pick = |a: &Drain| {
+        if a.readiness().is_ready() {
+            a_addr
+        } else {
+            b_addr
+        }
+    };
 
     // A must-finish task keeps replica A up after its stream ends, as a process with other work
     // would be; released at the end.

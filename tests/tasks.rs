@@ -397,7 +397,7 @@ async fn a_missing_termination_log_is_not_an_error() {
 #[tokio::test(start_paused = true)]
 async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
     let drain = builder().drain_on_task_panic(true).build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     drain.spawn("exporter", async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         panic!("lost the connection");
@@ -411,7 +411,7 @@ async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
 
     // Without the setting the panic is recorded and nothing starts.
     let calm = builder().build().unwrap();
-    calm.mark_serving();
+    calm.readiness().mark_serving();
     calm.spawn("exporter", async { panic!("lost the connection") });
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(calm.phase(), Phase::Serving);

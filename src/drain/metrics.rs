@@ -157,7 +157,7 @@ mod tests {
                 .propagation(Propagation::fixed(Duration::from_secs(2)))
                 .build()
                 .unwrap();
-            drain.mark_serving();
+            drain.readiness().mark_serving();
             let core = drain.core();
             drain.start(Trigger::Sigterm);
 

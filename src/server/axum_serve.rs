@@ -39,7 +39,8 @@ use crate::server::ConnMeta;
 /// Serves `router` on `listener` with `axum::serve`, wired to `drain`: the one-call integration
 /// for axum apps.
 ///
-/// * Marks startup complete ([`Drain::mark_serving`]) when it starts.
+/// * Marks startup complete ([`Readiness::mark_serving`](crate::Readiness::mark_serving)) when
+///   it starts.
 /// * Keeps accepting while Draining; stops accepting at `stopped_accepting`
 ///   ([`Drain::stopped_accepting`]), when axum closes its listener and idle connections and sends
 ///   HTTP/2 connections a GOAWAY.
@@ -123,7 +124,7 @@ pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> AxumServe 
     let deadline = drain.deadline_exceeded();
     AxumServe {
         inner: Box::pin(async move {
-            drain.mark_serving();
+            drain.readiness().mark_serving();
             // From now on every accepted connection counts in the arrival rate, as under
             // `lameduck::serve`: an idle server has a rate of zero, not no data.
             drain.core().observed().observe_arrivals();

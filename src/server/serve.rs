@@ -83,7 +83,8 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
     doc = "[which-one]: crate#feature-flags\n[axum-serve]: crate#feature-flags\n[connect-info]: crate#feature-flags"
 )]
 ///
-/// * Marks startup complete ([`Drain::mark_serving`]) when it starts.
+/// * Marks startup complete ([`Readiness::mark_serving`](crate::Readiness::mark_serving)) when
+///   it starts.
 /// * Keeps accepting while Draining, and records each new connection (time, peer) as activity
 ///   for the propagation policy and the report.
 /// * Sends a graceful GOAWAY to HTTP/2 connections when the drain starts; leaves idle HTTP/1

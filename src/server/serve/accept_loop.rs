@@ -82,7 +82,7 @@ where
 /// Marks startup complete and records the server's settings for the report; from now on every
 /// accepted connection counts in the arrival rate (the evidence).
 fn announce_start(drain: &Drain, header_read_timeout: Option<Duration>) {
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     drain.note_server(crate::report::ServerReport {
         header_read_timeout_ms: header_read_timeout.map(|t| t.as_millis() as u64),
     });
