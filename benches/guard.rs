@@ -130,7 +130,7 @@ fn guards(c: &mut Criterion) {
 
     group(c, &subjects, Mode::OneThread);
     group(c, &subjects, Mode::TwoThreads);
-    assert_eq!(subjects.drain.in_flight(), 0);
+    assert_eq!(subjects.drain.counts().in_flight(), 0);
 }
 
 criterion_group! {

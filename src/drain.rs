@@ -27,15 +27,19 @@ use crate::signal::{Receipt, Signals};
 #[cfg(feature = "admin")]
 mod admin;
 mod builder;
+mod counts;
 #[cfg(feature = "kube")]
 mod kube;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod ready;
+mod tasks;
 mod work;
 
 pub use builder::{DrainBuilder, PROXY_LABEL_ENV};
+pub use counts::Counts;
 pub use ready::{Readiness, StartupGate};
+pub use tasks::Tasks;
 
 pub(crate) struct Inner {
     readiness: ReadinessState,
@@ -91,7 +95,7 @@ impl std::fmt::Debug for Drain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Drain")
             .field("phase", &self.phase())
-            .field("in_flight", &self.in_flight())
+            .field("in_flight", &self.counts().in_flight())
             .field("budget", &self.inner.driver.budget)
             .finish_non_exhaustive()
     }
@@ -185,7 +189,7 @@ impl Drain {
     /// use lameduck::Trigger;
     ///
     /// let guard = drain.enter(); // e.g. one message taken from a raw TCP protocol
-    /// assert_eq!(drain.in_flight(), 1);
+    /// assert_eq!(drain.counts().in_flight(), 1);
     /// drain.start(Trigger::Api);
     /// // ... finish the work; the drain cannot reach zero before ...
     /// drop(guard);
@@ -202,19 +206,15 @@ impl Drain {
         guard
     }
 
-    /// Requests (guards) in flight now.
-    pub fn in_flight(&self) -> usize {
-        self.core().counter.count()
+    /// What the drain counts: requests in flight, open connections, background tasks.
+    pub fn counts(&self) -> Counts<'_> {
+        Counts::new(self)
     }
 
-    /// Open connections on `lameduck::serve` listeners.
-    pub fn connections(&self) -> usize {
-        self.inner.driver.connections()
-    }
-
-    /// Background tasks still running.
-    pub fn tasks(&self) -> usize {
-        self.inner.driver.tasks.len()
+    /// Background work beyond [`spawn`](Self::spawn) and [`on_close`](Self::on_close):
+    /// cancel-on-drain tasks, recovery actions, closers with options.
+    pub fn tasks(&self) -> Tasks<'_> {
+        Tasks::new(self)
     }
 
     /// `true` from the first trigger on.

@@ -52,7 +52,7 @@
 //! | your own hyper accept loop | [`Drain::layer`] + [`ConnMeta`] + the tokens | [`guide::hyper`] |
 //! | tonic (gRPC) | [`Drain::layer`] + [`Drain::grpc_health`] | [`guide::tonic`] |
 //! | server-sent events, WebSockets, watches | [`Drain::stream_stop`], [`StreamStop::wrap`], a guard per socket | `examples/sse.rs`, `examples/websocket.rs` |
-//! | queue consumers, pollers, cron-style workers (no HTTP) | [`Drain::spawn_cancellable`] | [`guide::worker`] |
+//! | queue consumers, pollers, cron-style workers (no HTTP) | [`Tasks::spawn_cancellable`] | [`guide::worker`] |
 //! | Kubernetes probes and `preStop` | [`Drain::admin`]`().serve(listener)` | [`guide::kubernetes`] |
 //!
 //! Each guide opens with the `Cargo.toml` lines it needs. An item that needs a feature this
@@ -159,7 +159,7 @@ pub use self::server::{
 };
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions};
-pub use drain::{Drain, DrainBuilder, Readiness, StartupGate, PROXY_LABEL_ENV};
+pub use drain::{Counts, Drain, DrainBuilder, Readiness, StartupGate, Tasks, PROXY_LABEL_ENV};
 pub use driver::{Status, STATUS_TIMELINE_LIMIT};
 pub use error::ConfigError;
 /// Internals that this crate's own tests, examples and benchmarks reach: the advice rules and

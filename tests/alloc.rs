@@ -202,7 +202,7 @@ mod layer {
             .layer(Hello);
         assert_eq!(count(&mut with_options, N), baseline);
         assert_eq!(
-            drain.in_flight(),
+            drain.counts().in_flight(),
             0,
             "every guard was released with its body"
         );
@@ -367,7 +367,7 @@ mod layer {
                 "conn_meta_on_every_request {per_request} against {bare} for {N} requests"
             );
 
-            assert_eq!(drain.in_flight(), 0);
+            assert_eq!(drain.counts().in_flight(), 0);
         });
     }
 }

@@ -617,14 +617,14 @@ async fn in_flight_zero_waits_for_the_last_guard() {
         .build()
         .unwrap();
     let guard = drain.enter();
-    assert_eq!(drain.in_flight(), 1);
+    assert_eq!(drain.counts().in_flight(), 1);
     drain.start(Trigger::Api);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(drain.phase(), Phase::StoppedAccepting);
     drop(guard);
     let report = drain.drained().await;
     assert_eq!(report.event(EventKind::InFlightZero).unwrap().at_ms, 2000);
-    assert_eq!(drain.in_flight(), 0);
+    assert_eq!(drain.counts().in_flight(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -637,7 +637,7 @@ async fn a_panic_releases_the_guard() {
     })
     .await;
     assert!(r.unwrap_err().is_panic());
-    assert_eq!(drain.in_flight(), 0);
+    assert_eq!(drain.counts().in_flight(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -653,7 +653,7 @@ async fn dropping_an_unfinished_future_releases_the_guard() {
     };
     let timed_out = tokio::time::timeout(Duration::from_secs(1), fut).await;
     assert!(timed_out.is_err());
-    assert_eq!(drain.in_flight(), 0);
+    assert_eq!(drain.counts().in_flight(), 0);
     drain.start(Trigger::Api);
     assert_eq!(drain.drained().await.exit_code, 0);
 }

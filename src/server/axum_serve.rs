@@ -67,8 +67,8 @@ use crate::server::ConnMeta;
 /// # Compared with `lameduck::serve`
 ///
 /// axum's own loop does not let lameduck close connections: HTTP/2 connections get their
-/// GOAWAY at `stopped_accepting` rather than at the trigger, [`Drain::connections`] stays 0,
-/// and connections still busy at the deadline are not force-closed — the future resolves and
+/// GOAWAY at `stopped_accepting` rather than at the trigger,
+/// [`Counts::connections`](crate::Counts::connections) stays 0, and connections still busy at the deadline are not force-closed — the future resolves and
 /// they end with the process, which exits once the report is written. Use
 /// [`lameduck::serve`](crate::serve) (it takes the same router; add
 /// [`connect_info`](crate::server::Serve::connect_info) for `ConnectInfo` extractors) when that

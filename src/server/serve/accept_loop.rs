@@ -175,7 +175,7 @@ impl<S> Connections<S> {
     /// to end, closing those that never sent a complete request head once nothing is in flight.
     async fn wait_until_gone(self) {
         tracing::info!(
-            connections = self.drain.connections(),
+            connections = self.drain.counts().connections(),
             "lameduck: listener closed; waiting for connections to finish"
         );
         self.tokens.idle_close.cancel();
