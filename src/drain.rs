@@ -11,15 +11,13 @@
 
 use std::sync::Arc;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::budget::Budget;
 use crate::driver::ExitHolds;
 use crate::driver::{Driver, Status};
 use crate::guard::{Core, InFlightGuard};
-use crate::phase::{unix_ms_now, Event, Phase, Trigger};
+use crate::phase::{unix_ms_now, Phase, Trigger};
 use crate::readiness::{Caller, ReadinessState};
 use crate::report::DrainReport;
 use crate::signal::{Receipt, Signals};
@@ -32,12 +30,14 @@ mod counts;
 mod kube;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod moments;
 mod ready;
 mod tasks;
 mod work;
 
 pub use builder::{DrainBuilder, PROXY_LABEL_ENV};
 pub use counts::Counts;
+pub use moments::Moments;
 pub use ready::{Readiness, StartupGate};
 pub use tasks::Tasks;
 
@@ -148,26 +148,21 @@ impl Drain {
         self.inner.driver.phase()
     }
 
-    /// A receiver that sees every phase change; `rx.wait_for(|p| *p >= Phase::Closing)` awaits
-    /// a phase.
-    pub fn subscribe(&self) -> watch::Receiver<Phase> {
-        self.inner.driver.subscribe()
-    }
-
     /// Resolves once the phase is `phase` or later.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe.
     pub async fn reached(&self, phase: Phase) {
-        let mut rx = self.subscribe();
+        let mut rx = self.inner.driver.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
         let _ = rx.wait_for(|p| *p >= phase).await;
     }
 
-    /// The validated budget.
-    pub fn budget(&self) -> Budget {
-        self.inner.driver.budget
+    /// The drain's moments: the tokens of `drain_started`, `stopped_accepting` and
+    /// `deadline_exceeded`, the deadlines, the budget, the timeline so far, phase changes.
+    pub fn moments(&self) -> Moments<'_> {
+        Moments::new(self)
     }
 
     /// Readiness: startup gates, readiness checks, what `/readyz` answers, the policy.
@@ -222,21 +217,10 @@ impl Drain {
         self.core().counter.is_draining()
     }
 
-    /// A token that fires at `drain_started`: readiness flips, cancel-on-drain work stops
-    /// taking new work.
-    ///
-    /// The three moments of a drain have one name each, on the handle and on
-    /// [`TaskContext`](crate::TaskContext) alike, the names of their timeline events:
-    /// `drain_started` (the trigger), [`stopped_accepting`](Self::stopped_accepting) (the
-    /// propagation policy committed: listeners close, streams end) and
-    /// [`deadline_exceeded`](Self::deadline_exceeded) (the quiesce deadline: force-close what
-    /// is left). An axum app's `with_graceful_shutdown` wants `stopped_accepting`, not this one:
-    /// load balancers still send new work while the drain propagates.
-    pub fn drain_started(&self) -> CancellationToken {
-        self.inner.driver.tokens.drain.clone()
-    }
-
-    /// A token that fires at `stopped_accepting`: listeners close, streams should end.
+    /// A token that fires at `stopped_accepting`: listeners close, streams should end. The
+    /// same token as [`Moments::stopped_accepting`], kept here for an axum app's
+    /// `with_graceful_shutdown`, which wants this moment, not `drain_started`: load balancers
+    /// still send new work while the drain propagates.
     ///
     /// # Examples
     ///
@@ -255,23 +239,6 @@ impl Drain {
     /// ```
     pub fn stopped_accepting(&self) -> CancellationToken {
         self.inner.driver.tokens.stop.clone()
-    }
-
-    /// A token that fires at `deadline_exceeded`, the quiesce deadline (or when forced):
-    /// force-close what is left.
-    pub fn deadline_exceeded(&self) -> CancellationToken {
-        self.inner.driver.tokens.deadline.clone()
-    }
-
-    /// The quiesce deadline, once the drain has started: when
-    /// [`deadline_exceeded`](Self::deadline_exceeded) fires.
-    pub fn quiesce_deadline(&self) -> Option<Instant> {
-        self.inner.driver.quiesce_deadline()
-    }
-
-    /// The hard deadline (grace period minus safety margin), once the drain has started.
-    pub fn hard_deadline(&self) -> Option<Instant> {
-        self.inner.driver.hard_deadline()
     }
 
     /// Starts the drain. Returns `true` only for the call that started it; later calls are
@@ -305,11 +272,6 @@ impl Drain {
     /// it had not started. Returns `true` if this call forced it.
     pub fn force(&self) -> bool {
         self.inner.driver.force()
-    }
-
-    /// The timeline so far (empty before the drain starts).
-    pub fn timeline(&self) -> Vec<Event> {
-        self.inner.driver.timeline()
     }
 
     /// A snapshot for `/status`, with both readiness answers: `ready` (what load balancers and
@@ -357,7 +319,7 @@ impl Drain {
                 .wait_for_stop_signal(&mut report, self.inner.signals.stop().as_str())
                 .await;
         }
-        let settle = self.inner.exit.settle(self.hard_deadline());
+        let settle = self.inner.exit.settle(driver.hard_deadline());
         match driver.settle_cap() {
             // Admin answers get what is left before the report's last write, which the
             // watchdog waits for no longer than half the safety margin past the hard deadline.

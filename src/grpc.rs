@@ -95,7 +95,7 @@ impl Drain {
             }
         }
         tokio::spawn(follow_phase(
-            self.subscribe(),
+            self.moments().subscribe(),
             self.readiness().policy(),
             reporter.clone(),
             names,
@@ -196,7 +196,7 @@ impl Health for DrainHealth {
         let differs = ready_in(Phase::Draining, policy, caller)
             != ready_in(Phase::Draining, policy, Caller::Kubelet);
         let not_serving_from =
-            differs.then(|| Box::pin(self.drain.drain_started().cancelled_owned()));
+            differs.then(|| Box::pin(self.drain.moments().drain_started().cancelled_owned()));
         let response = self.inner.watch(request).await?;
         Ok(response.map(|inner| WatchUntilStop {
             inner,

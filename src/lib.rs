@@ -159,7 +159,9 @@ pub use self::server::{
 };
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions};
-pub use drain::{Counts, Drain, DrainBuilder, Readiness, StartupGate, Tasks, PROXY_LABEL_ENV};
+pub use drain::{
+    Counts, Drain, DrainBuilder, Moments, Readiness, StartupGate, Tasks, PROXY_LABEL_ENV,
+};
 pub use driver::{Status, STATUS_TIMELINE_LIMIT};
 pub use error::ConfigError;
 /// Internals that this crate's own tests, examples and benchmarks reach: the advice rules and

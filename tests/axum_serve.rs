@@ -30,7 +30,7 @@ async fn serve_axum(drain: &Drain, app: axum::Router) -> (SocketAddr, JoinHandle
     )
     .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
     .into_future();
-    let deadline = drain.deadline_exceeded();
+    let deadline = drain.moments().deadline_exceeded();
     drain.readiness().mark_serving();
     let handle = tokio::spawn(async move {
         tokio::select! {

@@ -19,7 +19,7 @@ async fn phases_move_forward_in_order() {
         .propagation(Propagation::fixed(ms(500)))
         .build()
         .unwrap();
-    let mut rx = drain.subscribe();
+    let mut rx = drain.moments().subscribe();
     assert_eq!(drain.phase(), Phase::Starting);
     drain.readiness().mark_serving();
     assert_eq!(drain.phase(), Phase::Serving);
@@ -163,7 +163,7 @@ async fn exactly_one_of_many_concurrent_starts_wins() {
         }
     }
     assert_eq!(wins, 1);
-    let tl = drain.timeline();
+    let tl = drain.moments().timeline();
     assert_eq!(
         tl.iter()
             .filter(|e| e.event == EventKind::DrainStarted)
@@ -192,8 +192,8 @@ async fn later_triggers_do_not_move_the_origin() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!drain.start(Trigger::Sigterm));
     assert_eq!(
-        drain.quiesce_deadline().unwrap(),
-        t0 + drain.budget().quiesce_deadline()
+        drain.moments().deadline().unwrap(),
+        t0 + drain.moments().budget().quiesce_deadline()
     );
     let report = drain.drained().await;
     assert_eq!(report.trigger, Some(Trigger::PreStop));
@@ -219,7 +219,7 @@ fn budget_arithmetic() {
         .grace_period(Duration::from_secs(30))
         .build()
         .unwrap();
-    let b = d.budget();
+    let b = d.moments().budget();
     assert_eq!(b.hard_deadline(), Duration::from_secs(29));
     assert_eq!(b.quiesce_deadline(), Duration::from_secs(24));
 
@@ -229,12 +229,15 @@ fn budget_arithmetic() {
         .close_budget(Duration::from_secs(10))
         .build()
         .unwrap();
-    assert_eq!(d.budget().quiesce_deadline(), Duration::from_secs(48));
+    assert_eq!(
+        d.moments().budget().quiesce_deadline(),
+        Duration::from_secs(48)
+    );
 
     // Short grace period: the defaults shrink in proportion.
     let d = Drain::builder().grace_period(ms(3000)).build().unwrap();
-    assert_eq!(d.budget().safety_margin, ms(100));
-    assert_eq!(d.budget().close_budget, ms(500));
+    assert_eq!(d.moments().budget().safety_margin, ms(100));
+    assert_eq!(d.moments().budget().close_budget, ms(500));
 }
 
 #[test]
@@ -353,7 +356,7 @@ fn grace_period_from_the_environment() {
     if std::env::var_os("LAMEDUCK_ENV_CHILD").is_some() {
         let v = std::env::var("LAMEDUCK_GRACE_PERIOD").unwrap();
         match Drain::builder().build() {
-            Ok(d) => println!("GRACE={}", d.budget().grace_period.as_millis()),
+            Ok(d) => println!("GRACE={}", d.moments().budget().grace_period.as_millis()),
             Err(e) => println!("ERR={} env={}", e, e.is_env()),
         }
         let _ = v;
@@ -476,6 +479,7 @@ fn stop_signal_from_the_environment() {
 async fn stopped_accepting(drain: &Drain) -> lameduck::Event {
     drain.reached(Phase::StoppedAccepting).await;
     drain
+        .moments()
         .timeline()
         .into_iter()
         .find(|e| e.event == EventKind::StoppedAccepting)
@@ -775,7 +779,7 @@ async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
     for i in 0..50_000 {
         drain.start(triggers[i % triggers.len()]);
     }
-    let tl = drain.timeline();
+    let tl = drain.moments().timeline();
     let received: Vec<_> = tl
         .iter()
         .filter(|e| e.event == EventKind::SignalReceived)
@@ -791,12 +795,12 @@ async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
     assert!(received.iter().all(|e| e.at_ms == 0));
 
     let report = drain.drained().await;
-    let done = drain.timeline();
+    let done = drain.moments().timeline();
     for _ in 0..1_000 {
         drain.start(Trigger::PreStop);
         drain.start(Trigger::Sigquit);
     }
-    assert_eq!(drain.timeline(), done, "appended after Done");
+    assert_eq!(drain.moments().timeline(), done, "appended after Done");
     assert_eq!(report.timeline, done);
     assert_eq!(report.timeline.last().unwrap().event, EventKind::Done);
 }
@@ -880,7 +884,7 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
             .unwrap();
         largest = largest.max(l);
     }
-    let tl = drain.timeline();
+    let tl = drain.moments().timeline();
     assert!(tl.len() <= 4, "{tl:?}");
     let received = tl
         .iter()

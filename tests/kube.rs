@@ -559,12 +559,12 @@ async fn a_short_deletion_grace_shrinks_the_deadlines() {
     ready(&d).await;
     d.start(Trigger::Api);
     // Before the deletion, the configured budget: 30 s − 1 s margin.
-    assert!(d.hard_deadline().unwrap() >= origin + Duration::from_secs(29));
+    assert!(d.moments().hard_deadline().unwrap() >= origin + Duration::from_secs(29));
     // `kubectl delete --grace-period=3` while the drain runs: the deadlines move earlier.
     cluster.delete_pod(3);
     let mut tightened_in_time = false;
     for _ in 0..300 {
-        if d.hard_deadline().unwrap() <= origin + Duration::from_secs(3) {
+        if d.moments().hard_deadline().unwrap() <= origin + Duration::from_secs(3) {
             tightened_in_time = true;
             break;
         }

@@ -176,7 +176,7 @@ async fn a_slow_closer_cannot_take_the_time_of_the_one_registered_before_it() {
     // The exporter got half of what was left before the hard deadline, not all of it.
     let closed = report.event(EventKind::ResourceClosed).unwrap().at_ms;
     let took = report.closers[0].took_ms;
-    let left = drain.budget().hard_deadline().as_millis() as u64 - (closed - took);
+    let left = drain.moments().budget().hard_deadline().as_millis() as u64 - (closed - took);
     // Millisecond rounding on both sides of the division.
     assert!(took.abs_diff(left / 2) <= 1, "{took} ms of {left} ms");
 }
@@ -219,13 +219,13 @@ async fn a_task_that_never_ends_is_a_straggler_and_the_drain_still_finishes() {
     drain.start(Trigger::Sigterm);
     let report = drain.drained().await;
     let took = t0.elapsed();
-    assert!(took < drain.budget().hard_deadline(), "{took:?}");
+    assert!(took < drain.moments().budget().hard_deadline(), "{took:?}");
     assert_eq!(report.outcome, Outcome::DeadlineExceeded);
     assert_eq!(report.exit_code, 1);
     let deadline = report.event(EventKind::DeadlineExceeded).unwrap();
     assert_eq!(
         deadline.at_ms,
-        drain.budget().quiesce_deadline().as_millis() as u64
+        drain.moments().budget().quiesce_deadline().as_millis() as u64
     );
     assert_eq!(report.stragglers.len(), 1);
     assert_eq!(report.stragglers[0].kind, StragglerKind::Task);
@@ -294,7 +294,7 @@ async fn recovery_runs_for_an_unfinished_task_before_it_is_aborted() {
         "the item went back to the queue"
     );
     let hurry_at = hurried.lock().unwrap().unwrap() - t0;
-    assert!(hurry_at < drain.budget().quiesce_deadline());
+    assert!(hurry_at < drain.moments().budget().quiesce_deadline());
     let st = &report.stragglers[0];
     assert_eq!(st.name, "consumer");
     assert_eq!(st.recovery, Some(ActionResult::Ok));

@@ -49,7 +49,8 @@ use crate::server::ConnMeta;
 ///   policy. Handlers read it with `ConnectInfo<ConnMeta>`; `ConnectInfo<SocketAddr>`
 ///   extractors keep working too (see the cost below).
 /// * Resolves to `()`, as [`lameduck::serve`](crate::serve) does, when every connection has
-///   finished, or at the quiesce deadline ([`Drain::deadline_exceeded`]) at the latest, so a
+///   finished, or at the quiesce deadline
+///   ([`Moments::deadline_exceeded`](crate::Moments::deadline_exceeded)) at the latest, so a
 ///   stuck connection cannot hold the process past its budget: whatever is still running then
 ///   is named in the report's stragglers.
 ///
@@ -121,7 +122,7 @@ pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> AxumServe 
     let server = axum::serve(listener, WithConnMeta { router, core })
         .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
         .into_future();
-    let deadline = drain.deadline_exceeded();
+    let deadline = drain.moments().deadline_exceeded();
     AxumServe {
         inner: Box::pin(async move {
             drain.readiness().mark_serving();

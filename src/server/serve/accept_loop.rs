@@ -51,9 +51,9 @@ where
     let mut bound = ConnectionBound::new(max_connections);
     announce_start(&drain, header_read_timeout);
     let tokens = Tokens {
-        drain: drain.drain_started(),
+        drain: drain.moments().drain_started(),
         idle_close: CancellationToken::new(),
-        deadline: drain.deadline_exceeded(),
+        deadline: drain.moments().deadline_exceeded(),
         closing: CancellationToken::new(),
         conn_meta_always,
         #[cfg(feature = "axum")]
@@ -109,7 +109,7 @@ async fn listener_closes(drain: &Drain, keep_listening: bool) {
     if keep_listening {
         tokio::select! {
             () = drain.reached(Phase::Closing) => {}
-            () = drain.deadline_exceeded().cancelled_owned() => {}
+            () = drain.moments().deadline_exceeded().cancelled_owned() => {}
         }
     } else {
         drain.stopped_accepting().cancelled_owned().await;
