@@ -29,7 +29,7 @@ mod counts;
 #[cfg(feature = "kube")]
 mod kube;
 #[cfg(feature = "metrics")]
-mod metrics;
+pub(crate) mod metrics;
 mod moments;
 mod ready;
 mod tasks;

@@ -66,7 +66,7 @@
 //! | `axum` | yes | [`axum_serve`]: `axum::serve` with [`ConnMeta`], the stop token and the deadline bound, in one call; implies `http` |
 //! | `admin` | yes | the admin router (`/livez`, `/readyz`, `/drain`, `/status`) on axum, and the [`prestop`] helper; implies `axum` |
 //! | `grpc` | no | [`Drain::grpc_health`]: the standard gRPC health service (tonic-health) following the drain; implies `http` |
-//! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Drain::record_metrics`, `Drain::spawn_metrics_updater` |
+//! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Drain::metrics` (`Metrics::record`, `Metrics::spawn_updater`) |
 //! | `kube` | no | [`EndpointWatch`]: watches this Pod and its EndpointSlices (kube-rs 2.0, rustls on ring, k8s-openapi without a Kubernetes version of its own: your binary picks it); propagation waits for the slices plus a proxy allowance, the deletion's grace shrinks the deadlines, each endpoint change is in the timeline. Without it, the report's `endpoint_slice_unused` says so |
 //! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `drain_metrics::prometheus_builder`; no HTTP listener or TLS of its own; implies `metrics` and `admin` |
 //!
@@ -159,6 +159,9 @@ pub use self::server::{
 };
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions};
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use drain::metrics::Metrics;
 pub use drain::{
     Counts, Drain, DrainBuilder, Moments, Readiness, StartupGate, Tasks, PROXY_LABEL_ENV,
 };

@@ -236,7 +236,7 @@ async fn spread_stream_stops_fire_within_the_window() {
     let drain = drain(secs(6), Propagation::fixed(ms(200)));
     drain.readiness().mark_serving();
     let window = Duration::from_millis(600);
-    let stops: Vec<_> = (0..5).map(|_| drain.stream_stop_spread(window)).collect();
+    let stops: Vec<_> = (0..5).map(|_| drain.stream_stop().spread(window)).collect();
     let mut offsets: Vec<_> = stops.iter().map(|s| s.offset()).collect();
     assert!(offsets.iter().all(|o| *o < window));
     offsets.sort();

@@ -295,7 +295,7 @@ fn requests_never_reach_the_recorder() {
 }
 
 #[test]
-fn record_metrics_samples_the_counters_now() {
+fn metrics_record_samples_the_counters_now() {
     let recorder = Counting::new();
     let snap = recorder.inner.snapshotter();
     paused(&recorder, async {
@@ -308,7 +308,7 @@ fn record_metrics_samples_the_counters_now() {
         // No event since: the gauges were not touched.
         assert_eq!(Reading::take(&snap).gauge(IN_FLIGHT_REQUESTS), 0.0);
 
-        drain.record_metrics();
+        drain.metrics().record();
         let r = Reading::take(&snap);
         assert_eq!(r.gauges(), (1.0, 3.0, 1.0, 0.0));
         assert_eq!(
@@ -317,7 +317,7 @@ fn record_metrics_samples_the_counters_now() {
         );
 
         drop(guards);
-        drain.record_metrics();
+        drain.metrics().record();
         assert_eq!(Reading::take(&snap).gauge(IN_FLIGHT_REQUESTS), 0.0);
     });
 }
@@ -329,7 +329,7 @@ fn the_updater_samples_periodically_and_ends_at_done() {
     paused(&recorder, async {
         let drain = builder().build().unwrap();
         drain.readiness().mark_serving();
-        let updater = drain.spawn_metrics_updater(Duration::from_secs(1));
+        let updater = drain.metrics().spawn_updater(Duration::from_secs(1));
         let guard = drain.enter();
         let _ = Reading::take(&snap);
 
