@@ -192,7 +192,7 @@ async fn later_triggers_do_not_move_the_origin() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!drain.start(Trigger::Sigterm));
     assert_eq!(
-        drain.moments().deadline().unwrap(),
+        drain.moments().quiesce_deadline().unwrap(),
         t0 + drain.moments().budget().quiesce_deadline()
     );
     let report = drain.drained().await;

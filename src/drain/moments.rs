@@ -17,8 +17,8 @@ use crate::phase::{Event, Phase};
 /// [`drain_started`](Self::drain_started) (the trigger),
 /// [`stopped_accepting`](Self::stopped_accepting) (the propagation policy committed: listeners
 /// close, streams end) and [`deadline_exceeded`](Self::deadline_exceeded) (the quiesce
-/// deadline: force-close what is left); [`deadline`](Self::deadline) is when the last one
-/// fires.
+/// deadline: force-close what is left); [`quiesce_deadline`](Self::quiesce_deadline) is when
+/// the last fires.
 ///
 /// Returned by [`Drain::moments`]; it borrows the drain. The tokens it returns are clones that
 /// outlive it.
@@ -33,10 +33,10 @@ use crate::phase::{Event, Phase};
 /// use lameduck::Trigger;
 ///
 /// let started = drain.moments().drain_started();
-/// assert_eq!(drain.moments().deadline(), None); // set by the trigger
+/// assert_eq!(drain.moments().quiesce_deadline(), None); // set by the trigger
 /// drain.start(Trigger::Api);
 /// started.cancelled().await;
-/// let quiesce = drain.moments().deadline().unwrap();
+/// let quiesce = drain.moments().quiesce_deadline().unwrap();
 /// assert!(quiesce < drain.moments().hard_deadline().unwrap());
 /// # }
 /// ```
@@ -75,7 +75,7 @@ impl<'a> Moments<'a> {
     /// The quiesce deadline, once the drain has started: when
     /// [`deadline_exceeded`](Self::deadline_exceeded) fires. The same instant as
     /// [`TaskContext::deadline`](crate::TaskContext::deadline).
-    pub fn deadline(&self) -> Option<Instant> {
+    pub fn quiesce_deadline(&self) -> Option<Instant> {
         self.drain.inner.driver.quiesce_deadline()
     }
 

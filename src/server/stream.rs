@@ -215,7 +215,7 @@ impl Future for StreamStop {
                         return Poll::Ready(());
                     }
                     let mut until = Instant::now() + offset;
-                    if let Some(deadline) = this.drain.moments().deadline() {
+                    if let Some(deadline) = this.drain.moments().quiesce_deadline() {
                         until = until.min(deadline);
                     }
                     self.as_mut().project().state.set(StopState::Delaying {
