@@ -56,6 +56,13 @@ pub(crate) struct Inner {
 /// drives the drain: readiness flip, propagation window, stop accepting, wait for zero or the
 /// quiesce deadline, close resources in reverse order, emit the [`DrainReport`].
 ///
+/// What most services call is on `Drain` itself; the rest is grouped by job on small handles
+/// that borrow it: [`readiness`](Self::readiness) (startup gates, checks, what `/readyz`
+/// answers), [`tasks`](Self::tasks) (cancel-on-drain tasks, recovery actions, closers with
+/// options), [`moments`](Self::moments) (the three tokens, the deadlines, the budget, the
+/// timeline), [`counts`](Self::counts) (requests, connections, tasks) and, with the `metrics`
+/// feature, `metrics`.
+///
 /// # Examples
 ///
 /// ```
@@ -276,7 +283,7 @@ impl Drain {
 
     /// A snapshot for `/status`, with both readiness answers: `ready` (what load balancers and
     /// other callers get) and `ready_for_kubelet` (what kubelet's probe gets; they differ under
-    /// [`ReadinessWhileDraining::Auto`] while draining).
+    /// [`ReadinessWhileDraining::Auto`](crate::ReadinessWhileDraining::Auto) while draining).
     pub fn status(&self) -> Status {
         let phase = self.phase();
         let ready = self.readiness().is_ready();
