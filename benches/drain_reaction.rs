@@ -89,7 +89,7 @@ async fn one_drain() -> Sample {
         .termination_log(None)
         .build()
         .unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let closer_at = Arc::new(Mutex::new(None));
     let slot = closer_at.clone();
     drain.on_close("probe", move || {

@@ -119,7 +119,7 @@ fn guards(c: &mut Criterion) {
         .termination_log(None)
         .build()
         .unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let subjects = Subjects {
         drain,
         atomic: Arc::new(AtomicUsize::new(0)),
@@ -130,7 +130,7 @@ fn guards(c: &mut Criterion) {
 
     group(c, &subjects, Mode::OneThread);
     group(c, &subjects, Mode::TwoThreads);
-    assert_eq!(subjects.drain.in_flight(), 0);
+    assert_eq!(subjects.drain.counts().in_flight(), 0);
 }
 
 criterion_group! {

@@ -30,7 +30,7 @@ fn layer(c: &mut Criterion) {
         group.bench_function(variant.name(), |b| b.iter(|| app.one_request()));
     }
     group.finish();
-    assert_eq!(drain.in_flight(), 0, "every guard was released");
+    assert_eq!(drain.counts().in_flight(), 0, "every guard was released");
 }
 
 criterion_group! {

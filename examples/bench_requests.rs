@@ -105,7 +105,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    assert_eq!(drain.in_flight(), 0);
+    assert_eq!(drain.counts().in_flight(), 0);
     println!("{variant} {n}");
     ExitCode::SUCCESS
 }

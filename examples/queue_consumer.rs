@@ -38,7 +38,7 @@ async fn main() -> Result<DrainReport, Box<dyn std::error::Error>> {
 
     let (b, in_hand) = (broker.clone(), Arc::new(Mutex::new(None::<Message>)));
     let (rb, rin_hand) = (broker.clone(), in_hand.clone());
-    drain.spawn_with_recovery(
+    drain.tasks().spawn_with_recovery(
         "orders-consumer",
         move |cx| async move {
             loop {

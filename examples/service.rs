@@ -206,7 +206,7 @@ async fn run(args: Args) -> ExitCode {
     }
 
     // Startup gate: not ready until the warm-up is done.
-    let warmup = drain.startup_gate("warmup");
+    let warmup = drain.readiness().startup_gate("warmup");
     let delay = args.startup_delay;
     tokio::spawn(async move {
         tokio::time::sleep(delay).await;
@@ -224,7 +224,7 @@ async fn run(args: Args) -> ExitCode {
         drain.spawn("stuck-task", std::future::pending::<()>());
     }
     // Closed after the requests and tasks that use it (the sleep stands for the pool's close).
-    drain.on_close_with(
+    drain.tasks().on_close_with(
         "db-pool",
         lameduck::CloseOptions::new().timeout(Duration::from_secs(2)),
         || async {

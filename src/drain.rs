@@ -11,16 +11,13 @@
 
 use std::sync::Arc;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::budget::Budget;
 use crate::driver::ExitHolds;
 use crate::driver::{Driver, Status};
 use crate::guard::{Core, InFlightGuard};
-use crate::phase::ReadinessWhileDraining;
-use crate::phase::{unix_ms_now, Event, Phase, Trigger};
+use crate::phase::{unix_ms_now, Phase, Trigger};
 use crate::readiness::{Caller, ReadinessState};
 use crate::report::DrainReport;
 use crate::signal::{Receipt, Signals};
@@ -28,15 +25,21 @@ use crate::signal::{Receipt, Signals};
 #[cfg(feature = "admin")]
 mod admin;
 mod builder;
+mod counts;
 #[cfg(feature = "kube")]
 mod kube;
 #[cfg(feature = "metrics")]
-mod metrics;
+pub(crate) mod metrics;
+mod moments;
 mod ready;
+mod tasks;
 mod work;
 
 pub use builder::{DrainBuilder, PROXY_LABEL_ENV};
-pub use ready::StartupGate;
+pub use counts::Counts;
+pub use moments::Moments;
+pub use ready::{Readiness, StartupGate};
+pub use tasks::Tasks;
 
 pub(crate) struct Inner {
     readiness: ReadinessState,
@@ -53,6 +56,13 @@ pub(crate) struct Inner {
 /// drives the drain: readiness flip, propagation window, stop accepting, wait for zero or the
 /// quiesce deadline, close resources in reverse order, emit the [`DrainReport`].
 ///
+/// What most services call is on `Drain` itself; the rest is grouped by job on small handles
+/// that borrow it: [`readiness`](Self::readiness) (startup gates, checks, what `/readyz`
+/// answers), [`tasks`](Self::tasks) (cancel-on-drain tasks, recovery actions, closers with
+/// options), [`moments`](Self::moments) (the three tokens, the deadlines, the budget, the
+/// timeline), [`counts`](Self::counts) (requests, connections, tasks) and, with the `metrics`
+/// feature, `metrics`.
+///
 /// # Examples
 ///
 /// ```
@@ -68,10 +78,10 @@ pub(crate) struct Inner {
 ///     .report_to_stderr(false)
 ///     .build()?;
 ///
-/// let gate = drain.startup_gate("cache-warmup");
-/// assert!(!drain.is_ready());
+/// let gate = drain.readiness().startup_gate("cache-warmup");
+/// assert!(!drain.readiness().is_ready());
 /// gate.open();
-/// assert!(drain.is_ready());
+/// assert!(drain.readiness().is_ready());
 ///
 /// let guard = drain.enter(); // one request in flight
 /// assert!(drain.start(Trigger::Api));
@@ -92,7 +102,7 @@ impl std::fmt::Debug for Drain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Drain")
             .field("phase", &self.phase())
-            .field("in_flight", &self.in_flight())
+            .field("in_flight", &self.counts().in_flight())
             .field("budget", &self.inner.driver.budget)
             .finish_non_exhaustive()
     }
@@ -145,31 +155,26 @@ impl Drain {
         self.inner.driver.phase()
     }
 
-    /// A receiver that sees every phase change; `rx.wait_for(|p| *p >= Phase::Closing)` awaits
-    /// a phase.
-    pub fn subscribe(&self) -> watch::Receiver<Phase> {
-        self.inner.driver.subscribe()
-    }
-
     /// Resolves once the phase is `phase` or later.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe.
     pub async fn reached(&self, phase: Phase) {
-        let mut rx = self.subscribe();
+        let mut rx = self.inner.driver.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
         let _ = rx.wait_for(|p| *p >= phase).await;
     }
 
-    /// The validated budget.
-    pub fn budget(&self) -> Budget {
-        self.inner.driver.budget
+    /// The drain's moments: the tokens of `drain_started`, `stopped_accepting` and
+    /// `deadline_exceeded`, the deadlines, the budget, the timeline so far, phase changes.
+    pub fn moments(&self) -> Moments<'_> {
+        Moments::new(self)
     }
 
-    /// The readiness policy in force.
-    pub fn readiness_policy(&self) -> ReadinessWhileDraining {
-        self.inner.readiness.policy()
+    /// Readiness: startup gates, readiness checks, what `/readyz` answers, the policy.
+    pub fn readiness(&self) -> Readiness<'_> {
+        Readiness::new(self)
     }
 
     /// Counts one unit of in-flight work until the returned guard is dropped.
@@ -186,7 +191,7 @@ impl Drain {
     /// use lameduck::Trigger;
     ///
     /// let guard = drain.enter(); // e.g. one message taken from a raw TCP protocol
-    /// assert_eq!(drain.in_flight(), 1);
+    /// assert_eq!(drain.counts().in_flight(), 1);
     /// drain.start(Trigger::Api);
     /// // ... finish the work; the drain cannot reach zero before ...
     /// drop(guard);
@@ -203,19 +208,15 @@ impl Drain {
         guard
     }
 
-    /// Requests (guards) in flight now.
-    pub fn in_flight(&self) -> usize {
-        self.core().counter.count()
+    /// What the drain counts: requests in flight, open connections, background tasks.
+    pub fn counts(&self) -> Counts<'_> {
+        Counts::new(self)
     }
 
-    /// Open connections on `lameduck::serve` listeners.
-    pub fn connections(&self) -> usize {
-        self.inner.driver.connections()
-    }
-
-    /// Background tasks still running.
-    pub fn tasks(&self) -> usize {
-        self.inner.driver.tasks.len()
+    /// Background work beyond [`spawn`](Self::spawn) and [`on_close`](Self::on_close):
+    /// cancel-on-drain tasks, recovery actions, closers with options.
+    pub fn tasks(&self) -> Tasks<'_> {
+        Tasks::new(self)
     }
 
     /// `true` from the first trigger on.
@@ -223,21 +224,10 @@ impl Drain {
         self.core().counter.is_draining()
     }
 
-    /// A token that fires at `drain_started`: readiness flips, cancel-on-drain work stops
-    /// taking new work.
-    ///
-    /// The three moments of a drain have one name each, on the handle and on
-    /// [`TaskContext`](crate::TaskContext) alike, the names of their timeline events:
-    /// `drain_started` (the trigger), [`stopped_accepting`](Self::stopped_accepting) (the
-    /// propagation policy committed: listeners close, streams end) and
-    /// [`deadline_exceeded`](Self::deadline_exceeded) (the quiesce deadline: force-close what
-    /// is left). An axum app's `with_graceful_shutdown` wants `stopped_accepting`, not this one:
-    /// load balancers still send new work while the drain propagates.
-    pub fn drain_started(&self) -> CancellationToken {
-        self.inner.driver.tokens.drain.clone()
-    }
-
-    /// A token that fires at `stopped_accepting`: listeners close, streams should end.
+    /// A token that fires at `stopped_accepting`: listeners close, streams should end. The
+    /// same token as [`Moments::stopped_accepting`], kept here for an axum app's
+    /// `with_graceful_shutdown`, which wants this moment, not `drain_started`: load balancers
+    /// still send new work while the drain propagates.
     ///
     /// # Examples
     ///
@@ -258,23 +248,6 @@ impl Drain {
         self.inner.driver.tokens.stop.clone()
     }
 
-    /// A token that fires at `deadline_exceeded`, the quiesce deadline (or when forced):
-    /// force-close what is left.
-    pub fn deadline_exceeded(&self) -> CancellationToken {
-        self.inner.driver.tokens.deadline.clone()
-    }
-
-    /// The quiesce deadline, once the drain has started: when
-    /// [`deadline_exceeded`](Self::deadline_exceeded) fires.
-    pub fn quiesce_deadline(&self) -> Option<Instant> {
-        self.inner.driver.quiesce_deadline()
-    }
-
-    /// The hard deadline (grace period minus safety margin), once the drain has started.
-    pub fn hard_deadline(&self) -> Option<Instant> {
-        self.inner.driver.hard_deadline()
-    }
-
     /// Starts the drain. Returns `true` only for the call that started it; later calls are
     /// recorded as `signal_received` and change nothing.
     ///
@@ -293,7 +266,7 @@ impl Drain {
     /// assert!(drain.start(Trigger::Api)); // started it
     /// assert!(!drain.start(Trigger::Sigterm)); // recorded as `signal_received`, changes nothing
     /// assert_eq!(drain.phase(), Phase::Draining);
-    /// assert!(!drain.is_ready());
+    /// assert!(!drain.readiness().is_ready());
     /// # }
     /// ```
     pub fn start(&self, trigger: Trigger) -> bool {
@@ -308,17 +281,12 @@ impl Drain {
         self.inner.driver.force()
     }
 
-    /// The timeline so far (empty before the drain starts).
-    pub fn timeline(&self) -> Vec<Event> {
-        self.inner.driver.timeline()
-    }
-
     /// A snapshot for `/status`, with both readiness answers: `ready` (what load balancers and
     /// other callers get) and `ready_for_kubelet` (what kubelet's probe gets; they differ under
-    /// [`ReadinessWhileDraining::Auto`] while draining).
+    /// [`ReadinessWhileDraining::Auto`](crate::ReadinessWhileDraining::Auto) while draining).
     pub fn status(&self) -> Status {
         let phase = self.phase();
-        let ready = self.is_ready();
+        let ready = self.readiness().is_ready();
         let for_kubelet = self.readiness_for(Caller::Kubelet).ready;
         self.inner.driver.status(phase, ready, for_kubelet)
     }
@@ -351,14 +319,14 @@ impl Drain {
         let driver = &self.inner.driver;
         driver.note_owned_by_run();
         self.install_signals();
-        self.mark_serving();
+        self.readiness().mark_serving();
         let mut report = self.drained().await;
         if !self.inner.signals.is_none() {
             driver
                 .wait_for_stop_signal(&mut report, self.inner.signals.stop().as_str())
                 .await;
         }
-        let settle = self.inner.exit.settle(self.hard_deadline());
+        let settle = self.inner.exit.settle(driver.hard_deadline());
         match driver.settle_cap() {
             // Admin answers get what is left before the report's last write, which the
             // watchdog waits for no longer than half the safety margin past the hard deadline.

@@ -30,9 +30,9 @@
 //! coordinator's own counters
 //!
 //! * when the [`Drain`](crate::Drain) is built, at every lifecycle event and at every phase change;
-//! * whenever you call [`Drain::record_metrics`](crate::Drain::record_metrics) — from your scrape handler, right before the
+//! * whenever you call [`Metrics::record`](crate::Metrics::record) — from your scrape handler, right before the
 //!   exporter renders, so a scrape sees that instant;
-//! * every period, from [`Drain::spawn_metrics_updater`](crate::Drain::spawn_metrics_updater), for exporters that push.
+//! * every period, from [`Metrics::spawn_updater`](crate::Metrics::spawn_updater), for exporters that push.
 //!
 //! Between two samples a gauge keeps its last value. The counter is set to the coordinator's
 //! running total each time (a monotonic [`absolute`](metrics::Counter::absolute)), so a scrape
@@ -60,7 +60,7 @@
 //! let scrape = {
 //!     let drain = drain.clone();
 //!     move || {
-//!         drain.record_metrics(); // gauges reflect this instant, not the last event
+//!         drain.metrics().record(); // gauges reflect this instant, not the last event
 //!         render() // your exporter's text
 //!     }
 //! };
@@ -76,7 +76,7 @@
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), lameduck::ConfigError> {
 //! let drain = lameduck::Drain::builder().build()?;
-//! let updater = drain.spawn_metrics_updater(Duration::from_secs(10)); // ends at Done
+//! let updater = drain.metrics().spawn_updater(Duration::from_secs(10)); // ends at Done
 //! # updater.abort();
 //! # Ok(()) }
 //! ```
@@ -183,7 +183,7 @@ fn describe() {
 
 /// The lifecycle's observer that records the metrics: given to every drain when it is built
 /// (which describes them once), told at every lifecycle event and phase change (and by
-/// [`Drain::record_metrics`](crate::Drain::record_metrics)), and at the end.
+/// [`Metrics::record`](crate::Metrics::record)), and at the end.
 pub(crate) struct Recorder;
 
 /// The observer every drain is built with: the metrics are described then.

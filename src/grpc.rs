@@ -95,8 +95,8 @@ impl Drain {
             }
         }
         tokio::spawn(follow_phase(
-            self.subscribe(),
-            self.readiness_policy(),
+            self.moments().subscribe(),
+            self.readiness().policy(),
             reporter.clone(),
             names,
         ));
@@ -192,11 +192,11 @@ impl Health for DrainHealth {
         let caller = caller_of(&request);
         // The statuses held are kubelet's view: a caller that sees "not serving" from the
         // trigger gets its own NOT_SERVING then (see `WatchUntilStop`).
-        let policy = self.drain.readiness_policy();
+        let policy = self.drain.readiness().policy();
         let differs = ready_in(Phase::Draining, policy, caller)
             != ready_in(Phase::Draining, policy, Caller::Kubelet);
         let not_serving_from =
-            differs.then(|| Box::pin(self.drain.drain_started().cancelled_owned()));
+            differs.then(|| Box::pin(self.drain.moments().drain_started().cancelled_owned()));
         let response = self.inner.watch(request).await?;
         Ok(response.map(|inner| WatchUntilStop {
             inner,
@@ -213,7 +213,7 @@ impl DrainHealth {
     /// when it does).
     fn serving_for(&self, caller: Caller) -> bool {
         let phase = self.drain.phase();
-        phase != Phase::Draining || ready_in(phase, self.drain.readiness_policy(), caller)
+        phase != Phase::Draining || ready_in(phase, self.drain.readiness().policy(), caller)
     }
 }
 

@@ -52,7 +52,7 @@
 //! | your own hyper accept loop | [`Drain::layer`] + [`ConnMeta`] + the tokens | [`guide::hyper`] |
 //! | tonic (gRPC) | [`Drain::layer`] + [`Drain::grpc_health`] | [`guide::tonic`] |
 //! | server-sent events, WebSockets, watches | [`Drain::stream_stop`], [`StreamStop::wrap`], a guard per socket | `examples/sse.rs`, `examples/websocket.rs` |
-//! | queue consumers, pollers, cron-style workers (no HTTP) | [`Drain::spawn_cancellable`] | [`guide::worker`] |
+//! | queue consumers, pollers, cron-style workers (no HTTP) | [`Tasks::spawn_cancellable`] | [`guide::worker`] |
 //! | Kubernetes probes and `preStop` | [`Drain::admin`]`().serve(listener)` | [`guide::kubernetes`] |
 //!
 //! Each guide opens with the `Cargo.toml` lines it needs. An item that needs a feature this
@@ -66,7 +66,7 @@
 //! | `axum` | yes | [`axum_serve`]: `axum::serve` with [`ConnMeta`], the stop token and the deadline bound, in one call; implies `http` |
 //! | `admin` | yes | the admin router (`/livez`, `/readyz`, `/drain`, `/status`) on axum, and the [`prestop`] helper; implies `axum` |
 //! | `grpc` | no | [`Drain::grpc_health`]: the standard gRPC health service (tonic-health) following the drain; implies `http` |
-//! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Drain::record_metrics`, `Drain::spawn_metrics_updater` |
+//! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Drain::metrics` (`Metrics::record`, `Metrics::spawn_updater`) |
 //! | `kube` | no | [`EndpointWatch`]: watches this Pod and its EndpointSlices (kube-rs 2.0, rustls on ring, k8s-openapi without a Kubernetes version of its own: your binary picks it); propagation waits for the slices plus a proxy allowance, the deletion's grace shrinks the deadlines, each endpoint change is in the timeline. Without it, the report's `endpoint_slice_unused` says so |
 //! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `drain_metrics::prometheus_builder`; no HTTP listener or TLS of its own; implies `metrics` and `admin` |
 //!
@@ -153,7 +153,12 @@ pub use self::server::{
 };
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions};
-pub use drain::{Drain, DrainBuilder, StartupGate, PROXY_LABEL_ENV};
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use drain::metrics::Metrics;
+pub use drain::{
+    Counts, Drain, DrainBuilder, Moments, Readiness, StartupGate, Tasks, PROXY_LABEL_ENV,
+};
 pub use driver::{Status, STATUS_TIMELINE_LIMIT};
 pub use error::ConfigError;
 /// Internals that this crate's own tests, examples and benchmarks reach: the advice rules and
@@ -168,7 +173,7 @@ pub use guard::InFlightGuard;
 pub use phase::ReadinessWhileDraining;
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use propagation::Propagation;
-pub use readiness::{Readiness, KNATIVE_PROBE_HEADER, PROBE_HEADER};
+pub use readiness::{ReadinessAnswer, KNATIVE_PROBE_HEADER, PROBE_HEADER};
 pub use report::DrainReport;
 pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
 pub use tasks::TaskContext;

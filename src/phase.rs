@@ -280,7 +280,7 @@ pub enum ReadinessWhileDraining {
     /// balancers; they and everyone else see "not ready" from the trigger. An external checker
     /// that sends kubelet's `User-Agent` or the header is taken for kubelet. `/status` and the
     /// report list the sources seen and how each was classified ([`ProbeSources`](crate::report::ProbeSources)).
-    /// [`Drain::readiness`](crate::Drain::readiness) and `/status` answer as for other callers;
+    /// [`Readiness::answer`](crate::Readiness::answer) and `/status` answer as for other callers;
     /// gRPC health goes by `User-Agent` only.
     #[default]
     Auto,

@@ -56,12 +56,12 @@ impl Caller {
     }
 }
 
-/// Readiness and why, as `/readyz` reports it.
+/// Readiness and why, as `/readyz` reports it: [`Readiness::answer`](crate::Readiness::answer).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
-pub struct Readiness {
+pub struct ReadinessAnswer {
     /// `true` when `/readyz` answers 200 to the caller this describes
-    /// ([`Drain::readiness`](crate::Drain::readiness): any caller but kubelet's probe, see
+    /// ([`Readiness::answer`](crate::Readiness::answer): any caller but kubelet's probe, see
     /// [`ReadinessWhileDraining::Auto`]).
     pub ready: bool,
     /// `ok`, `starting: waiting for <gate>`, `draining`, `check <name> failed: <why>`.
@@ -155,7 +155,7 @@ impl ReadinessState {
         caller: Caller,
         who: &str,
         evidence: Option<String>,
-    ) -> Readiness {
+    ) -> ReadinessAnswer {
         type Gates = Vec<(String, bool)>;
         type Checks = Vec<(String, Arc<CheckFn>)>;
         let (gates, checks): (Gates, Checks) = {
@@ -220,7 +220,7 @@ impl ReadinessState {
                 }
             }
         }
-        Readiness {
+        ReadinessAnswer {
             ready: reason.is_none(),
             reason: reason.unwrap_or_else(|| "ok".to_owned()),
             checks: lines,

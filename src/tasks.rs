@@ -63,7 +63,7 @@ impl TaskContext {
     /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
     /// use lameduck::{Phase, Trigger};
     ///
-    /// let moments = drain.spawn_cancellable("pusher", |cx| async move {
+    /// let moments = drain.tasks().spawn_cancellable("pusher", |cx| async move {
     ///     cx.drain_started().cancelled().await; // stop taking new subscribers
     ///     cx.stopped_accepting().cancelled().await; // now end the open streams
     ///     "ended"

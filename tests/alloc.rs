@@ -79,7 +79,7 @@ fn enter_and_drop_allocate_nothing() {
         .unwrap();
     rt.block_on(async {
         let drain = drain();
-        drain.mark_serving();
+        drain.readiness().mark_serving();
         // The counter sees allocations at all.
         let before = allocs();
         for _ in 0..10 {
@@ -176,7 +176,7 @@ mod layer {
     fn the_layer_adds_no_allocation_per_request_while_serving() {
         const N: u64 = 1_000;
         let drain = drain();
-        drain.mark_serving();
+        drain.readiness().mark_serving();
 
         let mut bare = Hello;
         let baseline = count(&mut bare, N);
@@ -202,7 +202,7 @@ mod layer {
             .layer(Hello);
         assert_eq!(count(&mut with_options, N), baseline);
         assert_eq!(
-            drain.in_flight(),
+            drain.counts().in_flight(),
             0,
             "every guard was released with its body"
         );
@@ -330,7 +330,7 @@ mod layer {
             .unwrap();
         rt.block_on(async {
             let drain = drain();
-            drain.mark_serving();
+            drain.readiness().mark_serving();
             let bare = over_tcp(bare_hyper(&drain).await, N).await;
 
             let (listener, addr) = common::bind().await;
@@ -367,7 +367,7 @@ mod layer {
                 "conn_meta_on_every_request {per_request} against {bare} for {N} requests"
             );
 
-            assert_eq!(drain.in_flight(), 0);
+            assert_eq!(drain.counts().in_flight(), 0);
         });
     }
 }
@@ -478,7 +478,7 @@ mod serve_router {
             Duration::from_secs(30),
             Propagation::fixed(Duration::from_secs(1)),
         );
-        drain.mark_serving();
+        drain.readiness().mark_serving();
 
         let (listener, axum_addr) = bind().await;
         let axum_server = tokio::spawn(axum::serve(listener, router(&drain)).into_future());
@@ -542,7 +542,7 @@ mod serve_router {
             Duration::from_secs(30),
             Propagation::fixed(Duration::from_secs(1)),
         );
-        drain.mark_serving();
+        drain.readiness().mark_serving();
 
         let (listener, plain_addr) = bind().await;
         let plain = tokio::spawn(lameduck::serve(listener, router(&drain), &drain));

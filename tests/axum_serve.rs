@@ -30,8 +30,8 @@ async fn serve_axum(drain: &Drain, app: axum::Router) -> (SocketAddr, JoinHandle
     )
     .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
     .into_future();
-    let deadline = drain.deadline_exceeded();
-    drain.mark_serving();
+    let deadline = drain.moments().deadline_exceeded();
+    drain.readiness().mark_serving();
     let handle = tokio::spawn(async move {
         tokio::select! {
             r = server => { r.unwrap(); true }

@@ -19,9 +19,9 @@ async fn phases_move_forward_in_order() {
         .propagation(Propagation::fixed(ms(500)))
         .build()
         .unwrap();
-    let mut rx = drain.subscribe();
+    let mut rx = drain.moments().subscribe();
     assert_eq!(drain.phase(), Phase::Starting);
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     assert_eq!(drain.phase(), Phase::Serving);
 
     let seen = tokio::spawn(async move {
@@ -85,32 +85,36 @@ async fn phases_move_forward_in_order() {
 #[tokio::test(start_paused = true)]
 async fn readiness_is_false_until_every_gate_opens() {
     let drain = quiet_builder().build().unwrap();
-    let warm = drain.startup_gate("cache-warmup");
-    let migrations = drain.startup_gate("migrations");
-    drain.mark_serving();
+    let warm = drain.readiness().startup_gate("cache-warmup");
+    let migrations = drain.readiness().startup_gate("migrations");
+    drain.readiness().mark_serving();
     assert_eq!(drain.phase(), Phase::Starting);
-    let r = drain.readiness();
+    let r = drain.readiness().answer();
     assert!(!r.ready);
     assert_eq!(r.reason, "starting: waiting for cache-warmup");
     warm.open();
-    assert!(!drain.is_ready());
-    assert_eq!(drain.readiness().reason, "starting: waiting for migrations");
+    assert!(!drain.readiness().is_ready());
+    assert_eq!(
+        drain.readiness().answer().reason,
+        "starting: waiting for migrations"
+    );
     assert_eq!(drain.phase(), Phase::Starting);
     migrations.open();
-    assert!(drain.is_ready());
+    assert!(drain.readiness().is_ready());
     assert_eq!(drain.phase(), Phase::Serving);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_gate_keeps_readiness_false() {
     let drain = quiet_builder().build().unwrap();
-    let gate = drain.startup_gate("warmup");
+    let gate = drain.readiness().startup_gate("warmup");
     drop(gate);
-    drain.mark_serving();
-    assert!(!drain.is_ready());
+    drain.readiness().mark_serving();
+    assert!(!drain.readiness().is_ready());
     assert_eq!(drain.phase(), Phase::Starting);
     assert!(drain
         .readiness()
+        .answer()
         .checks
         .iter()
         .any(|c| c == "[-]gate warmup waiting"));
@@ -119,19 +123,19 @@ async fn a_dropped_gate_keeps_readiness_false() {
 #[tokio::test(start_paused = true)]
 async fn readiness_checks_are_listed_and_can_fail() {
     let drain = quiet_builder().build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let h = healthy.clone();
-    drain.readiness_check("local-disk", move || {
+    drain.readiness().check("local-disk", move || {
         if h.load(std::sync::atomic::Ordering::Relaxed) {
             Ok(())
         } else {
             Err("full")
         }
     });
-    assert!(drain.is_ready());
+    assert!(drain.readiness().is_ready());
     healthy.store(false, std::sync::atomic::Ordering::Relaxed);
-    let r = drain.readiness();
+    let r = drain.readiness().answer();
     assert!(!r.ready);
     assert_eq!(r.reason, "check local-disk failed: full");
     assert!(r.checks.contains(&"[-]local-disk failed: full".to_owned()));
@@ -140,7 +144,7 @@ async fn readiness_checks_are_listed_and_can_fail() {
 #[tokio::test(start_paused = true)]
 async fn exactly_one_of_many_concurrent_starts_wins() {
     let drain = quiet_builder().build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let mut handles = Vec::new();
     for i in 0..100 {
         let d = drain.clone();
@@ -159,7 +163,7 @@ async fn exactly_one_of_many_concurrent_starts_wins() {
         }
     }
     assert_eq!(wins, 1);
-    let tl = drain.timeline();
+    let tl = drain.moments().timeline();
     assert_eq!(
         tl.iter()
             .filter(|e| e.event == EventKind::DrainStarted)
@@ -188,8 +192,8 @@ async fn later_triggers_do_not_move_the_origin() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!drain.start(Trigger::Sigterm));
     assert_eq!(
-        drain.quiesce_deadline().unwrap(),
-        t0 + drain.budget().quiesce_deadline()
+        drain.moments().quiesce_deadline().unwrap(),
+        t0 + drain.moments().budget().quiesce_deadline()
     );
     let report = drain.drained().await;
     assert_eq!(report.trigger, Some(Trigger::PreStop));
@@ -215,7 +219,7 @@ fn budget_arithmetic() {
         .grace_period(Duration::from_secs(30))
         .build()
         .unwrap();
-    let b = d.budget();
+    let b = d.moments().budget();
     assert_eq!(b.hard_deadline(), Duration::from_secs(29));
     assert_eq!(b.quiesce_deadline(), Duration::from_secs(24));
 
@@ -225,12 +229,15 @@ fn budget_arithmetic() {
         .close_budget(Duration::from_secs(10))
         .build()
         .unwrap();
-    assert_eq!(d.budget().quiesce_deadline(), Duration::from_secs(48));
+    assert_eq!(
+        d.moments().budget().quiesce_deadline(),
+        Duration::from_secs(48)
+    );
 
     // Short grace period: the defaults shrink in proportion.
     let d = Drain::builder().grace_period(ms(3000)).build().unwrap();
-    assert_eq!(d.budget().safety_margin, ms(100));
-    assert_eq!(d.budget().close_budget, ms(500));
+    assert_eq!(d.moments().budget().safety_margin, ms(100));
+    assert_eq!(d.moments().budget().close_budget, ms(500));
 }
 
 #[test]
@@ -349,7 +356,7 @@ fn grace_period_from_the_environment() {
     if std::env::var_os("LAMEDUCK_ENV_CHILD").is_some() {
         let v = std::env::var("LAMEDUCK_GRACE_PERIOD").unwrap();
         match Drain::builder().build() {
-            Ok(d) => println!("GRACE={}", d.budget().grace_period.as_millis()),
+            Ok(d) => println!("GRACE={}", d.moments().budget().grace_period.as_millis()),
             Err(e) => println!("ERR={} env={}", e, e.is_env()),
         }
         let _ = v;
@@ -472,6 +479,7 @@ fn stop_signal_from_the_environment() {
 async fn stopped_accepting(drain: &Drain) -> lameduck::Event {
     drain.reached(Phase::StoppedAccepting).await;
     drain
+        .moments()
         .timeline()
         .into_iter()
         .find(|e| e.event == EventKind::StoppedAccepting)
@@ -613,14 +621,14 @@ async fn in_flight_zero_waits_for_the_last_guard() {
         .build()
         .unwrap();
     let guard = drain.enter();
-    assert_eq!(drain.in_flight(), 1);
+    assert_eq!(drain.counts().in_flight(), 1);
     drain.start(Trigger::Api);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(drain.phase(), Phase::StoppedAccepting);
     drop(guard);
     let report = drain.drained().await;
     assert_eq!(report.event(EventKind::InFlightZero).unwrap().at_ms, 2000);
-    assert_eq!(drain.in_flight(), 0);
+    assert_eq!(drain.counts().in_flight(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -633,7 +641,7 @@ async fn a_panic_releases_the_guard() {
     })
     .await;
     assert!(r.unwrap_err().is_panic());
-    assert_eq!(drain.in_flight(), 0);
+    assert_eq!(drain.counts().in_flight(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -649,7 +657,7 @@ async fn dropping_an_unfinished_future_releases_the_guard() {
     };
     let timed_out = tokio::time::timeout(Duration::from_secs(1), fut).await;
     assert!(timed_out.is_err());
-    assert_eq!(drain.in_flight(), 0);
+    assert_eq!(drain.counts().in_flight(), 0);
     drain.start(Trigger::Api);
     assert_eq!(drain.drained().await.exit_code, 0);
 }
@@ -697,21 +705,22 @@ async fn readiness_through_a_drain(
         .propagation(Propagation::fixed(Duration::from_secs(1)))
         .build()
         .unwrap();
-    drain.mark_serving();
-    let mut seen = vec![(drain.phase(), drain.is_ready())];
+    drain.readiness().mark_serving();
+    let mut seen = vec![(drain.phase(), drain.readiness().is_ready())];
     let guard = drain.enter();
     drain.start(Trigger::Sigterm);
-    seen.push((drain.phase(), drain.is_ready()));
+    seen.push((drain.phase(), drain.readiness().is_ready()));
     assert!(drain
         .readiness()
+        .answer()
         .checks
         .iter()
         .any(|c| c.contains(policy.as_str())));
     tokio::time::sleep(ms(1500)).await;
-    seen.push((drain.phase(), drain.is_ready()));
+    seen.push((drain.phase(), drain.readiness().is_ready()));
     drop(guard);
     let report = drain.drained().await;
-    seen.push((drain.phase(), drain.is_ready()));
+    seen.push((drain.phase(), drain.readiness().is_ready()));
     assert_eq!(report.readiness_policy, policy);
     (seen, report)
 }
@@ -760,7 +769,7 @@ async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
         .propagation(Propagation::fixed(ms(100)))
         .build()
         .unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let triggers = [
         Trigger::Api,
         Trigger::PreStop,
@@ -770,7 +779,7 @@ async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
     for i in 0..50_000 {
         drain.start(triggers[i % triggers.len()]);
     }
-    let tl = drain.timeline();
+    let tl = drain.moments().timeline();
     let received: Vec<_> = tl
         .iter()
         .filter(|e| e.event == EventKind::SignalReceived)
@@ -786,12 +795,12 @@ async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
     assert!(received.iter().all(|e| e.at_ms == 0));
 
     let report = drain.drained().await;
-    let done = drain.timeline();
+    let done = drain.moments().timeline();
     for _ in 0..1_000 {
         drain.start(Trigger::PreStop);
         drain.start(Trigger::Sigquit);
     }
-    assert_eq!(drain.timeline(), done, "appended after Done");
+    assert_eq!(drain.moments().timeline(), done, "appended after Done");
     assert_eq!(report.timeline, done);
     assert_eq!(report.timeline.last().unwrap().event, EventKind::Done);
 }
@@ -833,7 +842,7 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
         .propagation(Propagation::fixed(Duration::from_secs(40)))
         .build()
         .unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let (listener, addr) = common::bind().await;
     let router = drain.admin().without_token().router();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
@@ -875,7 +884,7 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
             .unwrap();
         largest = largest.max(l);
     }
-    let tl = drain.timeline();
+    let tl = drain.moments().timeline();
     assert!(tl.len() <= 4, "{tl:?}");
     let received = tl
         .iter()
@@ -896,8 +905,8 @@ async fn a_drain_before_the_process_ever_served_stops_accepting_at_once() {
         .propagation(Propagation::quiet(ms(1000)).max(Duration::from_secs(15)))
         .build()
         .unwrap();
-    let _warm_up = drain.startup_gate("warm-up");
-    drain.mark_serving();
+    let _warm_up = drain.readiness().startup_gate("warm-up");
+    drain.readiness().mark_serving();
     assert_eq!(drain.phase(), Phase::Starting);
     let t0 = Instant::now();
     assert!(drain.start(Trigger::Sigterm));
@@ -932,7 +941,7 @@ async fn status_shows_both_readiness_answers_under_auto() {
         .propagation(Propagation::fixed(ms(500)))
         .build()
         .unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let s = drain.status();
     assert!(s.ready && s.ready_for_kubelet);
     assert!(drain.start(Trigger::Api));

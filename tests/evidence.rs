@@ -238,7 +238,7 @@ async fn through_axum_serve_conn_meta_counts_the_rate() {
 async fn through_raw_axum_serve_no_rate_is_counted() {
     let _serial = serial().await;
     let drain = common::drain(secs(60), Propagation::default().max(secs(40)));
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let (listener, addr) = bind().await;
     let stop = drain.stopped_accepting();
     let server = tokio::spawn(
@@ -284,8 +284,8 @@ async fn readyz(addr: SocketAddr, user_agent: Option<&str>) -> (StatusCode, Stri
 async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_at_once() {
     let _serial = serial().await;
     let drain = common::drain(secs(30), Propagation::fixed(secs(2)));
-    assert_eq!(drain.readiness_policy(), ReadinessWhileDraining::Auto);
-    drain.mark_serving();
+    assert_eq!(drain.readiness().policy(), ReadinessWhileDraining::Auto);
+    drain.readiness().mark_serving();
     let (listener, addr) = bind().await;
     let admin = drain.admin().without_token().router();
     tokio::spawn(async move { axum::serve(listener, admin).await.unwrap() });
@@ -341,7 +341,7 @@ async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (St
 async fn readiness_auto_knows_kubelet_by_probe_header_when_a_mesh_rewrites_its_user_agent() {
     let _serial = serial().await;
     let drain = common::drain(secs(30), Propagation::fixed(secs(2)));
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let (listener, addr) = bind().await;
     let admin = drain.admin().without_token().router();
     tokio::spawn(async move { axum::serve(listener, admin).await.unwrap() });

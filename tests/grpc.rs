@@ -200,13 +200,16 @@ async fn in_flight_rpc_finishes_then_channel_reconnects_and_is_served_while_drai
     // An RPC in flight when the drain starts.
     let mut slow_client = client.clone();
     let in_flight = tokio::spawn(async move { slow_client.sleep(1500).await });
-    eventually("the slow RPC to be in flight", || drain.in_flight() == 1).await;
+    eventually("the slow RPC to be in flight", || {
+        drain.counts().in_flight() == 1
+    })
+    .await;
     // The quiet window never commits while something is in flight: this guard keeps the drain
     // in Draining (listener accepting) until the test has seen what it came for.
     let hold = drain.enter();
     assert!(drain.start(Trigger::Api));
     assert!(
-        drain.in_flight() >= 2,
+        drain.counts().in_flight() >= 2,
         "the slow RPC was in flight at the trigger"
     );
 
@@ -218,7 +221,10 @@ async fn in_flight_rpc_finishes_then_channel_reconnects_and_is_served_while_drai
     assert_eq!(reply.connection, first.connection);
 
     // GOAWAY went out at the trigger: the connection closes once its last stream is done.
-    eventually("the old connection to close", || drain.connections() == 0).await;
+    eventually("the old connection to close", || {
+        drain.counts().connections() == 0
+    })
+    .await;
 
     // The same channel reconnects, and the listener still accepts while draining.
     let after = within("an RPC after the GOAWAY", sleep(&mut client, 0)).await;
@@ -306,7 +312,7 @@ async fn health_follows_startup_gates_and_the_serving_until_stop_policy() {
         .readiness_while_draining(ReadinessWhileDraining::ServingUntilStop)
         .build()
         .unwrap();
-    let warmup = drain.startup_gate("warmup");
+    let warmup = drain.readiness().startup_gate("warmup");
     let (addr, server) = start(&drain).await;
     let (channel, _) = connect(addr);
     let mut health = HealthClient::new(channel);
@@ -354,7 +360,7 @@ async fn health_under_auto_keeps_kubelet_serving_and_tells_everyone_else_at_once
         secs(30),
         quiet_window(secs(3)).quiet_suffices_after(Duration::ZERO),
     );
-    assert_eq!(drain.readiness_policy(), ReadinessWhileDraining::Auto);
+    assert_eq!(drain.readiness().policy(), ReadinessWhileDraining::Auto);
     let (addr, server) = start(&drain).await;
     let mut other = HealthClient::new(connect(addr).0);
     wait_status(&mut other, slow::SERVICE, ServingStatus::Serving).await;

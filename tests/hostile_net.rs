@@ -89,7 +89,7 @@ async fn a_response_nobody_reads_is_in_flight_and_named_at_the_deadline() {
     let client_addr = client.local_addr().unwrap().to_string();
     // The body was handed to hyper at once; its bytes are stuck behind the client.
     eventually("the stalled response counts as in flight", || {
-        drain.in_flight() == 1
+        drain.counts().in_flight() == 1
     })
     .await;
 
@@ -133,7 +133,7 @@ async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
 
     let mut client = slow_client(addr).await;
     eventually("the stalled response counts as in flight", || {
-        drain.in_flight() == 1
+        drain.counts().in_flight() == 1
     })
     .await;
     assert!(drain.start(Trigger::Api));
@@ -154,7 +154,7 @@ async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
         !has_event(&drain, EventKind::InFlightZero),
         "in_flight_zero before the client had the response"
     );
-    assert!(drain.in_flight() >= 1);
+    assert!(drain.counts().in_flight() >= 1);
 
     let rest = within(
         "the rest of the body",
@@ -241,7 +241,7 @@ async fn an_http2_request_behind_a_shut_window_is_cut_and_named_at_the_deadline(
 
     let stuck = within("zero-window head", zero_window_get(addr, "/small")).await;
     eventually("the owed answer counts as in flight", || {
-        drain.in_flight() == 1
+        drain.counts().in_flight() == 1
     })
     .await;
     assert!(drain.start(Trigger::Api));
@@ -293,11 +293,14 @@ async fn slowloris_connections_do_not_keep_serve_from_finishing_after_a_drain() 
     for _ in 0..5 {
         silent.push(TcpStream::connect(addr).await.unwrap());
     }
-    eventually("all connections accepted", || drain.connections() == 25).await;
+    eventually("all connections accepted", || {
+        drain.counts().connections() == 25
+    })
+    .await;
 
     assert!(drain.start(Trigger::Api));
     drained_clean(&drain, server).await;
-    assert_eq!(drain.connections(), 0);
+    assert_eq!(drain.counts().connections(), 0);
     for s in loris.iter_mut().chain(silent.iter_mut()) {
         assert!(within("connection closed", closed_by_server(s)).await);
     }
@@ -406,7 +409,7 @@ async fn admin_server(drain: &lameduck::Drain, cap: usize) -> std::net::SocketAd
 #[tokio::test]
 async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
     let drain = drain(secs(30), Propagation::fixed(ms(1500)));
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let addr = admin_server(&drain, 8).await;
 
     // A preStop caller waiting for the drain: busy, never evicted.
@@ -450,7 +453,7 @@ async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_window_http2_connections_do_not_lock_kubelet_probes_out() {
     let drain = drain(secs(30), Propagation::fixed(ms(300)));
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let addr = admin_server(&drain, lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS).await;
 
     // Every slot holds an answer its peer will never take.

@@ -77,7 +77,7 @@ async fn slow_streaming_request_completes_and_in_flight_zero_follows_its_last_by
     let res = send1(&mut c, "/stream/8/300").await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(
-        drain.in_flight(),
+        drain.counts().in_flight(),
         1,
         "headers sent, body pending: still in flight"
     );
@@ -88,7 +88,11 @@ async fn slow_streaming_request_completes_and_in_flight_zero_follows_its_last_by
     while let Some(chunk) = within("next chunk", next_chunk(&mut body)).await {
         if got.len() == 2 {
             // Past stopped_accepting (0.5 s) the stream still counts.
-            assert_eq!(drain.in_flight(), 1, "a streaming body stays in flight");
+            assert_eq!(
+                drain.counts().in_flight(),
+                1,
+                "a streaming body stays in flight"
+            );
         }
         got.push(chunk);
     }
@@ -133,13 +137,16 @@ async fn client_disconnect_mid_body_releases_the_guard() {
     let res = send1(&mut c, "/forever").await;
     let mut body = res.into_body();
     assert!(next_chunk(&mut body).await.is_some());
-    assert_eq!(drain.in_flight(), 1);
+    assert_eq!(drain.counts().in_flight(), 1);
 
     // The client goes away mid-body.
     drop(body);
     drop(c);
     c_conn.abort();
-    eventually("guard released after disconnect", || drain.in_flight() == 0).await;
+    eventually("guard released after disconnect", || {
+        drain.counts().in_flight() == 0
+    })
+    .await;
 
     // Nothing is left to wait for: the drain is clean.
     assert!(drain.start(Trigger::Api));
@@ -206,7 +213,10 @@ async fn stream_stop_ends_streams_cleanly_at_stopped_accepting() {
         let _keep = h2c;
         res.into_body().collect().await.map(|b| b.to_bytes().len())
     }));
-    eventually("three streams in flight", || drain.in_flight() == 3).await;
+    eventually("three streams in flight", || {
+        drain.counts().in_flight() == 3
+    })
+    .await;
 
     assert!(drain.start(Trigger::Api));
     for r in readers {
@@ -224,9 +234,9 @@ async fn stream_stop_ends_streams_cleanly_at_stopped_accepting() {
 #[tokio::test]
 async fn spread_stream_stops_fire_within_the_window() {
     let drain = drain(secs(6), Propagation::fixed(ms(200)));
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let window = Duration::from_millis(600);
-    let stops: Vec<_> = (0..5).map(|_| drain.stream_stop_spread(window)).collect();
+    let stops: Vec<_> = (0..5).map(|_| drain.stream_stop().spread(window)).collect();
     let mut offsets: Vec<_> = stops.iter().map(|s| s.offset()).collect();
     assert!(offsets.iter().all(|o| *o < window));
     offsets.sort();

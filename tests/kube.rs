@@ -435,12 +435,17 @@ async fn finished(d: &Drain) -> DrainReport {
 /// failed, or timed out), as kubelet's probe would wait for it.
 async fn ready(d: &Drain) {
     for _ in 0..1000 {
-        if !d.readiness().reason.contains("waiting for endpoint-watch") {
+        if !d
+            .readiness()
+            .answer()
+            .reason
+            .contains("waiting for endpoint-watch")
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("never ready: {:?}", d.readiness());
+    panic!("never ready: {:?}", d.readiness().answer());
 }
 
 fn events(r: &DrainReport, kind: EventKind) -> Vec<&lameduck::Event> {
@@ -554,12 +559,12 @@ async fn a_short_deletion_grace_shrinks_the_deadlines() {
     ready(&d).await;
     d.start(Trigger::Api);
     // Before the deletion, the configured budget: 30 s − 1 s margin.
-    assert!(d.hard_deadline().unwrap() >= origin + Duration::from_secs(29));
+    assert!(d.moments().hard_deadline().unwrap() >= origin + Duration::from_secs(29));
     // `kubectl delete --grace-period=3` while the drain runs: the deadlines move earlier.
     cluster.delete_pod(3);
     let mut tightened_in_time = false;
     for _ in 0..300 {
-        if d.hard_deadline().unwrap() <= origin + Duration::from_secs(3) {
+        if d.moments().hard_deadline().unwrap() <= origin + Duration::from_secs(3) {
             tightened_in_time = true;
             break;
         }
@@ -765,11 +770,11 @@ async fn readiness_waits_for_the_watchs_first_list_and_at_most_the_api_timeout()
         .client(cluster.client())
         .start(&d)
         .unwrap();
-    let r = d.readiness();
+    let r = d.readiness().answer();
     assert!(!r.ready, "{r:?}");
     assert_eq!(r.reason, "starting: waiting for endpoint-watch", "{r:?}");
     ready(&d).await;
-    assert!(d.is_ready(), "{:?}", d.readiness());
+    assert!(d.readiness().is_ready(), "{:?}", d.readiness().answer());
     assert_eq!(d.phase(), Phase::Serving);
     assert!(
         cluster.with(|m| m.count("pods", "list") > 0 && m.count("endpointslices", "list") > 0),
@@ -795,7 +800,7 @@ async fn readiness_waits_for_the_watchs_first_list_and_at_most_the_api_timeout()
         .api_timeout(Duration::from_millis(300))
         .start(&d)
         .unwrap();
-    assert!(!d.is_ready(), "{:?}", d.readiness());
+    assert!(!d.readiness().is_ready(), "{:?}", d.readiness().answer());
     ready(&d).await;
     assert!(
         started.elapsed() >= Duration::from_millis(300),

@@ -162,7 +162,7 @@ fn gauges_follow_every_phase_of_a_drain() {
     let snap = recorder.inner.snapshotter();
     paused(&recorder, async {
         let drain = builder().build().unwrap();
-        let gate = drain.startup_gate("warmup");
+        let gate = drain.readiness().startup_gate("warmup");
 
         // Built: described and sampled once.
         let r = Reading::take(&snap);
@@ -261,7 +261,7 @@ fn requests_never_reach_the_recorder() {
     let recorder = Counting::new();
     paused(&recorder, async {
         let drain = builder().build().unwrap();
-        drain.mark_serving();
+        drain.readiness().mark_serving();
 
         let before = recorder.calls();
         for _ in 0..1_000 {
@@ -295,12 +295,12 @@ fn requests_never_reach_the_recorder() {
 }
 
 #[test]
-fn record_metrics_samples_the_counters_now() {
+fn metrics_record_samples_the_counters_now() {
     let recorder = Counting::new();
     let snap = recorder.inner.snapshotter();
     paused(&recorder, async {
         let drain = builder().build().unwrap();
-        drain.mark_serving();
+        drain.readiness().mark_serving();
         let _ = Reading::take(&snap);
 
         let guards: Vec<_> = (0..3).map(|_| drain.enter()).collect();
@@ -308,7 +308,7 @@ fn record_metrics_samples_the_counters_now() {
         // No event since: the gauges were not touched.
         assert_eq!(Reading::take(&snap).gauge(IN_FLIGHT_REQUESTS), 0.0);
 
-        drain.record_metrics();
+        drain.metrics().record();
         let r = Reading::take(&snap);
         assert_eq!(r.gauges(), (1.0, 3.0, 1.0, 0.0));
         assert_eq!(
@@ -317,7 +317,7 @@ fn record_metrics_samples_the_counters_now() {
         );
 
         drop(guards);
-        drain.record_metrics();
+        drain.metrics().record();
         assert_eq!(Reading::take(&snap).gauge(IN_FLIGHT_REQUESTS), 0.0);
     });
 }
@@ -328,8 +328,8 @@ fn the_updater_samples_periodically_and_ends_at_done() {
     let snap = recorder.inner.snapshotter();
     paused(&recorder, async {
         let drain = builder().build().unwrap();
-        drain.mark_serving();
-        let updater = drain.spawn_metrics_updater(Duration::from_secs(1));
+        drain.readiness().mark_serving();
+        let updater = drain.metrics().spawn_updater(Duration::from_secs(1));
         let guard = drain.enter();
         let _ = Reading::take(&snap);
 
@@ -450,7 +450,7 @@ mod prometheus {
                 .propagation(Propagation::fixed(Duration::from_millis(50)))
                 .build()
                 .unwrap();
-            drain.mark_serving();
+            drain.readiness().mark_serving();
             let addr = serve(drain.admin().without_token().prometheus(handle).router()).await;
 
             // Two requests in flight and no event since: the scrape itself samples them.

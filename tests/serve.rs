@@ -39,7 +39,7 @@ async fn idle_keep_alive_connection_is_closed_only_at_stopped_accepting() {
     drop(idle);
 
     drained_clean(&drain, server).await;
-    assert_eq!(drain.connections(), 0);
+    assert_eq!(drain.counts().connections(), 0);
 }
 
 #[tokio::test]
@@ -56,7 +56,7 @@ async fn http2_gets_goaway_in_flight_streams_finish_and_new_connections_work() {
         let mut s = old.clone();
         tokio::spawn(async move { text(send2(&mut s, "/slow/1000").await.unwrap()).await })
     };
-    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    eventually("slow request in flight", || drain.counts().in_flight() == 1).await;
     assert!(drain.start(Trigger::Api));
 
     let (status, headers, body) = within("slow stream", slow).await.unwrap();
@@ -213,7 +213,7 @@ async fn quiesce_deadline_cuts_a_never_ending_stream_names_it_and_serve_returns(
     assert_eq!(straggler.name, "GET /forever");
 
     within("serve returns", server).await.unwrap();
-    assert_eq!(drain.connections(), 0);
+    assert_eq!(drain.counts().connections(), 0);
     let (chunks_after_trigger, clean_end) = within("client sees the cut", reader).await.unwrap();
     assert!(
         chunks_after_trigger > 0,
@@ -386,7 +386,7 @@ async fn at_the_connection_bound_serve_waits_and_accepts_once_a_connection_close
             .any(|m| m.contains("connection bound reached"))
     })
     .await;
-    assert_eq!(drain.connections(), 2);
+    assert_eq!(drain.counts().connections(), 2);
 
     // A third client connects (the kernel queues it) and is served once the first leaves.
     let (mut third, _third_conn) = h1(addr).await;
@@ -400,7 +400,7 @@ async fn at_the_connection_bound_serve_waits_and_accepts_once_a_connection_close
         within("the third client's answer", answer).await.unwrap(),
         StatusCode::OK
     );
-    assert_eq!(drain.connections(), 2);
+    assert_eq!(drain.counts().connections(), 2);
 
     assert!(drain.start(Trigger::Api));
     drop(second);

@@ -131,7 +131,7 @@ fn child_main(scenario: &str) -> ! {
             other => panic!("unknown scenario {other}"),
         }
         drain.install_signals();
-        drain.mark_serving();
+        drain.readiness().mark_serving();
         // Tells the parent the drain started, a synchronisation point for its next signal.
         let started = drain.clone();
         tokio::spawn(async move {

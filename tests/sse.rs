@@ -36,7 +36,13 @@ async fn stream_ends_cleanly_at_stopped_accepting_and_resumes_on_another_replica
     let (a, a_addr) = replica(Propagation::fixed(Duration::from_secs(2)), Duration::ZERO).await;
     let (b, b_addr) = replica(Propagation::fixed(Duration::from_secs(2)), Duration::ZERO).await;
     // Stands in for the EndpointSlice controller: new connections go to a ready replica.
-    let pick = |a: &Drain| if a.is_ready() { a_addr } else { b_addr };
+    let pick = |a: &Drain| {
+        if a.readiness().is_ready() {
+            a_addr
+        } else {
+            b_addr
+        }
+    };
 
     // A must-finish task keeps replica A up after its stream ends, as a process with other work
     // would be; released at the end.
@@ -48,7 +54,7 @@ async fn stream_ends_cleanly_at_stopped_accepting_and_resumes_on_another_replica
     let to = pick(&a);
     assert_eq!(to, a_addr);
     let mut stream = EventStream::open(to, EVERY, None).await.unwrap();
-    assert_eq!(a.connections(), 1);
+    assert_eq!(a.counts().connections(), 1);
     let mut last = None;
     for _ in 0..3 {
         let tick = within("a tick", stream.next())
@@ -104,7 +110,7 @@ async fn stream_ends_cleanly_at_stopped_accepting_and_resumes_on_another_replica
         .expect("a tick");
     assert_eq!(resumed.id, last_id + 1, "resumed where it left off");
     assert_ne!(resumed.connection, first_connection, "on a new connection");
-    assert_eq!(b.connections(), 1);
+    assert_eq!(b.counts().connections(), 1);
     assert_eq!(
         a.phase(),
         Phase::StoppedAccepting,
@@ -136,7 +142,7 @@ async fn spread_streams_all_end_cleanly_after_stopped_accepting() {
             .expect("a tick");
         streams.push(s);
     }
-    assert_eq!(a.in_flight(), 4);
+    assert_eq!(a.counts().in_flight(), 4);
     assert!(a.start(Trigger::Api));
 
     let ends = streams.into_iter().map(|mut s| {

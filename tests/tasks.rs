@@ -23,7 +23,7 @@ async fn a_must_finish_task_delays_closing() {
     drain.spawn("upload-flush", async {
         tokio::time::sleep(secs(3)).await;
     });
-    assert_eq!(drain.tasks(), 1);
+    assert_eq!(drain.counts().tasks(), 1);
     let closed_at = Arc::new(Mutex::new(None));
     let c = closed_at.clone();
     drain.on_close("bucket", move || async move {
@@ -57,12 +57,14 @@ async fn a_cancellable_task_sees_its_token_at_drain_start() {
     let drain = builder().build().unwrap();
     let stopped_at = Arc::new(Mutex::new(None));
     let st = stopped_at.clone();
-    drain.spawn_cancellable("queue-consumer", move |ctx| async move {
-        ctx.drain_started().cancelled().await;
-        *st.lock().unwrap() = Some(Instant::now());
-        // Finish the current item.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    });
+    drain
+        .tasks()
+        .spawn_cancellable("queue-consumer", move |ctx| async move {
+            ctx.drain_started().cancelled().await;
+            *st.lock().unwrap() = Some(Instant::now());
+            // Finish the current item.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        });
     tokio::time::sleep(secs(2)).await;
     assert!(stopped_at.lock().unwrap().is_none());
     let t0 = Instant::now();
@@ -97,7 +99,7 @@ async fn closers_run_in_reverse_order_and_failures_do_not_stop_the_next() {
         Ok::<_, std::io::Error>(())
     });
     let r = ran.clone();
-    drain.on_close_with(
+    drain.tasks().on_close_with(
         "queue",
         lameduck::CloseOptions::new().timeout(Duration::from_millis(300)),
         move || async move {
@@ -174,7 +176,7 @@ async fn a_slow_closer_cannot_take_the_time_of_the_one_registered_before_it() {
     // The exporter got half of what was left before the hard deadline, not all of it.
     let closed = report.event(EventKind::ResourceClosed).unwrap().at_ms;
     let took = report.closers[0].took_ms;
-    let left = drain.budget().hard_deadline().as_millis() as u64 - (closed - took);
+    let left = drain.moments().budget().hard_deadline().as_millis() as u64 - (closed - took);
     // Millisecond rounding on both sides of the division.
     assert!(took.abs_diff(left / 2) <= 1, "{took} ms of {left} ms");
 }
@@ -182,10 +184,12 @@ async fn a_slow_closer_cannot_take_the_time_of_the_one_registered_before_it() {
 #[tokio::test(start_paused = true)]
 async fn a_critical_closer_keeps_its_time_after_a_long_explicit_timeout() {
     let drain = builder().build().unwrap();
-    drain.on_close_with("db-pool", CloseOptions::new().critical(), || async {
-        Ok::<_, std::io::Error>(())
-    });
-    drain.on_close_with(
+    drain
+        .tasks()
+        .on_close_with("db-pool", CloseOptions::new().critical(), || async {
+            Ok::<_, std::io::Error>(())
+        });
+    drain.tasks().on_close_with(
         "exporter",
         CloseOptions::new().timeout(Duration::from_secs(3600)),
         || async {
@@ -215,13 +219,13 @@ async fn a_task_that_never_ends_is_a_straggler_and_the_drain_still_finishes() {
     drain.start(Trigger::Sigterm);
     let report = drain.drained().await;
     let took = t0.elapsed();
-    assert!(took < drain.budget().hard_deadline(), "{took:?}");
+    assert!(took < drain.moments().budget().hard_deadline(), "{took:?}");
     assert_eq!(report.outcome, Outcome::DeadlineExceeded);
     assert_eq!(report.exit_code, 1);
     let deadline = report.event(EventKind::DeadlineExceeded).unwrap();
     assert_eq!(
         deadline.at_ms,
-        drain.budget().quiesce_deadline().as_millis() as u64
+        drain.moments().budget().quiesce_deadline().as_millis() as u64
     );
     assert_eq!(report.stragglers.len(), 1);
     assert_eq!(report.stragglers[0].kind, StragglerKind::Task);
@@ -229,7 +233,7 @@ async fn a_task_that_never_ends_is_a_straggler_and_the_drain_still_finishes() {
     assert!(*closer_ran.lock().unwrap(), "closing still got its time");
     assert_eq!(report.tasks.len(), 1);
     assert_eq!(report.tasks[0].result, TaskResult::Aborted);
-    assert_eq!(drain.tasks(), 0);
+    assert_eq!(drain.counts().tasks(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -252,7 +256,7 @@ async fn a_panicking_task_is_recorded_and_does_not_take_the_coordinator_down() {
         panic!("boom");
     });
     tokio::time::sleep(secs(1)).await;
-    assert_eq!(drain.tasks(), 0);
+    assert_eq!(drain.counts().tasks(), 0);
     drain.start(Trigger::Api);
     let report = drain.drained().await;
     assert_eq!(report.tasks.len(), 1);
@@ -268,7 +272,7 @@ async fn recovery_runs_for_an_unfinished_task_before_it_is_aborted() {
     let queue = Arc::new(Mutex::new(Vec::<u32>::new()));
     let hurried = Arc::new(Mutex::new(None));
     let (h, q) = (hurried.clone(), queue.clone());
-    drain.spawn_with_recovery(
+    drain.tasks().spawn_with_recovery(
         "consumer",
         move |ctx| async move {
             ctx.hurry().cancelled().await;
@@ -290,7 +294,7 @@ async fn recovery_runs_for_an_unfinished_task_before_it_is_aborted() {
         "the item went back to the queue"
     );
     let hurry_at = hurried.lock().unwrap().unwrap() - t0;
-    assert!(hurry_at < drain.budget().quiesce_deadline());
+    assert!(hurry_at < drain.moments().budget().quiesce_deadline());
     let st = &report.stragglers[0];
     assert_eq!(st.name, "consumer");
     assert_eq!(st.recovery, Some(ActionResult::Ok));
@@ -397,7 +401,7 @@ async fn a_missing_termination_log_is_not_an_error() {
 #[tokio::test(start_paused = true)]
 async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
     let drain = builder().drain_on_task_panic(true).build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     drain.spawn("exporter", async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         panic!("lost the connection");
@@ -411,7 +415,7 @@ async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
 
     // Without the setting the panic is recorded and nothing starts.
     let calm = builder().build().unwrap();
-    calm.mark_serving();
+    calm.readiness().mark_serving();
     calm.spawn("exporter", async { panic!("lost the connection") });
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(calm.phase(), Phase::Serving);
@@ -456,13 +460,15 @@ async fn spawn_hands_back_tokios_handle_with_the_output_the_panic_and_the_abort(
         boom.await.unwrap_err().is_panic(),
         "the handle reports the panic"
     );
-    let stuck = drain.spawn_cancellable("stuck", |_ctx| std::future::pending::<()>());
-    let named = drain.spawn_cancellable("stops", |ctx| async move {
+    let stuck = drain
+        .tasks()
+        .spawn_cancellable("stuck", |_ctx| std::future::pending::<()>());
+    let named = drain.tasks().spawn_cancellable("stops", |ctx| async move {
         ctx.drain_started().cancelled().await;
         ctx.stopped_accepting().cancelled().await;
         "stopped"
     });
-    assert_eq!(drain.tasks(), 2, "finished tasks no longer count");
+    assert_eq!(drain.counts().tasks(), 2, "finished tasks no longer count");
     drain.start(Trigger::Api);
     assert_eq!(named.await.unwrap(), "stopped");
     let report = drain.drained().await;
@@ -497,9 +503,11 @@ async fn a_worker_without_http_is_not_told_about_connections() {
         .propagation(Propagation::fixed(Duration::ZERO))
         .build()
         .unwrap();
-    drain.spawn_cancellable("consumer", |ctx| async move {
-        ctx.drain_started().cancelled().await;
-    });
+    drain
+        .tasks()
+        .spawn_cancellable("consumer", |ctx| async move {
+            ctx.drain_started().cancelled().await;
+        });
     drain.start(Trigger::Sigterm);
     let report = drain.drained().await;
     assert_eq!(report.outcome, Outcome::Clean);

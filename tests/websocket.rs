@@ -39,14 +39,20 @@ async fn sockets_get_going_away_at_stopped_accepting_and_reconnect_elsewhere() {
         }));
     }
     // Every socket counts as in flight while open.
-    eventually("all sockets open on A", || a.in_flight() == CLIENTS).await;
+    eventually("all sockets open on A", || {
+        a.counts().in_flight() == CLIENTS
+    })
+    .await;
 
     let triggered = Instant::now();
     assert!(a.start(Trigger::Api));
     within("A stops accepting", a.reached(Phase::StoppedAccepting)).await;
     let stopped = Instant::now();
     // Sockets keep the drain from in-flight zero until they are closed.
-    assert!(a.in_flight() > 0, "sockets were not counted as in flight");
+    assert!(
+        a.counts().in_flight() > 0,
+        "sockets were not counted as in flight"
+    );
 
     let mut closes = Vec::new();
     for c in clients {

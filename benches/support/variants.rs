@@ -152,7 +152,7 @@ pub(crate) fn drain() -> Drain {
         .termination_log(None)
         .build()
         .expect("valid drain settings");
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     drain
 }
 

@@ -76,7 +76,7 @@ async fn events(
     };
     // Ends the stream at stopped_accepting (plus this stream's share of the window): after load
     // balancers stopped sending here, so the client's reconnection lands on another replica.
-    let stream = state.drain.stream_stop_spread(state.window).wrap(ticks);
+    let stream = state.drain.stream_stop().spread(state.window).wrap(ticks);
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
 

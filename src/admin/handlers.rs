@@ -179,7 +179,7 @@ pub(super) async fn prometheus_metrics(State(s): State<Arc<AdminState>>, req: Re
     };
     // Sample now: between lifecycle events the gauges hold their last sample, and a scrape
     // should see this instant.
-    s.drain.record_metrics();
+    s.drain.metrics().record();
     // Without the exporter's own listener nobody else runs its upkeep.
     handle.run_upkeep();
     let mut res = text(StatusCode::OK, handle.render());

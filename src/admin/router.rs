@@ -120,7 +120,7 @@ impl AdminBuilder {
     }
 
     /// Serves `GET /metrics`: samples the drain's metrics
-    /// ([`Drain::record_metrics`](crate::Drain::record_metrics)) and renders everything the
+    /// ([`Metrics::record`](crate::Metrics::record)) and renders everything the
     /// recorder behind `handle` holds, in Prometheus text format. Give it the handle of the
     /// recorder you installed (see [`prometheus_builder`](crate::drain_metrics::prometheus_builder)).
     /// Without a handle there is no `/metrics` route.

@@ -36,7 +36,7 @@ pub const PROXY_LABEL_ENV: &str = "LAMEDUCK_PROXY_LABEL";
 ///     .propagation(Propagation::quiet(Duration::from_secs(3)).max(Duration::from_secs(30)))
 ///     .readiness_while_draining(ReadinessWhileDraining::NotReady)
 ///     .build()?;
-/// assert_eq!(drain.budget().quiesce_deadline(), Duration::from_secs(49)); // 60 − 1 − 10
+/// assert_eq!(drain.moments().budget().quiesce_deadline(), Duration::from_secs(49)); // 60 − 1 − 10
 /// # Ok::<(), lameduck::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, Default)]

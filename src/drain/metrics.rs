@@ -1,4 +1,4 @@
-//! The handle's metrics methods (feature `metrics`); the metrics themselves are in
+//! The drain's metrics handle (feature `metrics`); the metrics themselves are in
 //! [`crate::drain_metrics`].
 
 use std::time::Duration;
@@ -8,6 +8,34 @@ use crate::driver::Observer;
 use crate::phase::Phase;
 
 impl Drain {
+    /// The drain's metrics: sample them now, or on a period.
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics(&self) -> Metrics<'_> {
+        Metrics { drain: self }
+    }
+}
+
+/// The drain's metrics (feature `metrics`): [`record`](Self::record) samples them now,
+/// [`spawn_updater`](Self::spawn_updater) on a period. The metrics themselves are listed in
+/// [`drain_metrics`](crate::drain_metrics).
+///
+/// Returned by [`Drain::metrics`]; it borrows the drain.
+///
+/// # Examples
+///
+/// ```
+/// # fn demo() -> Result<(), lameduck::ConfigError> {
+/// let drain = lameduck::Drain::builder().build()?;
+/// drain.metrics().record(); // every gauge, from the counters now
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub struct Metrics<'a> {
+    drain: &'a Drain,
+}
+
+impl Metrics<'_> {
     /// Sets every gauge (`lameduck_in_flight_requests`, `lameduck_open_connections`,
     /// `lameduck_background_tasks`, `lameduck_phase`) and the
     /// `lameduck_requests_after_flip_total` counters from the coordinator's counters now.
@@ -25,14 +53,14 @@ impl Drain {
     /// # fn demo() -> Result<(), lameduck::ConfigError> {
     /// let drain = lameduck::Drain::builder().build()?;
     /// let _guard = drain.enter();
-    /// drain.record_metrics(); // lameduck_in_flight_requests = 1
+    /// drain.metrics().record(); // lameduck_in_flight_requests = 1
     /// # Ok(()) }
     /// ```
-    pub fn record_metrics(&self) {
-        crate::drain_metrics::Recorder.sampled(&self.inner.driver.sample());
+    pub fn record(&self) {
+        crate::drain_metrics::Recorder.sampled(&self.drain.inner.driver.sample());
     }
 
-    /// Spawns a task that calls [`record_metrics`](Self::record_metrics) every `period`, for
+    /// Spawns a task that calls [`record`](Self::record) every `period`, for
     /// exporters that push on their own schedule rather than being scraped. It samples once
     /// more at Done and ends there; abort the returned handle to stop it earlier.
     ///
@@ -50,7 +78,7 @@ impl Drain {
     /// let drain = lameduck::Drain::builder()
     ///     # .signals(lameduck::Signals::none()).report_to_stderr(false)
     ///     .build()?;
-    /// let updater = drain.spawn_metrics_updater(Duration::from_secs(5));
+    /// let updater = drain.metrics().spawn_updater(Duration::from_secs(5));
     ///
     /// drain.start(lameduck::Trigger::Api);
     /// drain.drained().await;
@@ -61,12 +89,12 @@ impl Drain {
     /// # Panics
     ///
     /// If `period` is zero, or if called outside a Tokio runtime.
-    pub fn spawn_metrics_updater(&self, period: Duration) -> tokio::task::JoinHandle<()> {
+    pub fn spawn_updater(&self, period: Duration) -> tokio::task::JoinHandle<()> {
         assert!(
             !period.is_zero(),
             "the metrics updater's period must not be zero"
         );
-        let drain = self.clone();
+        let drain = self.drain.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             // After a stall, one sample is enough: a burst of catch-up samples says nothing new.
@@ -75,9 +103,9 @@ impl Drain {
             tokio::pin!(done);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => drain.record_metrics(),
+                    _ = tick.tick() => drain.metrics().record(),
                     () = &mut done => {
-                        drain.record_metrics();
+                        drain.metrics().record();
                         return;
                     }
                 }
@@ -155,7 +183,7 @@ mod tests {
                 .propagation(Propagation::fixed(Duration::from_secs(2)))
                 .build()
                 .unwrap();
-            drain.mark_serving();
+            drain.readiness().mark_serving();
             let core = drain.core();
             drain.start(Trigger::Sigterm);
 
@@ -171,7 +199,7 @@ mod tests {
             core.observed().note_request(true);
 
             // Mid-drain sample: the totals so far, without any per-request recording.
-            drain.record_metrics();
+            drain.metrics().record();
             let r = Reading::take(&snap);
             let new = r.get(
                 MetricKind::Counter,

@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use super::Drain;
 use crate::phase::Phase;
+use crate::phase::ReadinessWhileDraining;
 #[cfg(feature = "admin")]
 use crate::readiness::sources::classify::ProbeCaller;
-use crate::readiness::{Caller, Readiness};
+use crate::readiness::{Caller, ReadinessAnswer};
 
 /// A startup gate: readiness stays false until every gate is [`open`](Self::open)ed.
 ///
@@ -41,10 +42,39 @@ impl Drop for StartupGate {
     }
 }
 
-impl Drain {
+/// Readiness on a [`Drain`]: startup gates, readiness checks, and what `/readyz` answers.
+///
+/// Returned by [`Drain::readiness`]; it borrows the drain, so take a new one where you need
+/// it.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
+/// #     .report_to_stderr(false).termination_log(None).build().unwrap();
+/// let cache = drain.readiness().startup_gate("cache");
+/// drain.readiness().mark_serving();
+/// assert!(!drain.readiness().is_ready());
+/// assert_eq!(drain.readiness().answer().reason, "starting: waiting for cache");
+/// cache.open();
+/// assert!(drain.readiness().is_ready());
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Readiness<'a> {
+    drain: &'a Drain,
+}
+
+impl<'a> Readiness<'a> {
+    pub(super) fn new(drain: &'a Drain) -> Self {
+        Self { drain }
+    }
+
     /// A startup gate named `name`. Readiness is false until every gate is opened.
     ///
-    /// Create every gate before the phase can turn Serving — before [`run`](Self::run) or the
+    /// Create every gate before the phase can turn Serving — before [`Drain::run`] or the
     /// server starts — since opening the last closed gate (or starting with none) makes the
     /// service ready.
     /// # Examples
@@ -56,28 +86,29 @@ impl Drain {
     /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
     /// use lameduck::Phase;
     ///
-    /// let cache = drain.startup_gate("cache");
-    /// drain.mark_serving(); // what `run` and `serve` do; no effect while a gate is closed
+    /// let cache = drain.readiness().startup_gate("cache");
+    /// drain.readiness().mark_serving(); // what `run` and `serve` do; no effect while a gate is closed
     /// assert_eq!(drain.phase(), Phase::Starting);
-    /// assert!(!drain.is_ready());
+    /// assert!(!drain.readiness().is_ready());
     ///
     /// tokio::spawn(async move {
     ///     // ... load the cache ...
     ///     cache.open();
     /// });
     /// drain.reached(Phase::Serving).await;
-    /// assert!(drain.is_ready());
+    /// assert!(drain.readiness().is_ready());
     /// # }
     /// ```
     pub fn startup_gate(&self, name: impl Into<String>) -> StartupGate {
+        let drain = self.drain;
         let name = name.into();
-        let index = self.inner.readiness.add_gate(name.clone());
-        self.inner.driver.note_startup_gate();
-        if self.phase() != Phase::Starting {
+        let index = drain.inner.readiness.add_gate(name.clone());
+        drain.inner.driver.note_startup_gate();
+        if drain.phase() != Phase::Starting {
             tracing::warn!(gate = %name, "lameduck: startup gate created after startup; it only affects readiness reporting");
         }
         StartupGate {
-            drain: self.clone(),
+            drain: drain.clone(),
             index,
             opened: false,
         }
@@ -98,59 +129,66 @@ impl Drain {
     ///
     /// let disk_ok = Arc::new(AtomicBool::new(true));
     /// let flag = Arc::clone(&disk_ok);
-    /// drain.readiness_check("scratch-disk", move || {
+    /// drain.readiness().check("scratch-disk", move || {
     ///     if flag.load(Ordering::Relaxed) { Ok(()) } else { Err("disk full") }
     /// });
-    /// drain.mark_serving();
-    /// assert!(drain.is_ready());
+    /// drain.readiness().mark_serving();
+    /// assert!(drain.readiness().is_ready());
     /// disk_ok.store(false, Ordering::Relaxed);
-    /// assert_eq!(drain.readiness().reason, "check scratch-disk failed: disk full");
+    /// assert_eq!(drain.readiness().answer().reason, "check scratch-disk failed: disk full");
     /// # }
     /// ```
-    pub fn readiness_check<F, E>(&self, name: impl Into<String>, check: F)
+    pub fn check<F, E>(&self, name: impl Into<String>, check: F)
     where
         F: Fn() -> Result<(), E> + Send + Sync + 'static,
         E: Into<crate::closers::BoxError>,
     {
-        self.inner.readiness.add_check(
+        self.drain.inner.readiness.add_check(
             name.into(),
             Arc::new(move || check().map_err(|e| e.into().to_string())),
         );
     }
 
     /// Marks startup complete if no gate is closed (Starting → Serving). Called by
-    /// [`run`](Self::run), by `serve`, and when the last gate opens.
+    /// [`Drain::run`], by `serve`, and when the last gate opens.
     pub fn mark_serving(&self) {
-        self.maybe_serving();
+        self.drain.maybe_serving();
     }
 
+    /// `true` when `/readyz` answers 200 to callers other than kubelet's probe (see
+    /// [`ReadinessWhileDraining::Auto`]).
+    pub fn is_ready(&self) -> bool {
+        self.answer().ready
+    }
+
+    /// Readiness with its reason and every check, as a caller other than kubelet's probe sees
+    /// it (see [`ReadinessWhileDraining::Auto`]).
+    pub fn answer(&self) -> ReadinessAnswer {
+        self.drain.readiness_for(Caller::Other)
+    }
+
+    /// The readiness policy in force.
+    pub fn policy(&self) -> ReadinessWhileDraining {
+        self.drain.inner.readiness.policy()
+    }
+}
+
+impl Drain {
     fn maybe_serving(&self) {
         if self.inner.readiness.all_gates_open() {
             self.inner.driver.mark_serving();
         }
     }
 
-    /// `true` when `/readyz` answers 200 to callers other than kubelet's probe (see
-    /// [`ReadinessWhileDraining::Auto`](crate::ReadinessWhileDraining::Auto)).
-    pub fn is_ready(&self) -> bool {
-        self.readiness().ready
-    }
-
-    /// Readiness with its reason and every check, as a caller other than kubelet's probe sees
-    /// it (see [`ReadinessWhileDraining::Auto`](crate::ReadinessWhileDraining::Auto)).
-    pub fn readiness(&self) -> Readiness {
-        self.readiness_for(Caller::Other)
-    }
-
     /// Readiness as `caller` sees it: `/readyz` passes who asked.
-    pub(crate) fn readiness_for(&self, caller: Caller) -> Readiness {
+    pub(crate) fn readiness_for(&self, caller: Caller) -> ReadinessAnswer {
         self.readiness_in(self.phase(), caller, caller.describe())
     }
 
     /// Readiness as a classified `/readyz` caller sees it; the caller is counted in the table
     /// of probe sources.
     #[cfg(feature = "admin")]
-    pub(crate) fn readiness_for_probe(&self, probe: &ProbeCaller) -> Readiness {
+    pub(crate) fn readiness_for_probe(&self, probe: &ProbeCaller) -> ReadinessAnswer {
         let phase = self.phase();
         self.inner
             .driver
@@ -161,7 +199,7 @@ impl Drain {
 
     /// Readiness in `phase` as `caller` (described as `who`) sees it, with the propagation
     /// evidence once draining.
-    fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> Readiness {
+    fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> ReadinessAnswer {
         let evidence = if phase >= Phase::Draining {
             self.inner.driver.evidence_now().map(|e| e.describe())
         } else {

@@ -172,8 +172,9 @@ impl EndpointWatch {
 
     /// Starts watching, on a task of the current runtime that ends when the drain is done.
     ///
-    /// Called while the drain is still starting (before [`Drain::mark_serving`] or the last
-    /// startup gate opens), it adds a startup gate of its own, `endpoint-watch`: `/readyz`
+    /// Called while the drain is still starting (before
+    /// [`Readiness::mark_serving`](crate::Readiness::mark_serving) or the last startup gate
+    /// opens), it adds a startup gate of its own, `endpoint-watch`: `/readyz`
     /// says not ready until the watch has read the Pod and the slices once, so the slices
     /// cannot list this Pod ready before the watch sees them do it and the proxy allowance is
     /// measured from that moment. The gate also opens when the API refuses or fails, and at
@@ -213,7 +214,8 @@ impl EndpointWatch {
         );
         link.set_source(Source::Connecting);
         let mut gate = FirstList(
-            (drain.phase() == Phase::Starting).then(|| drain.startup_gate("endpoint-watch")),
+            (drain.phase() == Phase::Starting)
+                .then(|| drain.readiness().startup_gate("endpoint-watch")),
         );
         let drain = drain.clone();
         tokio::spawn(async move {
@@ -255,7 +257,7 @@ impl EndpointWatch {
         let slice_events = watcher::watcher(slices, watcher::Config::default()).default_backoff();
         tokio::pin!(pod_events, slice_events);
 
-        let mut model = Model::new(pod, drain.readiness_policy());
+        let mut model = Model::new(pod, drain.readiness().policy());
         let api_deadline = tokio::time::sleep(self.api_timeout);
         tokio::pin!(api_deadline);
         let mut timed_out = false;

@@ -334,7 +334,7 @@ mod tests {
             .build()
             .unwrap();
         d.core().observed().observe_arrivals();
-        d.mark_serving();
+        d.readiness().mark_serving();
         let n = (Duration::from_secs(30).as_millis() / every.as_millis()) as u32;
         for _ in 0..n {
             tokio::time::sleep(every).await;

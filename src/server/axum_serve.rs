@@ -39,7 +39,8 @@ use crate::server::ConnMeta;
 /// Serves `router` on `listener` with `axum::serve`, wired to `drain`: the one-call integration
 /// for axum apps.
 ///
-/// * Marks startup complete ([`Drain::mark_serving`]) when it starts.
+/// * Marks startup complete ([`Readiness::mark_serving`](crate::Readiness::mark_serving)) when
+///   it starts.
 /// * Keeps accepting while Draining; stops accepting at `stopped_accepting`
 ///   ([`Drain::stopped_accepting`]), when axum closes its listener and idle connections and sends
 ///   HTTP/2 connections a GOAWAY.
@@ -48,7 +49,8 @@ use crate::server::ConnMeta;
 ///   policy. Handlers read it with `ConnectInfo<ConnMeta>`; `ConnectInfo<SocketAddr>`
 ///   extractors keep working too (see the cost below).
 /// * Resolves to `()`, as [`lameduck::serve`](crate::serve) does, when every connection has
-///   finished, or at the quiesce deadline ([`Drain::deadline_exceeded`]) at the latest, so a
+///   finished, or at the quiesce deadline
+///   ([`Moments::deadline_exceeded`](crate::Moments::deadline_exceeded)) at the latest, so a
 ///   stuck connection cannot hold the process past its budget: whatever is still running then
 ///   is named in the report's stragglers.
 ///
@@ -66,8 +68,8 @@ use crate::server::ConnMeta;
 /// # Compared with `lameduck::serve`
 ///
 /// axum's own loop does not let lameduck close connections: HTTP/2 connections get their
-/// GOAWAY at `stopped_accepting` rather than at the trigger, [`Drain::connections`] stays 0,
-/// and connections still busy at the deadline are not force-closed — the future resolves and
+/// GOAWAY at `stopped_accepting` rather than at the trigger,
+/// [`Counts::connections`](crate::Counts::connections) stays 0, and connections still busy at the deadline are not force-closed — the future resolves and
 /// they end with the process, which exits once the report is written. Use
 /// [`lameduck::serve`](crate::serve) (it takes the same router; add
 /// [`connect_info`](crate::server::Serve::connect_info) for `ConnectInfo` extractors) when that
@@ -120,10 +122,10 @@ pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> AxumServe 
     let server = axum::serve(listener, WithConnMeta { router, core })
         .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
         .into_future();
-    let deadline = drain.deadline_exceeded();
+    let deadline = drain.moments().deadline_exceeded();
     AxumServe {
         inner: Box::pin(async move {
-            drain.mark_serving();
+            drain.readiness().mark_serving();
             // From now on every accepted connection counts in the arrival rate, as under
             // `lameduck::serve`: an idle server has a rate of zero, not no data.
             drain.core().observed().observe_arrivals();

@@ -1,5 +1,5 @@
 //! One accepted connection under [`serve`](super::serve): its task (the staged shutdown the
-//! accept loop's tokens ask for), its count in `Drain::connections`, and the hyper service that
+//! accept loop's tokens ask for), its count in `Counts::connections`, and the hyper service that
 //! attaches `ConnMeta` before the tower service.
 
 use std::future::Future;
@@ -39,7 +39,7 @@ pub(super) struct ConnTokens {
     pub(super) connect_info: bool,
 }
 
-/// Keeps `Drain::connections` exact even if a connection task panics or is aborted.
+/// Keeps `Counts::connections` exact even if a connection task panics or is aborted.
 pub(super) struct Counted(&'static Core);
 
 impl Counted {

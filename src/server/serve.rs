@@ -83,15 +83,16 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
     doc = "[which-one]: crate#feature-flags\n[axum-serve]: crate#feature-flags\n[connect-info]: crate#feature-flags"
 )]
 ///
-/// * Marks startup complete ([`Drain::mark_serving`]) when it starts.
+/// * Marks startup complete ([`Readiness::mark_serving`](crate::Readiness::mark_serving)) when
+///   it starts.
 /// * Keeps accepting while Draining, and records each new connection (time, peer) as activity
 ///   for the propagation policy and the report.
 /// * Sends a graceful GOAWAY to HTTP/2 connections when the drain starts; leaves idle HTTP/1
 ///   connections open until `stopped_accepting`, then closes them (busy ones close after their
 ///   response; the [`DrainLayer`](crate::DrainLayer) adds `Connection: close` while draining).
 /// * Closes the listener at `stopped_accepting`, force-closes what is left at the quiesce
-///   deadline, keeps [`Drain::connections`] up to date, and resolves when every connection is
-///   gone.
+///   deadline, keeps [`Counts::connections`](crate::Counts::connections) up to date, and
+///   resolves when every connection is gone.
 /// * Accept errors (out of file descriptors and the like) do not end the loop: they are
 ///   logged, and the loop backs off briefly (10 ms doubling to 1 s) and continues.
 /// * Attaches a [`ConnMeta`](crate::ConnMeta) to every request that arrives while draining,
@@ -105,9 +106,9 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   flow control); the layer alone cannot see those bytes (see
 ///   [`DrainLayer`](crate::DrainLayer#what-the-layer-can-and-cannot-see)). While draining, a
 ///   connection also counts as one in flight for the duration of each poll (so
-///   [`Drain::in_flight`] read by an HTTP/1 handler then includes its own connection): the
-///   instant a body's last frame is handed over and the instant its bytes fail to go out are
-///   one poll apart, and nothing may look finished in between.
+///   [`Counts::in_flight`](crate::Counts::in_flight) read by an HTTP/1 handler then includes
+///   its own connection): the instant a body's last frame is handed over and the instant its
+///   bytes fail to go out are one poll apart, and nothing may look finished in between.
 /// * Bounds open connections ([`Serve::max_connections`]; by default from the process's
 ///   descriptor limit, keeping a reserve for the admin port, files and outgoing connections):
 ///   at the bound it stops accepting until a connection closes, and new connections wait in

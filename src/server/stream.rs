@@ -34,7 +34,8 @@ fn spread_fraction(n: u64) -> f64 {
 impl Drain {
     /// A future that resolves at `stopped_accepting`: end a long-lived stream now.
     ///
-    /// Wrap a body or a `Stream` with [`StreamStop::wrap`] to end it cleanly at that moment.
+    /// Wrap a body or a `Stream` with [`StreamStop::wrap`] to end it cleanly at that moment;
+    /// [`StreamStop::spread`] spreads the ends of many streams over a window.
     ///
     /// # Examples
     ///
@@ -57,53 +58,15 @@ impl Drain {
     /// # }
     /// ```
     pub fn stream_stop(&self) -> StreamStop {
-        StreamStop::new(self, Duration::ZERO)
-    }
-
-    /// Like [`stream_stop`](Self::stream_stop), but resolving at `stopped_accepting` plus an
-    /// offset in `[0, window)`, different for each call, so that streams end spread over the
-    /// window. The offset is clamped to the quiesce deadline: a stream told to stop after it
-    /// would be cut instead.
-    ///
-    /// Offsets follow a deterministic low-discrepancy sequence: however many streams are open,
-    /// their ends are spread evenly over the window.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use lameduck::{Drain, Phase, Propagation, Signals, Trigger};
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// let drain = Drain::builder()
-    ///     .propagation(Propagation::fixed(Duration::from_secs(1)))
-    ///     .signals(Signals::none())
-    ///     .report_to_stderr(false)
-    ///     .build()
-    ///     .unwrap();
-    /// // One per stream; thousands of them end spread over 10 s instead of all at once.
-    /// let stops: Vec<_> = (0..3).map(|_| drain.stream_stop_spread(Duration::from_secs(10))).collect();
-    /// assert!(stops.iter().all(|s| s.offset() < Duration::from_secs(10)));
-    /// drain.start(Trigger::Api);
-    /// for stop in stops {
-    ///     stop.await;
-    ///     assert!(drain.phase() >= Phase::StoppedAccepting);
-    /// }
-    /// # }
-    /// ```
-    pub fn stream_stop_spread(&self, window: Duration) -> StreamStop {
-        // Relaxed: any distinct sequence numbers will do.
-        let n = SPREAD_SEQ.fetch_add(1, Ordering::Relaxed);
-        StreamStop::new(self, window.mul_f64(spread_fraction(n)))
+        StreamStop::new(self)
     }
 }
 
 pin_project! {
     /// Resolves when a long-lived stream should end: at `stopped_accepting`, plus this
-    /// stream's offset when created with [`Drain::stream_stop_spread`].
+    /// stream's offset when [`spread`](Self::spread).
     ///
-    /// Created by [`Drain::stream_stop`] and [`Drain::stream_stop_spread`].
+    /// Created by [`Drain::stream_stop`].
     ///
     /// # Cancel safety
     ///
@@ -133,14 +96,52 @@ pin_project! {
 }
 
 impl StreamStop {
-    fn new(drain: &Drain, offset: Duration) -> Self {
+    fn new(drain: &Drain) -> Self {
         Self {
             state: StopState::Waiting {
                 stopped: drain.stopped_accepting().cancelled_owned(),
             },
-            offset,
+            offset: Duration::ZERO,
             drain: drain.clone(),
         }
+    }
+
+    /// Resolves at `stopped_accepting` plus an offset in `[0, window)` instead, different for
+    /// each call, so that streams end spread over the window. The offset is clamped to the quiesce deadline: a stream told to stop after it
+    /// would be cut instead.
+    ///
+    /// Offsets follow a deterministic low-discrepancy sequence: however many streams are open,
+    /// their ends are spread evenly over the window.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lameduck::{Drain, Phase, Propagation, Signals, Trigger};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let drain = Drain::builder()
+    ///     .propagation(Propagation::fixed(Duration::from_secs(1)))
+    ///     .signals(Signals::none())
+    ///     .report_to_stderr(false)
+    ///     .build()
+    ///     .unwrap();
+    /// // One per stream; thousands of them end spread over 10 s instead of all at once.
+    /// let stops: Vec<_> = (0..3).map(|_| drain.stream_stop().spread(Duration::from_secs(10))).collect();
+    /// assert!(stops.iter().all(|s| s.offset() < Duration::from_secs(10)));
+    /// drain.start(Trigger::Api);
+    /// for stop in stops {
+    ///     stop.await;
+    ///     assert!(drain.phase() >= Phase::StoppedAccepting);
+    /// }
+    /// # }
+    /// ```
+    pub fn spread(mut self, window: Duration) -> Self {
+        // Relaxed: any distinct sequence numbers will do.
+        let n = SPREAD_SEQ.fetch_add(1, Ordering::Relaxed);
+        self.offset = window.mul_f64(spread_fraction(n));
+        self
     }
 
     /// This stream's offset after `stopped_accepting` (zero unless spread).
@@ -170,7 +171,7 @@ impl StreamStop {
     ///         }
     ///     });
     ///     let stream = as_stream(rx); // any `futures_core::Stream` of events
-    ///     let stream = drain.stream_stop_spread(Duration::from_secs(5)).wrap(stream);
+    ///     let stream = drain.stream_stop().spread(Duration::from_secs(5)).wrap(stream);
     ///     Response::new(Body::from_stream(stream))
     /// }
     /// # fn as_stream<T>(rx: tokio::sync::mpsc::Receiver<T>) -> impl futures_core::Stream<Item = T> + Send + 'static
@@ -214,7 +215,7 @@ impl Future for StreamStop {
                         return Poll::Ready(());
                     }
                     let mut until = Instant::now() + offset;
-                    if let Some(deadline) = this.drain.quiesce_deadline() {
+                    if let Some(deadline) = this.drain.moments().quiesce_deadline() {
                         until = until.min(deadline);
                     }
                     self.as_mut().project().state.set(StopState::Delaying {

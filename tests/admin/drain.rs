@@ -21,7 +21,10 @@ async fn drain_wait_none_answers_202_at_once() {
     assert_eq!(s.trigger, Some(Trigger::PreStop));
     // A guard is held, so the drain cannot be past StoppedAccepting yet.
     assert!(s.phase <= Phase::StoppedAccepting, "{:?}", s.phase);
-    assert_eq!(drain.timeline()[0].trigger, Some(Trigger::PreStop));
+    assert_eq!(
+        drain.moments().timeline()[0].trigger,
+        Some(Trigger::PreStop)
+    );
     drop(guard);
     assert_eq!(drain.drained().await.exit_code, 0);
 }
@@ -123,6 +126,7 @@ async fn drain_is_idempotent_under_50_concurrent_calls() {
     drain.drained().await;
     assert_eq!(event_count(&drain, EventKind::DrainStarted), 1);
     let repeats: Vec<_> = drain
+        .moments()
         .timeline()
         .into_iter()
         .filter(|e| e.event == EventKind::SignalReceived)

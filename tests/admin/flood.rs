@@ -126,7 +126,7 @@ async fn kubelet_probes_are_answered_while_bodies_never_come() {
         for body in [Pending::Length, Pending::Chunked] {
             for token in [false, true] {
                 let drain = quiet_builder().grace_period(secs(30)).build().unwrap();
-                drain.mark_serving();
+                drain.readiness().mark_serving();
                 let addr = serve_admin(&drain, token).await;
                 let _held = flood(addr, n, body, token).await;
                 for path in ["/livez", "/readyz", "/livez", "/readyz", "/status"] {
@@ -146,7 +146,7 @@ async fn kubelet_probes_are_answered_while_bodies_never_come() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_with_a_body_that_never_comes_is_answered_at_once() {
     let drain = quiet_builder().build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let addr = serve_admin(&drain, true).await;
     for body in [Pending::Length, Pending::Chunked] {
         let mut s = body_never_comes(addr, "/livez", body, false).await;
@@ -162,7 +162,7 @@ async fn a_probe_with_a_body_that_never_comes_is_answered_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_body_that_never_comes_is_refused_in_time_and_changes_nothing() {
     let drain = quiet_builder().build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let (listener, addr) = bind().await;
     tokio::spawn(
         drain
@@ -199,7 +199,7 @@ async fn bodies_that_never_come_do_not_hold_the_exit() {
                 .propagation(Propagation::fixed(ms(50)))
                 .build()
                 .unwrap();
-            drain.mark_serving();
+            drain.readiness().mark_serving();
             let addr = serve_admin(&drain, token).await;
             let held_length = flood(addr, n / 2, Pending::Length, token).await;
             let held_chunked = flood(addr, n / 2, Pending::Chunked, token).await;
@@ -250,7 +250,7 @@ async fn connection_flood(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_flood_never_evicts_a_probe_before_its_head_is_read() {
     let drain = quiet_builder().build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     // A small cap, so that a few accepts are enough to evict a probe whose head is not read.
     let (listener, addr) = bind().await;
     tokio::spawn(
@@ -325,7 +325,7 @@ impl StallableAdmin {
                 .unwrap();
             rt.block_on(async move {
                 let drain = quiet_builder().build().unwrap();
-                drain.mark_serving();
+                drain.readiness().mark_serving();
                 let (listener, addr) = bind().await;
                 tokio::spawn(
                     drain
@@ -434,7 +434,7 @@ async fn drain_waiters_at_the_cap_leave_room_for_kubelet_probes() {
             .propagation(Propagation::fixed(secs(20)))
             .build()
             .unwrap();
-        drain.mark_serving();
+        drain.readiness().mark_serving();
         let addr = serve_admin(&drain, token).await;
         let mut waiters = Vec::new();
         for _ in 0..lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS {
@@ -516,7 +516,7 @@ async fn pipeliner(addr: SocketAddr, requests: usize) -> (TcpStream, tokio::task
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_pipeline_and_never_read_do_not_delay_kubelet_probes() {
     let drain = quiet_builder().build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let addr = serve_admin(&drain, false).await;
     let mut held = Vec::new();
     for _ in 0..lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS {

@@ -81,7 +81,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
             assert!(a.headers.contains_key("allow"), "{method} {target}");
         }
         assert_eq!(drain.phase(), Phase::Serving, "{method} {target}");
-        assert!(drain.timeline().is_empty(), "{method} {target}");
+        assert!(drain.moments().timeline().is_empty(), "{method} {target}");
         let r = get(addr, "/readyz").await;
         assert_eq!(r.status, StatusCode::OK, "{method} {target}");
     }
@@ -270,7 +270,7 @@ async fn random_requests_never_fail_the_server_nor_change_state() {
             "round {round}: {method} {target} {auth_headers:?} {body_len} -> {code}"
         );
         assert!(
-            drain.timeline().is_empty(),
+            drain.moments().timeline().is_empty(),
             "round {round}: {method} {target}"
         );
     }

@@ -42,7 +42,7 @@ pub(crate) fn builder() -> DrainBuilder {
 
 pub(crate) fn serving() -> Drain {
     let drain = builder().build().unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     assert_eq!(drain.phase(), Phase::Serving);
     drain
 }

@@ -14,7 +14,7 @@ use crate::{
 #[tokio::test]
 async fn livez_answers_ok_through_the_whole_lifecycle() {
     let drain = builder().build().unwrap();
-    let gate = drain.startup_gate("cache-warmup");
+    let gate = drain.readiness().startup_gate("cache-warmup");
     let addr = serve_open(&drain).await;
 
     let mut seen = Vec::new();
@@ -64,7 +64,7 @@ async fn livez_answers_ok_through_the_whole_lifecycle() {
 #[tokio::test]
 async fn readyz_follows_starting_serving_draining() {
     let drain = builder().build().unwrap();
-    let gate = drain.startup_gate("cache-warmup");
+    let gate = drain.readiness().startup_gate("cache-warmup");
     let addr = serve_open(&drain).await;
 
     let a = get(addr, "/readyz").await;
@@ -134,7 +134,7 @@ async fn readyz_stays_ready_until_stop_under_serving_until_stop() {
         .readiness_while_draining(ReadinessWhileDraining::ServingUntilStop)
         .build()
         .unwrap();
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     let addr = serve_open(&drain).await;
     let guard = drain.enter();
     drain.start(Trigger::Api);
@@ -156,7 +156,9 @@ async fn readyz_stays_ready_until_stop_under_serving_until_stop() {
 #[tokio::test]
 async fn readyz_reports_a_failing_check() {
     let drain = serving();
-    drain.readiness_check("local-disk", || Err("full".to_owned()));
+    drain
+        .readiness()
+        .check("local-disk", || Err("full".to_owned()));
     let addr = serve_open(&drain).await;
     let a = get(addr, "/readyz").await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);

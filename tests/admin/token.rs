@@ -38,7 +38,7 @@ async fn token_is_required_accepted_and_rejected() {
             "Bearer realm=\"lameduck-admin\""
         );
         assert_eq!(drain.phase(), Phase::Serving, "{headers:?}");
-        assert!(drain.timeline().is_empty());
+        assert!(drain.moments().timeline().is_empty());
     }
     // Probes and status need no token.
     assert_eq!(get(addr, "/livez").await.status, StatusCode::OK);

@@ -128,7 +128,7 @@ pub fn app(drain: &Drain, probe: Probe) -> axum::Router {
         let AppState { drain, probe } = st;
         let body = chunks(count, Duration::from_millis(ms), move || {
             *probe.0.lock().unwrap() = Some(LastChunk {
-                in_flight: drain.in_flight(),
+                in_flight: drain.counts().in_flight(),
                 in_flight_zero_recorded: has_event(&drain, EventKind::InFlightZero),
             });
         });
@@ -193,6 +193,6 @@ pub async fn slow_request(
     let (mut sender, _conn) = h1(addr).await;
     let path = format!("/slow/{ms}");
     let slow = tokio::spawn(async move { text(send1(&mut sender, &path).await).await });
-    eventually("slow request in flight", || drain.in_flight() == 1).await;
+    eventually("slow request in flight", || drain.counts().in_flight() == 1).await;
     slow
 }

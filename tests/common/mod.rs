@@ -80,12 +80,17 @@ pub async fn bind() -> (TcpListener, SocketAddr) {
 }
 
 pub fn has_event(drain: &Drain, kind: EventKind) -> bool {
-    drain.timeline().iter().any(|e| e.event == kind)
+    drain.moments().timeline().iter().any(|e| e.event == kind)
 }
 
 /// How many times `kind` stands in the timeline (repeats folded into one event count once).
 pub fn event_count(drain: &Drain, kind: EventKind) -> usize {
-    drain.timeline().iter().filter(|e| e.event == kind).count()
+    drain
+        .moments()
+        .timeline()
+        .iter()
+        .filter(|e| e.event == kind)
+        .count()
 }
 
 pub fn is_phase(drain: &Drain, phase: Phase) -> bool {

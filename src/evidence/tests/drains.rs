@@ -23,7 +23,7 @@ fn drain(p: Propagation) -> Drain {
         .build()
         .unwrap();
     d.core().observed().observe_arrivals();
-    d.mark_serving();
+    d.readiness().mark_serving();
     d
 }
 
@@ -208,7 +208,7 @@ async fn no_connection_data_waits_to_max_and_names_the_fix() {
         .termination_log(None)
         .build()
         .unwrap();
-    d.mark_serving();
+    d.readiness().mark_serving();
     tokio::time::sleep(Duration::from_secs(30)).await;
     d.start(Trigger::Api);
     let (at, ev) = committed(&d).await;

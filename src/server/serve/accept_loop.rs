@@ -51,9 +51,9 @@ where
     let mut bound = ConnectionBound::new(max_connections);
     announce_start(&drain, header_read_timeout);
     let tokens = ConnTokens {
-        drain: drain.drain_started(),
+        drain: drain.moments().drain_started(),
         idle_close: CancellationToken::new(),
-        deadline: drain.deadline_exceeded(),
+        deadline: drain.moments().deadline_exceeded(),
         closing: CancellationToken::new(),
         conn_meta_always,
         #[cfg(feature = "axum")]
@@ -82,7 +82,7 @@ where
 /// Marks startup complete and records the server's settings for the report; from now on every
 /// accepted connection counts in the arrival rate (the evidence).
 fn announce_start(drain: &Drain, header_read_timeout: Option<Duration>) {
-    drain.mark_serving();
+    drain.readiness().mark_serving();
     drain.note_server(crate::report::ServerReport {
         header_read_timeout_ms: header_read_timeout.map(|t| t.as_millis() as u64),
     });
@@ -109,7 +109,7 @@ async fn listener_closes(drain: &Drain, keep_listening: bool) {
     if keep_listening {
         tokio::select! {
             () = drain.reached(Phase::Closing) => {}
-            () = drain.deadline_exceeded().cancelled_owned() => {}
+            () = drain.moments().deadline_exceeded().cancelled_owned() => {}
         }
     } else {
         drain.stopped_accepting().cancelled_owned().await;
@@ -175,7 +175,7 @@ impl<S> Connections<S> {
     /// to end, closing those that never sent a complete request head once nothing is in flight.
     async fn wait_until_gone(self) {
         tracing::info!(
-            connections = self.drain.connections(),
+            connections = self.drain.counts().connections(),
             "lameduck: listener closed; waiting for connections to finish"
         );
         self.tokens.idle_close.cancel();
