@@ -107,9 +107,6 @@ struct Lifecycle {
     committed: Option<EvidenceReport>,
     /// The accept loop's timeouts, when `serve` runs the accept loop.
     server: Option<ServerReport>,
-    /// Signals that neither drain nor exit (SIGHUP, SIGUSR1) received before the drain: they
-    /// enter the timeline when it starts.
-    ignored_before: Vec<Event>,
 }
 
 /// The tokens the drain fires as it goes.

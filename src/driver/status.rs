@@ -64,16 +64,7 @@ impl Driver {
     pub(crate) fn status(&self, phase: Phase, ready: bool, ready_for_kubelet: bool) -> Status {
         let (trigger, timeline, timeline_omitted, origin) = {
             let st = self.lock();
-            let all = st.timeline.events();
-            let (timeline, omitted) = if all.len() <= STATUS_TIMELINE_LIMIT {
-                (all.to_vec(), 0)
-            } else {
-                // The start and the end say the most: keep both halves, count the middle.
-                let half = STATUS_TIMELINE_LIMIT / 2;
-                let mut kept = all[..half].to_vec();
-                kept.extend_from_slice(&all[all.len() - half..]);
-                (kept, all.len() - STATUS_TIMELINE_LIMIT)
-            };
+            let (timeline, omitted) = st.timeline.bounded(STATUS_TIMELINE_LIMIT);
             (st.trigger, timeline, omitted, st.origin)
         };
         let used = origin.map_or(Duration::ZERO, |o| o.at.elapsed());

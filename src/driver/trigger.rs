@@ -33,24 +33,16 @@ impl Driver {
             st.origin = Some(Origin { at: now, unix_ms });
             st.trigger = Some(trigger);
             st.receipt = from_signal.then_some(unix_ms);
-            let mut e = Event::new(EventKind::DrainStarted, Duration::ZERO, unix_ms);
-            e.trigger = Some(trigger);
-            st.timeline.push(e);
-            if self.readiness.flips_at_trigger() {
+            let mut started = Event::new(EventKind::DrainStarted, Duration::ZERO, unix_ms);
+            started.trigger = Some(trigger);
+            let flipped = self.readiness.flips_at_trigger().then(|| {
                 let mut e = Event::new(EventKind::ReadinessFlipped, Duration::ZERO, unix_ms);
                 if self.readiness == ReadinessWhileDraining::Auto {
                     e.detail = Some("for callers other than kubelet's probe".to_owned());
                 }
-                st.timeline.push(e);
-            }
-            for mut e in std::mem::take(&mut st.ignored_before) {
-                let before = Duration::from_millis(unix_ms.saturating_sub(e.unix_ms));
-                e.detail = Some(format!(
-                    "ignored ({} ms before the drain): neither drains nor exits",
-                    before.as_millis()
-                ));
-                st.timeline.push(e);
-            }
+                e
+            });
+            st.timeline.open([Some(started), flipped].into_iter().flatten(), unix_ms);
             st.evidence = Some(self.policy.evidence_at(self.core, now));
             // Without a gate, Starting may only mean nobody called `mark_serving` (an accept
             // loop of the application's own): then the proxies' view is unknown, so wait.
@@ -137,27 +129,17 @@ impl Driver {
             "lameduck: {name} received and ignored: it neither starts a drain nor exits (its \
              default action would have killed the process without a report)"
         );
-        let mut guard = self.lock();
-        let st = &mut *guard;
-        let (events, at_ms, detail) = match st.origin {
-            Some(origin) => (
-                st.timeline.signals_mut(),
-                at.saturating_duration_since(origin.at),
-                Some("ignored: neither drains nor exits".to_owned()),
-            ),
-            None => (&mut st.ignored_before, Duration::ZERO, None),
-        };
-        if let Some(e) = events
-            .iter_mut()
-            .find(|e| e.event == EventKind::SignalReceived && e.name.as_deref() == Some(name))
-        {
-            e.count = Some(e.count.unwrap_or(1).saturating_add(1));
-            return;
-        }
-        let mut e = Event::new(EventKind::SignalReceived, at_ms, unix_ms);
+        let mut st = self.lock();
+        let mut e = Event::new(EventKind::SignalReceived, Duration::ZERO, unix_ms);
         e.name = Some(name.to_owned());
-        e.detail = detail;
-        events.push(e);
+        match st.origin {
+            Some(origin) => {
+                e.at_ms = at.saturating_duration_since(origin.at).as_millis() as u64;
+                e.detail = Some("ignored: neither drains nor exits".to_owned());
+                st.timeline.signal(e);
+            }
+            None => st.timeline.signal_before_start(e),
+        }
     }
 
     /// Exit now: skip the remaining waits and the closers. Returns `true` if this call forced
@@ -175,28 +157,22 @@ impl Driver {
     }
 }
 
-/// Records a trigger after the first: collapsed into the first event of its kind (a count),
-/// or a new `signal_received` event; into the late signals once the timeline is final.
+/// Records a trigger after the first: a count on the first event of its kind, or a new
+/// `signal_received` event (logged); into the late signals once the timeline is final.
 fn record_repeat(st: &mut Lifecycle, origin: Origin, trigger: Trigger, now: Instant, unix_ms: u64) {
-    let timeline = st.timeline.signals_mut();
-    if let Some(e) = timeline
-        .iter_mut()
-        .find(|e| e.event == EventKind::SignalReceived && e.trigger == Some(trigger))
-    {
-        e.count = Some(e.count.unwrap_or(1).saturating_add(1));
-        return;
-    }
     let mut e = Event::new(
         EventKind::SignalReceived,
         now.saturating_duration_since(origin.at),
         unix_ms,
     );
     e.trigger = Some(trigger);
-    tracing::info!(
-        event = "signal_received",
-        trigger = trigger.as_str(),
-        at_ms = e.at_ms,
-        "lameduck: trigger received while draining"
-    );
-    timeline.push(e);
+    let at_ms = e.at_ms;
+    if st.timeline.signal(e) {
+        tracing::info!(
+            event = "signal_received",
+            trigger = trigger.as_str(),
+            at_ms,
+            "lameduck: trigger received while draining"
+        );
+    }
 }
