@@ -92,7 +92,7 @@ impl std::fmt::Debug for Drain {
         f.debug_struct("Drain")
             .field("phase", &self.phase())
             .field("in_flight", &self.in_flight())
-            .field("budget", &self.inner.driver.budget)
+            .field("budget", &self.inner.driver.budget())
             .finish_non_exhaustive()
     }
 }
@@ -163,7 +163,7 @@ impl Drain {
 
     /// The validated budget.
     pub fn budget(&self) -> Budget {
-        self.inner.driver.budget
+        self.inner.driver.budget()
     }
 
     /// The readiness policy in force.

@@ -26,7 +26,7 @@
 //!   changes. The driver reads the link; only the watch writes it, through the handle.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
@@ -37,7 +37,6 @@ use crate::budget::Budget;
 use crate::closers::Closers;
 use crate::evidence::Evidence;
 use crate::guard::{Core, Site};
-use crate::link::Link;
 use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::Policy;
 use crate::readiness::{ReadinessWhileDraining, SourceTable};
@@ -48,6 +47,8 @@ use crate::tasks::{TaskContext, Tasks};
 
 mod assemble;
 mod deadlines;
+
+use deadlines::Deadlines;
 mod endpoints;
 mod exit;
 mod observer;
@@ -134,24 +135,17 @@ pub(crate) struct Driver {
     pub(crate) core: &'static Core,
     /// `core`'s plain site, at hand for `Drain::enter` (one load fewer than `Core::plain`).
     pub(crate) plain: &'static Site,
-    pub(crate) budget: Budget,
+    deadlines: Deadlines,
     policy: Policy,
     readiness: ReadinessWhileDraining,
     /// Who called `/readyz` and how each was classified (the readiness part writes it).
     probe_sources: SourceTable,
     sinks: Sinks,
-    hurry_lead: Duration,
     proxy_label: Option<String>,
     observer: Option<Box<dyn Observer>>,
     phase: watch::Sender<Phase>,
     state: Mutex<Lifecycle>,
     pub(crate) tokens: Tokens,
-    /// The quiesce deadline, set at the trigger and moved earlier by a shorter deletion grace
-    /// (what [`TaskContext::deadline`] reads).
-    quiesce_at: Arc<Mutex<Option<Instant>>>,
-    /// What the Kubernetes API says (feature `kube`): the slices' hold, the deletion's kill
-    /// time. The driver reads it; the watch writes it.
-    link: Link,
     forced: AtomicBool,
     /// `EMIT_*`: who writes the final report (the loser of the swap backs off).
     emission: AtomicU8,
@@ -166,7 +160,7 @@ impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Driver")
             .field("phase", &*self.phase.borrow())
-            .field("budget", &self.budget)
+            .field("deadlines", &self.deadlines)
             .finish_non_exhaustive()
     }
 }
@@ -183,22 +177,23 @@ impl Driver {
             proxy_label,
             observer,
         } = settings;
+        let max = match policy {
+            Policy::Quiet { max, .. } => max,
+            Policy::Fixed(d) => d,
+        };
         Self {
             core,
             plain: core.plain(),
-            budget,
+            deadlines: Deadlines::new(budget, max, hurry_lead),
             policy,
             readiness,
             probe_sources,
             sinks,
-            hurry_lead,
             proxy_label,
             observer,
             phase: watch::channel(Phase::Starting).0,
             state: Mutex::new(Lifecycle::default()),
             tokens: Tokens::default(),
-            quiesce_at: Arc::default(),
-            link: Link::new(),
             forced: AtomicBool::new(false),
             emission: AtomicU8::new(EMIT_NONE),
             released: AtomicBool::new(false),
@@ -351,7 +346,7 @@ impl Driver {
             stop: self.tokens.stop.clone(),
             hurry: self.tokens.hurry.clone(),
             deadline: self.tokens.deadline.clone(),
-            quiesce_at: Arc::clone(&self.quiesce_at),
+            quiesce_at: self.deadlines.task_deadline(),
         }
     }
 
@@ -367,12 +362,23 @@ impl Driver {
 
     /// The quiesce deadline, once the drain has started (a shorter deletion grace moves it).
     pub(crate) fn quiesce_deadline(&self) -> Option<Instant> {
-        self.origin().map(|o| self.deadlines(o.at).quiesce)
+        self.origin().map(|o| self.deadlines.quiesce(o.at))
     }
 
     /// The hard deadline, once the drain has started (a shorter deletion grace moves it).
     pub(crate) fn hard_deadline(&self) -> Option<Instant> {
-        self.origin().map(|o| self.deadlines(o.at).hard)
+        self.origin().map(|o| self.deadlines.hard(o.at))
+    }
+
+    /// The validated budget.
+    pub(crate) fn budget(&self) -> Budget {
+        self.deadlines.budget()
+    }
+
+    /// Records the deletion's kill time; `true` if it tightened the budget.
+    #[cfg(feature = "kube")]
+    pub(crate) fn tighten(&self, kill: crate::link::Kill) -> bool {
+        self.deadlines.tighten(kill, self.origin().map(|o| o.at))
     }
 
     pub(crate) fn timeline(&self) -> Vec<Event> {
@@ -400,7 +406,7 @@ impl Driver {
         }
         let (mut evidence, origin) = (evidence?, origin?);
         crate::propagation::Policy::refit(self.core, origin.at, &mut evidence);
-        let kind = self.policy.waiting_on(&evidence, self.link.hold());
+        let kind = self.policy.waiting_on(&evidence, self.deadlines.link().hold());
         let mut report = evidence.report(kind, crate::propagation::silence(self.core, origin.at));
         self.endpoint_evidence(&mut report, origin.at);
         Some(crate::report::evidence_json::fixed_only(report))

@@ -96,7 +96,7 @@ impl Driver {
             trigger,
             exit_code: outcome.exit_code(),
             readiness_policy: self.readiness,
-            budget: BudgetReport::new(&self.budget, used),
+            budget: BudgetReport::new(&self.deadlines.budget(), used),
             propagation,
             timeline,
             after_flip,
@@ -113,7 +113,7 @@ impl Driver {
             server,
             probe_sources: self.probe_sources.snapshot(),
         };
-        report.budget.deletion = self.deadlines_report(origin);
+        report.budget.deletion = self.deadlines.deletion(origin);
         report.advice = crate::advice::advise(&report);
         report
     }
@@ -149,21 +149,15 @@ impl Driver {
     pub(crate) fn settle_cap(&self) -> Option<Instant> {
         let watched = self.lock().signals_installed;
         let o = self.origin().filter(|_| watched)?;
-        Some(self.deadlines(o.at).hard + self.budget.safety_margin / 4)
+        Some(self.deadlines.settle_cap(o.at))
     }
 
     /// When the sinks must be done, on the real clock: half the safety margin past the hard
     /// deadline (where the watchdog acts) when the watchdog watches this process; otherwise
     /// only each sink's own bound applies.
     pub(super) fn sink_deadline(&self) -> std::time::Instant {
-        let now = std::time::Instant::now();
         let watched = self.lock().signals_installed;
-        match self.origin() {
-            Some(o) if watched => {
-                let at = self.deadlines(o.at).hard + self.budget.safety_margin / 2;
-                now + at.saturating_duration_since(Instant::now())
-            }
-            _ => now + std::time::Duration::from_secs(3600),
-        }
+        let origin = self.origin().filter(|_| watched).map(|o| o.at);
+        self.deadlines.sink_deadline(origin)
     }
 }

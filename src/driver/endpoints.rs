@@ -25,7 +25,7 @@ impl Driver {
     /// The link the Kubernetes watch writes (and the accept loop, for the startup measurement).
     #[cfg(any(feature = "http", feature = "kube"))]
     pub(crate) fn link(&self) -> &Link {
-        &self.link
+        self.deadlines.link()
     }
 
     /// Records an event the API reported (an endpoint condition change, the deletion's
@@ -48,7 +48,7 @@ impl Driver {
             }
             None => {
                 tracing::info!(event = kind.as_str(), name = name.as_deref(), detail = %detail, "lameduck: {kind}");
-                self.link.push_early(Early {
+                self.deadlines.link().push_early(Early {
                     kind,
                     at,
                     unix_ms,
@@ -62,7 +62,7 @@ impl Driver {
     /// Adds the events seen before the trigger to the timeline, at 0 ms with how long before.
     /// Each had its log line when it was seen, so they skip the funnel's.
     pub(super) fn flush_early_events(&self, origin: Instant) {
-        let early = self.link.take_early();
+        let early = self.deadlines.link().take_early();
         let mut st = self.lock();
         for e in early {
             let before = origin.saturating_duration_since(e.at).as_millis();
@@ -83,7 +83,7 @@ impl Driver {
 
     /// Adds the slice evidence to the propagation evidence, or why there was none.
     pub(super) fn endpoint_evidence(&self, report: &mut EvidenceReport, origin: Instant) {
-        let link = &self.link;
+        let link = self.deadlines.link();
         let hold = link.hold();
         report.endpoint_slice_unused = link.unused_reason();
         if link.is_watching() {

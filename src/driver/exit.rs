@@ -176,7 +176,7 @@ impl Driver {
             "runtime starved: the drain had not finished {} ms after the trigger (hard deadline \
              {} ms); something blocks the runtime's worker threads",
             used.as_millis(),
-            self.budget.hard_deadline().as_millis()
+            self.budget().hard_deadline().as_millis()
         ));
         let mut e = Event::new(EventKind::Exit, used, unix_ms);
         e.code = Some(1);

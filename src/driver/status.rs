@@ -78,8 +78,8 @@ impl Driver {
             tasks: self.tasks.len(),
             readiness_policy: self.readiness,
             budget: BudgetReport {
-                deletion: origin.and_then(|o| self.deadlines_report(o.at)),
-                ..BudgetReport::new(&self.budget, used)
+                deletion: origin.and_then(|o| self.deadlines.deletion(o.at)),
+                ..BudgetReport::new(&self.budget(), used)
             },
             timeline,
             timeline_omitted,

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::deadlines::Deadlines;
 use super::{Driver, EMIT_DRIVER, EMIT_NONE};
 use crate::closers::CloserResult;
 use crate::phase::{CommitReason, EventKind, Phase};
@@ -18,7 +17,7 @@ impl Driver {
     /// The one driver task, spawned by the first trigger with its origin: each step below in
     /// turn, then the report.
     ///
-    /// The deadlines are re-read at each step (`deadlines`): a Pod deletion with a shorter
+    /// The deadlines are re-read at each step (`Deadlines`): a Pod deletion with a shorter
     /// grace (feature `kube`) moves them earlier, also mid-drain. `build` proved
     /// `now + grace` representable; should the clock still refuse, a deadline is now (the
     /// drain ends early, named) rather than a panic in the driver.
@@ -30,7 +29,7 @@ impl Driver {
         self.stop_accepting(reason);
         let (stragglers, deadline_hit) = self.wait_for_zero(origin).await;
         self.set_phase(Phase::Closing);
-        let closers = self.close(self.deadlines(origin).hard).await;
+        let closers = self.close(self.deadlines.hard(origin)).await;
         let outcome = if self.is_forced() {
             Outcome::Forced
         } else if deadline_hit {
@@ -50,14 +49,11 @@ impl Driver {
     fn arm_hurry(self: &Arc<Self>, origin: Instant) {
         let hurry = self.tokens.hurry.clone();
         let deadline = self.tokens.deadline.clone();
-        let lead = self.hurry_lead;
         let driver = Arc::clone(self);
         tokio::spawn(async move {
-            let hurry_at =
-                |d: &Deadlines| d.quiesce.checked_sub(lead).unwrap_or(origin).max(origin);
             let mut phase = driver.subscribe();
             tokio::select! {
-                () = driver.until_deadline(origin, hurry_at) => hurry.cancel(),
+                () = driver.deadlines.until_hurry(origin) => hurry.cancel(),
                 () = deadline.cancelled() => hurry.cancel(),
                 // Holds the driver (to re-read the deadlines): not past the end of the drain.
                 _ = phase.wait_for(|p| *p == Phase::Done) => {}
@@ -85,7 +81,7 @@ impl Driver {
                 in_flight_then = Some((self.core.counter.count(), self.in_flight_work(at, origin)));
             };
             tokio::select! {
-            r = self.policy.commit(self.core, origin, &mut evidence, &self.link, || self.deadlines(origin).max_at, on_hold) => r,
+            r = self.policy.commit(self.core, origin, &mut evidence, self.deadlines.link(), || self.deadlines.max_at(origin), on_hold) => r,
             () = self.tokens.force.cancelled() => Commit::new(CommitReason::Forced, EvidenceKind::Cut, None),
             }
         };
@@ -150,18 +146,18 @@ impl Driver {
             let both = async { tokio::join!(requests, tasks) };
             tokio::select! {
                 _ = both => {}
-                () = self.until_deadline(origin, |d| d.quiesce) => deadline_hit = true,
+                () = self.deadlines.until_quiesce(origin) => deadline_hit = true,
                 () = self.tokens.force.cancelled() => {}
             }
         }
         if deadline_hit {
-            stragglers = self.collect_stragglers(self.deadlines(origin).quiesce, origin);
+            stragglers = self.collect_stragglers(self.deadlines.quiesce(origin), origin);
             self.push_detail(
                 EventKind::DeadlineExceeded,
                 format!("{} stragglers", stragglers.len()),
             );
             self.tokens.deadline.cancel();
-            let hard = self.deadlines(origin).hard;
+            let hard = self.deadlines.hard(origin);
             for (name, result) in self.tasks.recover_and_abort(hard).await {
                 if let Some(s) = stragglers.iter_mut().find(|s| {
                     s.kind == StragglerKind::Task && s.name == name && s.recovery.is_none()

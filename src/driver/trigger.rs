@@ -49,17 +49,11 @@ impl Driver {
             st.never_served = was_starting && st.gated;
             st.signals_installed
         };
-        self.note_quiesce(self.deadlines(now).quiesce);
+        self.deadlines.started(now);
         if watchdog {
             // Only a process that installed the handlers owns its exit.
-            // The watchdog acts half a margin past the hard deadline and writes for a quarter
-            // more: the process is gone a quarter of the margin before SIGKILL.
-            exit::arm_watchdog(
-                Arc::clone(self),
-                now.into_std(),
-                self.budget.watchdog_deadline(),
-                self.budget.safety_margin / 4,
-            );
+            let (at, writes) = self.deadlines.watchdog();
+            exit::arm_watchdog(Arc::clone(self), now.into_std(), at, writes);
         }
         self.log_start(trigger);
         self.core.start_draining();
@@ -69,7 +63,7 @@ impl Driver {
         let span = tracing::info_span!(
             "lameduck_drain",
             trigger = trigger.as_str(),
-            grace_ms = self.budget.grace_period.as_millis() as u64
+            grace_ms = self.budget().grace_period.as_millis() as u64
         );
         tokio::spawn(tracing::Instrument::instrument(
             async move {
@@ -88,7 +82,7 @@ impl Driver {
             event = "drain_started",
             trigger = trigger.as_str(),
             in_flight = self.core.counter.count(),
-            grace_ms = self.budget.grace_period.as_millis() as u64,
+            grace_ms = self.budget().grace_period.as_millis() as u64,
             "lameduck: drain_started"
         );
         if self.readiness.flips_at_trigger() {
