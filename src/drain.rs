@@ -16,7 +16,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::Budget;
-use crate::driver::ExitHolds;
 use crate::driver::{Driver, Status};
 use crate::guard::{Core, InFlightGuard};
 use crate::phase::{unix_ms_now, Event, Phase, Trigger};
@@ -41,7 +40,6 @@ pub(crate) struct Inner {
     readiness: ReadinessState,
     driver: Arc<Driver>,
     signals: Signals,
-    exit: ExitHolds,
 }
 
 /// The drain coordinator: a cheap-to-clone handle shared by the server, the admin endpoint,
@@ -351,24 +349,10 @@ impl Drain {
         driver.note_owned_by_run();
         self.install_signals();
         self.mark_serving();
-        let mut report = self.drained().await;
-        if !self.inner.signals.is_none() {
-            driver
-                .wait_for_stop_signal(&mut report, self.inner.signals.stop().as_str())
-                .await;
-        }
-        let settle = self.inner.exit.settle(self.hard_deadline());
-        match driver.settle_cap() {
-            // Admin answers get what is left before the report's last write, which the
-            // watchdog waits for no longer than half the safety margin past the hard deadline.
-            Some(cap) => {
-                let _ = tokio::time::timeout_at(cap, settle).await;
-            }
-            None => settle.await,
-        }
-        // Admin connections whose peer did not take its answer, cut while settling.
-        report.stragglers.extend(self.inner.exit.take_cut());
-        driver.finish(report).await
+        let report = self.drained().await;
+        let signals = &self.inner.signals;
+        let stop = (!signals.is_none()).then(|| signals.stop().as_str());
+        driver.exit(report, stop).await
     }
 
     /// Installs the configured OS signal handlers (once). [`run`](Self::run) calls it; call it

@@ -25,11 +25,11 @@
 //!   shorter grace (the link, feature `kube`), and every wait re-reads them when the link
 //!   changes. The driver reads the link; only the watch writes it, through the handle.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -37,11 +37,11 @@ use crate::budget::Budget;
 use crate::closers::Closers;
 use crate::evidence::Evidence;
 use crate::guard::{Core, Site};
-use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
+use crate::phase::{unix_ms_now, CommitReason, Event, EventKind, Phase, Trigger};
 use crate::propagation::Policy;
 use crate::readiness::{ReadinessWhileDraining, SourceTable};
 use crate::report::EvidenceReport;
-use crate::report::{DrainReport, ServerReport, Sinks};
+use crate::report::{DrainReport, Outcome, ServerReport, Sinks};
 use crate::sync::MutexExt;
 use crate::tasks::{TaskContext, Tasks};
 
@@ -57,6 +57,7 @@ mod steps;
 mod timeline;
 mod trigger;
 
+use exit::Exit;
 pub(crate) use exit::ExitHolds;
 pub(crate) use observer::{Observer, Sample};
 
@@ -88,11 +89,6 @@ struct Lifecycle {
     trigger: Option<Trigger>,
     /// Every event of the drain, appended only through its `push`.
     timeline: timeline::Timeline,
-    /// A signal arrived (any kind): after a `preStop` drain, `run` may return.
-    stop_seen: bool,
-    signals_installed: bool,
-    /// `run` owns the process: the stderr line is written once, at exit, with the exit event.
-    owned_by_run: bool,
     /// Receipt of the signal that started the drain, and when the driver first ran (unix ms).
     receipt: Option<u64>,
     noticed: Option<u64>,
@@ -125,11 +121,6 @@ pub(crate) struct Tokens {
     pub(crate) force: CancellationToken,
 }
 
-// Who writes the final report: the driver and the watchdog must not both write it.
-const EMIT_NONE: u8 = 0;
-const EMIT_DRIVER: u8 = 1;
-const EMIT_WATCHDOG: u8 = 2;
-
 /// The lifecycle engine behind a [`Drain`](crate::Drain).
 pub(crate) struct Driver {
     pub(crate) core: &'static Core,
@@ -140,18 +131,14 @@ pub(crate) struct Driver {
     readiness: ReadinessWhileDraining,
     /// Who called `/readyz` and how each was classified (the readiness part writes it).
     probe_sources: SourceTable,
-    sinks: Sinks,
     proxy_label: Option<String>,
     observer: Option<Box<dyn Observer>>,
     phase: watch::Sender<Phase>,
     state: Mutex<Lifecycle>,
     pub(crate) tokens: Tokens,
     forced: AtomicBool,
-    /// `EMIT_*`: who writes the final report (the loser of the swap backs off).
-    emission: AtomicU8,
-    /// `run`'s last write of the report is over: the watchdog stands down.
-    released: AtomicBool,
-    terminate_seen: Notify,
+    /// The end of the process: the report's writing, the watchdog, the exit holds.
+    exit: Exit,
     pub(crate) tasks: Tasks,
     pub(crate) closers: Closers,
 }
@@ -188,16 +175,13 @@ impl Driver {
             policy,
             readiness,
             probe_sources,
-            sinks,
             proxy_label,
             observer,
             phase: watch::channel(Phase::Starting).0,
             state: Mutex::new(Lifecycle::default()),
             tokens: Tokens::default(),
             forced: AtomicBool::new(false),
-            emission: AtomicU8::new(EMIT_NONE),
-            released: AtomicBool::new(false),
-            terminate_seen: Notify::new(),
+            exit: Exit::new(sinks),
             tasks: Tasks::default(),
             closers: Closers::default(),
         }
@@ -333,11 +317,11 @@ impl Driver {
     /// The handlers are installed: the first trigger arms the watchdog. Returns `false` if
     /// they already were.
     pub(crate) fn note_signals_installed(&self) -> bool {
-        !std::mem::replace(&mut self.lock().signals_installed, true)
+        self.exit.watch()
     }
 
     pub(crate) fn note_owned_by_run(&self) {
-        self.lock().owned_by_run = true;
+        self.exit.own()
     }
 
     pub(crate) fn task_context(&self) -> TaskContext {
@@ -410,5 +394,101 @@ impl Driver {
         let mut report = evidence.report(kind, crate::propagation::silence(self.core, origin.at));
         self.endpoint_evidence(&mut report, origin.at);
         Some(crate::report::evidence_json::fixed_only(report))
+    }
+
+    /// Answers owed to admin callers before the process exits.
+    #[cfg(feature = "admin")]
+    pub(crate) fn exit_holds(&self) -> &ExitHolds {
+        self.exit.holds()
+    }
+
+    /// How long `run` may wait for admin answers, when the watchdog watches this process.
+    fn settle_cap(&self) -> Option<Instant> {
+        let o = self.origin().filter(|_| self.exit.is_watched())?;
+        Some(self.deadlines.settle_cap(o.at))
+    }
+
+    /// When the sinks must be done, on the real clock (see [`Deadlines::sink_deadline`]).
+    fn sink_deadline(&self) -> std::time::Instant {
+        let watched = self.origin().filter(|_| self.exit.is_watched());
+        self.deadlines.sink_deadline(watched.map(|o| o.at))
+    }
+
+    // ---- the exit ----
+
+    /// The exit under `run`, once Done: after a drain a `preStop` call started, the wait for
+    /// the stop signal named `stop` (when a signal source is installed); the answers owed to
+    /// admin callers; the report's last write.
+    pub(crate) async fn exit(&self, mut report: DrainReport, stop: Option<&str>) -> DrainReport {
+        let after_prestop = self.lock().trigger == Some(Trigger::PreStop);
+        if let Some(stop) = stop.filter(|_| after_prestop && !self.is_forced()) {
+            let (hard, force) = (self.hard_deadline(), &self.tokens.force);
+            self.exit.wait_for_stop_signal(&mut report, stop, hard, force).await;
+        }
+        let (hard, cap) = (self.hard_deadline(), self.settle_cap());
+        self.exit.settle(&mut report, hard, cap).await;
+        self.finish(report).await
+    }
+
+    /// Completes the report for the exit (signals received after Done, the `exit` event) and
+    /// writes it to every sink for the last time.
+    async fn finish(&self, mut report: DrainReport) -> DrainReport {
+        let (late, origin) = {
+            let st = self.lock();
+            (st.timeline.late().to_vec(), st.origin)
+        };
+        report.timeline.extend(late);
+        let at = origin.map_or(Duration::ZERO, |o| o.at.elapsed());
+        let unix_ms = origin.map_or_else(unix_ms_now, |o| o.unix_ms + at.as_millis() as u64);
+        let mut e = Event::new(EventKind::Exit, at, unix_ms);
+        e.code = Some(report.exit_code);
+        report.timeline.push(e);
+        // The driver's claim, taken at Done, still holds: the watchdog cannot have this one.
+        self.exit.emit(&mut report, true, self.sink_deadline()).await;
+        self.lock().report = Some(report.clone());
+        self.exit.release();
+        report
+    }
+
+    /// Called on the watchdog thread once the hard deadline (plus half the safety margin) has
+    /// passed, with `until` for its own writes (a quarter of the margin later, still before
+    /// SIGKILL). If the drain is not Done, the runtime is starved: writes a `forced` report
+    /// with what is known and exits the process with code 1. If it is Done but `run` has not
+    /// finished its last write (a sink or the runtime is stuck), exits with the drain's code.
+    fn watchdog_fire(&self, until: std::time::Instant) {
+        let done = self.phase() == Phase::Done;
+        let code = self.lock().report.as_ref().map(|r| r.exit_code);
+        if !self.exit.watchdog_claims(done, code, until) {
+            return;
+        }
+        let Some(origin) = self.origin() else {
+            return;
+        };
+        let now = Instant::now();
+        let stragglers = self.collect_stragglers(now, origin.at);
+        let used = now.saturating_duration_since(origin.at);
+        let unix_ms = origin.unix_ms + used.as_millis() as u64;
+        {
+            // Not through `push`: its log line may go to the very stderr that stalls.
+            let mut st = self.lock();
+            let mut e = Event::new(EventKind::Done, used, unix_ms);
+            e.detail = Some("forced: runtime starved".to_owned());
+            st.timeline.push(e);
+            st.timeline.freeze();
+        }
+        self.forced.store(true, Ordering::Release);
+        // Those not yet taken by the driver never ran.
+        let closers = self.closers.skipped_by_force();
+        let mut report = self.build_report(origin.at, Outcome::Forced, stragglers, closers);
+        report.cause = Some(format!(
+            "runtime starved: the drain had not finished {} ms after the trigger (hard deadline \
+             {} ms); something blocks the runtime's worker threads",
+            used.as_millis(),
+            self.budget().hard_deadline().as_millis()
+        ));
+        let mut e = Event::new(EventKind::Exit, used, unix_ms);
+        e.code = Some(1);
+        report.timeline.push(e);
+        self.exit.write_and_exit(&report, until, 1);
     }
 }

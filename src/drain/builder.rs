@@ -8,7 +8,6 @@ use tokio::time::Instant;
 
 use super::{Drain, Inner};
 use crate::budget::{Budget, DurationDisplay, GRACE_PERIOD_ENV};
-use crate::driver::ExitHolds;
 use crate::driver::{Driver, Settings};
 use crate::error::ConfigError;
 use crate::guard::Core;
@@ -258,7 +257,6 @@ impl DrainBuilder {
                 readiness: ReadinessState::new(self.readiness),
                 driver,
                 signals,
-                exit: ExitHolds::default(),
             }),
         })
     }

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use super::Driver;
 use crate::closers::CloserResult;
 use crate::report::{
-    AfterFlipReport, BudgetReport, DrainReport, Emitted, Outcome, PodInfo, SignalReceipt,
+    AfterFlipReport, BudgetReport, DrainReport, Outcome, PodInfo, SignalReceipt,
     Straggler, StragglerKind,
 };
 
@@ -116,48 +116,5 @@ impl Driver {
         report.budget.deletion = self.deadlines.deletion(origin);
         report.advice = crate::advice::advise(&report);
         report
-    }
-
-    /// Writes the report through the sinks on a blocking thread (a slow disk or a stalled
-    /// stderr must not hold a runtime worker), by [`sink_deadline`](Self::sink_deadline).
-    pub(super) async fn emit_off_runtime(&self, report: &DrainReport, stderr: bool) -> Emitted {
-        // Logged here, in the drain's span and the caller's subscriber; written over there.
-        crate::report::log_report(report, &report.to_json());
-        let sinks = self.sinks.clone();
-        let r = report.clone();
-        let until = self.sink_deadline();
-        let emitted = tokio::task::spawn_blocking(move || sinks.emit(&r, stderr, until))
-            .await
-            .unwrap_or_else(|e| Emitted {
-                file_failed: false,
-                errors: vec![format!("report writer: {e}")],
-            });
-        // Each failure once: the report already holds those of an earlier emission.
-        for e in emitted
-            .errors
-            .iter()
-            .filter(|e| !report.sink_errors.contains(e))
-        {
-            tracing::warn!(error = %e, "lameduck: a report sink failed");
-        }
-        emitted
-    }
-
-    /// How long `run` may wait for admin answers when the watchdog watches this process: a
-    /// quarter of the safety margin past the hard deadline, leaving a quarter for the report's
-    /// last write.
-    pub(crate) fn settle_cap(&self) -> Option<Instant> {
-        let watched = self.lock().signals_installed;
-        let o = self.origin().filter(|_| watched)?;
-        Some(self.deadlines.settle_cap(o.at))
-    }
-
-    /// When the sinks must be done, on the real clock: half the safety margin past the hard
-    /// deadline (where the watchdog acts) when the watchdog watches this process; otherwise
-    /// only each sink's own bound applies.
-    pub(super) fn sink_deadline(&self) -> std::time::Instant {
-        let watched = self.lock().signals_installed;
-        let origin = self.origin().filter(|_| watched).map(|o| o.at);
-        self.deadlines.sink_deadline(origin)
     }
 }

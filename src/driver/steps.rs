@@ -1,11 +1,10 @@
 //! The drive, step by step: propagation, stopping, the wait for zero, closing, Done.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::{Driver, EMIT_DRIVER, EMIT_NONE};
+use super::Driver;
 use crate::closers::CloserResult;
 use crate::phase::{CommitReason, EventKind, Phase};
 use crate::propagation::Commit;
@@ -198,24 +197,14 @@ impl Driver {
         closers: Vec<CloserResult>,
     ) {
         self.push_detail(EventKind::Done, outcome.as_str());
-        let owned_by_run = {
-            let mut st = self.lock();
-            st.timeline.freeze();
-            st.owned_by_run
-        };
+        self.lock().timeline.freeze();
         let mut report = self.build_report(origin, outcome, stragglers, closers);
-        // AcqRel: pairs with the watchdog's claim; only one of them writes the report.
-        if self
-            .emission
-            .compare_exchange(EMIT_NONE, EMIT_DRIVER, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        // Under `run`, the stderr line waits for the exit, so it is written once and complete.
+        let stderr = !self.exit.is_owned();
+        if !self.exit.emit(&mut report, stderr, self.sink_deadline()).await {
             // The watchdog took over: it writes the report and exits the process.
             return;
         }
-        // Under `run`, the stderr line waits for the exit, so it is written once and complete.
-        let emitted = self.emit_off_runtime(&report, !owned_by_run).await;
-        emitted.apply_to(&mut report);
         // Before the phase turns Done, so whoever awaits Done finds the histograms recorded.
         if let Some(o) = &self.observer {
             o.done(&report);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{exit, Driver, Lifecycle, Origin};
+use super::{Driver, Lifecycle, Origin};
 use crate::phase::{unix_ms_now, Event, EventKind, Phase, Trigger};
 use crate::readiness::ReadinessWhileDraining;
 
@@ -47,13 +47,15 @@ impl Driver {
             // Without a gate, Starting may only mean nobody called `mark_serving` (an accept
             // loop of the application's own): then the proxies' view is unknown, so wait.
             st.never_served = was_starting && st.gated;
-            st.signals_installed
+            self.exit.is_watched()
         };
         self.deadlines.started(now);
         if watchdog {
             // Only a process that installed the handlers owns its exit.
             let (at, writes) = self.deadlines.watchdog();
-            exit::arm_watchdog(Arc::clone(self), now.into_std(), at, writes);
+            let driver = Arc::clone(self);
+            let fire = move |until| driver.watchdog_fire(until);
+            self.exit.arm_watchdog(now.into_std(), at, writes, fire);
         }
         self.log_start(trigger);
         self.core.start_draining();
@@ -107,8 +109,7 @@ impl Driver {
     ) {
         // Recorded before `run` is woken, so the report it completes holds this signal.
         self.start(trigger, at, unix_ms, true);
-        self.lock().stop_seen = true;
-        self.terminate_seen.notify_waiters();
+        self.exit.stop_arrived();
         if force {
             self.force();
         }
