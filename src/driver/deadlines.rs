@@ -90,7 +90,10 @@ impl Deadlines {
     /// origin.
     fn hurry(&self, origin: Instant) -> Instant {
         let quiesce = self.quiesce(origin);
-        quiesce.checked_sub(self.hurry_lead).unwrap_or(origin).max(origin)
+        quiesce
+            .checked_sub(self.hurry_lead)
+            .unwrap_or(origin)
+            .max(origin)
     }
 
     /// This deletion's budget for the report, when it tightened the configured one.

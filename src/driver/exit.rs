@@ -103,7 +103,12 @@ impl Exit {
     }
 
     /// The one place a report is written to the sinks, bounded by `until` on the real clock.
-    fn write(sinks: &Sinks, report: &DrainReport, stderr: bool, until: std::time::Instant) -> Emitted {
+    fn write(
+        sinks: &Sinks,
+        report: &DrainReport,
+        stderr: bool,
+        until: std::time::Instant,
+    ) -> Emitted {
         sinks.emit(report, stderr, until)
     }
 
@@ -118,9 +123,12 @@ impl Exit {
         until: std::time::Instant,
     ) -> bool {
         // AcqRel: pairs with the watchdog's claim; only one of them writes the report.
-        let claimed =
-            self.claim
-                .compare_exchange(EMIT_NONE, EMIT_DRIVER, Ordering::AcqRel, Ordering::Acquire);
+        let claimed = self.claim.compare_exchange(
+            EMIT_NONE,
+            EMIT_DRIVER,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         if claimed == Err(EMIT_WATCHDOG) {
             return false;
         }
@@ -128,13 +136,12 @@ impl Exit {
         crate::report::log_report(report, &report.to_json());
         let sinks = self.sinks.clone();
         let r = report.clone();
-        let emitted =
-            tokio::task::spawn_blocking(move || Self::write(&sinks, &r, stderr, until))
-                .await
-                .unwrap_or_else(|e| Emitted {
-                    file_failed: false,
-                    errors: vec![format!("report writer: {e}")],
-                });
+        let emitted = tokio::task::spawn_blocking(move || Self::write(&sinks, &r, stderr, until))
+            .await
+            .unwrap_or_else(|e| Emitted {
+                file_failed: false,
+                errors: vec![format!("report writer: {e}")],
+            });
         // Each failure once: the report already holds those of an earlier emission.
         for e in emitted
             .errors
@@ -225,7 +232,12 @@ impl Exit {
 
     /// The watchdog's write of its `forced` report, by `until`; then the process exits with
     /// `code`.
-    pub(crate) fn write_and_exit(&self, report: &DrainReport, until: std::time::Instant, code: i32) -> ! {
+    pub(crate) fn write_and_exit(
+        &self,
+        report: &DrainReport,
+        until: std::time::Instant,
+        code: i32,
+    ) -> ! {
         let _ = Self::write(&self.sinks, report, true, until);
         std::process::exit(code);
     }
@@ -271,7 +283,9 @@ impl Exit {
                 waited_ms,
                 "lameduck: the stop signal did not arrive after the preStop drain"
             );
-            report.advice.insert(0, stop_signal_missing(stop, waited_ms));
+            report
+                .advice
+                .insert(0, stop_signal_missing(stop, waited_ms));
         }
     }
 

@@ -1,14 +1,10 @@
 //! `/status`: a snapshot of the coordinator.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 
-use super::Driver;
 use crate::phase::{Event, Phase, Trigger};
 use crate::readiness::{ProbeSources, ReadinessWhileDraining};
-use crate::report::BudgetReport;
-use crate::report::EvidenceReport;
+use crate::report::{BudgetReport, EvidenceReport};
 
 /// The most events `/status` (and `/drain`) carry; the rest are counted in
 /// [`Status::timeline_omitted`].
@@ -57,34 +53,4 @@ pub struct Status {
     /// [`ReadinessWhileDraining::Auto`]).
     #[serde(default, skip_serializing_if = "ProbeSources::is_empty")]
     pub probe_sources: ProbeSources,
-}
-
-impl Driver {
-    /// The snapshot, with `ready` and `ready_for_kubelet` as the readiness part says.
-    pub(crate) fn status(&self, phase: Phase, ready: bool, ready_for_kubelet: bool) -> Status {
-        let (trigger, timeline, timeline_omitted, origin) = {
-            let st = self.lock();
-            let (timeline, omitted) = st.timeline.bounded(STATUS_TIMELINE_LIMIT);
-            (st.trigger, timeline, omitted, st.origin)
-        };
-        let used = origin.map_or(Duration::ZERO, |o| o.at.elapsed());
-        Status {
-            phase,
-            ready,
-            ready_for_kubelet,
-            trigger,
-            in_flight: self.core.counter.count(),
-            connections: self.connections(),
-            tasks: self.tasks.len(),
-            readiness_policy: self.readiness,
-            budget: BudgetReport {
-                deletion: origin.and_then(|o| self.deadlines.deletion(o.at)),
-                ..BudgetReport::new(&self.budget(), used)
-            },
-            timeline,
-            timeline_omitted,
-            evidence: self.evidence_now(),
-            probe_sources: self.probe_sources.snapshot(),
-        }
-    }
 }
