@@ -90,7 +90,7 @@ impl std::fmt::Debug for Drain {
         f.debug_struct("Drain")
             .field("phase", &self.phase())
             .field("in_flight", &self.in_flight())
-            .field("budget", &self.inner.driver.budget())
+            .field("budget", &self.inner.driver.deadlines().budget())
             .finish_non_exhaustive()
     }
 }
@@ -106,7 +106,7 @@ impl Drain {
     /// Records the accept loop's timeouts for the report (`server`).
     #[cfg(feature = "http")]
     pub(crate) fn note_server(&self, server: crate::report::ServerReport) {
-        self.inner.driver.note_server(server);
+        self.inner.driver.record().note_server(server);
     }
 
     /// A new connection was accepted: counts it in its path's arrival rate, and as activity
@@ -125,7 +125,11 @@ impl Drain {
         } else {
             // The startup measurement of the proxies' delay (feature `kube`); one relaxed
             // load once it is over.
-            self.inner.driver.link().note_startup_connection(peer);
+            self.inner
+                .driver
+                .deadlines()
+                .link()
+                .note_startup_connection(peer);
         }
         (draining, path)
     }
@@ -139,13 +143,13 @@ impl Drain {
 
     /// The current phase.
     pub fn phase(&self) -> Phase {
-        self.inner.driver.phase()
+        self.inner.driver.progress().phase()
     }
 
     /// A receiver that sees every phase change; `rx.wait_for(|p| *p >= Phase::Closing)` awaits
     /// a phase.
     pub fn subscribe(&self) -> watch::Receiver<Phase> {
-        self.inner.driver.subscribe()
+        self.inner.driver.progress().subscribe()
     }
 
     /// Resolves once the phase is `phase` or later.
@@ -161,7 +165,7 @@ impl Drain {
 
     /// The validated budget.
     pub fn budget(&self) -> Budget {
-        self.inner.driver.budget()
+        self.inner.driver.deadlines().budget()
     }
 
     /// The readiness policy in force.
@@ -207,7 +211,7 @@ impl Drain {
 
     /// Open connections on `lameduck::serve` listeners.
     pub fn connections(&self) -> usize {
-        self.inner.driver.connections()
+        self.inner.driver.progress().connections()
     }
 
     /// Background tasks still running.
@@ -307,7 +311,7 @@ impl Drain {
 
     /// The timeline so far (empty before the drain starts).
     pub fn timeline(&self) -> Vec<Event> {
-        self.inner.driver.timeline()
+        self.inner.driver.record().timeline()
     }
 
     /// A snapshot for `/status`, with both readiness answers: `ready` (what load balancers and
@@ -322,7 +326,7 @@ impl Drain {
 
     /// The report, once the drain is Done.
     pub fn report(&self) -> Option<DrainReport> {
-        self.inner.driver.report()
+        self.inner.driver.record().report()
     }
 
     /// Resolves when the drain is Done, with its report. Does not start the drain.
@@ -346,19 +350,19 @@ impl Drain {
     /// stderr line only here, once.
     pub async fn run(&self) -> DrainReport {
         let driver = &self.inner.driver;
-        driver.note_owned_by_run();
+        driver.exit().own();
         self.install_signals();
         self.mark_serving();
         let report = self.drained().await;
         let signals = &self.inner.signals;
         let stop = (!signals.is_none()).then(|| signals.stop().as_str());
-        driver.exit(report, stop).await
+        driver.conclude(report, stop).await
     }
 
     /// Installs the configured OS signal handlers (once). [`run`](Self::run) calls it; call it
     /// yourself when you drive the lifecycle with [`drained`](Self::drained).
     pub fn install_signals(&self) {
-        if self.inner.signals.is_none() || !self.inner.driver.note_signals_installed() {
+        if self.inner.signals.is_none() || !self.inner.driver.exit().watch() {
             return;
         }
         // The signal thread holds the driver only: signals are a trigger source, they do not

@@ -251,7 +251,7 @@ impl DrainBuilder {
             }));
         }
         // The first sample, so the gauges exist before the first event.
-        driver.observe();
+        driver.progress().observe();
         Ok(Drain {
             inner: Arc::new(Inner {
                 readiness: ReadinessState::new(self.readiness),

@@ -30,7 +30,7 @@ impl Drain {
     /// ```
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn record_metrics(&self) {
-        crate::drain_metrics::Recorder.sampled(&self.inner.driver.sample());
+        crate::drain_metrics::Recorder.sampled(&self.inner.driver.progress().sample());
     }
 
     /// Spawns a task that calls [`record_metrics`](Self::record_metrics) every `period`, for

@@ -72,7 +72,7 @@ impl Drain {
     pub fn startup_gate(&self, name: impl Into<String>) -> StartupGate {
         let name = name.into();
         let index = self.inner.readiness.add_gate(name.clone());
-        self.inner.driver.note_startup_gate();
+        self.inner.driver.record().note_gate();
         if self.phase() != Phase::Starting {
             tracing::warn!(gate = %name, "lameduck: startup gate created after startup; it only affects readiness reporting");
         }
@@ -126,7 +126,7 @@ impl Drain {
 
     fn maybe_serving(&self) {
         if self.inner.readiness.all_gates_open() {
-            self.inner.driver.mark_serving();
+            self.inner.driver.progress().mark_serving();
         }
     }
 
@@ -154,6 +154,7 @@ impl Drain {
         let phase = self.phase();
         self.inner
             .driver
+            .record()
             .probe_sources()
             .record(probe, phase == Phase::Draining);
         self.readiness_in(phase, probe.caller(), &probe.describe())

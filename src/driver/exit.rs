@@ -21,6 +21,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::deadlines::Deadlines;
+use super::lifecycle::Lifecycle;
+use crate::phase::{unix_ms_now, Event, EventKind, Trigger};
 use crate::report::{
     stderr_bounded, Advice, AdviceLevel, AdviceRule, DrainReport, Emitted, Sinks, StopSignalWait,
     STDERR_WAIT,
@@ -112,6 +115,52 @@ impl Exit {
         sinks.emit(report, stderr, until)
     }
 
+    /// When the sinks must be done, on the real clock: by the watchdog's time when it watches
+    /// a drain that started at `origin` (see `Deadlines::sink_deadline`).
+    pub(crate) fn sink_deadline(
+        &self,
+        deadlines: &Deadlines,
+        origin: Option<Instant>,
+    ) -> std::time::Instant {
+        deadlines.sink_deadline(origin.filter(|_| self.is_watched()))
+    }
+
+    /// The exit under `run`, once Done: after a drain a `preStop` call started, the wait for
+    /// the stop signal named `stop` (when a signal source is installed and the drain was not
+    /// forced); the answers owed to admin callers; then the report completed for the exit
+    /// (signals received after Done, the `exit` event) and written for the last time.
+    pub(crate) async fn conclude(
+        &self,
+        mut report: DrainReport,
+        stop: Option<&str>,
+        (state, deadlines): (&Lifecycle, &Deadlines),
+        force: &CancellationToken,
+    ) -> DrainReport {
+        let origin = state.origin();
+        // Re-read after each wait: a shorter deletion grace moves it.
+        let hard = || origin.map(|o| deadlines.hard(o.at));
+        if let Some(stop) = stop.filter(|_| state.trigger() == Some(Trigger::PreStop)) {
+            self.wait_for_stop_signal(&mut report, stop, hard(), force)
+                .await;
+        }
+        let watched = origin.filter(|_| self.is_watched());
+        let cap = watched.map(|o| deadlines.settle_cap(o.at));
+        self.settle(&mut report, hard(), cap).await;
+        report.timeline.extend(state.late_signals());
+        let mut e = match origin {
+            Some(o) => o.event_at(EventKind::Exit, Instant::now()),
+            None => Event::new(EventKind::Exit, Duration::ZERO, unix_ms_now()),
+        };
+        e.code = Some(report.exit_code);
+        report.timeline.push(e);
+        // The driver's claim, taken at Done, still holds: the watchdog cannot have this one.
+        let until = self.sink_deadline(deadlines, origin.map(|o| o.at));
+        self.emit(&mut report, true, until).await;
+        state.set_report(report.clone());
+        self.release();
+        report
+    }
+
     /// The driver writes `report` (the stderr line when `stderr`), on a blocking thread: a
     /// slow disk or a stalled stderr must not hold a runtime worker. Records what failed in
     /// `report`. Returns `false`, writing nothing, when the watchdog claimed the writing: it
@@ -155,7 +204,7 @@ impl Exit {
     }
 
     /// `run`'s last write is over: the watchdog stands down, the application owns its exit.
-    pub(crate) fn release(&self) {
+    fn release(&self) {
         // Release: the watchdog that reads it sees the report stored before.
         self.released.store(true, Ordering::Release);
     }
@@ -245,7 +294,7 @@ impl Exit {
     /// After a drain a `preStop` call started and that ended before the stop signal came:
     /// waits for the stop signal named `stop` (`SIGTERM`; at most until `hard`, the hard
     /// deadline, or the force) and records the wait in `report`.
-    pub(crate) async fn wait_for_stop_signal(
+    async fn wait_for_stop_signal(
         &self,
         report: &mut DrainReport,
         stop: &str,
@@ -292,12 +341,7 @@ impl Exit {
     /// The last step of `run` before the last write: lets admin servers finish what they owe
     /// (bounded by `hard`, and by `cap` when the watchdog watches), then adds the admin
     /// connections whose peer did not take its answer to the report's stragglers.
-    pub(crate) async fn settle(
-        &self,
-        report: &mut DrainReport,
-        hard: Option<Instant>,
-        cap: Option<Instant>,
-    ) {
+    async fn settle(&self, report: &mut DrainReport, hard: Option<Instant>, cap: Option<Instant>) {
         let settle = self.holds.settle(hard);
         match cap {
             // Admin answers get what is left before the report's last write, which the

@@ -1,5 +1,8 @@
-//! The drain's record, behind the driver's one lock: the origin and the trigger, the
-//! timeline, what the propagation commit went on, and the report once it is built.
+//! The drain's record: behind the driver's one lock, the origin and the trigger, the
+//! timeline, what the propagation commit went on and the report once it is built; beside it,
+//! the facts the report and `/status` state (the readiness policy, the `/readyz` callers, the
+//! proxy label). The report and `/status` are put together here, from the record and what
+//! the driver measured.
 //!
 //! # Invariants
 //!
@@ -16,11 +19,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::status::{Status, STATUS_TIMELINE_LIMIT};
 use super::timeline::Timeline;
+use crate::closers::CloserResult;
 use crate::evidence::Evidence;
-use crate::phase::{Event, EventKind, Trigger};
-use crate::report::{DrainReport, EvidenceReport, ServerReport, SignalReceipt};
+use crate::phase::{Event, EventKind, Phase, Trigger};
+use crate::readiness::{ReadinessWhileDraining, SourceTable};
+use crate::report::{AfterFlipReport, BudgetReport, DrainReport, EvidenceReport, Outcome};
+use crate::report::{PodInfo, PolicyReport, ServerReport, SignalReceipt, Straggler};
 use crate::sync::MutexExt;
+use crate::tasks::TaskEnd;
 
 /// When the drain started: the first trigger's instant and its wall-clock time.
 #[derive(Clone, Copy, Debug)]
@@ -46,19 +54,30 @@ pub(super) struct Begin<E> {
     pub(super) from_signal: bool,
     /// The phase was Starting (never Serving).
     pub(super) was_starting: bool,
-    /// The start's events, at 0 ms.
-    pub(super) events: Vec<Event>,
     /// The arrival-rate evidence at the trigger (taken only by the first).
     pub(super) evidence: E,
 }
 
-/// What the report is built from.
-pub(super) struct Record {
-    pub(super) trigger: Option<Trigger>,
-    pub(super) timeline: Vec<Event>,
-    pub(super) signal_receipt: Option<SignalReceipt>,
-    pub(super) committed: Option<EvidenceReport>,
-    pub(super) server: Option<ServerReport>,
+/// What the driver measured for the report; the rest is the record's.
+pub(super) struct Draft {
+    pub(super) outcome: Outcome,
+    pub(super) budget: BudgetReport,
+    pub(super) propagation: PolicyReport,
+    pub(super) after_flip: AfterFlipReport,
+    pub(super) stragglers: Vec<Straggler>,
+    pub(super) tasks: Vec<TaskEnd>,
+    pub(super) closers: Vec<CloserResult>,
+}
+
+/// What the driver counts now, for `/status`.
+pub(super) struct Counts {
+    pub(super) phase: Phase,
+    pub(super) ready: bool,
+    pub(super) ready_for_kubelet: bool,
+    pub(super) in_flight: usize,
+    pub(super) connections: usize,
+    pub(super) tasks: usize,
+    pub(super) evidence: Option<EvidenceReport>,
 }
 
 #[derive(Debug, Default)]
@@ -84,13 +103,40 @@ struct State {
     server: Option<ServerReport>,
 }
 
-/// The drain's record, behind one lock.
-#[derive(Debug, Default)]
-pub(super) struct Lifecycle {
+/// The drain's record, behind one lock, and the facts its report states.
+#[derive(Debug)]
+pub(crate) struct Lifecycle {
     state: Mutex<State>,
+    readiness: ReadinessWhileDraining,
+    /// Who called `/readyz` and how each was classified (the readiness part writes it).
+    probe_sources: SourceTable,
+    proxy_label: Option<String>,
 }
 
 impl Lifecycle {
+    pub(super) fn new(
+        readiness: ReadinessWhileDraining,
+        probe_sources: SourceTable,
+        proxy_label: Option<String>,
+    ) -> Self {
+        Self {
+            state: Mutex::default(),
+            readiness,
+            probe_sources,
+            proxy_label,
+        }
+    }
+
+    pub(super) fn readiness(&self) -> ReadinessWhileDraining {
+        self.readiness
+    }
+
+    /// The table of `/readyz` callers, which the admin router writes.
+    #[cfg(feature = "admin")]
+    pub(crate) fn probe_sources(&self) -> &SourceTable {
+        &self.probe_sources
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.locked()
     }
@@ -115,7 +161,8 @@ impl Lifecycle {
         });
         st.trigger = Some(b.trigger);
         st.receipt = b.from_signal.then_some(b.unix_ms);
-        st.timeline.open(b.events, b.unix_ms);
+        st.timeline
+            .open(self.start_events(b.trigger, b.unix_ms), b.unix_ms);
         st.evidence = Some((b.evidence)());
         // Without a gate, Starting may only mean nobody called `mark_serving` (an accept
         // loop of the application's own): then the proxies' view is unknown, so wait.
@@ -123,9 +170,50 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// The start's events at 0 ms: `drain_started`, and `readiness_flipped` when the policy
+    /// flips at the trigger.
+    fn start_events(&self, trigger: Trigger, unix_ms: u64) -> Vec<Event> {
+        let mut started = Event::new(EventKind::DrainStarted, Duration::ZERO, unix_ms);
+        started.trigger = Some(trigger);
+        let mut events = vec![started];
+        if self.readiness.flips_at_trigger() {
+            let mut e = Event::new(EventKind::ReadinessFlipped, Duration::ZERO, unix_ms);
+            if self.readiness == ReadinessWhileDraining::Auto {
+                e.detail = Some("for callers other than kubelet's probe".to_owned());
+            }
+            events.push(e);
+        }
+        events
+    }
+
+    /// The log lines of the drain's start (the timeline has the same events), with the
+    /// requests in flight and the grace period.
+    pub(super) fn log_start(&self, trigger: Trigger, in_flight: usize, grace_ms: u64) {
+        tracing::info!(
+            event = "drain_started",
+            trigger = trigger.as_str(),
+            in_flight,
+            grace_ms,
+            "lameduck: drain_started"
+        );
+        if self.readiness.flips_at_trigger() {
+            tracing::info!(
+                event = "readiness_flipped",
+                at_ms = 0u64,
+                policy = self.readiness.as_str(),
+                "lameduck: readiness_flipped"
+            );
+        }
+    }
+
     /// A signal that neither drains nor exits, named `name`, received at `at`: in the
     /// timeline (a count for repeats), or until the drain starts in the events it begins with.
     pub(super) fn ignored_signal(&self, name: &str, at: Instant, unix_ms: u64) {
+        tracing::warn!(
+            signal = name,
+            "lameduck: {name} received and ignored: it neither starts a drain nor exits (its \
+             default action would have killed the process without a report)"
+        );
         let mut st = self.lock();
         let mut e = Event::new(EventKind::SignalReceived, Duration::ZERO, unix_ms);
         e.name = Some(name.to_owned());
@@ -148,7 +236,7 @@ impl Lifecycle {
     }
 
     /// A startup gate was created.
-    pub(super) fn note_gate(&self) {
+    pub(crate) fn note_gate(&self) {
         self.lock().gated = true;
     }
 
@@ -159,7 +247,7 @@ impl Lifecycle {
 
     /// Records the accept loop's timeouts for the report.
     #[cfg(feature = "http")]
-    pub(super) fn note_server(&self, server: ServerReport) {
+    pub(crate) fn note_server(&self, server: ServerReport) {
         self.lock().server = Some(server);
     }
 
@@ -195,7 +283,8 @@ impl Lifecycle {
         self.lock().timeline.freeze();
     }
 
-    pub(super) fn events(&self) -> Vec<Event> {
+    /// The timeline so far.
+    pub(crate) fn timeline(&self) -> Vec<Event> {
         self.lock().timeline.events().to_vec()
     }
 
@@ -204,14 +293,33 @@ impl Lifecycle {
         self.lock().timeline.late().to_vec()
     }
 
-    /// The trigger, at most `limit` events and how many were left out, and the origin.
-    pub(super) fn bounded(
+    /// The `/status` snapshot: the record's part, `now`'s counts, and the budget (`budget`
+    /// is given the origin, once the drain has started).
+    pub(super) fn status(
         &self,
-        limit: usize,
-    ) -> (Option<Trigger>, Vec<Event>, usize, Option<Origin>) {
-        let st = self.lock();
-        let (timeline, omitted) = st.timeline.bounded(limit);
-        (st.trigger, timeline, omitted, st.origin)
+        now: Counts,
+        budget: impl FnOnce(Option<Instant>) -> BudgetReport,
+    ) -> Status {
+        let (trigger, (timeline, timeline_omitted), origin) = {
+            let st = self.lock();
+            let bounded = st.timeline.bounded(STATUS_TIMELINE_LIMIT);
+            (st.trigger, bounded, st.origin)
+        };
+        Status {
+            phase: now.phase,
+            ready: now.ready,
+            ready_for_kubelet: now.ready_for_kubelet,
+            trigger,
+            in_flight: now.in_flight,
+            connections: now.connections,
+            tasks: now.tasks,
+            readiness_policy: self.readiness,
+            budget: budget(origin.map(|o| o.at)),
+            timeline,
+            timeline_omitted,
+            evidence: now.evidence,
+            probe_sources: self.probe_sources.snapshot(),
+        }
     }
 
     /// The evidence taken at the trigger, and whether the process never served.
@@ -237,23 +345,54 @@ impl Lifecycle {
         self.lock().committed = Some(committed);
     }
 
-    /// What the report is built from.
-    pub(super) fn record(&self) -> Record {
-        let st = self.lock();
-        Record {
-            trigger: st.trigger,
-            timeline: st.timeline.events().to_vec(),
-            signal_receipt: st.receipt.map(|received| SignalReceipt {
+    /// The report: the record, the facts, what the driver measured (`d`), and the advice.
+    pub(super) fn build_report(&self, d: Draft) -> DrainReport {
+        let (trigger, timeline, signal_receipt, committed, server) = {
+            let st = self.lock();
+            let receipt = st.receipt.map(|received| SignalReceipt {
                 received_unix_ms: received,
                 noticed_unix_ms: st.noticed,
                 notice_delay_ms: st.noticed.map(|n| n.saturating_sub(received)),
-            }),
-            committed: st.committed.clone(),
-            server: st.server.clone(),
-        }
+            });
+            let timeline = st.timeline.events().to_vec();
+            (
+                st.trigger,
+                timeline,
+                receipt,
+                st.committed.clone(),
+                st.server.clone(),
+            )
+        };
+        let mut report = DrainReport {
+            outcome: d.outcome,
+            trigger,
+            exit_code: d.outcome.exit_code(),
+            readiness_policy: self.readiness,
+            budget: d.budget,
+            propagation: PolicyReport {
+                evidence: committed,
+                ..d.propagation
+            },
+            timeline,
+            after_flip: d.after_flip,
+            stragglers: d.stragglers,
+            tasks: d.tasks,
+            closers: d.closers,
+            pod: PodInfo::from_env(),
+            advice: Vec::new(),
+            cause: None,
+            signal_receipt,
+            stop_signal_wait: None,
+            sink_errors: Vec::new(),
+            proxy_label: self.proxy_label.clone(),
+            server,
+            probe_sources: self.probe_sources.snapshot(),
+        };
+        report.advice = crate::advice::advise(&report);
+        report
     }
 
-    pub(super) fn report(&self) -> Option<DrainReport> {
+    pub(crate) fn report(&self) -> Option<DrainReport> {
         self.lock().report.clone()
     }
 

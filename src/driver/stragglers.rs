@@ -58,3 +58,16 @@ pub(super) fn in_flight_work(core: &Core, now: Instant, origin: Instant) -> Vec<
     }
     out
 }
+
+/// Lets the tasks cut at the deadline recover (by `hard`, the hard deadline) before they are
+/// aborted, and notes each recovery on its straggler.
+pub(super) async fn recover(stragglers: &mut [Straggler], tasks: &Tasks, hard: Instant) {
+    for (name, result) in tasks.recover_and_abort(hard).await {
+        let task = |s: &&mut Straggler| {
+            s.kind == StragglerKind::Task && s.name == name && s.recovery.is_none()
+        };
+        if let Some(s) = stragglers.iter_mut().find(task) {
+            s.recovery = Some(result);
+        }
+    }
+}
