@@ -268,12 +268,12 @@ impl Drain {
     /// The quiesce deadline, once the drain has started: when
     /// [`deadline_exceeded`](Self::deadline_exceeded) fires.
     pub fn quiesce_deadline(&self) -> Option<Instant> {
-        self.inner.driver.quiesce_deadline()
+        self.inner.driver.deadlines().quiesce_deadline()
     }
 
     /// The hard deadline (grace period minus safety margin), once the drain has started.
     pub fn hard_deadline(&self) -> Option<Instant> {
-        self.inner.driver.hard_deadline()
+        self.inner.driver.deadlines().hard_deadline()
     }
 
     /// Starts the drain. Returns `true` only for the call that started it; later calls are
@@ -375,7 +375,7 @@ impl Drain {
                     driver.on_signal(trigger, at, receipt.unix_ms, force)
                 }
                 crate::signal::Delivery::Ignored(name) => {
-                    driver.on_ignored_signal(name, at, receipt.unix_ms)
+                    driver.record().ignored_signal(name, at, receipt.unix_ms)
                 }
             }
         };

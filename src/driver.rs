@@ -8,31 +8,24 @@
 //!
 //! # Invariants
 //!
-//! * The first trigger wins: it fixes the budget's origin under the lifecycle's lock
-//!   (`Lifecycle::begin`), sets the counter's draining flag, and spawns the one driver task.
-//!   Later triggers only raise the count of one `signal_received` event per trigger kind, so
-//!   the timeline stays bounded whatever the number of triggers; once the Done event is in,
-//!   the timeline is final.
-//! * Every event is appended through one funnel, `Timeline::push` (`timeline.rs`), which
-//!   drops it once the timeline is final. Events after the start go through [`Driver::push`]
-//!   (one log line each, and the observer — the metrics, feature `metrics` — told), phase
-//!   changes through `Progress::set`. Three appends log on their own or not at all: the
-//!   start's events, pushed under the same lock that fixes the origin (a concurrent trigger
-//!   must see both); the Kubernetes events seen before the trigger, added at 0 ms; and the
-//!   watchdog's Done, which must not log to the stderr that may be stalled.
-//! * The final report is written by exactly one of the driver and the watchdog thread, at
-//!   one site (`Exit::write`); under `run` the watchdog stays armed until the report's last
-//!   write (after Done) is over, so no sink can hold the exit past it (`exit.rs`).
+//! * The first trigger wins: it fixes the origin under the lifecycle's lock
+//!   (`Lifecycle::begin`), sets the counter's draining flag and spawns the one driver task;
+//!   later triggers only count (`timeline.rs`), so the timeline stays bounded.
+//! * Events after the start go through [`Driver::push`] (one log line each, the observer
+//!   told), into the timeline's one funnel, which drops them once Done is in. Three appends
+//!   log on their own or not at all: the start's events (under the lock that fixes the
+//!   origin), the Kubernetes events seen before the trigger (at 0 ms), and the watchdog's
+//!   Done, which must not log to the stderr that may be stalled.
+//! * A report is written at one site, by exactly one of the driver and the watchdog
+//!   (`exit.rs`); phases only move forward (`progress.rs`); the deadlines only tighten
+//!   (`deadlines.rs`).
 //! * No part's lock is held while another part's is taken, and the lifecycle's is never held
 //!   across an `.await` nor taken on the request path, so they cannot deadlock.
-//! * The deadlines only tighten, and every wait re-reads them when the link changes
-//!   (`deadlines.rs`). The driver reads the link; only the watch writes it, through the handle.
 //! * The lifecycle calls no add-on (it tells an [`Observer`]) and does not reach up into the
 //!   signal source: signals arrive through [`Driver::on_signal`], the stop signal by name.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -41,7 +34,7 @@ use crate::guard::{Core, Site};
 use crate::phase::{unix_ms_now, CommitReason, Event, EventKind, Phase, Trigger};
 use crate::readiness::ReadinessWhileDraining;
 use crate::report::Straggler;
-use crate::report::{AfterFlipReport, BudgetReport, DrainReport, EvidenceReport, Outcome};
+use crate::report::{AfterFlipReport, DrainReport, EvidenceReport, Outcome};
 use crate::tasks::{TaskContext, Tasks};
 
 mod commit;
@@ -62,7 +55,7 @@ use deadlines::Deadlines;
 use exit::Exit;
 #[cfg(feature = "admin")]
 pub(crate) use exit::ExitHolds;
-use lifecycle::{Begin, Counts, Draft, Lifecycle};
+use lifecycle::{Begin, Draft, Lifecycle};
 pub(crate) use observer::Observer;
 #[cfg(feature = "metrics")]
 pub(crate) use observer::Sample;
@@ -72,6 +65,7 @@ pub use status::{Status, STATUS_TIMELINE_LIMIT};
 pub(crate) use tokens::Tokens;
 
 /// The lifecycle engine behind a [`Drain`](crate::Drain).
+#[derive(Debug)]
 pub(crate) struct Driver {
     pub(crate) core: &'static Core,
     /// `core`'s plain site, at hand for `Drain::enter` (one load fewer than `Core::plain`).
@@ -85,15 +79,6 @@ pub(crate) struct Driver {
     exit: Exit,
     pub(crate) tasks: Tasks,
     pub(crate) closers: Closers,
-}
-
-impl std::fmt::Debug for Driver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Driver")
-            .field("progress", &self.progress)
-            .field("deadlines", &self.deadlines)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Driver {
@@ -157,61 +142,24 @@ impl Driver {
         self.forced.load(Ordering::Acquire)
     }
 
-    fn origin(&self) -> Option<Instant> {
-        self.state.origin().map(|o| o.at)
-    }
-
-    /// The quiesce deadline, once the drain has started (a shorter deletion grace moves it).
-    pub(crate) fn quiesce_deadline(&self) -> Option<Instant> {
-        self.origin().map(|o| self.deadlines.quiesce(o))
-    }
-
-    /// The hard deadline, once the drain has started (a shorter deletion grace moves it).
-    pub(crate) fn hard_deadline(&self) -> Option<Instant> {
-        self.origin().map(|o| self.deadlines.hard(o))
-    }
-
     /// The committed evidence, or while draining the evidence the policy waits on.
     pub(crate) fn evidence_now(&self) -> Option<EvidenceReport> {
-        let (evidence, committed, origin) = self.state.evidence_now();
-        let now = (evidence, committed, origin.map(|o| o.at));
-        self.commitment
-            .evidence_now(self.core, self.deadlines.link(), now)
+        let link = self.deadlines.link();
+        self.commitment.evidence_now(self.core, link, &self.state)
     }
 
     /// The snapshot, with `ready` and `ready_for_kubelet` as the readiness part says.
     pub(crate) fn status(&self, phase: Phase, ready: bool, ready_for_kubelet: bool) -> Status {
-        let now = Counts {
-            phase,
-            ready,
-            ready_for_kubelet,
-            in_flight: self.core.counter.count(),
-            connections: self.progress.connections(),
-            tasks: self.tasks.len(),
-            evidence: self.evidence_now(),
-        };
-        self.state.status(now, |origin| self.budget_report(origin))
-    }
-
-    /// The budget for the report and `/status`: used since `origin`, and the deletion's.
-    fn budget_report(&self, origin: Option<Instant>) -> BudgetReport {
-        let used = origin.map_or(Duration::ZERO, |o| o.elapsed());
-        BudgetReport {
-            deletion: origin.and_then(|o| self.deadlines.deletion(o)),
-            ..BudgetReport::new(&self.deadlines.budget(), used)
-        }
+        let (sample, evidence) = (self.progress.sample(), self.evidence_now());
+        let readiness = (phase, ready, ready_for_kubelet);
+        self.state
+            .status(readiness, sample, &self.deadlines, evidence)
     }
 
     /// The propagation policy's settings, as the report gives them (for `/drain`).
     #[cfg(feature = "admin")]
     pub(crate) fn policy_report(&self) -> crate::report::PolicyReport {
         self.commitment.report()
-    }
-
-    /// Records the deletion's kill time; `true` if it tightened the budget.
-    #[cfg(feature = "kube")]
-    pub(crate) fn tighten(&self, kill: crate::link::Kill) -> bool {
-        self.deadlines.tighten(kill, self.origin())
     }
 
     /// Records an event the API reported (an endpoint condition change, the deletion's
@@ -226,12 +174,10 @@ impl Driver {
         unix_ms: u64,
     ) {
         let (link, what) = (self.deadlines.link(), (kind, name, detail));
-        if let Some(e) = endpoints::external(link, self.origin(), what, at, unix_ms) {
+        if let Some(e) = endpoints::external(link, self.state.origin(), what, at, unix_ms) {
             self.push(e);
         }
     }
-
-    // ---- the trigger ----
 
     /// Starts the drain with its origin at `now` (a signal's receipt time), or records a later
     /// trigger: one `signal_received` event per trigger kind, a count for repeats, nothing
@@ -254,16 +200,7 @@ impl Driver {
             was_starting,
             evidence: || self.commitment.evidence_at(self.core, now),
         };
-        if let Err(new_event) = self.state.begin(begin) {
-            if let Some(at_ms) = new_event {
-                let trigger = trigger.as_str();
-                tracing::info!(
-                    event = "signal_received",
-                    trigger,
-                    at_ms,
-                    "lameduck: trigger received while draining"
-                );
-            }
+        if !self.state.begin(begin) {
             return false;
         }
         self.deadlines.started(now);
@@ -309,13 +246,6 @@ impl Driver {
         }
     }
 
-    /// A signal that neither drains nor exits (SIGHUP, SIGUSR1) arrived, on the signal thread:
-    /// recorded as `signal_received` with its name (a count for repeats), in the timeline, or
-    /// until the drain starts in the events it will begin with.
-    pub(crate) fn on_ignored_signal(&self, name: &'static str, at: Instant, unix_ms: u64) {
-        self.state.ignored_signal(name, at, unix_ms);
-    }
-
     /// Exit now: skip the remaining waits and the closers. Returns `true` if this call forced
     /// it.
     pub(crate) fn force(self: &Arc<Self>) -> bool {
@@ -329,8 +259,6 @@ impl Driver {
         self.tokens.force.cancel();
         true
     }
-
-    // ---- the drive: the phases in order ----
 
     /// The one driver task, spawned by the first trigger with its origin: each phase below in
     /// turn, then the report.
@@ -491,7 +419,11 @@ impl Driver {
         let stderr = !self.exit.is_owned();
         if !self
             .exit
-            .emit(&mut report, stderr, self.sink_deadline())
+            .emit(
+                &mut report,
+                stderr,
+                self.exit.sink_deadline(&self.deadlines),
+            )
             .await
         {
             // The watchdog took over: it writes the report and exits the process.
@@ -515,7 +447,7 @@ impl Driver {
         self.state.build_report(Draft {
             outcome,
             after_flip: AfterFlipReport::from_core(self.core, origin),
-            budget: self.budget_report(Some(origin)),
+            budget: self.deadlines.report(),
             propagation: self.commitment.report(),
             stragglers,
             tasks: self.tasks.ended(),
@@ -523,19 +455,12 @@ impl Driver {
         })
     }
 
-    // ---- the exit ----
-
     /// The exit under `run`, once Done (see `Exit::conclude`).
     pub(crate) async fn conclude(&self, report: DrainReport, stop: Option<&str>) -> DrainReport {
         let stop = stop.filter(|_| !self.is_forced());
         let parts = (&self.state, &self.deadlines);
         let force = &self.tokens.force;
         self.exit.conclude(report, stop, parts, force).await
-    }
-
-    /// When the sinks must be done, on the real clock.
-    fn sink_deadline(&self) -> std::time::Instant {
-        self.exit.sink_deadline(&self.deadlines, self.origin())
     }
 
     /// Called on the watchdog thread once the hard deadline (plus half the safety margin) has
@@ -563,16 +488,9 @@ impl Driver {
         self.forced.store(true, Ordering::Release);
         // Those not yet taken by the driver never ran.
         let closers = self.closers.skipped_by_force();
-        let mut report = self.build_report(origin.at, Outcome::Forced, stragglers, closers);
-        report.cause = Some(format!(
-            "runtime starved: the drain had not finished {} ms after the trigger (hard deadline \
-             {} ms); something blocks the runtime's worker threads",
-            now.saturating_duration_since(origin.at).as_millis(),
-            self.deadlines.budget().hard_deadline().as_millis()
-        ));
-        let mut e = origin.event_at(EventKind::Exit, now);
-        e.code = Some(1);
-        report.timeline.push(e);
-        self.exit.write_and_exit(&report, until, 1);
+        let report = self.build_report(origin.at, Outcome::Forced, stragglers, closers);
+        let (used, hard) = (now - origin.at, self.deadlines.budget().hard_deadline());
+        let exit = origin.event_at(EventKind::Exit, now);
+        self.exit.write_starved(report, (used, hard), exit, until);
     }
 }

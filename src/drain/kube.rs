@@ -31,6 +31,6 @@ impl Drain {
 
     /// Records the deletion's kill time; `true` if it tightened the budget.
     pub(crate) fn tighten(&self, kill: Kill) -> bool {
-        self.inner.driver.tighten(kill)
+        self.inner.driver.deadlines().tighten(kill)
     }
 }

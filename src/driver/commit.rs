@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::endpoints::endpoint_evidence;
+use super::lifecycle::Lifecycle;
 use super::stragglers::in_flight_work;
 use crate::evidence::Evidence;
 use crate::guard::Core;
@@ -89,14 +90,16 @@ impl Commitment {
         (commit.reason, committed)
     }
 
-    /// While draining, the evidence the policy waits on now, from the `evidence` taken at the
-    /// trigger; once committed, what it went on (`committed`).
+    /// While draining, the evidence the policy waits on now, from the evidence the `record`
+    /// took at the trigger; once committed, what it went on.
     pub(super) fn evidence_now(
         &self,
         core: &Core,
         link: &Link,
-        (evidence, committed, origin): (Option<Evidence>, Option<EvidenceReport>, Option<Instant>),
+        record: &Lifecycle,
     ) -> Option<EvidenceReport> {
+        let (evidence, committed, origin) = record.evidence_now();
+        let origin = origin.map(|o| o.at);
         if committed.is_some() {
             return committed;
         }

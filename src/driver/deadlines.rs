@@ -11,14 +11,14 @@
 //!   watch, goes through [`Deadlines::tighten`]), and the quiesce instant handed to tasks is
 //!   the earliest one known.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::budget::Budget;
 use crate::link::{Kill, Link};
-use crate::report::DeletionBudget;
+use crate::report::{BudgetReport, DeletionBudget};
 use crate::sync::MutexExt;
 
 /// The deadlines of one drain: the budget, the propagation `max` it was built with, the
@@ -32,6 +32,8 @@ pub(crate) struct Deadlines {
     /// What the Kubernetes API says (feature `kube`): the slices' hold, the deletion's kill
     /// time. The driver reads it; the watch writes it.
     link: Link,
+    /// The drain's origin, set once by the first trigger.
+    origin: OnceLock<Instant>,
     /// The quiesce deadline, set at the trigger and moved earlier by a shorter deletion grace
     /// (what [`TaskContext::deadline`](crate::TaskContext::deadline) reads).
     quiesce_at: Arc<Mutex<Option<Instant>>>,
@@ -53,6 +55,7 @@ impl Deadlines {
             max,
             hurry_lead,
             link: Link::new(),
+            origin: OnceLock::new(),
             quiesce_at: Arc::default(),
         }
     }
@@ -97,8 +100,29 @@ impl Deadlines {
     }
 
     /// This deletion's budget for the report, when it tightened the configured one.
-    pub(crate) fn deletion(&self, origin: Instant) -> Option<DeletionBudget> {
+    fn deletion(&self, origin: Instant) -> Option<DeletionBudget> {
         self.at(origin).1
+    }
+
+    /// The quiesce deadline, once the drain has started.
+    pub(crate) fn quiesce_deadline(&self) -> Option<Instant> {
+        self.origin.get().map(|&o| self.quiesce(o))
+    }
+
+    /// The hard deadline (grace period minus safety margin), once the drain has started.
+    pub(crate) fn hard_deadline(&self) -> Option<Instant> {
+        self.origin.get().map(|&o| self.hard(o))
+    }
+
+    /// The budget as the report and `/status` give it: used since the origin (none before the
+    /// drain starts), and this deletion's, when it tightened the configured one.
+    pub(crate) fn report(&self) -> BudgetReport {
+        let origin = self.origin.get().copied();
+        let used = origin.map_or(Duration::ZERO, |o| o.elapsed());
+        BudgetReport {
+            deletion: origin.and_then(|o| self.deletion(o)),
+            ..BudgetReport::new(&self.budget, used)
+        }
     }
 
     /// Sleeps until the quiesce deadline, re-read when the link changes.
@@ -111,17 +135,19 @@ impl Deadlines {
         self.link.sleep_until(|| self.hurry(origin)).await;
     }
 
-    /// The drain started at `origin`: tasks see its quiesce deadline from now on.
+    /// The drain started at `origin` (the first trigger's, once): tasks see its quiesce
+    /// deadline from now on.
     pub(crate) fn started(&self, origin: Instant) {
+        let origin = *self.origin.get_or_init(|| origin);
         self.note_quiesce(self.quiesce(origin));
     }
 
     /// Records the deletion's kill time; `true` if it tightened the budget. A drain already
-    /// under way (since `origin`) hands its tasks the earlier quiesce deadline.
+    /// under way hands its tasks the earlier quiesce deadline.
     #[cfg(feature = "kube")]
-    pub(crate) fn tighten(&self, kill: Kill, origin: Option<Instant>) -> bool {
+    pub(crate) fn tighten(&self, kill: Kill) -> bool {
         let tightened = self.link.tighten(kill);
-        if let Some(origin) = origin.filter(|_| tightened) {
+        if let Some(&origin) = self.origin.get().filter(|_| tightened) {
             self.started(origin);
         }
         tightened
@@ -151,18 +177,18 @@ impl Deadlines {
     /// How long `run` may wait for admin answers when the watchdog watches this process: a
     /// quarter of the safety margin past the hard deadline, leaving a quarter for the report's
     /// last write.
-    pub(crate) fn settle_cap(&self, origin: Instant) -> Instant {
-        self.hard(origin) + self.budget.safety_margin / 4
+    pub(crate) fn settle_cap(&self) -> Option<Instant> {
+        Some(self.hard_deadline()? + self.budget.safety_margin / 4)
     }
 
     /// When the sinks must be done, on the real clock: half the safety margin past the hard
-    /// deadline (where the watchdog acts) when the watchdog watches a drain that started at
-    /// `watched`; otherwise only each sink's own bound applies.
-    pub(crate) fn sink_deadline(&self, watched: Option<Instant>) -> std::time::Instant {
+    /// deadline (where the watchdog acts) when the watchdog watches (`watched`) a drain that
+    /// started; otherwise only each sink's own bound applies.
+    pub(crate) fn sink_deadline(&self, watched: bool) -> std::time::Instant {
         let now = std::time::Instant::now();
-        match watched {
-            Some(origin) => {
-                let at = self.hard(origin) + self.budget.safety_margin / 2;
+        match self.hard_deadline().filter(|_| watched) {
+            Some(hard) => {
+                let at = hard + self.budget.safety_margin / 2;
                 now + at.saturating_duration_since(Instant::now())
             }
             None => now + Duration::from_secs(3600),

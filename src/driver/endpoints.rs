@@ -53,7 +53,7 @@ pub(super) fn endpoint_evidence(link: &Link, report: &mut EvidenceReport, origin
 #[cfg(feature = "kube")]
 pub(super) fn external(
     link: &Link,
-    origin: Option<Instant>,
+    origin: Option<super::lifecycle::Origin>,
     (kind, name, detail): (crate::phase::EventKind, Option<String>, String),
     at: Instant,
     unix_ms: u64,
@@ -70,7 +70,7 @@ pub(super) fn external(
         link.push_early(early);
         return None;
     };
-    let mut e = Event::new(kind, at.saturating_duration_since(origin), unix_ms);
+    let mut e = Event::new(kind, at.saturating_duration_since(origin.at), unix_ms);
     e.name = name;
     e.detail = Some(detail);
     Some(e)

@@ -6,7 +6,7 @@
 //!
 //! * A report is written to the sinks at one site, [`Exit::write`]: the driver's at Done and
 //!   `run`'s last one go through [`Exit::emit`], the watchdog's through
-//!   [`Exit::write_and_exit`].
+//!   [`Exit::write_starved`].
 //! * The final report is written by exactly one of the driver and the watchdog thread: each
 //!   claims `claim` with a compare-exchange before writing (the driver once, and its later
 //!   writes find the claim its own). Under `run` the watchdog stays armed until the report's
@@ -115,14 +115,9 @@ impl Exit {
         sinks.emit(report, stderr, until)
     }
 
-    /// When the sinks must be done, on the real clock: by the watchdog's time when it watches
-    /// a drain that started at `origin` (see `Deadlines::sink_deadline`).
-    pub(crate) fn sink_deadline(
-        &self,
-        deadlines: &Deadlines,
-        origin: Option<Instant>,
-    ) -> std::time::Instant {
-        deadlines.sink_deadline(origin.filter(|_| self.is_watched()))
+    /// When the sinks must be done, on the real clock (see `Deadlines::sink_deadline`).
+    pub(crate) fn sink_deadline(&self, deadlines: &Deadlines) -> std::time::Instant {
+        deadlines.sink_deadline(self.is_watched())
     }
 
     /// The exit under `run`, once Done: after a drain a `preStop` call started, the wait for
@@ -136,25 +131,24 @@ impl Exit {
         (state, deadlines): (&Lifecycle, &Deadlines),
         force: &CancellationToken,
     ) -> DrainReport {
-        let origin = state.origin();
-        // Re-read after each wait: a shorter deletion grace moves it.
-        let hard = || origin.map(|o| deadlines.hard(o.at));
+        // The hard deadline is read after each wait: a shorter deletion grace moves it.
         if let Some(stop) = stop.filter(|_| state.trigger() == Some(Trigger::PreStop)) {
-            self.wait_for_stop_signal(&mut report, stop, hard(), force)
+            let hard = deadlines.hard_deadline();
+            self.wait_for_stop_signal(&mut report, stop, hard, force)
                 .await;
         }
-        let watched = origin.filter(|_| self.is_watched());
-        let cap = watched.map(|o| deadlines.settle_cap(o.at));
-        self.settle(&mut report, hard(), cap).await;
+        let cap = deadlines.settle_cap().filter(|_| self.is_watched());
+        self.settle(&mut report, deadlines.hard_deadline(), cap)
+            .await;
         report.timeline.extend(state.late_signals());
-        let mut e = match origin {
+        let mut e = match state.origin() {
             Some(o) => o.event_at(EventKind::Exit, Instant::now()),
             None => Event::new(EventKind::Exit, Duration::ZERO, unix_ms_now()),
         };
         e.code = Some(report.exit_code);
         report.timeline.push(e);
         // The driver's claim, taken at Done, still holds: the watchdog cannot have this one.
-        let until = self.sink_deadline(deadlines, origin.map(|o| o.at));
+        let until = self.sink_deadline(deadlines);
         self.emit(&mut report, true, until).await;
         state.set_report(report.clone());
         self.release();
@@ -279,16 +273,25 @@ impl Exit {
         std::process::exit(code);
     }
 
-    /// The watchdog's write of its `forced` report, by `until`; then the process exits with
-    /// `code`.
-    pub(crate) fn write_and_exit(
+    /// The watchdog's write of its `forced` report of a starved runtime, `used` after the
+    /// trigger (the hard deadline at `hard`), by `until`; then the process exits with code 1.
+    pub(crate) fn write_starved(
         &self,
-        report: &DrainReport,
+        mut report: DrainReport,
+        (used, hard): (Duration, Duration),
+        mut exit: Event,
         until: std::time::Instant,
-        code: i32,
     ) -> ! {
-        let _ = Self::write(&self.sinks, report, true, until);
-        std::process::exit(code);
+        report.cause = Some(format!(
+            "runtime starved: the drain had not finished {} ms after the trigger (hard deadline \
+             {} ms); something blocks the runtime's worker threads",
+            used.as_millis(),
+            hard.as_millis()
+        ));
+        exit.code = Some(1);
+        report.timeline.push(exit);
+        let _ = Self::write(&self.sinks, &report, true, until);
+        std::process::exit(1);
     }
 
     /// After a drain a `preStop` call started and that ended before the stop signal came:

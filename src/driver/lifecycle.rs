@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::deadlines::Deadlines;
+use super::observer::Sample;
 use super::status::{Status, STATUS_TIMELINE_LIMIT};
 use super::timeline::Timeline;
 use crate::closers::CloserResult;
@@ -67,17 +69,6 @@ pub(super) struct Draft {
     pub(super) stragglers: Vec<Straggler>,
     pub(super) tasks: Vec<TaskEnd>,
     pub(super) closers: Vec<CloserResult>,
-}
-
-/// What the driver counts now, for `/status`.
-pub(super) struct Counts {
-    pub(super) phase: Phase,
-    pub(super) ready: bool,
-    pub(super) ready_for_kubelet: bool,
-    pub(super) in_flight: usize,
-    pub(super) connections: usize,
-    pub(super) tasks: usize,
-    pub(super) evidence: Option<EvidenceReport>,
 }
 
 #[derive(Debug, Default)]
@@ -141,9 +132,9 @@ impl Lifecycle {
         self.state.locked()
     }
 
-    /// Starts the drain (`Ok`), or records a later trigger as a `signal_received` event:
-    /// `Err(Some(at_ms))` when it is a new event, `Err(None)` when it only raised a count.
-    pub(super) fn begin<E>(&self, b: Begin<E>) -> Result<(), Option<u64>>
+    /// Starts the drain (`true`), or records a later trigger as a `signal_received` event (a
+    /// new one is logged; a repeat only raises its count).
+    pub(super) fn begin<E>(&self, b: Begin<E>) -> bool
     where
         E: FnOnce() -> Evidence,
     {
@@ -153,7 +144,16 @@ impl Lifecycle {
             e.unix_ms = b.unix_ms;
             e.trigger = Some(b.trigger);
             let at_ms = e.at_ms;
-            return Err(st.timeline.signal(e).then_some(at_ms));
+            if st.timeline.signal(e) {
+                let trigger = b.trigger.as_str();
+                tracing::info!(
+                    event = "signal_received",
+                    trigger,
+                    at_ms,
+                    "lameduck: trigger received while draining"
+                );
+            }
+            return false;
         }
         st.origin = Some(Origin {
             at: b.at,
@@ -167,7 +167,7 @@ impl Lifecycle {
         // Without a gate, Starting may only mean nobody called `mark_serving` (an accept
         // loop of the application's own): then the proxies' view is unknown, so wait.
         st.never_served = b.was_starting && st.gated;
-        Ok(())
+        true
     }
 
     /// The start's events at 0 ms: `drain_started`, and `readiness_flipped` when the policy
@@ -208,7 +208,7 @@ impl Lifecycle {
 
     /// A signal that neither drains nor exits, named `name`, received at `at`: in the
     /// timeline (a count for repeats), or until the drain starts in the events it begins with.
-    pub(super) fn ignored_signal(&self, name: &str, at: Instant, unix_ms: u64) {
+    pub(crate) fn ignored_signal(&self, name: &str, at: Instant, unix_ms: u64) {
         tracing::warn!(
             signal = name,
             "lameduck: {name} received and ignored: it neither starts a drain nor exits (its \
@@ -293,31 +293,33 @@ impl Lifecycle {
         self.lock().timeline.late().to_vec()
     }
 
-    /// The `/status` snapshot: the record's part, `now`'s counts, and the budget (`budget`
-    /// is given the origin, once the drain has started).
+    /// The `/status` snapshot: the record's part, with `phase`, `ready` and
+    /// `ready_for_kubelet` as the readiness part says, the counts `now`, the budget and the
+    /// `evidence` now.
     pub(super) fn status(
         &self,
-        now: Counts,
-        budget: impl FnOnce(Option<Instant>) -> BudgetReport,
+        (phase, ready, ready_for_kubelet): (Phase, bool, bool),
+        now: Sample,
+        deadlines: &Deadlines,
+        evidence: Option<EvidenceReport>,
     ) -> Status {
-        let (trigger, (timeline, timeline_omitted), origin) = {
+        let (trigger, (timeline, timeline_omitted)) = {
             let st = self.lock();
-            let bounded = st.timeline.bounded(STATUS_TIMELINE_LIMIT);
-            (st.trigger, bounded, st.origin)
+            (st.trigger, st.timeline.bounded(STATUS_TIMELINE_LIMIT))
         };
         Status {
-            phase: now.phase,
-            ready: now.ready,
-            ready_for_kubelet: now.ready_for_kubelet,
+            phase,
+            ready,
+            ready_for_kubelet,
             trigger,
             in_flight: now.in_flight,
             connections: now.connections,
             tasks: now.tasks,
             readiness_policy: self.readiness,
-            budget: budget(origin.map(|o| o.at)),
+            budget: deadlines.report(),
             timeline,
             timeline_omitted,
-            evidence: now.evidence,
+            evidence,
             probe_sources: self.probe_sources.snapshot(),
         }
     }
