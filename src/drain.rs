@@ -3,7 +3,7 @@
 //! # Invariants
 //!
 //! * `Drain` is a cheap handle over `Arc<Inner>`: the readiness part, the driver (which owns
-//!   the tasks and the closers), the signal settings and the exit holds. Each part owns its
+//!   the tasks, the closers and the exit holds) and the signal settings. Each part owns its
 //!   state and its lock; the handle holds no state of its own.
 //! * The hot-path counter lives in a leaked [`Core`] so that request guards need no reference
 //!   count (see `guard.rs`); add-ons reach it through [`Drain::core`] only.

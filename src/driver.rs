@@ -17,8 +17,7 @@
 //!   origin), the Kubernetes events seen before the trigger (at 0 ms), and the watchdog's
 //!   Done, which must not log to the stderr that may be stalled.
 //! * A report is written at one site, by exactly one of the driver and the watchdog
-//!   (`exit.rs`); phases only move forward (`progress.rs`); the deadlines only tighten
-//!   (`deadlines.rs`).
+//!   (`exit.rs`); phases only move forward (`progress.rs`); deadlines only tighten.
 //! * No part's lock is held while another part's is taken, and the lifecycle's is never held
 //!   across an `.await` nor taken on the request path, so they cannot deadlock.
 //! * The lifecycle calls no add-on (it tells an [`Observer`]) and does not reach up into the
@@ -32,9 +31,7 @@ use tokio::time::Instant;
 use crate::closers::{CloserResult, Closers};
 use crate::guard::{Core, Site};
 use crate::phase::{unix_ms_now, CommitReason, Event, EventKind, Phase, Trigger};
-use crate::readiness::ReadinessWhileDraining;
-use crate::report::Straggler;
-use crate::report::{AfterFlipReport, DrainReport, EvidenceReport, Outcome};
+use crate::report::{AfterFlipReport, DrainReport, EvidenceReport, Outcome, Straggler};
 use crate::tasks::{TaskContext, Tasks};
 
 mod commit;
@@ -55,7 +52,7 @@ use deadlines::Deadlines;
 use exit::Exit;
 #[cfg(feature = "admin")]
 pub(crate) use exit::ExitHolds;
-use lifecycle::{Begin, Draft, Lifecycle};
+use lifecycle::{Begin, Draft, Ending, Lifecycle};
 pub(crate) use observer::Observer;
 #[cfg(feature = "metrics")]
 pub(crate) use observer::Sample;
@@ -180,8 +177,7 @@ impl Driver {
     }
 
     /// Starts the drain with its origin at `now` (a signal's receipt time), or records a later
-    /// trigger: one `signal_received` event per trigger kind, a count for repeats, nothing
-    /// appended to the timeline once it is final. Returns `true` only for the first trigger.
+    /// trigger (a count per trigger kind). Returns `true` only for the first trigger.
     pub(crate) fn start(
         self: &Arc<Self>,
         trigger: Trigger,
@@ -246,8 +242,7 @@ impl Driver {
         }
     }
 
-    /// Exit now: skip the remaining waits and the closers. Returns `true` if this call forced
-    /// it.
+    /// Exit now: skip the remaining waits and the closers. `true` if this call forced it.
     pub(crate) fn force(self: &Arc<Self>) -> bool {
         if self.forced.swap(true, Ordering::AcqRel) {
             return false;
@@ -261,50 +256,34 @@ impl Driver {
     }
 
     /// The one driver task, spawned by the first trigger with its origin: each phase below in
-    /// turn, then the report.
-    ///
-    /// The deadlines are re-read at each step (`Deadlines`): a Pod deletion with a shorter
-    /// grace (feature `kube`) moves them earlier, also mid-drain. `build` proved
-    /// `now + grace` representable; should the clock still refuse, a deadline is now (the
-    /// drain ends early, named) rather than a panic in the driver.
+    /// turn, then the report. The deadlines are re-read at each step: a Pod deletion with a
+    /// shorter grace (feature `kube`) moves them earlier, also mid-drain; should the clock
+    /// refuse one, it is now (the drain ends early, named) rather than a panic.
     async fn drive(self: Arc<Self>, origin: Instant) {
         // Events the Kubernetes watch saw before the trigger (feature `kube`): they logged
         // when seen, so they skip the funnel's line.
-        self.state
-            .append(endpoints::early_events(self.deadlines.link(), origin));
+        let early = endpoints::early_events(self.deadlines.link(), origin);
+        self.state.append(early);
         self.arm_hurry(origin);
         let reason = self.propagate(origin).await;
         self.stop_accepting(reason);
         let (stragglers, deadline_hit) = self.wait_for_zero(origin).await;
         self.progress.set(Phase::Closing);
         let closers = self.close(self.deadlines.hard(origin)).await;
-        let outcome = if self.is_forced() {
-            Outcome::Forced
-        } else if deadline_hit {
-            // Exit 1 even if every cut task's recovery worked: a drain that needs a salvage at
-            // the deadline did not fit its budget, and alerting should see that (a task that
-            // returns on `hurry` keeps it clean).
-            Outcome::DeadlineExceeded
-        } else if closers.iter().any(|c| !c.is_ok()) {
-            Outcome::CloserFailed
-        } else {
-            Outcome::Clean
-        };
-        self.done(origin, outcome, stragglers, closers).await;
+        let outcome = lifecycle::outcome(self.is_forced(), deadline_hit, &closers);
+        self.done(origin, (outcome, stragglers, closers)).await;
     }
 
     /// Fires the hurry token `hurry_lead` before the quiesce deadline (or with the deadline).
     fn arm_hurry(self: &Arc<Self>, origin: Instant) {
         let driver = Arc::clone(self);
+        // Holds the driver (to re-read the deadlines): not past the end of the drain.
         tokio::spawn(async move {
-            let (hurry, deadline) = (&driver.tokens.hurry, &driver.tokens.deadline);
-            let mut phase = driver.progress.subscribe();
-            tokio::select! {
-                () = driver.deadlines.until_hurry(origin) => hurry.cancel(),
-                () = deadline.cancelled() => hurry.cancel(),
-                // Holds the driver (to re-read the deadlines): not past the end of the drain.
-                _ = phase.wait_for(|p| *p == Phase::Done) => {}
-            }
+            let (tokens, phase) = (&driver.tokens, driver.progress.subscribe());
+            let hurry = driver
+                .deadlines
+                .hurry(origin, (&tokens.hurry, &tokens.deadline), phase);
+            hurry.await;
         });
     }
 
@@ -313,10 +292,10 @@ impl Driver {
         let evidence = self.state.evidence();
         let max_at = || self.deadlines.max_at(origin);
         let (link, force) = (self.deadlines.link(), &self.tokens.force);
-        let wait = self
-            .commitment
-            .wait(self.core, origin, evidence, link, max_at, force);
-        let (reason, committed) = wait.await;
+        let (core, commitment) = (self.core, &self.commitment);
+        let (reason, committed) = commitment
+            .wait(core, origin, evidence, link, max_at, force)
+            .await;
         let mut e = self.state.event(EventKind::PropagationDone);
         e.reason = Some(reason);
         // The evidence rides on its event's log line and in the timeline.
@@ -331,14 +310,8 @@ impl Driver {
         let mut e = self.state.event(EventKind::StoppedAccepting);
         e.reason = Some(reason);
         self.push(e);
-        match self.state.readiness() {
-            ReadinessWhileDraining::ServingUntilStop => {
-                self.push_now(EventKind::ReadinessFlipped, None);
-            }
-            ReadinessWhileDraining::Auto => {
-                self.push_now(EventKind::ReadinessFlipped, Some("for kubelet's probe"));
-            }
-            _ => {}
+        if let Some(detail) = self.state.flips_at_stop() {
+            self.push_now(EventKind::ReadinessFlipped, detail);
         }
         self.progress.set(Phase::StoppedAccepting);
         self.tokens.stop.cancel();
@@ -405,27 +378,16 @@ impl Driver {
     }
 
     /// Step 5: the Done event, the report, its emission, then the phase.
-    async fn done(
-        &self,
-        origin: Instant,
-        outcome: Outcome,
-        stragglers: Vec<Straggler>,
-        closers: Vec<CloserResult>,
-    ) {
-        self.push_now(EventKind::Done, Some(outcome.as_str()));
+    async fn done(&self, origin: Instant, ending: Ending) {
+        self.push_now(EventKind::Done, Some(ending.0.as_str()));
         self.state.freeze();
-        let mut report = self.build_report(origin, outcome, stragglers, closers);
+        let mut report = self.build_report(origin, ending);
         // Under `run`, the stderr line waits for the exit, so it is written once and complete.
-        let stderr = !self.exit.is_owned();
-        if !self
-            .exit
-            .emit(
-                &mut report,
-                stderr,
-                self.exit.sink_deadline(&self.deadlines),
-            )
-            .await
-        {
+        let (stderr, until) = (
+            !self.exit.is_owned(),
+            self.exit.sink_deadline(&self.deadlines),
+        );
+        if !self.exit.emit(&mut report, stderr, until).await {
             // The watchdog took over: it writes the report and exits the process.
             return;
         }
@@ -437,13 +399,7 @@ impl Driver {
     }
 
     /// The report of a drain that started at `origin`, with its advice.
-    fn build_report(
-        &self,
-        origin: Instant,
-        outcome: Outcome,
-        stragglers: Vec<Straggler>,
-        closers: Vec<CloserResult>,
-    ) -> DrainReport {
+    fn build_report(&self, origin: Instant, (outcome, stragglers, closers): Ending) -> DrainReport {
         self.state.build_report(Draft {
             outcome,
             after_flip: AfterFlipReport::from_core(self.core, origin),
@@ -463,17 +419,14 @@ impl Driver {
         self.exit.conclude(report, stop, parts, force).await
     }
 
-    /// Called on the watchdog thread once the hard deadline (plus half the safety margin) has
-    /// passed, with `until` for its own writes (a quarter of the margin later, still before
-    /// SIGKILL). If the drain is not Done, the runtime is starved: writes a `forced` report
-    /// with what is known and exits the process with code 1. If it is Done but `run` has not
-    /// finished its last write (a sink or the runtime is stuck), exits with the drain's code.
+    /// The watchdog fired (half the safety margin past the hard deadline; its own writes are
+    /// bounded by `until`): if the drain is not Done, the runtime is starved, and a `forced`
+    /// report with what is known is written before the process exits (see
+    /// `Exit::watchdog_claims` for the other cases).
     fn watchdog_fire(&self, until: std::time::Instant) {
         let done = self.progress.phase() == Phase::Done;
-        if !self
-            .exit
-            .watchdog_claims(done, self.state.exit_code(), until)
-        {
+        let code = self.state.exit_code();
+        if !self.exit.watchdog_claims(done, code, until) {
             return;
         }
         let Some(origin) = self.state.origin() else {
@@ -488,7 +441,7 @@ impl Driver {
         self.forced.store(true, Ordering::Release);
         // Those not yet taken by the driver never ran.
         let closers = self.closers.skipped_by_force();
-        let report = self.build_report(origin.at, Outcome::Forced, stragglers, closers);
+        let report = self.build_report(origin.at, (Outcome::Forced, stragglers, closers));
         let (used, hard) = (now - origin.at, self.deadlines.budget().hard_deadline());
         let exit = origin.event_at(EventKind::Exit, now);
         self.exit.write_starved(report, (used, hard), exit, until);

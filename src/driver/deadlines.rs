@@ -4,9 +4,11 @@
 //!
 //! # Invariants
 //!
-//! * [`Deadlines`] is the one place a deadline is computed: the driver, the exit and
-//!   [`TaskContext`](crate::TaskContext) ask it, from the drain's origin, and never add
-//!   offsets of their own.
+//! * [`Deadlines`] is the one place a deadline is computed: the driver, the exit, the handle
+//!   and [`TaskContext`](crate::TaskContext) ask it and never add offsets of their own.
+//! * The origin is set once, by the first trigger ([`Deadlines::started`], right after the
+//!   lifecycle fixed the same instant and before the counter says draining); before it, the
+//!   deadlines are `None` and the budget report says nothing used.
 //! * The deadlines only tighten: the link's kill time only moves earlier (its writer, the
 //!   watch, goes through [`Deadlines::tighten`]), and the quiesce instant handed to tasks is
 //!   the earliest one known.
@@ -14,10 +16,13 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::budget::Budget;
 use crate::link::{Kill, Link};
+use crate::phase::Phase;
 use crate::report::{BudgetReport, DeletionBudget};
 use crate::sync::MutexExt;
 
@@ -91,7 +96,7 @@ impl Deadlines {
 
     /// When the hurry token fires: `hurry_lead` before the quiesce deadline, not before the
     /// origin.
-    fn hurry(&self, origin: Instant) -> Instant {
+    fn hurry_at(&self, origin: Instant) -> Instant {
         let quiesce = self.quiesce(origin);
         quiesce
             .checked_sub(self.hurry_lead)
@@ -130,9 +135,19 @@ impl Deadlines {
         self.link.sleep_until(|| self.quiesce(origin)).await;
     }
 
-    /// Sleeps until the hurry token is due, re-read when the link changes.
-    pub(crate) async fn until_hurry(&self, origin: Instant) {
-        self.link.sleep_until(|| self.hurry(origin)).await;
+    /// Fires `hurry` `hurry_lead` before the quiesce deadline (re-read when the link
+    /// changes), or with `deadline`; returns without firing when the drain is Done first.
+    pub(crate) async fn hurry(
+        &self,
+        origin: Instant,
+        (hurry, deadline): (&CancellationToken, &CancellationToken),
+        mut phase: watch::Receiver<Phase>,
+    ) {
+        tokio::select! {
+            () = self.link.sleep_until(|| self.hurry_at(origin)) => hurry.cancel(),
+            () = deadline.cancelled() => hurry.cancel(),
+            _ = phase.wait_for(|p| *p == Phase::Done) => {}
+        }
     }
 
     /// The drain started at `origin` (the first trigger's, once): tasks see its quiesce

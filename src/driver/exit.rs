@@ -1,6 +1,6 @@
 //! The end of the process: who writes the report, the watchdog that exits when the runtime is
-//! starved, the wait for the stop signal after a `preStop` drain, and the answers owed to
-//! admin callers (`holds`).
+//! starved, and under `run` the exit itself ([`Exit::conclude`]): the wait for the stop signal
+//! after a `preStop` drain, the answers owed to admin callers (`holds`), the last write.
 //!
 //! # Invariants
 //!

@@ -10,9 +10,10 @@
 //!   events under the same lock, so a concurrent trigger sees both, and counts every later
 //!   trigger as a repeat instead.
 //! * The lock is never held across an `.await`, never taken on the request path, and never
-//!   held while another part's lock is taken (every method takes it, does a few assignments
-//!   and returns), so it cannot deadlock. A panic while holding it leaves the state
-//!   consistent, so poisoning is ignored rather than spread.
+//!   held while another part's lock is taken (every method takes it, does its few reads and
+//!   writes, and returns; the report and `/status` read the other parts after releasing it),
+//!   so it cannot deadlock. A panic while holding it leaves the state consistent (every write
+//!   is a single push or assignment), so poisoning is ignored rather than spread.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -59,6 +60,25 @@ pub(super) struct Begin<E> {
     /// The arrival-rate evidence at the trigger (taken only by the first).
     pub(super) evidence: E,
 }
+
+/// How a drain ended: forced, cut at the deadline, a closer failed, or clean.
+pub(super) fn outcome(forced: bool, deadline_hit: bool, closers: &[CloserResult]) -> Outcome {
+    if forced {
+        Outcome::Forced
+    } else if deadline_hit {
+        // Exit 1 even if every cut task's recovery worked: a drain that needs a salvage at the
+        // deadline did not fit its budget, and alerting should see that (a task that returns
+        // on `hurry` keeps it clean).
+        Outcome::DeadlineExceeded
+    } else if closers.iter().any(|c| !c.is_ok()) {
+        Outcome::CloserFailed
+    } else {
+        Outcome::Clean
+    }
+}
+
+/// What the drive ended with: the outcome, the stragglers and the closers' results.
+pub(super) type Ending = (Outcome, Vec<Straggler>, Vec<CloserResult>);
 
 /// What the driver measured for the report; the rest is the record's.
 pub(super) struct Draft {
@@ -118,8 +138,13 @@ impl Lifecycle {
         }
     }
 
-    pub(super) fn readiness(&self) -> ReadinessWhileDraining {
-        self.readiness
+    /// Whether readiness flips when accepting stops (`Some`, with the event's detail).
+    pub(super) fn flips_at_stop(&self) -> Option<Option<&'static str>> {
+        match self.readiness {
+            ReadinessWhileDraining::ServingUntilStop => Some(None),
+            ReadinessWhileDraining::Auto => Some(Some("for kubelet's probe")),
+            _ => None,
+        }
     }
 
     /// The table of `/readyz` callers, which the admin router writes.

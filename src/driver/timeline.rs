@@ -7,8 +7,9 @@
 //! ([`Timeline::signal`]), so the timeline stays bounded whatever the number of signals;
 //! signals that neither drain nor exit, received before the drain, wait in
 //! [`Timeline::signal_before_start`] and enter with its first events ([`Timeline::open`]).
-//! The log line of an event is the driver's (`Driver::push`), not this type's: the watchdog
-//! appends without logging, since its log line could go to the very stderr that stalls.
+//! The log line of an event is not this type's: the driver's funnel (`Driver::push`) logs
+//! each event and the lifecycle a repeated trigger's first event, while the watchdog appends
+//! without logging, since its log line could go to the very stderr that stalls.
 
 use std::time::Duration;
 
