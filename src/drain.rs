@@ -3,7 +3,7 @@
 //! # Invariants
 //!
 //! * `Drain` is a cheap handle over `Arc<Inner>`: the readiness part, the driver (which owns
-//!   the tasks and the closers), the signal settings and the exit holds. Each part owns its
+//!   the tasks, the closers and the exit holds) and the signal settings. Each part owns its
 //!   state and its lock; the handle holds no state of its own.
 //! * The hot-path counter lives in a leaked [`Core`] so that request guards need no reference
 //!   count (see `guard.rs`); add-ons reach it through [`Drain::core`] only.
@@ -14,7 +14,6 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::driver::ExitHolds;
 use crate::driver::{Driver, Status};
 use crate::guard::{Core, InFlightGuard};
 use crate::phase::{unix_ms_now, Phase, Trigger};
@@ -45,7 +44,6 @@ pub(crate) struct Inner {
     readiness: ReadinessState,
     driver: Arc<Driver>,
     signals: Signals,
-    exit: ExitHolds,
 }
 
 /// The drain coordinator: a cheap-to-clone handle shared by the server, the admin endpoint,
@@ -103,7 +101,7 @@ impl std::fmt::Debug for Drain {
         f.debug_struct("Drain")
             .field("phase", &self.phase())
             .field("in_flight", &self.counts().in_flight())
-            .field("budget", &self.inner.driver.budget)
+            .field("budget", &self.inner.driver.deadlines().budget())
             .finish_non_exhaustive()
     }
 }
@@ -119,7 +117,7 @@ impl Drain {
     /// Records the accept loop's timeouts for the report (`server`).
     #[cfg(feature = "http")]
     pub(crate) fn note_server(&self, server: crate::report::ServerReport) {
-        self.inner.driver.note_server(server);
+        self.inner.driver.record().note_server(server);
     }
 
     /// A new connection was accepted: counts it in its path's arrival rate, and as activity
@@ -138,7 +136,11 @@ impl Drain {
         } else {
             // The startup measurement of the proxies' delay (feature `kube`); one relaxed
             // load once it is over.
-            self.inner.driver.link().note_startup_connection(peer);
+            self.inner
+                .driver
+                .deadlines()
+                .link()
+                .note_startup_connection(peer);
         }
         (draining, path)
     }
@@ -152,7 +154,7 @@ impl Drain {
 
     /// The current phase.
     pub fn phase(&self) -> Phase {
-        self.inner.driver.phase()
+        self.inner.driver.progress().phase()
     }
 
     /// Resolves once the phase is `phase` or later.
@@ -161,7 +163,7 @@ impl Drain {
     ///
     /// Cancel safe.
     pub async fn reached(&self, phase: Phase) {
-        let mut rx = self.inner.driver.subscribe();
+        let mut rx = self.inner.driver.progress().subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
         let _ = rx.wait_for(|p| *p >= phase).await;
     }
@@ -293,7 +295,7 @@ impl Drain {
 
     /// The report, once the drain is Done.
     pub fn report(&self) -> Option<DrainReport> {
-        self.inner.driver.report()
+        self.inner.driver.record().report()
     }
 
     /// Resolves when the drain is Done, with its report. Does not start the drain.
@@ -317,33 +319,19 @@ impl Drain {
     /// stderr line only here, once.
     pub async fn run(&self) -> DrainReport {
         let driver = &self.inner.driver;
-        driver.note_owned_by_run();
+        driver.exit().own();
         self.install_signals();
         self.readiness().mark_serving();
-        let mut report = self.drained().await;
-        if !self.inner.signals.is_none() {
-            driver
-                .wait_for_stop_signal(&mut report, self.inner.signals.stop().as_str())
-                .await;
-        }
-        let settle = self.inner.exit.settle(driver.hard_deadline());
-        match driver.settle_cap() {
-            // Admin answers get what is left before the report's last write, which the
-            // watchdog waits for no longer than half the safety margin past the hard deadline.
-            Some(cap) => {
-                let _ = tokio::time::timeout_at(cap, settle).await;
-            }
-            None => settle.await,
-        }
-        // Admin connections whose peer did not take its answer, cut while settling.
-        report.stragglers.extend(self.inner.exit.take_cut());
-        driver.finish(report).await
+        let report = self.drained().await;
+        let signals = &self.inner.signals;
+        let stop = (!signals.is_none()).then(|| signals.stop().as_str());
+        driver.conclude(report, stop).await
     }
 
     /// Installs the configured OS signal handlers (once). [`run`](Self::run) calls it; call it
     /// yourself when you drive the lifecycle with [`drained`](Self::drained).
     pub fn install_signals(&self) {
-        if self.inner.signals.is_none() || !self.inner.driver.note_signals_installed() {
+        if self.inner.signals.is_none() || !self.inner.driver.exit().watch() {
             return;
         }
         // The signal thread holds the driver only: signals are a trigger source, they do not
@@ -356,7 +344,7 @@ impl Drain {
                     driver.on_signal(trigger, at, receipt.unix_ms, force)
                 }
                 crate::signal::Delivery::Ignored(name) => {
-                    driver.on_ignored_signal(name, at, receipt.unix_ms)
+                    driver.record().ignored_signal(name, at, receipt.unix_ms)
                 }
             }
         };

@@ -1,412 +1,449 @@
-//! The lifecycle, from the first trigger to Done: the budget's origin and deadlines, the
-//! propagation wait, stopping, the wait for zero, stragglers, closing, and the report.
+//! The lifecycle, from the first trigger to Done and the exit. [`Driver`] runs the phases in
+//! order — trigger, propagation wait, stop accepting, wait for zero, stragglers, closing,
+//! Done, the exit — each a short method over parts it owns, each a type with private fields
+//! in its own file: `Lifecycle` (the record: origin, trigger, timeline, report; the facts
+//! the report states), `Progress` (the phase, the counts, the log line, the observer),
+//! `Deadlines` (every deadline), `Commitment` (the propagation policy and its wait), `Exit`
+//! (the report's one writer, the watchdog, the exit holds) and `Tokens`.
 //!
 //! # Invariants
 //!
-//! * The first trigger wins: it fixes the budget's origin under the `state` lock, sets the
-//!   counter's draining flag, and spawns the one driver task. Later triggers only raise the
-//!   count of one `signal_received` event per trigger kind, so the timeline stays bounded
-//!   whatever the number of triggers; once the Done event is in, the timeline is final.
-//! * Every event is appended through one funnel, `Timeline::push` (`timeline.rs`), which
-//!   drops it once the timeline is final. Events after the start go through [`Driver::push`]
-//!   (one log line each, and the observer — the metrics, feature `metrics` — told), phase changes through
-//!   [`Driver::set_phase`]. Three appends log on their own or not at all: the start's events,
-//!   pushed under the same lock that fixes the origin (a concurrent trigger must see both);
-//!   the Kubernetes events seen before the trigger, added at 0 ms; and the watchdog's Done,
-//!   which must not log to the stderr that may be stalled.
-//! * The final report is written by exactly one of the driver and the watchdog thread: each
-//!   claims the `emission` flag with a compare-exchange before writing. Under `run` the
-//!   watchdog stays armed until the report's last write (after Done) is over, so no sink can
-//!   hold the exit past it.
-//! * The `state` mutex is never held across an `.await`, never taken on the request path,
-//!   and never held while another part's lock is taken, so it cannot deadlock.
-//! * Phases only move forward; each transition is published on a `watch` channel.
-//! * The deadlines only tighten: they are the budget's, moved earlier by a Pod deletion with a
-//!   shorter grace (the link, feature `kube`), and every wait re-reads them when the link
-//!   changes. The driver reads the link; only the watch writes it, through the handle.
+//! * The first trigger wins: it fixes the origin under the lifecycle's lock
+//!   (`Lifecycle::begin`), sets the counter's draining flag and spawns the one driver task;
+//!   later triggers only count (`timeline.rs`), so the timeline stays bounded.
+//! * Events after the start go through [`Driver::push`] (one log line each, the observer
+//!   told), into the timeline's one funnel, which drops them once Done is in. Three appends
+//!   log on their own or not at all: the start's events (under the lock that fixes the
+//!   origin), the Kubernetes events seen before the trigger (at 0 ms), and the watchdog's
+//!   Done, which must not log to the stderr that may be stalled.
+//! * A report is written at one site, by exactly one of the driver and the watchdog
+//!   (`exit.rs`); phases only move forward (`progress.rs`); deadlines only tighten.
+//! * No part's lock is held while another part's is taken, and the lifecycle's is never held
+//!   across an `.await` nor taken on the request path, so they cannot deadlock.
+//! * The lifecycle calls no add-on (it tells an [`Observer`]) and does not reach up into the
+//!   signal source: signals arrive through [`Driver::on_signal`], the stop signal by name.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use crate::budget::Budget;
 use crate::closers::Closers;
-use crate::evidence::Evidence;
 use crate::guard::{Core, Site};
-use crate::link::Link;
-use crate::phase::ReadinessWhileDraining;
-use crate::phase::{CommitReason, Event, EventKind, Phase, Trigger};
-use crate::propagation::Policy;
-use crate::readiness::SourceTable;
-use crate::report::EvidenceReport;
-use crate::report::{DrainReport, ServerReport, Sinks};
-use crate::sync::MutexExt;
+use crate::phase::{unix_ms_now, CommitReason, Event, EventKind, Phase, Trigger};
+use crate::report::{CloserResult, DrainReport, EvidenceReport, Outcome, Straggler};
 use crate::tasks::{TaskContext, Tasks};
 
-mod assemble;
+mod commit;
 mod deadlines;
 mod endpoints;
 mod exit;
+mod lifecycle;
 mod observer;
+mod progress;
+mod settings;
 mod status;
-mod steps;
+mod stragglers;
 mod timeline;
-mod trigger;
+mod tokens;
 
+use commit::Commitment;
+use deadlines::Deadlines;
+use exit::Exit;
+#[cfg(feature = "admin")]
 pub(crate) use exit::ExitHolds;
-pub(crate) use observer::{Observer, Sample};
-
+use lifecycle::{Begin, Draft, Ending, Lifecycle};
+pub(crate) use observer::Observer;
+#[cfg(feature = "metrics")]
+pub(crate) use observer::Sample;
+use progress::Progress;
+pub(crate) use settings::Settings;
 pub use status::{Status, STATUS_TIMELINE_LIMIT};
-
-/// The settings the builder validated, for the driver.
-pub(crate) struct Settings {
-    pub(crate) budget: Budget,
-    pub(crate) policy: Policy,
-    pub(crate) readiness: ReadinessWhileDraining,
-    pub(crate) probe_sources: SourceTable,
-    pub(crate) sinks: Sinks,
-    pub(crate) hurry_lead: Duration,
-    pub(crate) proxy_label: Option<String>,
-    /// An add-on that follows the lifecycle (the metrics), if one is built in.
-    pub(crate) observer: Option<Box<dyn Observer>>,
-}
-
-#[derive(Clone, Copy)]
-struct Origin {
-    at: Instant,
-    unix_ms: u64,
-}
-
-/// The driver's state, behind its one lock.
-#[derive(Default)]
-struct Lifecycle {
-    origin: Option<Origin>,
-    trigger: Option<Trigger>,
-    /// Every event of the drain, appended only through its `push`.
-    timeline: timeline::Timeline,
-    /// A signal arrived (any kind): after a `preStop` drain, `run` may return.
-    stop_seen: bool,
-    signals_installed: bool,
-    /// `run` owns the process: the stderr line is written once, at exit, with the exit event.
-    owned_by_run: bool,
-    /// Receipt of the signal that started the drain, and when the driver first ran (unix ms).
-    receipt: Option<u64>,
-    noticed: Option<u64>,
-    report: Option<DrainReport>,
-    /// The arrival-rate evidence taken at the trigger.
-    evidence: Option<Evidence>,
-    /// A startup gate exists: while Starting, the process says it is not ready.
-    gated: bool,
-    /// The first trigger came while a startup gate held the process in Starting: it was
-    /// never ready.
-    never_served: bool,
-    /// What the propagation commit went on, once it committed.
-    committed: Option<EvidenceReport>,
-    /// The accept loop's timeouts, when `serve` runs the accept loop.
-    server: Option<ServerReport>,
-    /// Signals that neither drain nor exit (SIGHUP, SIGUSR1) received before the drain: they
-    /// enter the timeline when it starts.
-    ignored_before: Vec<Event>,
-}
-
-/// The tokens the drain fires as it goes.
-#[derive(Debug, Default)]
-pub(crate) struct Tokens {
-    /// The drain started: stop taking new work.
-    pub(crate) drain: CancellationToken,
-    /// `stopped_accepting`: listeners close, streams end.
-    pub(crate) stop: CancellationToken,
-    /// `hurry_lead` before the quiesce deadline.
-    pub(crate) hurry: CancellationToken,
-    /// The quiesce deadline (or forced): force-close what is left.
-    pub(crate) deadline: CancellationToken,
-    /// Exit now.
-    pub(crate) force: CancellationToken,
-}
-
-// Who writes the final report: the driver and the watchdog must not both write it.
-const EMIT_NONE: u8 = 0;
-const EMIT_DRIVER: u8 = 1;
-const EMIT_WATCHDOG: u8 = 2;
+pub(crate) use tokens::Tokens;
 
 /// The lifecycle engine behind a [`Drain`](crate::Drain).
+#[derive(Debug)]
 pub(crate) struct Driver {
     pub(crate) core: &'static Core,
     /// `core`'s plain site, at hand for `Drain::enter` (one load fewer than `Core::plain`).
     pub(crate) plain: &'static Site,
-    pub(crate) budget: Budget,
-    policy: Policy,
-    readiness: ReadinessWhileDraining,
-    /// Who called `/readyz` and how each was classified (the readiness part writes it).
-    probe_sources: SourceTable,
-    sinks: Sinks,
-    hurry_lead: Duration,
-    proxy_label: Option<String>,
-    observer: Option<Box<dyn Observer>>,
-    phase: watch::Sender<Phase>,
-    state: Mutex<Lifecycle>,
+    progress: Progress,
+    state: Lifecycle,
+    deadlines: Deadlines,
+    commitment: Commitment,
     pub(crate) tokens: Tokens,
-    /// The quiesce deadline, set at the trigger and moved earlier by a shorter deletion grace
-    /// (what [`TaskContext::deadline`] reads).
-    quiesce_at: Arc<Mutex<Option<Instant>>>,
-    /// What the Kubernetes API says (feature `kube`): the slices' hold, the deletion's kill
-    /// time. The driver reads it; the watch writes it.
-    link: Link,
     forced: AtomicBool,
-    /// `EMIT_*`: who writes the final report (the loser of the swap backs off).
-    emission: AtomicU8,
-    /// `run`'s last write of the report is over: the watchdog stands down.
-    released: AtomicBool,
-    terminate_seen: Notify,
+    exit: Exit,
     pub(crate) tasks: Tasks,
     pub(crate) closers: Closers,
 }
 
-impl std::fmt::Debug for Driver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Driver")
-            .field("phase", &*self.phase.borrow())
-            .field("budget", &self.budget)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Driver {
-    pub(crate) fn new(core: &'static Core, settings: Settings) -> Self {
-        let Settings {
-            budget,
-            policy,
-            readiness,
-            probe_sources,
-            sinks,
-            hurry_lead,
-            proxy_label,
-            observer,
-        } = settings;
+    pub(crate) fn new(core: &'static Core, s: Settings) -> Self {
+        let commitment = Commitment::new(s.policy);
+        let tasks = Tasks::default();
         Self {
             core,
             plain: core.plain(),
-            budget,
-            policy,
-            readiness,
-            probe_sources,
-            sinks,
-            hurry_lead,
-            proxy_label,
-            observer,
-            phase: watch::channel(Phase::Starting).0,
-            state: Mutex::new(Lifecycle::default()),
+            progress: Progress::new(core, s.observer, tasks.tracker.clone()),
+            state: Lifecycle::new(s.readiness, s.probe_sources, s.proxy_label),
+            deadlines: Deadlines::new(s.budget, commitment.max(), s.hurry_lead),
+            commitment,
             tokens: Tokens::default(),
-            quiesce_at: Arc::default(),
-            link: Link::new(),
             forced: AtomicBool::new(false),
-            emission: AtomicU8::new(EMIT_NONE),
-            released: AtomicBool::new(false),
-            terminate_seen: Notify::new(),
-            tasks: Tasks::default(),
+            exit: Exit::new(s.sinks),
+            tasks,
             closers: Closers::default(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Lifecycle> {
-        // A panic while holding the lock leaves the state consistent (every write is a single
-        // push/assignment), so poisoning is ignored rather than spread.
-        self.state.locked()
+    /// The phase, the counts and the observer.
+    pub(crate) fn progress(&self) -> &Progress {
+        &self.progress
     }
 
-    // ---- phase and the one funnel ----
-
-    pub(crate) fn phase(&self) -> Phase {
-        self.core.phase()
+    /// The drain's record (timeline, report) and the facts it states.
+    pub(crate) fn record(&self) -> &Lifecycle {
+        &self.state
     }
 
-    pub(crate) fn subscribe(&self) -> watch::Receiver<Phase> {
-        self.phase.subscribe()
+    /// Every deadline, the budget and the link.
+    pub(crate) fn deadlines(&self) -> &Deadlines {
+        &self.deadlines
     }
 
-    /// Moves to `phase` and samples the metrics.
-    fn set_phase(&self, phase: Phase) {
-        // The mirror first: whoever the channel wakes reads the new phase from either.
-        self.core.set_phase(phase);
-        self.phase.send_modify(|p| *p = phase);
-        self.observe();
-    }
-
-    /// The lifecycle's counts now: what an observer is told.
-    pub(crate) fn sample(&self) -> Sample {
-        let af = self.core.observed().after_flip();
-        Sample {
-            phase: self.phase(),
-            in_flight: self.core.counter.count(),
-            connections: self.connections(),
-            tasks: self.tasks.len(),
-            requests_on_new: af.requests_on_new,
-            requests_on_reused: af.requests_on_reused,
-        }
-    }
-
-    /// Tells the observer (the metrics, feature `metrics`) the counts now: at lifecycle
-    /// events, never per request.
-    pub(crate) fn observe(&self) {
-        if let Some(o) = &self.observer {
-            o.sampled(&self.sample());
-        }
-    }
-
-    /// The table of `/readyz` callers, which the admin router writes.
-    #[cfg(feature = "admin")]
-    pub(crate) fn probe_sources(&self) -> &SourceTable {
-        &self.probe_sources
-    }
-
-    pub(crate) fn connections(&self) -> usize {
-        self.core.observed().connections()
-    }
-
-    /// An event of `kind`, now, timed from the origin.
-    fn event(&self, kind: EventKind) -> Event {
-        let o = self
-            .lock()
-            .origin
-            .expect("events are recorded after the origin is set");
-        let at = Instant::now().saturating_duration_since(o.at);
-        Event::new(kind, at, o.unix_ms + at.as_millis() as u64)
+    /// The end of the process: the report's writing, the watchdog, the exit holds.
+    pub(crate) fn exit(&self) -> &Exit {
+        &self.exit
     }
 
     /// Logs `e`, appends it to the timeline (until it is final) and samples the metrics.
     fn push(&self, e: Event) {
-        // One INFO line per lifecycle event (a production log tells the drain in a handful of
-        // lines); counts ride along so each line stands on its own.
-        tracing::info!(
-            event = e.event.as_str(),
-            at_ms = e.at_ms,
-            in_flight = self.core.counter.count(),
-            connections = self.connections(),
-            tasks = self.tasks.len(),
-            reason = e.reason.map(CommitReason::as_str),
-            name = e.name.as_deref(),
-            detail = e.detail.as_deref(),
-            "lameduck: {}",
-            e.event
-        );
-        {
-            let mut st = self.lock();
-            // Nothing is appended once the timeline is final (the report is built from it).
-            st.timeline.push(e);
-        }
-        self.observe();
+        self.progress.log(&e);
+        self.state.push(e);
+        self.progress.observe();
     }
 
-    /// An event of `kind` with a detail, through the funnel.
-    fn push_detail(&self, kind: EventKind, detail: impl Into<String>) {
-        let mut e = self.event(kind);
-        e.detail = Some(detail.into());
+    /// An event of `kind` now, with `detail` if any, through the funnel.
+    fn push_now(&self, kind: EventKind, detail: Option<&str>) {
+        let mut e = self.state.event(kind);
+        e.detail = detail.map(str::to_owned);
         self.push(e);
     }
 
-    // ---- before the trigger ----
-
-    /// A startup gate was created: Starting now means "not ready yet", not "nobody said".
-    pub(crate) fn note_startup_gate(&self) {
-        self.lock().gated = true;
-    }
-
-    /// Starting → Serving (once).
-    pub(crate) fn mark_serving(&self) {
-        let moved = self.phase.send_if_modified(|p| {
-            if *p == Phase::Starting {
-                self.core.set_phase(Phase::Serving);
-                *p = Phase::Serving;
-                true
-            } else {
-                false
-            }
-        });
-        if moved {
-            self.core.observed().mark_serving();
-            tracing::info!("lameduck: serving");
-            self.observe();
-        }
-    }
-
-    /// Records the accept loop's timeouts for the report (`server`).
-    #[cfg(feature = "http")]
-    pub(crate) fn note_server(&self, server: ServerReport) {
-        self.lock().server = Some(server);
-    }
-
-    /// The handlers are installed: the first trigger arms the watchdog. Returns `false` if
-    /// they already were.
-    pub(crate) fn note_signals_installed(&self) -> bool {
-        !std::mem::replace(&mut self.lock().signals_installed, true)
-    }
-
-    pub(crate) fn note_owned_by_run(&self) {
-        self.lock().owned_by_run = true;
-    }
-
     pub(crate) fn task_context(&self) -> TaskContext {
-        TaskContext {
-            drain: self.tokens.drain.clone(),
-            stop: self.tokens.stop.clone(),
-            hurry: self.tokens.hurry.clone(),
-            deadline: self.tokens.deadline.clone(),
-            quiesce_at: Arc::clone(&self.quiesce_at),
-        }
+        self.tokens.task_context(self.deadlines.task_deadline())
     }
 
-    pub(crate) fn is_forced(&self) -> bool {
+    fn is_forced(&self) -> bool {
         self.forced.load(Ordering::Acquire)
     }
 
-    // ---- what is known ----
-
-    fn origin(&self) -> Option<Origin> {
-        self.lock().origin
-    }
-
-    /// The quiesce deadline, once the drain has started (a shorter deletion grace moves it).
-    pub(crate) fn quiesce_deadline(&self) -> Option<Instant> {
-        self.origin().map(|o| self.deadlines(o.at).quiesce)
-    }
-
-    /// The hard deadline, once the drain has started (a shorter deletion grace moves it).
-    pub(crate) fn hard_deadline(&self) -> Option<Instant> {
-        self.origin().map(|o| self.deadlines(o.at).hard)
-    }
-
-    pub(crate) fn timeline(&self) -> Vec<Event> {
-        self.lock().timeline.events().to_vec()
-    }
-
-    pub(crate) fn report(&self) -> Option<DrainReport> {
-        self.lock().report.clone()
-    }
-
     /// The committed evidence, or while draining the evidence the policy waits on.
-    /// The propagation policy's settings, as the report gives them.
-    #[cfg(feature = "admin")] // read by the admin router's /drain
-    pub(crate) fn policy_report(&self) -> crate::report::PolicyReport {
-        self.policy.report()
+    pub(crate) fn evidence_now(&self) -> Option<EvidenceReport> {
+        let link = self.deadlines.link();
+        self.commitment.evidence_now(self.core, link, &self.state)
     }
 
-    pub(crate) fn evidence_now(&self) -> Option<EvidenceReport> {
-        let (evidence, committed, origin) = {
-            let st = self.lock();
-            (st.evidence.clone(), st.committed.clone(), st.origin)
-        };
-        if committed.is_some() {
-            return committed;
+    /// The snapshot, with `ready` and `ready_for_kubelet` as the readiness part says.
+    pub(crate) fn status(&self, phase: Phase, ready: bool, ready_for_kubelet: bool) -> Status {
+        let (sample, evidence) = (self.progress.sample(), self.evidence_now());
+        let readiness = (phase, ready, ready_for_kubelet);
+        self.state
+            .status(readiness, sample, &self.deadlines, evidence)
+    }
+
+    /// The propagation policy's settings, as the report gives them (for `/drain`).
+    #[cfg(feature = "admin")]
+    pub(crate) fn policy_report(&self) -> crate::report::PolicyReport {
+        self.commitment.report()
+    }
+
+    /// Records an event the API reported (an endpoint condition change, the deletion's
+    /// budget) at `at`: in the timeline once the drain started, kept for its start before.
+    #[cfg(feature = "kube")]
+    pub(crate) fn record_external(
+        &self,
+        kind: EventKind,
+        name: Option<String>,
+        detail: String,
+        at: Instant,
+        unix_ms: u64,
+    ) {
+        let (link, what) = (self.deadlines.link(), (kind, name, detail));
+        if let Some(e) = endpoints::external(link, self.state.origin(), what, at, unix_ms) {
+            self.push(e);
         }
-        let (mut evidence, origin) = (evidence?, origin?);
-        crate::propagation::Policy::refit(self.core, origin.at, &mut evidence);
-        let kind = self.policy.waiting_on(&evidence, self.link.hold());
-        let mut report = evidence.report(kind, crate::propagation::silence(self.core, origin.at));
-        self.endpoint_evidence(&mut report, origin.at);
-        Some(crate::report::evidence_json::fixed_only(report))
+    }
+
+    /// Starts the drain with its origin at `now` (a signal's receipt time), or records a later
+    /// trigger (a count per trigger kind). Returns `true` only for the first trigger.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        trigger: Trigger,
+        now: Instant,
+        unix_ms: u64,
+        from_signal: bool,
+    ) -> bool {
+        // Phases only move forward, so Starting now means never Serving before. Read before
+        // the lifecycle's lock: that lock is never held while another part's is taken.
+        let was_starting = self.progress.phase() == Phase::Starting;
+        let begin = Begin {
+            trigger,
+            at: now,
+            unix_ms,
+            from_signal,
+            was_starting,
+            evidence: || self.commitment.evidence_at(self.core, now),
+        };
+        if !self.state.begin(begin) {
+            return false;
+        }
+        self.deadlines.started(now);
+        if self.exit.is_watched() {
+            // Only a process that installed the handlers owns its exit.
+            let (at, writes) = self.deadlines.watchdog();
+            let driver = Arc::clone(self);
+            let fire = move |until| driver.watchdog_fire(until);
+            self.exit.arm_watchdog(now.into_std(), at, writes, fire);
+        }
+        let grace_ms = self.deadlines.budget().grace_period.as_millis() as u64;
+        let in_flight = self.core.counter.count();
+        self.state.log_start(trigger, in_flight, grace_ms);
+        self.core.start_draining();
+        self.progress.set(Phase::Draining);
+        self.tokens.drain.cancel();
+        let driver = Arc::clone(self);
+        let span = tracing::info_span!("lameduck_drain", trigger = trigger.as_str(), grace_ms);
+        let drive = async move {
+            // The runtime's notice, against the signal's receipt.
+            driver.state.note_noticed(unix_ms_now());
+            driver.drive(now).await
+        };
+        tokio::spawn(tracing::Instrument::instrument(drive, span));
+        true
+    }
+
+    /// A signal arrived (on the signal thread; `at` and `unix_ms` are its receipt): start the
+    /// drain from the receipt (or record it), let `run` return after a `preStop` drain, and
+    /// force the exit when the signal table says so.
+    pub(crate) fn on_signal(
+        self: &Arc<Self>,
+        trigger: Trigger,
+        at: Instant,
+        unix_ms: u64,
+        force: bool,
+    ) {
+        // Recorded before `run` is woken, so the report it completes holds this signal.
+        self.start(trigger, at, unix_ms, true);
+        self.exit.stop_arrived();
+        if force {
+            self.force();
+        }
+    }
+
+    /// Exit now: skip the remaining waits and the closers. `true` if this call forced it.
+    pub(crate) fn force(self: &Arc<Self>) -> bool {
+        if self.forced.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        if !self.core.counter.is_draining() {
+            self.start(Trigger::Api, Instant::now(), unix_ms_now(), false);
+        }
+        tracing::warn!("lameduck: drain forced, exiting now");
+        self.tokens.force.cancel();
+        true
+    }
+
+    /// The one driver task, spawned by the first trigger with its origin: each phase below in
+    /// turn, then the report. The deadlines are re-read at each step: a Pod deletion with a
+    /// shorter grace (feature `kube`) moves them earlier, also mid-drain; should the clock
+    /// refuse one, it is now (the drain ends early, named) rather than a panic.
+    async fn drive(self: Arc<Self>, origin: Instant) {
+        // Events the Kubernetes watch saw before the trigger (feature `kube`): they logged
+        // when seen, so they skip the funnel's line.
+        let early = endpoints::early_events(self.deadlines.link(), origin);
+        self.state.append(early);
+        self.arm_hurry(origin);
+        let reason = self.propagate(origin).await;
+        self.stop_accepting(reason);
+        let (stragglers, deadline_hit) = self.wait_for_zero(origin).await;
+        self.progress.set(Phase::Closing);
+        let closers = self.close(self.deadlines.hard(origin)).await;
+        let outcome = lifecycle::outcome(self.is_forced(), deadline_hit, &closers);
+        self.done(origin, (outcome, stragglers, closers)).await;
+    }
+
+    /// Fires the hurry token `hurry_lead` before the quiesce deadline (or with the deadline).
+    fn arm_hurry(self: &Arc<Self>, origin: Instant) {
+        let driver = Arc::clone(self);
+        // Holds the driver (to re-read the deadlines): not past the end of the drain.
+        tokio::spawn(async move {
+            let (tokens, phase) = (&driver.tokens, driver.progress.subscribe());
+            let hurry = driver
+                .deadlines
+                .hurry(origin, (&tokens.hurry, &tokens.deadline), phase);
+            hurry.await;
+        });
+    }
+
+    /// Step 1: waits for the propagation policy (or the force), records what it went on.
+    async fn propagate(&self, origin: Instant) -> CommitReason {
+        let evidence = self.state.evidence();
+        let max_at = || self.deadlines.max_at(origin);
+        let (link, force) = (self.deadlines.link(), &self.tokens.force);
+        let (core, commitment) = (self.core, &self.commitment);
+        let (reason, committed) = commitment
+            .wait(core, origin, evidence, link, max_at, force)
+            .await;
+        let mut e = self.state.event(EventKind::PropagationDone);
+        e.reason = Some(reason);
+        // The evidence rides on its event's log line and in the timeline.
+        e.detail = Some(committed.describe());
+        self.state.committed(committed);
+        self.push(e);
+        reason
+    }
+
+    /// Step 2: `stopped_accepting`, the late readiness flip, the stop token.
+    fn stop_accepting(&self, reason: CommitReason) {
+        let mut e = self.state.event(EventKind::StoppedAccepting);
+        e.reason = Some(reason);
+        self.push(e);
+        if let Some(detail) = self.state.flips_at_stop() {
+            self.push_now(EventKind::ReadinessFlipped, detail);
+        }
+        self.progress.set(Phase::StoppedAccepting);
+        self.tokens.stop.cancel();
+        self.tasks.tracker.close();
+    }
+
+    /// Step 3: waits for zero (requests and tasks), or the quiesce deadline, where what is
+    /// left is named and cut. Returns the stragglers and whether the deadline hit.
+    async fn wait_for_zero(&self, origin: Instant) -> (Vec<Straggler>, bool) {
+        let mut deadline_hit = false;
+        if !self.is_forced() {
+            let requests = async {
+                self.core.wait_zero().await;
+                self.push_now(EventKind::InFlightZero, None);
+            };
+            let tasks = async {
+                self.tasks.tracker.wait().await;
+                self.push_now(EventKind::TasksDone, None);
+            };
+            let both = async { tokio::join!(requests, tasks) };
+            tokio::select! {
+                _ = both => {}
+                () = self.deadlines.until_quiesce(origin) => deadline_hit = true,
+                () = self.tokens.force.cancelled() => {}
+            }
+        }
+        let mut stragglers = Vec::new();
+        if deadline_hit {
+            stragglers = self.cut_at_deadline(origin).await;
+        }
+        if self.is_forced() {
+            // What the force cuts is named, as at the deadline (unless the deadline came first).
+            if !deadline_hit {
+                stragglers = stragglers::collect(self.core, &self.tasks, Instant::now(), origin);
+            }
+            self.tokens.deadline.cancel();
+            self.tasks.abort_all();
+        }
+        (stragglers, deadline_hit)
+    }
+
+    /// The quiesce deadline: names what is left, fires the deadline token, and lets the tasks
+    /// recover (by the hard deadline) before they are aborted.
+    async fn cut_at_deadline(&self, origin: Instant) -> Vec<Straggler> {
+        let at = self.deadlines.quiesce(origin);
+        let mut stragglers = stragglers::collect(self.core, &self.tasks, at, origin);
+        let detail = format!("{} stragglers", stragglers.len());
+        self.push_now(EventKind::DeadlineExceeded, Some(&detail));
+        self.tokens.deadline.cancel();
+        let hard = self.deadlines.hard(origin);
+        stragglers::recover(&mut stragglers, &self.tasks, hard).await;
+        stragglers
+    }
+
+    /// Step 4: the closers, in reverse order (recorded `skipped` once forced).
+    async fn close(&self, hard: Instant) -> Vec<CloserResult> {
+        let closed = |r: &CloserResult| {
+            let mut e = self.state.event(EventKind::ResourceClosed);
+            e.name = Some(r.name.clone());
+            e.detail = Some(r.result.to_string());
+            self.push(e);
+        };
+        self.closers.run(hard, &self.tokens.force, closed).await
+    }
+
+    /// Step 5: the Done event, the report, its emission, then the phase.
+    async fn done(&self, origin: Instant, ending: Ending) {
+        self.push_now(EventKind::Done, Some(ending.0.as_str()));
+        self.state.freeze();
+        let mut report = self.build_report(origin, ending);
+        // Under `run`, the stderr line waits for the exit, so it is written once and complete.
+        let (stderr, until) = (
+            !self.exit.is_owned(),
+            self.exit.sink_deadline(&self.deadlines),
+        );
+        if !self.exit.emit(&mut report, stderr, until).await {
+            // The watchdog took over: it writes the report and exits the process.
+            return;
+        }
+        self.progress.done(&report);
+        self.state.set_report(report);
+        self.progress.set(Phase::Done);
+        // The report holds them now; the core block is leaked, its growth must not be.
+        self.core.release_drain_state();
+    }
+
+    /// The report of a drain that started at `origin`, with its advice.
+    fn build_report(&self, origin: Instant, (outcome, stragglers, closers): Ending) -> DrainReport {
+        self.state.build_report(Draft {
+            outcome,
+            after_flip: self.core.observed().after_flip_report(origin),
+            budget: self.deadlines.report(),
+            propagation: self.commitment.report(),
+            stragglers,
+            tasks: self.tasks.ended(),
+            closers,
+        })
+    }
+
+    /// The exit under `run`, once Done (see `Exit::conclude`).
+    pub(crate) async fn conclude(&self, report: DrainReport, stop: Option<&str>) -> DrainReport {
+        let stop = stop.filter(|_| !self.is_forced());
+        let parts = (&self.state, &self.deadlines);
+        let force = &self.tokens.force;
+        self.exit.conclude(report, stop, parts, force).await
+    }
+
+    /// The watchdog fired (half the safety margin past the hard deadline; its own writes are
+    /// bounded by `until`): if the drain is not Done, the runtime is starved, and a `forced`
+    /// report with what is known is written before the process exits (see
+    /// `Exit::watchdog_claims` for the other cases).
+    fn watchdog_fire(&self, until: std::time::Instant) {
+        let done = self.progress.phase() == Phase::Done;
+        let code = self.state.exit_code();
+        if !self.exit.watchdog_claims(done, code, until) {
+            return;
+        }
+        let Some(origin) = self.state.origin() else {
+            return;
+        };
+        let now = Instant::now();
+        let stragglers = stragglers::collect(self.core, &self.tasks, now, origin.at);
+        let mut e = origin.event_at(EventKind::Done, now);
+        e.detail = Some("forced: runtime starved".to_owned());
+        // Not through `push`: its log line may go to the very stderr that stalls.
+        self.state.push_last(e);
+        self.forced.store(true, Ordering::Release);
+        // Those not yet taken by the driver never ran.
+        let closers = self.closers.skipped_by_force();
+        let report = self.build_report(origin.at, (Outcome::Forced, stragglers, closers));
+        let (used, hard) = (now - origin.at, self.deadlines.budget().hard_deadline());
+        let exit = origin.event_at(EventKind::Exit, now);
+        self.exit.write_starved(report, (used, hard), exit, until);
     }
 }

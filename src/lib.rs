@@ -154,7 +154,6 @@ pub use self::server::{
 pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
 pub use closers::{BoxError, CloseOptions};
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use drain::metrics::Metrics;
 pub use drain::{
     Counts, Drain, DrainBuilder, Moments, Readiness, StartupGate, Tasks, PROXY_LABEL_ENV,

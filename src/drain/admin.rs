@@ -43,6 +43,6 @@ impl Drain {
 
     /// Answers owed to admin callers before the process exits.
     pub(crate) fn exit_holds(&self) -> &ExitHolds {
-        &self.inner.exit
+        self.inner.driver.exit().holds()
     }
 }

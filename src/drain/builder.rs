@@ -8,7 +8,6 @@ use tokio::time::Instant;
 
 use super::{Drain, Inner};
 use crate::budget::{Budget, DurationDisplay, GRACE_PERIOD_ENV};
-use crate::driver::ExitHolds;
 use crate::driver::{Driver, Settings};
 use crate::error::ConfigError;
 use crate::guard::Core;
@@ -253,13 +252,12 @@ impl DrainBuilder {
             }));
         }
         // The first sample, so the gauges exist before the first event.
-        driver.observe();
+        driver.progress().observe();
         Ok(Drain {
             inner: Arc::new(Inner {
                 readiness: ReadinessState::new(self.readiness),
                 driver,
                 signals,
-                exit: ExitHolds::default(),
             }),
         })
     }

@@ -37,7 +37,7 @@ impl<'a> Counts<'a> {
 
     /// Open connections on `lameduck::serve` listeners.
     pub fn connections(&self) -> usize {
-        self.drain.inner.driver.connections()
+        self.drain.inner.driver.progress().connections()
     }
 
     /// Background tasks still running.

@@ -11,7 +11,7 @@ use crate::phase::EventKind;
 impl Drain {
     /// The link the Kubernetes watch writes: where the slice evidence stands, the routing.
     pub(crate) fn link(&self) -> &Link {
-        self.inner.driver.link()
+        self.inner.driver.deadlines().link()
     }
 
     /// Records an event the API reported (an endpoint condition change, the deletion's
@@ -31,6 +31,6 @@ impl Drain {
 
     /// Records the deletion's kill time; `true` if it tightened the budget.
     pub(crate) fn tighten(&self, kill: Kill) -> bool {
-        self.inner.driver.tighten(kill)
+        self.inner.driver.deadlines().tighten(kill)
     }
 }

@@ -9,7 +9,6 @@ use crate::phase::Phase;
 
 impl Drain {
     /// The drain's metrics: sample them now, or on a period.
-    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn metrics(&self) -> Metrics<'_> {
         Metrics { drain: self }
     }
@@ -30,7 +29,6 @@ impl Drain {
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Copy, Debug)]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub struct Metrics<'a> {
     drain: &'a Drain,
 }
@@ -57,7 +55,7 @@ impl Metrics<'_> {
     /// # Ok(()) }
     /// ```
     pub fn record(&self) {
-        crate::drain_metrics::Recorder.sampled(&self.drain.inner.driver.sample());
+        crate::drain_metrics::Recorder.sampled(&self.drain.inner.driver.progress().sample());
     }
 
     /// Spawns a task that calls [`record`](Self::record) every `period`, for

@@ -76,27 +76,27 @@ impl<'a> Moments<'a> {
     /// [`deadline_exceeded`](Self::deadline_exceeded) fires. The same instant as
     /// [`TaskContext::deadline`](crate::TaskContext::deadline).
     pub fn quiesce_deadline(&self) -> Option<Instant> {
-        self.drain.inner.driver.quiesce_deadline()
+        self.drain.inner.driver.deadlines().quiesce_deadline()
     }
 
     /// The hard deadline (grace period minus safety margin), once the drain has started.
     pub fn hard_deadline(&self) -> Option<Instant> {
-        self.drain.inner.driver.hard_deadline()
+        self.drain.inner.driver.deadlines().hard_deadline()
     }
 
     /// The validated budget.
     pub fn budget(&self) -> Budget {
-        self.drain.inner.driver.budget
+        self.drain.inner.driver.deadlines().budget()
     }
 
     /// The timeline so far (empty before the drain starts).
     pub fn timeline(&self) -> Vec<Event> {
-        self.drain.inner.driver.timeline()
+        self.drain.inner.driver.record().timeline()
     }
 
     /// A receiver that sees every phase change; `rx.wait_for(|p| *p >= Phase::Closing)` awaits
     /// a phase (as [`Drain::reached`] does).
     pub fn subscribe(&self) -> watch::Receiver<Phase> {
-        self.drain.inner.driver.subscribe()
+        self.drain.inner.driver.progress().subscribe()
     }
 }

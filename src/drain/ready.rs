@@ -103,7 +103,7 @@ impl<'a> Readiness<'a> {
         let drain = self.drain;
         let name = name.into();
         let index = drain.inner.readiness.add_gate(name.clone());
-        drain.inner.driver.note_startup_gate();
+        drain.inner.driver.record().note_gate();
         if drain.phase() != Phase::Starting {
             tracing::warn!(gate = %name, "lameduck: startup gate created after startup; it only affects readiness reporting");
         }
@@ -176,7 +176,7 @@ impl<'a> Readiness<'a> {
 impl Drain {
     fn maybe_serving(&self) {
         if self.inner.readiness.all_gates_open() {
-            self.inner.driver.mark_serving();
+            self.inner.driver.progress().mark_serving();
         }
     }
 
@@ -192,6 +192,7 @@ impl Drain {
         let phase = self.phase();
         self.inner
             .driver
+            .record()
             .probe_sources()
             .record(probe, phase == Phase::Draining);
         self.readiness_in(phase, probe.caller(), &probe.describe())

@@ -1,15 +1,9 @@
 //! `/status`: a snapshot of the coordinator.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 
-use super::Driver;
-use crate::phase::ReadinessWhileDraining;
-use crate::phase::{Event, Phase, Trigger};
-use crate::report::BudgetReport;
-use crate::report::EvidenceReport;
-use crate::report::ProbeSources;
+use crate::phase::{Event, Phase, ReadinessWhileDraining, Trigger};
+use crate::report::{BudgetReport, EvidenceReport, ProbeSources};
 
 /// The most events `/status` (and `/drain`) carry; the rest are counted in
 /// [`Status::timeline_omitted`].
@@ -58,43 +52,4 @@ pub struct Status {
     /// [`ReadinessWhileDraining::Auto`]).
     #[serde(default, skip_serializing_if = "ProbeSources::is_empty")]
     pub probe_sources: ProbeSources,
-}
-
-impl Driver {
-    /// The snapshot, with `ready` and `ready_for_kubelet` as the readiness part says.
-    pub(crate) fn status(&self, phase: Phase, ready: bool, ready_for_kubelet: bool) -> Status {
-        let (trigger, timeline, timeline_omitted, origin) = {
-            let st = self.lock();
-            let all = st.timeline.events();
-            let (timeline, omitted) = if all.len() <= STATUS_TIMELINE_LIMIT {
-                (all.to_vec(), 0)
-            } else {
-                // The start and the end say the most: keep both halves, count the middle.
-                let half = STATUS_TIMELINE_LIMIT / 2;
-                let mut kept = all[..half].to_vec();
-                kept.extend_from_slice(&all[all.len() - half..]);
-                (kept, all.len() - STATUS_TIMELINE_LIMIT)
-            };
-            (st.trigger, timeline, omitted, st.origin)
-        };
-        let used = origin.map_or(Duration::ZERO, |o| o.at.elapsed());
-        Status {
-            phase,
-            ready,
-            ready_for_kubelet,
-            trigger,
-            in_flight: self.core.counter.count(),
-            connections: self.connections(),
-            tasks: self.tasks.len(),
-            readiness_policy: self.readiness,
-            budget: BudgetReport {
-                deletion: origin.and_then(|o| self.deadlines_report(o.at)),
-                ..BudgetReport::new(&self.budget, used)
-            },
-            timeline,
-            timeline_omitted,
-            evidence: self.evidence_now(),
-            probe_sources: self.probe_sources.snapshot(),
-        }
-    }
 }
