@@ -3,6 +3,8 @@
 use super::Drain;
 use crate::driver::ExitHolds;
 use crate::phase::Phase;
+use crate::readiness::sources::classify::ProbeCaller;
+use crate::readiness::ReadinessAnswer;
 
 impl Drain {
     /// Says, once per call, that a `/drain` caller is about to wait on weak evidence: the
@@ -44,5 +46,17 @@ impl Drain {
     /// Answers owed to admin callers before the process exits.
     pub(crate) fn exit_holds(&self) -> &ExitHolds {
         self.inner.driver.exit().holds()
+    }
+
+    /// Readiness as a classified `/readyz` caller sees it; the caller is counted in the table
+    /// of probe sources.
+    pub(crate) fn readiness_for_probe(&self, probe: &ProbeCaller) -> ReadinessAnswer {
+        let phase = self.phase();
+        self.inner
+            .driver
+            .record()
+            .probe_sources()
+            .record(probe, phase == Phase::Draining);
+        self.readiness_in(phase, probe.caller(), &probe.describe())
     }
 }

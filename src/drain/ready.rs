@@ -5,8 +5,6 @@ use std::sync::Arc;
 use super::Drain;
 use crate::phase::Phase;
 use crate::phase::ReadinessWhileDraining;
-#[cfg(feature = "admin")]
-use crate::readiness::sources::classify::ProbeCaller;
 use crate::readiness::{Caller, ReadinessAnswer};
 
 /// A startup gate: readiness stays false until every gate is [`open`](Self::open)ed.
@@ -185,22 +183,9 @@ impl Drain {
         self.readiness_in(self.phase(), caller, caller.describe())
     }
 
-    /// Readiness as a classified `/readyz` caller sees it; the caller is counted in the table
-    /// of probe sources.
-    #[cfg(feature = "admin")]
-    pub(crate) fn readiness_for_probe(&self, probe: &ProbeCaller) -> ReadinessAnswer {
-        let phase = self.phase();
-        self.inner
-            .driver
-            .record()
-            .probe_sources()
-            .record(probe, phase == Phase::Draining);
-        self.readiness_in(phase, probe.caller(), &probe.describe())
-    }
-
     /// Readiness in `phase` as `caller` (described as `who`) sees it, with the propagation
     /// evidence once draining.
-    fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> ReadinessAnswer {
+    pub(super) fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> ReadinessAnswer {
         let evidence = if phase >= Phase::Draining {
             self.inner.driver.evidence_now().map(|e| e.describe())
         } else {
