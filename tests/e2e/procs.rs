@@ -10,11 +10,23 @@ use std::time::{Duration, Instant};
 use lameduck::DrainReport;
 
 /// A loopback port that was free a moment ago.
+///
+/// Never the same port twice in this process: the tests run in parallel threads, and a port
+/// one of them picked but has not bound yet (a free HAProxy slot that must be seen DOWN) is
+/// free to the kernel until then.
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        if GIVEN.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
+    panic!("no loopback port this process has not handed out before in 1000 tries")
 }
 
 /// `Some(path)` if `name` is installed. When it is missing the tests say so loudly, and fail
