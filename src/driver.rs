@@ -171,7 +171,7 @@ impl Driver {
         unix_ms: u64,
     ) {
         let (link, what) = (self.deadlines.link(), (kind, name, detail));
-        if let Some(e) = endpoints::external(link, self.state.origin(), what, at, unix_ms) {
+        if let Some(e) = link.external(self.state.origin().map(|o| o.at), what, at, unix_ms) {
             self.push(e);
         }
     }

@@ -195,14 +195,6 @@ impl Link {
         }
     }
 
-    /// A new connection accepted before the trigger: a sample of the proxies' delay while
-    /// the startup measurement runs, one relaxed load otherwise.
-    #[inline]
-    #[cfg(feature = "http")]
-    pub(crate) fn note_startup_connection(&self, peer: Option<std::net::SocketAddr>) {
-        self.startup.note(peer);
-    }
-
     /// The allowance in force and where it came from.
     fn allowance(&self, st: &State) -> (Duration, AllowanceSource) {
         if st.configured {

@@ -46,32 +46,3 @@ pub(super) fn endpoint_evidence(link: &Link, report: &mut EvidenceReport, origin
         report.max_reason = Some(MaxReason::EndpointSliceStillRouting);
     }
 }
-
-/// An event the API reported (an endpoint condition change, the deletion's budget) at `at`:
-/// the event for the timeline once the drain started at `origin`; before, logged and kept in
-/// the link for the drain's start.
-#[cfg(feature = "kube")]
-pub(super) fn external(
-    link: &Link,
-    origin: Option<super::lifecycle::Origin>,
-    (kind, name, detail): (crate::phase::EventKind, Option<String>, String),
-    at: Instant,
-    unix_ms: u64,
-) -> Option<Event> {
-    let Some(origin) = origin else {
-        tracing::info!(event = kind.as_str(), name = name.as_deref(), detail = %detail, "lameduck: {kind}");
-        let early = crate::link::Early {
-            kind,
-            at,
-            unix_ms,
-            name,
-            detail,
-        };
-        link.push_early(early);
-        return None;
-    };
-    let mut e = Event::new(kind, at.saturating_duration_since(origin.at), unix_ms);
-    e.name = name;
-    e.detail = Some(detail);
-    Some(e)
-}

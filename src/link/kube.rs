@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{Early, Kill, Link, Routing, Source, Startup};
+use crate::phase::{Event, EventKind};
 
 /// At most this many events from before the trigger are kept (the latest ones).
 const EARLY_LIMIT: usize = 16;
@@ -71,6 +74,34 @@ impl Link {
             st.early.remove(0);
         }
         st.early.push(e);
+    }
+
+    /// An event the API reported (an endpoint condition change, the deletion's budget) at
+    /// `at`: the event for the timeline once the drain started at `origin`; before, logged and
+    /// kept here for the drain's start.
+    pub(crate) fn external(
+        &self,
+        origin: Option<Instant>,
+        (kind, name, detail): (EventKind, Option<String>, String),
+        at: Instant,
+        unix_ms: u64,
+    ) -> Option<Event> {
+        let Some(origin) = origin else {
+            tracing::info!(event = kind.as_str(), name = name.as_deref(), detail = %detail, "lameduck: {kind}");
+            let early = Early {
+                kind,
+                at,
+                unix_ms,
+                name,
+                detail,
+            };
+            self.push_early(early);
+            return None;
+        };
+        let mut e = Event::new(kind, at.saturating_duration_since(origin), unix_ms);
+        e.name = name;
+        e.detail = Some(detail);
+        Some(e)
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::{Startup, WINDOW};
+use crate::link::Link;
 
 /// Peers remembered before the listing (to leave them out after it).
 const BEFORE_LIMIT: usize = 64;
@@ -52,5 +53,14 @@ impl Startup {
                 }
             }
         }
+    }
+}
+
+impl Link {
+    /// A new connection accepted before the trigger: a sample of the proxies' delay while
+    /// the startup measurement runs, one relaxed load otherwise.
+    #[inline]
+    pub(crate) fn note_startup_connection(&self, peer: Option<SocketAddr>) {
+        self.startup.note(peer);
     }
 }
