@@ -64,8 +64,8 @@ pub(super) fn tasks_cut(cx: &Ctx<'_>) -> Option<Advice> {
         format!(
             "{tasks_cut} background tasks were still running at the quiesce deadline{with}: a task \
              from spawn needs a way to finish sooner (or a longer grace_period); one from \
-             spawn_cancellable must return once its stop signal fires — these did not — or \
-             hand its work back in a recovery action (spawn_with_recovery)"
+             tasks().spawn_cancellable must return once its stop signal fires — these did not \
+             — or hand its work back in a recovery action (tasks().spawn_with_recovery)"
         )
     };
     Some(advice(
@@ -131,7 +131,7 @@ pub(super) fn closers_skipped(cx: &Ctx<'_>) -> Option<Advice> {
         format!(
             "{} closers were skipped, with no time left before the hard deadline: {}; \
              raise close_budget, bound the closers before them, or mark them critical \
-             (CloseOptions::critical)",
+             (tasks().on_close_with and CloseOptions::critical)",
             skipped.len(),
             skipped.join(", ")
         ),
