@@ -194,8 +194,7 @@ impl Observed {
 impl Observed {
     /// What was counted after the drain started at `origin`, as the report shows it.
     pub(crate) fn after_flip_report(&self, origin: Instant) -> AfterFlipReport {
-        let observed = self;
-        let mut peers: Vec<PeerCount> = observed
+        let mut peers: Vec<PeerCount> = self
             .peers()
             .into_iter()
             .map(|(ip, n)| PeerCount {
@@ -209,7 +208,7 @@ impl Observed {
                 .then(a.peer.cmp(&b.peer))
         });
         peers.truncate(10);
-        let counts = observed.after_flip();
+        let counts = self.after_flip();
         AfterFlipReport {
             new_connections: counts.new_connections,
             requests_on_new_connections: counts.requests_on_new,
@@ -218,7 +217,7 @@ impl Observed {
                 .last_new_connection
                 .map(|t| t.saturating_duration_since(origin).as_millis() as u64),
             peers,
-            paths: observed
+            paths: self
                 .paths()
                 .into_iter()
                 .map(|(path, on_new, on_reused)| PathCount {

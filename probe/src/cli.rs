@@ -223,9 +223,10 @@ where
     let flags = match RunFlags::try_parse_from(argv) {
         Ok(flags) => flags,
         Err(e) => {
-            return clap_outcome::<()>(e).map(|p| match p {
+            return clap_outcome(e).map(|p| match p {
+                Parsed::Args(command) => command,
+                Parsed::Help => Command::Help,
                 Parsed::Version => Command::Version,
-                _ => Command::Help,
             })
         }
     };

@@ -21,17 +21,6 @@ pub enum Parsed<T> {
     Version,
 }
 
-impl Parsed<std::convert::Infallible> {
-    /// Help or version, for a command whose arguments were not parsed.
-    pub(crate) fn widen<T>(self) -> Parsed<T> {
-        match self {
-            Parsed::Args(never) => match never {},
-            Parsed::Help => Parsed::Help,
-            Parsed::Version => Parsed::Version,
-        }
-    }
-}
-
 /// A command-line mistake, with what to type instead.
 ///
 /// `Display` is one lowercase line, e.g. `--duration: "30" has no unit; write it like 30s,
@@ -70,10 +59,10 @@ impl From<ConfigError> for CliError {
 
 /// Parses the flags of the sub-command `name`: `Err` holds what to do instead (its help, the
 /// version, or the one-line message).
-pub(crate) fn subcommand_flags<F: clap::Parser>(
+pub(crate) fn subcommand_flags<F: clap::Parser, T>(
     name: &str,
     args: &[String],
-) -> Result<F, Result<Parsed<std::convert::Infallible>, CliError>> {
+) -> Result<F, Result<Parsed<T>, CliError>> {
     let argv = std::iter::once(name.to_owned()).chain(args.iter().cloned());
     F::try_parse_from(argv).map_err(clap_outcome)
 }

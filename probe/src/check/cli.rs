@@ -179,7 +179,7 @@ fn parse_mode(v: &str) -> Result<ConnectionMode, String> {
 pub fn parse_check(args: &[String]) -> Result<Parsed<CheckArgs>, CliError> {
     let flags: CheckFlags = match subcommand_flags("check", args) {
         Ok(flags) => flags,
-        Err(done) => return done.map(Parsed::widen),
+        Err(done) => return done,
     };
     let fail = |m: String| Err(CliError::new(m));
     if flags.command.is_empty() {

@@ -51,7 +51,7 @@ pub fn correlate_usage() -> String {
 pub(crate) fn parse_correlate(args: &[String]) -> Result<Parsed<CorrelateArgs>, CliError> {
     let flags: CorrelateFlags = match subcommand_flags("correlate", args) {
         Ok(flags) => flags,
-        Err(done) => return done.map(Parsed::widen),
+        Err(done) => return done,
     };
     let reports = flags
         .report
