@@ -103,6 +103,15 @@
 //! * Connections that never reach this process (refused by a full backlog).
 //! * Requests on an HTTP/2 connection opened during the drain, after its first: only its
 //!   opening counts (it keeps its requests until the commit).
+
+//! * **When a lazy pool reconnects.** The pool wait assumes a closed kept connection
+//!   reconnects about as soon as the pool reused its connections. A pool that takes its most
+//!   recent idle connection first and opens one only when none is idle (hyper's) reconnects
+//!   at its next concurrency peak instead, however late: in the simulation's
+//!   most-recent-first pools three of four rows lose 0.5–3.5 % of their drains on evidence,
+//!   far above ε (BENCHMARKS.md §8, "Pools that take their most recent connection first").
+//!   Until the rule changes, a service whose clients keep such pools behind an L4 proxy
+//!   should rely on the EndpointSlice (feature `kube`) or a fixed delay.
 //!
 //! # Invariants
 //!

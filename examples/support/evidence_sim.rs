@@ -871,3 +871,214 @@ pub(crate) fn simulate_scenario(scenario: &Scenario, n: u64, seed: u64) -> Summa
     let runs: Vec<Run> = (0..n).map(|_| run_scenario(scenario, &mut rng)).collect();
     summarize(&runs)
 }
+
+// ---- A pool that takes its most recently returned idle connection first ----
+
+/// A client pool that takes its most recently returned idle connection first (hyper's does):
+/// requests at `rate` per second, each lasting an exponential time of mean `service` seconds,
+/// and, with `burst`, `size` more at once every `period` seconds (at a random phase), the
+/// concurrency peaks that reach the connections parked at the bottom of its stack. A request
+/// that finds no idle connection opens one through the proxy: it lands here with chance
+/// 1/`endpoints` while the proxy routes here, else elsewhere. Nothing idles out in a run.
+/// After the trigger a connection here is closed after its response (`Connection: close`),
+/// and at the commit every one still open is closed; the pool then opens connections again
+/// only when a peak needs them — which is when a parked connection's close costs a request,
+/// if that new connection lands here after the commit while the proxy still routes here.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lifo {
+    pub(crate) rate: f64,
+    pub(crate) service: f64,
+    pub(crate) burst: Option<(f64, u32)>,
+    pub(crate) endpoints: u32,
+}
+
+impl Lifo {
+    pub(crate) fn name(&self) -> String {
+        format!(
+            "most-recent-first pool, {}/s of {} ms{} ({} endpoints)",
+            self.rate,
+            self.service * 1000.0,
+            self.burst.map_or(String::new(), |(period, size)| format!(
+                " + {size} at once every {period} s"
+            )),
+            self.endpoints
+        )
+    }
+
+    /// Every request from `from` to `horizon`: start, duration, and the coin that says where a
+    /// connection it opens lands (here when below 1/`endpoints`).
+    fn requests(&self, rng: &mut Rng, from: f64, horizon: f64) -> Vec<(f64, f64, f64)> {
+        let mut starts = Vec::new();
+        poisson(rng, self.rate, from, horizon, &mut starts);
+        if let Some((period, size)) = self.burst {
+            let mut t = from + rng.uniform(0.0, period);
+            while t < horizon {
+                starts.extend((0..size).map(|i| t + 1e-5 * f64::from(i)));
+                t += period;
+            }
+        }
+        starts.sort_by(f64::total_cmp);
+        starts
+            .into_iter()
+            .map(|t| (t, rng.exp(1.0 / self.service), rng.unit()))
+            .collect()
+    }
+}
+
+/// One connection of a [`Lifo`] pool.
+struct LifoConn {
+    here: bool,
+    open: bool,
+    /// Told to close: it closes after the response in flight.
+    closing: bool,
+}
+
+/// Plays a [`Lifo`] pool's requests against this process triggered at `trigger`, its proxy
+/// routing here until `stop`, the drain committing at `commit` (`None`: never). Returns the
+/// arrivals here on `path`, and whether a connection landed here after the commit.
+fn lifo_play(
+    pool: &Lifo,
+    requests: &[(f64, f64, f64)],
+    path: u16,
+    (trigger, stop, commit): (f64, f64, Option<f64>),
+) -> (Vec<(f64, u16, What)>, bool) {
+    let mut out = Vec::new();
+    let mut conns: Vec<LifoConn> = Vec::new();
+    let mut idle: Vec<usize> = Vec::new();
+    // (end, connection) of the requests in flight.
+    let mut busy: Vec<(f64, usize)> = Vec::new();
+    let mut committed = false;
+    for &(t, dur, coin) in requests {
+        // Responses that ended by now: the connection goes back on top of the stack, or
+        // closes when it was told to.
+        busy.sort_by(|a, b| b.0.total_cmp(&a.0));
+        while busy.last().is_some_and(|&(end, _)| end <= t) {
+            let (end, k) = busy.pop().expect("checked");
+            let c = &mut conns[k];
+            if c.closing && c.open {
+                c.open = false;
+                out.push((end, path, What::Close));
+            } else if c.open {
+                idle.push(k);
+            }
+        }
+        if let Some(at) = commit.filter(|&at| !committed && t >= at) {
+            committed = true;
+            for c in conns.iter_mut().filter(|c| c.here && c.open) {
+                c.open = false;
+                out.push((at, path, What::Close));
+            }
+        }
+        let k = loop {
+            match idle.pop() {
+                Some(k) if conns[k].open => break Some(k),
+                Some(_) => continue,
+                None => break None,
+            }
+        };
+        let k = match k {
+            Some(k) => {
+                let c = &mut conns[k];
+                if c.here {
+                    out.push((t, path, What::Request));
+                    c.closing |= t >= trigger;
+                }
+                k
+            }
+            None => {
+                let here = t < stop && coin < 1.0 / f64::from(pool.endpoints);
+                if here && committed {
+                    return (out, true);
+                }
+                if here {
+                    out.push((t, path, What::Open));
+                }
+                conns.push(LifoConn {
+                    here,
+                    open: true,
+                    closing: here && t >= trigger,
+                });
+                conns.len() - 1
+            }
+        };
+        busy.push((t + dur, k));
+    }
+    (out, false)
+}
+
+/// The most-recent-first pools the simulation covers.
+pub(crate) fn lifo_pools() -> Vec<Lifo> {
+    vec![
+        Lifo {
+            rate: 20.0,
+            service: 0.05,
+            burst: None,
+            endpoints: 2,
+        },
+        Lifo {
+            rate: 20.0,
+            service: 0.05,
+            burst: Some((5.0, 8)),
+            endpoints: 2,
+        },
+        Lifo {
+            rate: 50.0,
+            service: 0.1,
+            burst: Some((2.0, 4)),
+            endpoints: 3,
+        },
+        Lifo {
+            rate: 5.0,
+            service: 0.2,
+            burst: Some((20.0, 16)),
+            endpoints: 2,
+        },
+    ]
+}
+
+/// One drain with a [`Lifo`] pool on one path, at a random trigger, its proxy converging
+/// log-uniform 0.2–40 s after it.
+pub(crate) fn run_lifo(pool: &Lifo, rng: &mut Rng) -> Run {
+    let trigger = rng.uniform(40.0, 70.0);
+    let (from, horizon) = (trigger - 60.0, trigger + 70.0);
+    let stop = trigger + rng.log_uniform(0.2, 40.0);
+    let requests = pool.requests(rng, from, horizon);
+    let (mut out, _) = lifo_play(pool, &requests, 0, (trigger, stop, None));
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let arrivals: Vec<Arrival> = out
+        .iter()
+        .map(|&(t, path, what)| Arrival::new(Duration::from_secs_f64(t.max(0.0)), path, what))
+        .collect();
+    let o = drain(
+        &arrivals,
+        Duration::from_secs_f64(trigger),
+        &Propagation::default(),
+        Duration::from_secs(30),
+    )
+    .expect("the default policy");
+    let commit = o.commit.as_secs_f64();
+    let lost_at = |c: f64| lifo_play(pool, &requests, 0, (trigger, stop, Some(trigger + c))).1;
+    if std::env::var("SIM_DEBUG").is_ok() && lost_at(commit) && o.kind() != EvidenceKind::Max {
+        let p = &o.evidence.paths[0];
+        eprintln!(
+            "lost: commit {commit:.2} stop {:.2} {:?} open {} new {} open_now {} wait {:?} reused {:?} t_conf {:?}",
+            stop - trigger, p.routing, p.open_at_trigger, p.new_after_trigger, p.open_now,
+            p.pool_wait_ms, p.kept_reused, p.t_conf_ms
+        );
+    }
+    Run {
+        proxy: stop - trigger,
+        commit,
+        kind: o.kind(),
+        rule: o.evidence.rule,
+        lost: lost_at(commit),
+        lost_sleep: lost_at(SLEEP),
+    }
+}
+
+/// Runs `n` drains with `pool`, seeded by `seed`.
+pub(crate) fn simulate_lifo(pool: &Lifo, n: u64, seed: u64) -> Summary {
+    let mut rng = Rng::new(seed);
+    let runs: Vec<Run> = (0..n).map(|_| run_lifo(pool, &mut rng)).collect();
+    summarize(&runs)
+}

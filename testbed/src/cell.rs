@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lameduck_probe::{
-    ConnectionMode, HttpVersion, OnOff, Outcome, Probe, ProbeConfig, ProbeResult,
+    ConnectionMode, Failure, HttpVersion, OnOff, Outcome, Probe, ProbeConfig, ProbeResult,
 };
 use serde::Serialize;
 
@@ -20,11 +20,13 @@ use crate::real;
 
 mod config;
 mod control;
+mod late;
 mod result;
 mod spec;
 
 pub use config::*;
 use control::{control, control_real};
+pub use late::{ConnectFailure, LateArrival};
 pub use result::*;
 pub use spec::*;
 

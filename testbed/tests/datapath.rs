@@ -90,6 +90,14 @@ fn describe(r: &CellResult) -> String {
     )
 }
 
+/// A lameduck cell's drains: no connection arrived through a proxy that still routed to a
+/// Pod whose drain had committed (each named, with its node), and nothing lost at all.
+fn assert_drains_clean(r: &CellResult) {
+    if let Err(e) = r.check_drains() {
+        panic!("{e}: {}", describe(r));
+    }
+}
+
 #[test]
 fn lameduck_loses_nothing_in_dense_cells() {
     let results = run(&[
@@ -121,7 +129,7 @@ fn lameduck_loses_nothing_in_dense_cells() {
             "too little traffic: {}",
             describe(r)
         );
-        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        assert_drains_clean(r);
         assert_eq!(r.pods.len(), 2, "two Pods rolled: {}", describe(r));
         assert!(
             r.pods.iter().all(|p| p.drain_ms.is_some()),
@@ -160,7 +168,7 @@ fn lameduck_loses_nothing_pool_and_fresh_slow_proxy() {
             "too little traffic: {}",
             describe(r)
         );
-        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        assert_drains_clean(r);
         for p in &r.pods {
             let (Some(update), Some(exit)) = (p.steps.proxy_update_ms, p.steps.exit_ms) else {
                 panic!("no proxy update or no exit seen: {}", describe(r));
@@ -214,7 +222,7 @@ fn lameduck_loses_nothing_sparse_slow_proxy() {
         Shape::Fresh,
     )]);
     for r in &results {
-        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        assert_drains_clean(r);
         assert!(
             r.pods
                 .iter()
@@ -237,7 +245,7 @@ fn lameduck_loses_nothing_single_replica_eviction() {
             "too little traffic: {}",
             describe(r)
         );
-        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        assert_drains_clean(r);
     }
 }
 
@@ -281,7 +289,7 @@ fn lameduck_loses_nothing_on_off_eviction_slow_proxy() {
             "too little traffic: {}",
             describe(r)
         );
-        assert!(r.clean(), "lameduck lost requests: {}", describe(r));
+        assert_drains_clean(r);
         for p in &r.pods {
             let (Some(update), Some(exit)) = (p.steps.proxy_update_ms, p.steps.exit_ms) else {
                 panic!("no proxy update or no exit seen: {}", describe(r));
@@ -301,7 +309,10 @@ fn lameduck_loses_nothing_on_off_eviction_slow_proxy() {
 /// connections from its own clients. Silence in the total after node 1 converged proves
 /// nothing about node 2: the drain must outlast the slowest node's update, and every Pod's
 /// exit is checked against it. Also the naive baseline on the same layout, which must lose
-/// requests through both nodes' rules for the cell to tell anything.
+/// requests through both nodes' rules for the cell to tell anything. And the check that a
+/// drain never committed while a proxy still routed to it and a connection arrived, shown to
+/// fail: lameduck with `--max 2s` (the drain leaves at the fast node's convergence) and node
+/// 2's clients at 4 fresh connections/s, so that connections do arrive through it meanwhile.
 #[test]
 fn two_nodes_the_drain_outlasts_the_slowest_proxy() {
     let layout = lameduck_testbed::matrix::node_layouts()
@@ -312,18 +323,37 @@ fn two_nodes_the_drain_outlasts_the_slowest_proxy() {
     lameduck.nodes = layout.clone();
     lameduck.grace = Duration::from_secs(30);
     let mut naive = CellConfig::new(Server::Naive);
-    naive.nodes = layout;
+    naive.nodes = layout.clone();
     naive.grace = Duration::from_secs(30);
-    let results = run(&[lameduck, naive]);
-    let Some((l, n)) = results.first().zip(results.get(1)) else {
+    let mut cut_short = lameduck.clone();
+    cut_short.lameduck_flags = vec!["--max".into(), "2s".into()];
+    if let Some(c) = cut_short.nodes[1].clients.as_mut() {
+        c.rate = 4.0;
+    }
+    let results = run(&[lameduck, naive, cut_short]);
+    let [l, n, cut] = results.as_slice() else {
         return;
     };
+    let late = cut.late_arrivals();
+    assert!(
+        late.iter().any(|a| a.node.as_deref() == Some("node2")),
+        "lameduck with `--max 2s` committed before node 2's proxy converged, yet the check \
+         found no connection that arrived through it meanwhile: {}",
+        describe(cut)
+    );
+    println!(
+        "the late-arrival check on the drains cut short ({} found):",
+        late.len()
+    );
+    for a in &late {
+        println!("  {a}");
+    }
     assert!(
         l.counts.requests > 100,
         "too little traffic: {}",
         describe(l)
     );
-    assert!(l.clean(), "lameduck lost requests: {}", describe(l));
+    assert_drains_clean(l);
     for p in &l.pods {
         assert_eq!(
             p.steps.per_node.len(),

@@ -25,6 +25,10 @@ pub struct Counts {
     /// before the first Pod is ready, so the drains measure their proxies on traffic, not on
     /// the harness): the Service had no endpoint yet, so they are not counted above.
     pub before_routing: u64,
+    /// Every counted request that found no connection (refused, timed out): the new
+    /// connections that a proxy sent to a Pod that no longer accepted, among others.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub connect_failures: Vec<ConnectFailure>,
 }
 
 impl Counts {
@@ -52,6 +56,13 @@ impl Counts {
                     );
                     if self.first_failure.as_ref().is_none_or(|old| *old > line) {
                         self.first_failure = Some(line);
+                    }
+                    if rec.failure == Some(Failure::Connect) {
+                        self.connect_failures.push(ConnectFailure {
+                            at_unix_ms: at,
+                            label: rec.label.clone(),
+                            error: rec.error.clone().unwrap_or_default(),
+                        });
                     }
                 }
                 Outcome::Unfinished => self.unfinished += 1,
@@ -119,6 +130,9 @@ pub struct Steps {
     pub per_node: Vec<(String, Option<i64>)>,
     /// The process's exit.
     pub exit_ms: Option<i64>,
+    /// The drain's commit: its listeners closed (`stopped_accepting` in its report), so a
+    /// new connection from then on is refused.
+    pub commit_ms: Option<i64>,
 }
 
 impl Steps {
@@ -206,8 +220,9 @@ impl Steps {
             each.join(", ")
         };
         let mut line = format!(
-            "deletion 0, endpoint change {}, proxy update {proxy}, exit {}",
+            "deletion 0, endpoint change {}, proxy update {proxy}, commit {}, exit {}",
             f(self.endpoint_change_ms),
+            f(self.commit_ms),
             f(self.exit_ms)
         );
         if let (false, Some(d)) = (self.per_node.is_empty(), self.exit_after_proxy_ms()) {
@@ -345,11 +360,13 @@ pub(super) fn pod_timeline(pod: &str, events: &[Event], dir: &Path, source: &str
             rows.push((e.unix_ms, source.into(), what, e.detail.clone()));
         }
     }
-    let (evidence, held_by) = report_rows(
+    let (evidence, held_by, stopped) = report_rows(
         &dir.join(format!("{pod}.report.json")),
         exit.unwrap_or(deleted),
         &mut rows,
     );
+    let mut steps = Steps::from_events(pod, deleted, events);
+    steps.commit_ms = stopped.map(|at| at as i64 - deleted as i64);
     rows.sort_by_key(|r| r.0);
     let lines = rows
         .into_iter()
@@ -362,7 +379,7 @@ pub(super) fn pod_timeline(pod: &str, events: &[Event], dir: &Path, source: &str
         pod: pod.to_owned(),
         deleted_unix_ms: deleted,
         drain_ms: exit.map(|x| x.saturating_sub(deleted)),
-        steps: Steps::from_events(pod, deleted, events),
+        steps,
         lines,
         evidence,
         held_by,
@@ -370,23 +387,28 @@ pub(super) fn pod_timeline(pod: &str, events: &[Event], dir: &Path, source: &str
 }
 
 /// The drain report's timeline as rows, and a summary row at `summary_at`; the report's
-/// evidence kind and the path that held it. Nothing without a readable report.
+/// evidence kind, the path that held it, and when it stopped accepting (unix ms). Nothing
+/// without a readable report.
 fn report_rows(
     path: &Path,
     summary_at: u64,
     rows: &mut Vec<(u64, String, String, String)>,
-) -> (Option<String>, Option<String>) {
+) -> (Option<String>, Option<String>, Option<u64>) {
     let Some(v) = std::fs::read_to_string(path)
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
     else {
-        return (None, None);
+        return (None, None, None);
     };
+    let mut stopped = None;
     let ev = &v["propagation"]["evidence"];
     let evidence = ev["kind"].as_str().map(str::to_owned);
     let held_by = ev["held_by"].as_str().map(str::to_owned);
     for ev in v["timeline"].as_array().into_iter().flatten() {
         if let (Some(what), Some(at)) = (ev["event"].as_str(), ev["unix_ms"].as_u64()) {
+            if what == "stopped_accepting" {
+                stopped.get_or_insert(at);
+            }
             let mut detail = String::new();
             if let Some(obj) = ev.as_object() {
                 for (k, val) in obj {
@@ -415,5 +437,5 @@ fn report_rows(
             held_by.as_deref().unwrap_or("-")
         ),
     ));
-    (evidence, held_by)
+    (evidence, held_by, stopped)
 }
