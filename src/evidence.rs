@@ -104,14 +104,12 @@
 //! * Requests on an HTTP/2 connection opened during the drain, after its first: only its
 //!   opening counts (it keeps its requests until the commit).
 
-//! * **When a lazy pool reconnects.** The pool wait assumes a closed kept connection
-//!   reconnects about as soon as the pool reused its connections. A pool that takes its most
-//!   recent idle connection first and opens one only when none is idle (hyper's) reconnects
-//!   at its next concurrency peak instead, however late: in the simulation's
-//!   most-recent-first pools three of four rows lose 0.5–3.5 % of their drains on evidence,
-//!   far above ε (BENCHMARKS.md §8, "Pools that take their most recent connection first").
-//!   Until the rule changes, a service whose clients keep such pools behind an L4 proxy
-//!   should rely on the EndpointSlice (feature `kube`) or a fixed delay.
+//! * **When a client that keeps connections next connects.** A pool that takes its most
+//!   recent idle connection first and opens one only when none is idle (hyper's) replaces
+//!   the connections the drain closed at its next concurrency peak, however late. So a path
+//!   that kept connections alive and does not route per request holds the drain to `max`
+//!   (`kept_connections`, [`PathFit::holds_kept_connections`]); the pool wait alone lost
+//!   0.5–3.5 % of the simulation's most-recent-first pools' drains (BENCHMARKS.md §8).
 //!
 //! # Invariants
 //!
@@ -277,6 +275,7 @@ impl Evidence {
             open_now: arrivals.open(path),
             told: 0,
             told_sum: Duration::ZERO,
+            kept: arrivals.kept_count(path),
             activity: Estimate::fit(&slots, before, self.requests_seen, self.epsilon, self.max),
             fresh: None,
         }
@@ -348,6 +347,7 @@ impl Evidence {
             open_now: arrivals.open(path),
             told,
             told_sum,
+            kept: arrivals.kept_count(path),
             activity,
             fresh,
         }
@@ -362,6 +362,7 @@ impl Evidence {
         for w in [
             WeakEvidence::TooFewSlots,
             WeakEvidence::NewPath,
+            WeakEvidence::KeptConnections,
             WeakEvidence::TooSparse,
         ] {
             if let Some(f) = counted().find(|f| f.weak(self.max) == Some(w)) {

@@ -9,8 +9,8 @@
 mod sim;
 
 use sim::{
-    clopper_pearson, family, scenarios, simulate, simulate_scenario, Phase, Pool, Process,
-    Scenario, Shares, Spread,
+    clopper_pearson, family, lifo_pools, scenarios, simulate, simulate_lifo, simulate_scenario,
+    Phase, Pool, Process, Scenario, Shares, Spread,
 };
 
 const RUNS: u64 = 300;
@@ -89,6 +89,29 @@ fn pools_and_many_proxies_hold_epsilon() {
             broken.push(format!(
                 "{}: {} of {} lost after a commit on evidence",
                 sc.name(),
+                s.lost,
+                s.runs
+            ));
+        }
+    }
+    assert!(broken.is_empty(), "ε broken:\n{}", broken.join("\n"));
+}
+
+/// Pools that take their most recent idle connection first (hyper's) and open one only when
+/// none is idle: once the drain closed their connections here, they open the next at a
+/// concurrency peak, however late. The pool wait that bounded a reconnect by how soon the
+/// connections were reused lost 1.4 %, 0.5 % and 3.5 % of three of these rows' drains (20,000
+/// each); a kept-alive path now waits to `max`.
+#[test]
+fn most_recent_first_pools_hold_epsilon() {
+    let mut broken = Vec::new();
+    for (i, pool) in lifo_pools().iter().enumerate() {
+        let s = simulate_lifo(pool, RUNS, 0x11f0 ^ i as u64);
+        let (lower, _) = clopper_pearson(s.lost, s.runs);
+        if lower > EPSILON {
+            broken.push(format!(
+                "{}: {} of {} lost after a commit on evidence",
+                pool.name(),
                 s.lost,
                 s.runs
             ));

@@ -23,6 +23,9 @@ pub(super) fn commit(cx: &Ctx<'_>) -> Option<Advice> {
         (EvidenceKind::Max, Some(WeakEvidence::TooFewSlots)) if not_enough => {
             too_few_slots(cx, e, stopped_ms)
         }
+        (EvidenceKind::Max, Some(WeakEvidence::KeptConnections)) if not_enough => {
+            kept_connections(cx, e, stopped_ms)
+        }
         (EvidenceKind::Max, Some(_)) if not_enough => weak_rate(cx, e, stopped_ms),
         (EvidenceKind::NeverServed, _) => never_served(cx, stopped_ms),
         (EvidenceKind::Confidence, _) => confidence(cx, e),
@@ -109,6 +112,31 @@ fn weak_rate(cx: &Ctx<'_>, e: &EvidenceReport, stopped_ms: u64) -> Advice {
             e.slot_ms,
             secs(cx.quiet),
             e.t_conf_ms.map_or_else(|| "more than max".to_owned(), secs),
+            secs(stopped_ms),
+            what_to_set(cx)
+        ),
+    )
+}
+
+/// `weak_evidence` for a path that kept connections alive: no silence bounds when its client
+/// next connects.
+fn kept_connections(cx: &Ctx<'_>, e: &EvidenceReport, stopped_ms: u64) -> Advice {
+    let peer = e.held_by.as_deref().unwrap_or("a peer");
+    let path = e
+        .paths
+        .iter()
+        .find(|p| Some(p.peer.as_str()) == e.held_by.as_deref());
+    let (kept, open) = path.map_or((0, 0), |p| (p.kept_alive, p.open_now));
+    advice(
+        Warn,
+        AdviceRule::WeakEvidence,
+        stopped_ms,
+        format!(
+            "{peer} kept connections alive ({kept} closed by the drain, {open} open at the \
+             commit): a client pool opens new ones when its own demand needs them, which no \
+             silence here bounds, so the drain waited {} (max). The EndpointSlice (feature \
+             `kube`, an EndpointWatch) ends such a drain once the proxies stopped routing here. \
+             {}",
             secs(stopped_ms),
             what_to_set(cx)
         ),

@@ -31,6 +31,9 @@ pub(crate) struct PathFit {
     /// long after the trigger.
     pub(crate) told: u32,
     pub(crate) told_sum: Duration,
+    /// Of the connections open at the trigger, those seen kept alive (more requests than a
+    /// fresh connection carries) when told to close or when they closed.
+    pub(crate) kept: u32,
     /// The fit of the path's activity (requests and new connections) before the trigger, and
     /// for a path routed per request its new connections after it: what a proxy that routes
     /// per request would keep sending.
@@ -91,10 +94,25 @@ impl PathFit {
         if self.activity.slots_before + self.activity.slots_after < MIN_SLOTS {
             return Some(WeakEvidence::TooFewSlots);
         }
+        if self.holds_kept_connections() {
+            return Some(WeakEvidence::KeptConnections);
+        }
         match self.required() {
             Some((t, _, _)) if t < max => None,
             _ => Some(WeakEvidence::TooSparse),
         }
+    }
+
+    /// Whether the path kept connections alive that the drain closes, or may still close, and
+    /// does not route per request: a client that keeps connections opens new ones when its own
+    /// demand needs them — a pool that takes its most recent idle connection first (hyper's)
+    /// at its next concurrency peak, however late — so no silence here bounds when it next
+    /// connects, and the path waits to `max` or the EndpointSlice. Connections open at the
+    /// trigger and not yet told to close count too, until they are (fresh ones with a request
+    /// in flight, about as long as that request). In the simulation the pool wait alone lost
+    /// 0.5–3.5 % of such pools' drains (BENCHMARKS.md §8).
+    pub(crate) fn holds_kept_connections(&self) -> bool {
+        self.routing != PathRouting::PerRequest && (self.kept > 0 || self.open > self.told)
     }
 
     /// When the path's silence proves the run of empty slots its fit asks for: the end of the
@@ -107,7 +125,9 @@ impl PathFit {
     /// [`pool_silence`]; and, while some of its kept connections are still open (one closed
     /// by the commit reconnects through a proxy that may still route here), as long from the
     /// trigger. Until one of them has been used the path asks to be checked again at the next
-    /// slot (`next`).
+    /// slot (`next`). A path whose connections were kept alive never gets here: its evidence
+    /// is weak ([`holds_kept_connections`](Self::holds_kept_connections)); what remains are
+    /// fresh connections (four requests or fewer) open at the trigger, all told to close.
     pub(super) fn conf_at(&self, base: Instant, origin: Instant, next: Instant) -> Option<Instant> {
         let proved = self.silence_proved_at(base, origin)?;
         let last = self.last.unwrap_or(origin).max(origin);

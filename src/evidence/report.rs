@@ -33,6 +33,7 @@ impl Evidence {
                     pool_wait_ms: f.pool_wait().map(ms),
                     kept_reused: (f.open > 0 && f.routing != PathRouting::PerRequest)
                         .then_some(f.told),
+                    kept_alive: f.kept,
                     rate_per_1000s: (f.routing != PathRouting::New)
                         .then(|| (shown.rate() * 1000.0).round() as u64),
                     t_conf_ms: f.required().map(|(t, _, _)| ms(t)),

@@ -285,6 +285,7 @@ fn evidence_names_are_documented() {
         TooFewSlots,
         TooSparse,
         NewPath,
+        KeptConnections,
     });
     check(&weak, |v| v.as_str().to_owned());
     let routing = all!(PathRouting {

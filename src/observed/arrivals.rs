@@ -59,6 +59,10 @@ struct Row {
     /// before being told to close: a request in flight at the start whose client then left
     /// (a fresh connection), or a pool's idle timeout. No reconnect of the drain's making.
     left: AtomicU32,
+    /// Connections open at the drain's start that had carried more requests than a fresh
+    /// connection does when they were told to close or closed: kept alive by a client that
+    /// reuses them (a pool), which opens new ones when its own demand needs them.
+    kept: AtomicU32,
 }
 
 impl Row {
@@ -73,6 +77,7 @@ impl Row {
             told: AtomicU32::new(0),
             told_us: AtomicU64::new(0),
             left: AtomicU32::new(0),
+            kept: AtomicU32::new(0),
         }
     }
 }
@@ -256,6 +261,17 @@ impl Arrivals {
         row.told_us
             .fetch_add(after.as_micros() as u64, Ordering::Relaxed);
         row.told.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection of `path` open at the drain's start had been kept alive (see [`Row`]'s
+    /// `kept`), as seen when it was told to close or closed.
+    pub(crate) fn kept(&self, path: PathId) {
+        self.rows[path.index()].kept.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many of `path`'s connections open at the drain's start were seen kept alive.
+    pub(crate) fn kept_count(&self, path: PathId) -> u32 {
+        self.rows[path.index()].kept.load(Ordering::Relaxed)
     }
 
     /// A connection of `path` open at the drain's start closed before being told to.

@@ -44,15 +44,24 @@ impl Observed {
                 .arrivals
                 .closed_fresh(path, slot_of(self.base, accepted)),
             None => {}
-            Some(start) if accepted < start && !told => self.arrivals.left(path),
+            Some(start) if accepted < start && !told => {
+                self.arrivals.left(path);
+                if !few {
+                    self.arrivals.kept(path);
+                }
+            }
             Some(_) => {}
         }
     }
 
-    /// A connection of `path` open at the drain's start (`start`) was told to close now.
-    pub(crate) fn connection_told(&self, path: PathId, start: Instant) {
+    /// A connection of `path` open at the drain's start (`start`) was told to close now,
+    /// having carried more requests than a fresh connection does when `kept`.
+    pub(crate) fn connection_told(&self, path: PathId, start: Instant, kept: bool) {
         self.arrivals
             .told(path, Instant::now().saturating_duration_since(start));
+        if kept {
+            self.arrivals.kept(path);
+        }
     }
 
     /// Counts a request of `path` in the arrival ring: the clock read, and one relaxed load

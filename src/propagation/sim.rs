@@ -192,8 +192,10 @@ impl<'a> Feed<'a> {
                 What::Request => {
                     rows.note_request(path, slot);
                     if at >= origin {
-                        // A kept connection's first request after the trigger: told to close.
+                        // A kept connection's first request after the trigger: told to close,
+                        // and kept alive (a pool's).
                         rows.told(path, at - origin);
+                        rows.kept(path);
                     }
                 }
                 What::Close => rows.closed(path),

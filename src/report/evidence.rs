@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 
 /// Why the arrival data cannot say how long to wait.
 ///
-/// In JSON: `no_connection_data`, `too_few_slots`, `too_sparse`, `new_path`.
+/// In JSON: `no_connection_data`, `too_few_slots`, `too_sparse`, `new_path`,
+/// `kept_connections`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -24,6 +25,13 @@ pub enum WeakEvidence {
     /// after it (more than a reconnect wave of the connections it had open): some proxy still
     /// routes it here, and there is no rate of its own to weigh its silence by.
     NewPath,
+    /// A path kept connections alive at the trigger (a client pool) and does not route per
+    /// request: once the drain closes them, the client opens new ones when its own demand
+    /// needs them — a pool that takes its most recent idle connection first at its next
+    /// concurrency peak, however late — so no silence bounds when it next connects through a
+    /// proxy that may still route here. [`PathEvidence::kept_alive`] and `open_now` say how
+    /// many. Only the EndpointSlice (feature `kube`) can end such a drain before `max`.
+    KeptConnections,
 }
 
 /// How a path (a peer address) reaches the process, as its arrivals show.
@@ -44,8 +52,9 @@ pub enum PathRouting {
     Connections,
     /// Only requests on kept connections before the trigger, and no more since than their
     /// reconnect wave: a client pool, which moves away on the drain's `Connection: close`
-    /// (or GOAWAY) whatever the proxies do. Judged by its activity, in case it is a proxy
-    /// routing per request that has not shown it yet.
+    /// (or GOAWAY) whatever the proxies do, and connects again when its own demand needs it.
+    /// Its silence proves nothing: it holds the drain to `max` (`weak` =
+    /// `kept_connections`) unless it shows it routes per request.
     Pool,
     /// Nothing before the trigger: it holds the drain (`weak` = `new_path`) once it sends
     /// more than a reconnect wave.
@@ -94,6 +103,11 @@ pub struct PathEvidence {
     /// the time it took, 32 about 1.6 times. Absent for a path that kept no connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_reused: Option<u32>,
+    /// Of the connections open at the trigger, how many had carried more requests than a
+    /// fresh connection (four) when told to close or when they closed: kept alive by their
+    /// client (`weak` = `kept_connections`).
+    #[serde(default)]
+    pub kept_alive: u32,
     /// λ̂ of the fit that set the path's silence, in arrivals per 1000 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_per_1000s: Option<u64>,
@@ -370,6 +384,13 @@ impl EvidenceReport {
             return String::new();
         }
         match self.paths.iter().find(|p| p.peer == peer) {
+            Some(p) if p.weak == Some(WeakEvidence::KeptConnections) => format!(
+                "; held by {peer} ({}: {} kept-alive connection(s) closed, {} open; its client \
+                 opens new ones when its own demand needs them, which no silence here bounds)",
+                p.routing.as_str(),
+                p.kept_alive,
+                p.open_now
+            ),
             Some(p) if p.open_now > 0 && p.open_at_trigger > 0 => format!(
                 "; held by {peer} ({}, {} kept connection(s) still open)",
                 p.routing.as_str(),

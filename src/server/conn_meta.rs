@@ -286,7 +286,8 @@ impl ConnMeta {
             return;
         };
         if self.conn.accepted_at < start && !self.conn.told.swap(true, Ordering::Relaxed) {
-            core.observed().connection_told(path, start);
+            let kept = self.conn.requests.load(Ordering::Relaxed) > FRESH_REQUESTS;
+            core.observed().connection_told(path, start, kept);
         }
     }
 

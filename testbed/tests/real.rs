@@ -186,9 +186,14 @@ fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
     }
     let mut c = real(Server::Lameduck, Backend::Iptables);
     c.kube = true;
-    // `max` 15 s: the bursty fresh client's silence needs 4–7.5 s per Pod, at the edge of the
-    // 7.5 s that 15 s of grace leaves, so that both ways a drain may end are seen on their
-    // own evidence, not on where `max` happens to fall.
+    // Fresh connections only: a path that kept connections alive (the pool shape's clients)
+    // proves nothing by its silence (`kept_connections`), so the measured allowance would be
+    // a floor and every drain wait to `max`; a fresh client's path judges its own silence,
+    // which is what makes the measured allowance proof.
+    c.shape = Shape::Fresh;
+    // `max` 15 s: the fresh client's silence needs up to 3.5 s per Pod (its arrivals show
+    // gaps of a second), so that both ways a drain may end are seen on their own evidence,
+    // not on where `max` happens to fall.
     c.grace = Duration::from_secs(30);
     let mut on_slices = 0;
     for r in &run(&[c]) {

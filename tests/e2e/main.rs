@@ -13,7 +13,7 @@ mod procs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use lameduck::report::Outcome;
+use lameduck::report::{EvidenceKind, Outcome, WeakEvidence};
 use lameduck::EventKind;
 use lameduck_probe::correlate::{correlate, ReportView};
 use lameduck_probe::{ConnectionMode, Probe, ProbeConfig, ProbeResult};
@@ -309,20 +309,24 @@ const DEFAULT_POLICY_FLAGS: &[&str] = &["--grace-period", "30s"];
 /// How long each instance serves before it is drained in the default-policy rollout.
 const SERVE_BEFORE_DRAIN: Duration = Duration::from_secs(16);
 
-/// The rolling update behind HAProxy with the default policy: the drain goes on its own
-/// evidence (the rate before the trigger, the new connections during the drain, as every
-/// response then carries `Connection: close`), with no fallback and no floor but `min`. Prints
-/// each drain's time and the rule that set the silence; 0 lost.
+/// The rolling update behind HAProxy with the default policy, no fallback and no floor but
+/// `min`. HAProxy keeps pooled upstream connections (`http-reuse always`) and, after the
+/// drain's `Connection: close`, comes back on its other idle ones rather than on new
+/// connections, so its path looks like a client pool's: kept-alive connections, whose client
+/// may connect again whenever its demand needs it. No silence bounds that, so each drain waits
+/// to `max` (`kept_connections`) — the reason named in its report. Prints each drain's time
+/// and what it committed on; 0 lost.
 #[test]
 fn haproxy_rolling_update_default_policy_loses_nothing() {
     if require("haproxy").is_none() {
         return;
     }
     let mut fleet = Fleet::start("haproxy-default", "d", DEFAULT_POLICY_FLAGS);
+    // Three rounds of 16 s of serving and a drain to `max` (15 s).
     let probe = start_probe(probe_config(
         fleet.frontend,
         "haproxy-default",
-        Duration::from_secs(80),
+        Duration::from_secs(110),
     ));
     let started = Instant::now();
     let mut drained = Vec::new();
@@ -345,6 +349,16 @@ fn haproxy_rolling_update_default_policy_loses_nothing() {
         let report = inst.report();
         assert_eq!(*code, 0, "{} exit code", inst.name);
         assert_eq!(report.outcome, Outcome::Clean);
+        let ev = report.propagation.evidence.as_ref().expect("evidence");
+        // Kept-alive upstream connections: the wait to `max` names them, or HAProxy showed it
+        // routes per request (more new connections than a reconnect wave) and the silence
+        // decided.
+        assert!(
+            ev.weak == Some(WeakEvidence::KeptConnections) || ev.kind == EvidenceKind::Confidence,
+            "{}: {}",
+            inst.name,
+            report.to_json()
+        );
     }
     diagnose(&fleet.dir, &result, &drained);
 }
