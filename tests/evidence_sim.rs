@@ -155,12 +155,15 @@ fn a_dense_fast_proxy_does_not_prove_a_slow_one() {
 
 #[test]
 fn a_drain_that_cannot_say_at_the_trigger_looks_again_and_commits_on_what_came_after() {
-    // The datapath's cell behind kube-proxy 8 s late: one peer with four kept connections
-    // (20 requests/s on them) and a fresh connection every 4 s — too sparse to judge at the
-    // trigger. Through a proxy that still routes here the pool reconnects at every request
-    // (20 new connections/s for 4 s, far beyond the reconnect wave of four): the path routes
-    // per request, its rate is clear, then it goes silent. The drain must commit on that
-    // silence, not sleep to `max` (15 s) because the first check could not say.
+    // Dense fresh connections (20/s, one request each) through a proxy that still routes here
+    // for 1 s after the trigger, and one connection open at the trigger with a slow request in
+    // flight, which its client closes after the answer at 1.5 s. Until then the connection
+    // might be a kept one whose client connects again whenever it needs to (`weak` is
+    // `kept_connections`); once it left by itself the path's silence can say. The drain must
+    // look again at each slot and commit on that silence, not sleep to `max` (15 s) because
+    // the first check could not say: before the look at every slot, a drain that could not
+    // say at the trigger slept to `max` (the datapath's pool cell behind kube-proxy 8 s late:
+    // silent from 4.0 s, committed at 15 s).
     use lameduck::__private::evidence_sim::{drain, Arrival, What};
     use lameduck::report::{EvidenceKind, PathRouting};
     use lameduck::Propagation;
@@ -169,28 +172,12 @@ fn a_drain_that_cannot_say_at_the_trigger_looks_again_and_commits_on_what_came_a
     let ms = Duration::from_millis;
     let trigger = ms(30_000);
     let mut trace = Vec::new();
-    for c in 0..4u64 {
-        trace.push(Arrival::new(ms(100 + c), 0, What::Open));
+    for k in 0..620u64 {
+        trace.push(Arrival::new(ms(50 * k), 0, What::Fresh));
     }
-    for k in 1..1_200u64 {
-        // Requests on the kept connections, 20/s, up to the trigger.
-        let at = ms(200 + 25 * k);
-        if at < trigger {
-            trace.push(Arrival::new(at, 0, What::Request));
-        }
-    }
-    for k in 0..8u64 {
-        trace.push(Arrival::new(ms(1_000 + 4_000 * k), 0, What::Fresh));
-    }
-    // After the trigger: each kept connection's next request is told to close, and closes.
-    for c in 0..4u64 {
-        trace.push(Arrival::new(trigger + ms(10 + 20 * c), 0, What::Request));
-        trace.push(Arrival::new(trigger + ms(11 + 20 * c), 0, What::Close));
-    }
-    // The pool reconnecting through a proxy that still routes here, 20/s for 4 s.
-    for k in 0..80u64 {
-        trace.push(Arrival::new(trigger + ms(100 + 50 * k), 0, What::Fresh));
-    }
+    trace.retain(|a| a.at < trigger + ms(1_000));
+    trace.push(Arrival::new(trigger - ms(300), 0, What::Open));
+    trace.push(Arrival::new(trigger + ms(1_500), 0, What::Left));
     trace.sort_by_key(|a| a.at);
     let out = drain(
         &trace,
@@ -201,10 +188,10 @@ fn a_drain_that_cannot_say_at_the_trigger_looks_again_and_commits_on_what_came_a
     .expect("the default policy");
     let ev = &out.evidence;
     assert_eq!(out.kind(), EvidenceKind::Confidence, "{ev:?}");
-    assert_eq!(ev.paths[0].routing, PathRouting::PerRequest, "{ev:?}");
-    // The last connection at 4.05 s; its slot ends at 4.25 s; two empty slots later: 4.75 s.
+    assert_eq!(ev.paths[0].routing, PathRouting::Connections, "{ev:?}");
+    assert_eq!(ev.paths[0].kept_alive, 0, "{ev:?}");
     assert!(
-        out.commit > ms(4_050) && out.commit <= ms(5_500),
+        out.commit >= ms(1_500) && out.commit <= ms(3_000),
         "committed {:?} after the trigger: {ev:?}",
         out.commit
     );

@@ -889,6 +889,10 @@ pub(crate) struct Lifo {
     pub(crate) rate: f64,
     pub(crate) service: f64,
     pub(crate) burst: Option<(f64, u32)>,
+    /// `extra` requests/s more for `seconds` from an instant up to 3 s after the trigger: a
+    /// surge of demand during the drain, which makes the pool open connections beyond its
+    /// reconnect wave (and so look routed per request) while its proxy still routes here.
+    pub(crate) surge: Option<(f64, f64)>,
     pub(crate) endpoints: u32,
 }
 
@@ -900,6 +904,8 @@ impl Lifo {
             self.service * 1000.0,
             self.burst.map_or(String::new(), |(period, size)| format!(
                 " + {size} at once every {period} s"
+            )) + &self.surge.map_or(String::new(), |(extra, secs)| format!(
+                " + {extra}/s more for {secs} s from the drain on"
             )),
             self.endpoints
         )
@@ -907,9 +913,17 @@ impl Lifo {
 
     /// Every request from `from` to `horizon`: start, duration, and the coin that says where a
     /// connection it opens lands (here when below 1/`endpoints`).
-    fn requests(&self, rng: &mut Rng, from: f64, horizon: f64) -> Vec<(f64, f64, f64)> {
+    fn requests(
+        &self,
+        rng: &mut Rng,
+        (from, trigger, horizon): (f64, f64, f64),
+    ) -> Vec<(f64, f64, f64)> {
         let mut starts = Vec::new();
         poisson(rng, self.rate, from, horizon, &mut starts);
+        if let Some((extra, secs)) = self.surge {
+            let at = trigger + rng.uniform(0.0, 3.0);
+            poisson(rng, extra, at, (at + secs).min(horizon), &mut starts);
+        }
         if let Some((period, size)) = self.burst {
             let mut t = from + rng.uniform(0.0, period);
             while t < horizon {
@@ -1013,25 +1027,43 @@ pub(crate) fn lifo_pools() -> Vec<Lifo> {
             rate: 20.0,
             service: 0.05,
             burst: None,
+            surge: None,
             endpoints: 2,
         },
         Lifo {
             rate: 20.0,
             service: 0.05,
             burst: Some((5.0, 8)),
+            surge: None,
             endpoints: 2,
         },
         Lifo {
             rate: 50.0,
             service: 0.1,
             burst: Some((2.0, 4)),
+            surge: None,
             endpoints: 3,
         },
         Lifo {
             rate: 5.0,
             service: 0.2,
             burst: Some((20.0, 16)),
+            surge: None,
             endpoints: 2,
+        },
+        Lifo {
+            rate: 20.0,
+            service: 0.1,
+            burst: None,
+            surge: Some((300.0, 20.0)),
+            endpoints: 2,
+        },
+        Lifo {
+            rate: 20.0,
+            service: 0.2,
+            burst: Some((5.0, 8)),
+            surge: Some((60.0, 5.0)),
+            endpoints: 3,
         },
     ]
 }
@@ -1042,7 +1074,7 @@ pub(crate) fn run_lifo(pool: &Lifo, rng: &mut Rng) -> Run {
     let trigger = rng.uniform(40.0, 70.0);
     let (from, horizon) = (trigger - 60.0, trigger + 70.0);
     let stop = trigger + rng.log_uniform(0.2, 40.0);
-    let requests = pool.requests(rng, from, horizon);
+    let requests = pool.requests(rng, (from, trigger, horizon));
     let (mut out, _) = lifo_play(pool, &requests, 0, (trigger, stop, None));
     out.sort_by(|a, b| a.0.total_cmp(&b.0));
     let arrivals: Vec<Arrival> = out

@@ -103,16 +103,23 @@ impl PathFit {
         }
     }
 
-    /// Whether the path kept connections alive that the drain closes, or may still close, and
-    /// does not route per request: a client that keeps connections opens new ones when its own
-    /// demand needs them — a pool that takes its most recent idle connection first (hyper's)
-    /// at its next concurrency peak, however late — so no silence here bounds when it next
-    /// connects, and the path waits to `max` or the EndpointSlice. Connections open at the
-    /// trigger and not yet told to close count too, until they are (fresh ones with a request
-    /// in flight, about as long as that request). In the simulation the pool wait alone lost
-    /// 0.5–3.5 % of such pools' drains (BENCHMARKS.md §8).
+    /// Whether the path kept connections alive that the drain closes, or may still close: a
+    /// client that keeps connections opens new ones when its own demand needs them — a pool
+    /// that takes its most recent idle connection first (hyper's) at its next concurrency
+    /// peak, however late — so no silence here bounds when it next connects, and the path
+    /// waits to `max` or the EndpointSlice. Connections open at the trigger and not yet told
+    /// to close count too, until they are (fresh ones with a request in flight, about as long
+    /// as that request).
+    ///
+    /// Whatever its routing: a path that opened more than a reconnect wave since the trigger
+    /// (`per_request`) may be an L7 router whose requests are its routing decisions, or an L4
+    /// pool whose demand grew while its proxy still routed here, which goes quiet once its
+    /// connections have settled on other endpoints and connects here again at its next peak.
+    /// Nothing local tells the two apart. In the simulation the pool wait alone lost 0.5–3.5 %
+    /// of most-recent-first pools' drains, and the exemption of per-request paths 0.6 % of a
+    /// pool's whose demand surged during the drain (BENCHMARKS.md §8).
     pub(crate) fn holds_kept_connections(&self) -> bool {
-        self.routing != PathRouting::PerRequest && (self.kept > 0 || self.open > self.told)
+        self.kept > 0 || self.open > self.told
     }
 
     /// When the path's silence proves the run of empty slots its fit asks for: the end of the

@@ -275,7 +275,6 @@ impl Arrivals {
     }
 
     /// A connection of `path` open at the drain's start closed before being told to.
-    #[cfg(feature = "http")] // connections close in the HTTP serve paths only
     pub(crate) fn left(&self, path: PathId) {
         self.rows[path.index()].left.fetch_add(1, Ordering::Relaxed);
     }

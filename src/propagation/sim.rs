@@ -48,6 +48,9 @@ pub enum What {
     Request,
     /// A kept connection closed.
     Close,
+    /// A connection open at the trigger closed by its client before being told to close (a
+    /// fresh connection whose request was in flight at the trigger): it leaves by itself.
+    Left,
 }
 
 /// One arrival of a trace: when, on which path (a peer address of its own per path), what.
@@ -199,6 +202,10 @@ impl<'a> Feed<'a> {
                     }
                 }
                 What::Close => rows.closed(path),
+                What::Left => {
+                    rows.closed(path);
+                    rows.left(path);
+                }
             }
             self.next += 1;
         }
