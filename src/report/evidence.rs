@@ -25,12 +25,14 @@ pub enum WeakEvidence {
     /// after it (more than a reconnect wave of the connections it had open): some proxy still
     /// routes it here, and there is no rate of its own to weigh its silence by.
     NewPath,
-    /// A path kept connections alive at the trigger (a client pool) and does not route per
-    /// request: once the drain closes them, the client opens new ones when its own demand
-    /// needs them — a pool that takes its most recent idle connection first at its next
-    /// concurrency peak, however late — so no silence bounds when it next connects through a
-    /// proxy that may still route here. [`PathEvidence::kept_alive`] and `open_now` say how
-    /// many. Only the EndpointSlice (feature `kube`) can end such a drain before `max`.
+    /// A path kept connections alive at the trigger (a client pool, or a proxy that pools its
+    /// upstream connections): once the drain closes them, the client opens new ones when its
+    /// own demand needs them — a pool that takes its most recent idle connection first at its
+    /// next concurrency peak, however late — so no silence bounds when it next connects
+    /// through a proxy that may still route here, whatever it did since the trigger (an L4
+    /// pool whose demand grows opens as many new connections as an L7 router).
+    /// [`PathEvidence::kept_alive`] and `open_now` say how many. Only the EndpointSlice
+    /// (feature `kube`) or a fallback can end such a drain before `max`.
     KeptConnections,
 }
 
@@ -44,7 +46,8 @@ pub enum PathRouting {
     /// After the trigger it kept opening connections beyond the reconnect wave of those it had
     /// open: each of its requests is a routing decision (an L7 proxy such as HAProxy or
     /// Envoy, which comes back on a new connection for as long as it routes here). Judged by
-    /// its request rate.
+    /// its request rate — unless it kept connections alive at the trigger (`weak` =
+    /// `kept_connections`): an L4 pool whose demand grew looks the same.
     PerRequest,
     /// Before the trigger it opened connections that also closed before it: fresh
     /// connections, which keep coming through a proxy that still routes here. Judged by its rate of new connections and by its
