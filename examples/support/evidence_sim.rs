@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use lameduck::__private::evidence_sim::{drain, Arrival, What};
+use lameduck::__private::evidence_sim::{drain, Arrival, Outcome, What};
 use lameduck::report::{EvidenceKind, SilenceRule};
 use lameduck::Propagation;
 
@@ -765,6 +765,23 @@ fn pool_trace(
     conns
 }
 
+/// The default policy's drain over `out` (seconds, path, what; in any order), triggered at
+/// `trigger` seconds, with a 30 s grace.
+fn drain_trace(mut out: Vec<(f64, u16, What)>, trigger: f64) -> Outcome {
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let arrivals: Vec<Arrival> = out
+        .iter()
+        .map(|&(t, path, what)| Arrival::new(Duration::from_secs_f64(t.max(0.0)), path, what))
+        .collect();
+    drain(
+        &arrivals,
+        Duration::from_secs_f64(trigger),
+        &Propagation::default(),
+        Duration::from_secs(30),
+    )
+    .expect("the default policy")
+}
+
 /// One drain of a scenario, at a random trigger.
 pub(crate) fn run_scenario(scenario: &Scenario, rng: &mut Rng) -> Run {
     let trigger = rng.uniform(40.0, 70.0);
@@ -837,18 +854,7 @@ pub(crate) fn run_scenario(scenario: &Scenario, rng: &mut Rng) -> Run {
             }
         }
     }
-    out.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let arrivals: Vec<Arrival> = out
-        .iter()
-        .map(|&(t, path, what)| Arrival::new(Duration::from_secs_f64(t.max(0.0)), path, what))
-        .collect();
-    let o = drain(
-        &arrivals,
-        Duration::from_secs_f64(trigger),
-        &Propagation::default(),
-        Duration::from_secs(30),
-    )
-    .expect("the default policy");
+    let o = drain_trace(out, trigger);
     let commit = o.commit.as_secs_f64();
     let lost_at = |c: f64| {
         let at = trigger + c;
@@ -1075,19 +1081,8 @@ pub(crate) fn run_lifo(pool: &Lifo, rng: &mut Rng) -> Run {
     let (from, horizon) = (trigger - 60.0, trigger + 70.0);
     let stop = trigger + rng.log_uniform(0.2, 40.0);
     let requests = pool.requests(rng, (from, trigger, horizon));
-    let (mut out, _) = lifo_play(pool, &requests, 0, (trigger, stop, None));
-    out.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let arrivals: Vec<Arrival> = out
-        .iter()
-        .map(|&(t, path, what)| Arrival::new(Duration::from_secs_f64(t.max(0.0)), path, what))
-        .collect();
-    let o = drain(
-        &arrivals,
-        Duration::from_secs_f64(trigger),
-        &Propagation::default(),
-        Duration::from_secs(30),
-    )
-    .expect("the default policy");
+    let (out, _) = lifo_play(pool, &requests, 0, (trigger, stop, None));
+    let o = drain_trace(out, trigger);
     let commit = o.commit.as_secs_f64();
     let lost_at = |c: f64| lifo_play(pool, &requests, 0, (trigger, stop, Some(trigger + c))).1;
     if std::env::var("SIM_DEBUG").is_ok() && lost_at(commit) && o.kind() != EvidenceKind::Max {
