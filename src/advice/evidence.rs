@@ -135,8 +135,8 @@ fn kept_connections(cx: &Ctx<'_>, e: &EvidenceReport, stopped_ms: u64) -> Advice
             "{peer} kept connections alive ({kept} closed by the drain, {open} open at the \
              commit): a client pool opens new ones when its own demand needs them, which no \
              silence here bounds, so the drain waited {} (max). The EndpointSlice (feature \
-             `kube`, an EndpointWatch) ends such a drain once the proxies stopped routing here. \
-             {}",
+             `kube`, an EndpointWatch with a proxy_allowance you configure) ends such a drain \
+             once the proxies stopped routing here. {}",
             secs(stopped_ms),
             what_to_set(cx)
         ),

@@ -32,7 +32,8 @@ pub enum WeakEvidence {
     /// through a proxy that may still route here, whatever it did since the trigger (an L4
     /// pool whose demand grows opens as many new connections as an L7 router).
     /// [`PathEvidence::kept_alive`] and `open_now` say how many. Only the EndpointSlice
-    /// (feature `kube`) or a fallback can end such a drain before `max`.
+    /// (feature `kube`) with a configured proxy allowance, or a fallback, can end such a drain
+    /// before `max`.
     KeptConnections,
 }
 
