@@ -10,7 +10,7 @@ mod sim;
 
 use sim::{
     clopper_pearson, family, lifo_pools, scenarios, simulate, simulate_lifo, simulate_scenario,
-    Phase, Pool, Process, Scenario, Shares, Spread,
+    Phase, Pool, Process, Scenario, Shares, Spread, Summary,
 };
 
 const RUNS: u64 = 300;
@@ -79,22 +79,28 @@ fn a_pause_at_the_trigger_is_what_no_local_evidence_can_tell() {
     assert!(s.lost > 0, "{s:?}");
 }
 
+/// Fails naming every row whose losses after a commit on evidence are significantly above ε.
+fn assert_rows_hold_epsilon(rows: impl Iterator<Item = (String, Summary)>) {
+    let broken: Vec<String> = rows
+        .filter(|(_, s)| clopper_pearson(s.lost, s.runs).0 > EPSILON)
+        .map(|(name, s)| {
+            format!(
+                "{name}: {} of {} lost after a commit on evidence",
+                s.lost, s.runs
+            )
+        })
+        .collect();
+    assert!(broken.is_empty(), "ε broken:\n{}", broken.join("\n"));
+}
+
 #[test]
 fn pools_and_many_proxies_hold_epsilon() {
-    let mut broken = Vec::new();
-    for (i, sc) in scenarios().iter().enumerate() {
-        let s = simulate_scenario(sc, RUNS, 0x9001 ^ i as u64);
-        let (lower, _) = clopper_pearson(s.lost, s.runs);
-        if lower > EPSILON {
-            broken.push(format!(
-                "{}: {} of {} lost after a commit on evidence",
-                sc.name(),
-                s.lost,
-                s.runs
-            ));
-        }
-    }
-    assert!(broken.is_empty(), "ε broken:\n{}", broken.join("\n"));
+    assert_rows_hold_epsilon(
+        scenarios()
+            .iter()
+            .enumerate()
+            .map(|(i, sc)| (sc.name(), simulate_scenario(sc, RUNS, 0x9001 ^ i as u64))),
+    );
 }
 
 /// Pools that take their most recent idle connection first (hyper's) and open one only when
@@ -104,20 +110,12 @@ fn pools_and_many_proxies_hold_epsilon() {
 /// each); a kept-alive path now waits to `max`.
 #[test]
 fn most_recent_first_pools_hold_epsilon() {
-    let mut broken = Vec::new();
-    for (i, pool) in lifo_pools().iter().enumerate() {
-        let s = simulate_lifo(pool, RUNS, 0x11f0 ^ i as u64);
-        let (lower, _) = clopper_pearson(s.lost, s.runs);
-        if lower > EPSILON {
-            broken.push(format!(
-                "{}: {} of {} lost after a commit on evidence",
-                pool.name(),
-                s.lost,
-                s.runs
-            ));
-        }
-    }
-    assert!(broken.is_empty(), "ε broken:\n{}", broken.join("\n"));
+    assert_rows_hold_epsilon(
+        lifo_pools()
+            .iter()
+            .enumerate()
+            .map(|(i, pool)| (pool.name(), simulate_lifo(pool, RUNS, 0x11f0 ^ i as u64))),
+    );
 }
 
 #[test]

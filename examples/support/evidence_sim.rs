@@ -506,8 +506,13 @@ pub(crate) fn summarize(runs: &[Run]) -> Summary {
 
 /// Runs `n` drains of `process` at `phase`, seeded by `seed`.
 pub(crate) fn simulate(process: &Process, phase: Phase, n: u64, seed: u64) -> Summary {
+    simulate_runs(n, seed, |rng| run(process, phase, rng))
+}
+
+/// `n` runs of `one`, seeded by `seed`, summarized.
+fn simulate_runs(n: u64, seed: u64, mut one: impl FnMut(&mut Rng) -> Run) -> Summary {
     let mut rng = Rng::new(seed);
-    let runs: Vec<Run> = (0..n).map(|_| run(process, phase, &mut rng)).collect();
+    let runs: Vec<Run> = (0..n).map(|_| one(&mut rng)).collect();
     summarize(&runs)
 }
 
@@ -873,9 +878,7 @@ pub(crate) fn run_scenario(scenario: &Scenario, rng: &mut Rng) -> Run {
 
 /// Runs `n` drains of `scenario`, seeded by `seed`.
 pub(crate) fn simulate_scenario(scenario: &Scenario, n: u64, seed: u64) -> Summary {
-    let mut rng = Rng::new(seed);
-    let runs: Vec<Run> = (0..n).map(|_| run_scenario(scenario, &mut rng)).collect();
-    summarize(&runs)
+    simulate_runs(n, seed, |rng| run_scenario(scenario, rng))
 }
 
 // ---- A pool that takes its most recently returned idle connection first ----
@@ -1105,7 +1108,5 @@ pub(crate) fn run_lifo(pool: &Lifo, rng: &mut Rng) -> Run {
 
 /// Runs `n` drains with `pool`, seeded by `seed`.
 pub(crate) fn simulate_lifo(pool: &Lifo, n: u64, seed: u64) -> Summary {
-    let mut rng = Rng::new(seed);
-    let runs: Vec<Run> = (0..n).map(|_| run_lifo(pool, &mut rng)).collect();
-    summarize(&runs)
+    simulate_runs(n, seed, |rng| run_lifo(pool, rng))
 }

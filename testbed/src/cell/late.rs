@@ -109,9 +109,7 @@ impl CellResult {
         }
         late
     }
-}
 
-impl CellResult {
     /// `Err` naming every late arrival (see [`late_arrivals`](Self::late_arrivals)), else
     /// `Err` when anything was lost or left unfinished: what a lameduck cell must pass.
     pub fn check_drains(&self) -> Result<(), String> {
