@@ -12,8 +12,8 @@
 mod sim;
 
 use sim::{
-    clopper_pearson, family, lifo_pools, scenarios, simulate, simulate_lifo, simulate_scenario,
-    Phase, Summary,
+    clopper_pearson, family, lifo_pools, many_peers, scenarios, simulate, simulate_lifo,
+    simulate_scenario, Phase, Summary,
 };
 
 fn main() {
@@ -57,7 +57,8 @@ fn main() {
          commit − slowest proxy, median / p99 | 5 s sleep: lost | 5 s sleep: median / p99 |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    for (i, sc) in scenarios().iter().enumerate() {
+    let scenarios: Vec<_> = scenarios().into_iter().chain(many_peers()).collect();
+    for (i, sc) in scenarios.iter().enumerate() {
         if !sc.name().contains(filter.as_str()) {
             continue;
         }

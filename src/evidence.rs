@@ -4,8 +4,11 @@
 //!
 //! # What is recorded
 //!
-//! Time is cut into slots of [`SLOT`] (250 ms), per **path**: a peer address (15 of them; the
-//! rest, and connections of no known peer, share one row). A slot of a path is *active* when
+//! Time is cut into slots of [`SLOT`] (250 ms), per **path**: a peer address, one row each for
+//! up to 63 peers live at once (a connection open, or an arrival within the last 32 s; a peer
+//! silent longer gives its row up while Serving); the rest, and connections of no known peer,
+//! share one row, which never proves a silence (`too_many_peers`: mixed, a dense peer's
+//! silence says nothing of a sparse one behind it). A slot of a path is *active* when
 //! a new connection or a request of it arrived in it, and *fresh* when a connection accepted
 //! in it closed while Serving after at most four requests. New connections are counted by the
 //! accept loop (`serve`, `axum_serve`, or `ConnMeta::accepted` in a loop of one's own);
@@ -276,7 +279,7 @@ impl Evidence {
             after,
             fresh_slots: 0,
             last,
-            open_now: arrivals.open(path),
+            open_now: arrivals.open_count(path),
             told: 0,
             told_sum: Duration::ZERO,
             kept: arrivals.kept_count(path),
@@ -348,7 +351,7 @@ impl Evidence {
             after,
             fresh_slots,
             last,
-            open_now: arrivals.open(path),
+            open_now: arrivals.open_count(path),
             told,
             told_sum,
             kept: arrivals.kept_count(path),
@@ -358,13 +361,15 @@ impl Evidence {
     }
 
     /// The path that sets the commit: the first that cannot say (in the order too few
-    /// slots, a new path, too sparse), else the one whose proof comes last.
+    /// slots, too many peers, a new path, kept connections, too sparse), else the one whose
+    /// proof comes last.
     pub(crate) fn binding(&self) -> Option<&PathFit> {
         let origin = self.origin?;
         let base = self.window.as_ref()?.base;
         let counted = || self.fits.iter().filter(|f| f.counts());
         for w in [
             WeakEvidence::TooFewSlots,
+            WeakEvidence::TooManyPeers,
             WeakEvidence::NewPath,
             WeakEvidence::KeptConnections,
             WeakEvidence::TooSparse,

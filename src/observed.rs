@@ -29,6 +29,8 @@ mod arrivals;
 #[cfg(feature = "http")]
 mod http;
 
+#[cfg(test)]
+pub(crate) use arrivals::PATHS;
 pub(crate) use arrivals::{slot_of, Arrivals, PathId, RING, SLOT};
 
 /// Counters of what arrived after the drain started (the readiness flip under the default
@@ -150,6 +152,8 @@ impl Observed {
 
     /// Stamps the drain's start, before the counter's draining flag is set.
     pub(crate) fn mark_drain_started(&self) {
+        // The rows the drain's evidence reads keep their owners from now on.
+        self.arrivals.freeze();
         // Release, before the flag is set: a reader that Acquire-loads a non-zero stamp sees a
         // consistent instant. Readers that learned about the drain from the flag alone may
         // still see 0 for a moment and must treat that as "unknown".

@@ -607,3 +607,52 @@ async fn a_pool_that_moves_away_does_not_prove_a_trickle_from_another_peer() {
     assert!(stop.at_ms > last, "{}", report.to_json());
     within("serve to return", server).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_off_peers_beyond_the_table_never_let_a_dense_peer_prove_a_sparse_one() {
+    // 70 peers (127.0.1.x) that each sent one request — more than the table's 63 live rows —
+    // then a dense peer (127.0.0.2, a fresh connection every 50 ms) whose proxy converges at
+    // the trigger and a sparse one (127.0.0.3, one every 2 s) whose proxy still routes here:
+    // the two share the last row with the one-offs beyond the table. Judged as one path, the
+    // dense peer's silence proved the row quiet in about a second and the sparse peer's next
+    // connections were refused (with a table of 16, 15 one-offs did it). The shared row
+    // proves no silence: the drain waits to `max` and the sparse peer loses nothing.
+    let _serial = serial().await;
+    let drain = common::drain(secs(60), Propagation::default().max(secs(6)));
+    let (addr, server) = serve_app(&drain).await;
+    for i in 1..=70u8 {
+        assert_eq!(
+            trickle_from([127, 0, 1, i], addr, 1, Duration::ZERO).await,
+            0
+        );
+    }
+    let sparse = tokio::spawn(trickle_from([127, 0, 0, 3], addr, 8, secs(2)));
+    // 16 s and more of the dense peer (the evidence reads no window shorter than 15 s).
+    let lost_dense = trickle_from([127, 0, 0, 2], addr, 320, Duration::from_millis(50)).await;
+    assert_eq!(lost_dense, 0);
+    assert_eq!(within("the sparse peer", sparse).await.unwrap(), 0);
+    assert!(drain.start(Trigger::Api));
+    // The sparse peer's proxy has not caught up: +0.5, +2.5, +4.5 s.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let lost = trickle_from([127, 0, 0, 3], addr, 3, secs(2)).await;
+    let report = within("the drain", drain.drained()).await;
+    assert_eq!(lost, 0, "{}", report.to_json());
+    let ev = report.propagation.evidence.clone().expect("evidence");
+    assert_eq!(ev.kind, EvidenceKind::Max, "{}", report.to_json());
+    assert_eq!(
+        ev.weak,
+        Some(WeakEvidence::TooManyPeers),
+        "{}",
+        report.to_json()
+    );
+    assert_eq!(ev.held_by.as_deref(), Some("other"), "{}", report.to_json());
+    assert!(
+        report
+            .advice
+            .iter()
+            .any(|a| a.rule.as_str() == "weak_evidence" && a.message.contains("peers")),
+        "{}",
+        report.to_json()
+    );
+    within("serve to return", server).await.unwrap();
+}

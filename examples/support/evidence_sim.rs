@@ -567,6 +567,18 @@ pub(crate) enum Scenario {
         fresh: f64,
         pool: Option<Pool>,
     },
+    /// Many client Pods, most of them one-off, on `proxies` nodes converging on their own
+    /// schedules: per node a peer at `dense` fresh connections per second — but for the last
+    /// node, with `sparse`, whose one peer opens that many; and `one_offs` peers that each open one connection, at a
+    /// uniform instant of the process's life (7 to 8 minutes long, the trigger near its
+    /// end; with `early`, all in its first 4 minutes), each behind a node of its own choice.
+    ManyPeers {
+        proxies: u32,
+        dense: f64,
+        sparse: Option<f64>,
+        one_offs: u32,
+        early: bool,
+    },
 }
 
 impl Scenario {
@@ -611,8 +623,53 @@ impl Scenario {
                 },
                 p.map_or(String::new(), |p| format!(" + a {} each", pool(&p)))
             ),
+            Scenario::ManyPeers {
+                proxies,
+                dense,
+                sparse,
+                one_offs,
+                early,
+            } => format!(
+                "{proxies} nodes, a peer at {dense}/s on each{}, {one_offs} one-off peers{}",
+                sparse.map_or(String::new(), |r| format!(" but the last, at {r}/s")),
+                if *early {
+                    " in the first 4 minutes"
+                } else {
+                    " over the process's life"
+                }
+            ),
         }
     }
+}
+
+/// Many peers, most of them one-off: the rows of the arrival table age out, and a row shared by
+/// peers beyond it proves no silence. Without that, 15 one-off peers early in the process's
+/// life left every later peer on one shared row, judged as one path: a dense peer's silence
+/// passed for a sparse one's.
+pub(crate) fn many_peers() -> Vec<Scenario> {
+    vec![
+        Scenario::ManyPeers {
+            proxies: 2,
+            dense: 20.0,
+            sparse: Some(0.5),
+            one_offs: 40,
+            early: true,
+        },
+        Scenario::ManyPeers {
+            proxies: 3,
+            dense: 20.0,
+            sparse: None,
+            one_offs: 10,
+            early: false,
+        },
+        Scenario::ManyPeers {
+            proxies: 3,
+            dense: 20.0,
+            sparse: Some(2.0),
+            one_offs: 400,
+            early: false,
+        },
+    ]
 }
 
 /// The scenarios the simulation covers beside the single-process family.
@@ -789,7 +846,13 @@ fn drain_trace(mut out: Vec<(f64, u16, What)>, trigger: f64) -> Outcome {
 
 /// One drain of a scenario, at a random trigger.
 pub(crate) fn run_scenario(scenario: &Scenario, rng: &mut Rng) -> Run {
-    let trigger = rng.uniform(40.0, 70.0);
+    // Many peers: a process 7 to 8 minutes old, so one-offs of long ago fill what they fill.
+    let life = if matches!(scenario, Scenario::ManyPeers { .. }) {
+        rng.uniform(420.0, 450.0)
+    } else {
+        rng.uniform(40.0, 70.0)
+    };
+    let trigger = life;
     let from = trigger - 60.0;
     let horizon = trigger + 70.0;
     let mut out: Vec<(f64, u16, What)> = Vec::new();
@@ -855,6 +918,39 @@ pub(crate) fn run_scenario(scenario: &Scenario, rng: &mut Rng) -> Run {
                     for c in pool_trace(rng, pool, path + 1, window, &mut out) {
                         pools.push((c, stop));
                     }
+                }
+            }
+        }
+        Scenario::ManyPeers {
+            proxies,
+            dense,
+            sparse,
+            one_offs,
+            early,
+        } => {
+            stops = (0..proxies)
+                .map(|_| trigger + rng.log_uniform(0.2, 40.0))
+                .collect();
+            for (i, &stop) in stops.iter().enumerate() {
+                // The last node carries the sparse peer alone, when there is one.
+                let rate = match sparse {
+                    Some(r) if i + 1 == stops.len() => r,
+                    _ => dense,
+                };
+                let mut ts = Vec::new();
+                poisson(rng, rate, from, stop, &mut ts);
+                for t in ts {
+                    out.push((t, i as u16, What::Fresh));
+                    fresh.push((t, stop));
+                }
+            }
+            let last = if early { 240.0 } else { horizon };
+            for k in 0..one_offs {
+                let t = rng.uniform(0.0, last);
+                let stop = stops[(rng.unit() * f64::from(proxies)) as usize];
+                if t < stop {
+                    out.push((t, (100 + k) as u16, What::Fresh));
+                    fresh.push((t, stop));
                 }
             }
         }

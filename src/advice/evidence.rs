@@ -26,6 +26,9 @@ pub(super) fn commit(cx: &Ctx<'_>) -> Option<Advice> {
         (EvidenceKind::Max, Some(WeakEvidence::KeptConnections)) if not_enough => {
             kept_connections(cx, e, stopped_ms)
         }
+        (EvidenceKind::Max, Some(WeakEvidence::TooManyPeers)) if not_enough => {
+            too_many_peers(cx, stopped_ms)
+        }
         (EvidenceKind::Max, Some(_)) if not_enough => weak_rate(cx, e, stopped_ms),
         (EvidenceKind::NeverServed, _) => never_served(cx, stopped_ms),
         (EvidenceKind::Confidence, _) => confidence(cx, e),
@@ -137,6 +140,20 @@ fn kept_connections(cx: &Ctx<'_>, e: &EvidenceReport, stopped_ms: u64) -> Advice
              silence here bounds, so the drain waited {} (max). The EndpointSlice (feature \
              `kube`, an EndpointWatch with a proxy_allowance you configure) ends such a drain \
              once the proxies stopped routing here. {}",
+            secs(stopped_ms),
+            what_to_set(cx)
+        ),
+    )
+}
+
+/// `weak_evidence` for the shared row: peers beyond the table, or of no known address.
+fn too_many_peers(cx: &Ctx<'_>, stopped_ms: u64) -> Advice {
+    advice(
+        Warn,
+        AdviceRule::WeakEvidence,
+        stopped_ms,
+        format!(
+            "more peers were live at once than the arrival table tells apart (63 active within              32 s), or connections came with no peer address: they share one row (`other`),              whose silence proves nothing about its sparsest peer, so the drain waited {}              (max). A custom accept loop should pass the peer to ConnMeta::accepted. {}",
             secs(stopped_ms),
             what_to_set(cx)
         ),

@@ -88,6 +88,11 @@ impl PathFit {
 
     /// Why the path's data cannot decide the commit, if it cannot.
     pub(crate) fn weak(&self, max: Duration) -> Option<WeakEvidence> {
+        if self.path == PathId::OTHER {
+            // Peers beyond the table, or of no known address, mixed: a dense one that stopped
+            // would prove a silence no sparse one behind it could.
+            return Some(WeakEvidence::TooManyPeers);
+        }
         if self.routing == PathRouting::New {
             return Some(WeakEvidence::NewPath);
         }

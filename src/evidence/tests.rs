@@ -1,7 +1,7 @@
 use super::fit::Slots;
 use super::path::{gamma_lower_quantile, pool_silence};
 use super::*;
-use crate::observed::PathId;
+use crate::observed::{PathId, PATHS};
 
 /// The fit of `pattern` (`#` busy, `.` empty), all before the trigger, with max 15 s.
 fn fit(pattern: &str) -> Estimate {
@@ -127,24 +127,134 @@ fn a_request_marks_its_slot_and_a_connection_wins_over_it() {
     assert_eq!(seen(&a, 7 + RING as u64), (true, false));
 }
 
+fn ip(i: u32) -> Option<std::net::IpAddr> {
+    Some(std::net::IpAddr::from(std::net::Ipv4Addr::from(
+        u32::from(std::net::Ipv4Addr::new(198, 18, 0, 0)) + i,
+    )))
+}
+
+/// Opens and closes one connection of `peer` in `slot` (a one-off client): its row.
+fn one_off(a: &Arrivals, peer: Option<std::net::IpAddr>, slot: u64) -> PathId {
+    let p = a.open(peer, slot);
+    a.closed(p);
+    p
+}
+
 #[test]
-fn each_peer_gets_a_row_of_its_own_until_the_table_is_full() {
+fn each_live_peer_gets_a_row_of_its_own_until_the_table_is_full() {
     let a = Arrivals::new();
-    let ip = |i: u8| Some(std::net::IpAddr::from([198, 18, 0, i]));
-    let first = a.path_of(ip(1));
-    assert_eq!(a.path_of(ip(1)), first, "the same peer, the same row");
+    let first = one_off(&a, ip(1), 0);
+    assert_eq!(one_off(&a, ip(1), 0), first, "the same peer, the same row");
     let mut seen = std::collections::HashSet::new();
-    for i in 1..=15 {
-        let p = a.path_of(ip(i));
+    for i in 1..PATHS as u32 {
+        let p = one_off(&a, ip(i), 1);
         assert_ne!(p, PathId::OTHER, "peer {i}");
         assert!(seen.insert(p), "peer {i} shares a row");
     }
-    assert_eq!(a.path_of(ip(16)), PathId::OTHER, "beyond the table");
-    assert_eq!(a.path_of(None), PathId::OTHER);
+    // Every row's owner was active within a ring-turn: the next peer shares the last row.
+    assert_eq!(
+        one_off(&a, ip(PATHS as u32), 2),
+        PathId::OTHER,
+        "beyond the table"
+    );
+    assert_eq!(one_off(&a, None, 2), PathId::OTHER);
     // An IPv4-mapped IPv6 address is the same peer.
     let mapped = "::ffff:198.18.0.3".parse::<std::net::IpAddr>().unwrap();
-    assert_eq!(a.path_of(Some(mapped)), a.path_of(ip(3)));
-    assert_eq!(a.paths().count(), 16);
+    assert_eq!(one_off(&a, Some(mapped), 2), one_off(&a, ip(3), 2));
+    assert_eq!(a.paths().count(), PATHS);
+}
+
+#[test]
+fn a_peer_silent_for_a_ring_turn_gives_its_row_to_a_new_one() {
+    let a = Arrivals::new();
+    // Every row taken in slot 0; peer 5 keeps a connection open, peer 6 sends a request in
+    // slot 100; every row has counts of after the drain's start (of a drain that never
+    // froze them, to see them cleared).
+    let rows: Vec<PathId> = (1..PATHS as u32).map(|i| one_off(&a, ip(i), 0)).collect();
+    let held = a.open(ip(5), 0);
+    assert_eq!(held, rows[4]);
+    a.note_request(rows[5], 100);
+    rows.iter().for_each(|&r| a.after_drain(r, 1));
+    // Within a ring-turn of their last arrival, nobody gives a row up.
+    assert_eq!(one_off(&a, ip(1000), RING as u64), PathId::OTHER);
+    // Past it, the silent peers without a connection do, the longest silent first (all of
+    // slot 0 here: the first in the new peer's sequence), and the new owner's row is clean.
+    let taken = a.open(ip(1000), RING as u64 + 1);
+    assert_ne!(taken, PathId::OTHER);
+    assert_ne!(taken, held, "a peer with a connection open keeps its row");
+    assert_ne!(taken, rows[5], "a peer active since keeps its row");
+    assert_eq!(a.open_count(taken), 1);
+    assert_eq!(
+        a.after(taken),
+        (0, 0),
+        "counts of the former owner are cleared"
+    );
+    assert!(
+        !a.activity(taken, 0).active,
+        "the former owner's slots are cleared"
+    );
+    assert!(a.activity(taken, RING as u64 + 1).connection);
+    let peers: Vec<_> = a
+        .paths()
+        .filter(|(p, _)| *p == taken)
+        .map(|(_, ip)| ip)
+        .collect();
+    assert_eq!(peers, vec![ip(1000)]);
+    // The former owner, back, finds no row of its own until another one ages out...
+    a.closed(taken);
+    assert_ne!(one_off(&a, ip(1000), RING as u64 + 2), PathId::OTHER);
+    // ... and the peer whose connection stayed open still counts on its row.
+    assert_eq!(one_off(&a, ip(5), RING as u64 + 2), held);
+    a.closed(held);
+}
+
+#[test]
+fn from_the_trigger_on_rows_keep_their_owners() {
+    let a = Arrivals::new();
+    for i in 1..PATHS as u32 {
+        one_off(&a, ip(i), 0);
+    }
+    a.freeze();
+    // The drain reads the rows by their ids: a new peer during the drain shares the last.
+    assert_eq!(one_off(&a, ip(1000), 10 * RING as u64), PathId::OTHER);
+}
+
+#[test]
+fn a_connection_is_never_counted_on_a_row_that_changed_owner_under_it() {
+    // Two threads: one peer's connections come and go on its row while new peers, far
+    // enough in the future that every row without a connection open has aged out, take
+    // rows. Whenever the peer has a connection open on a row, the row is its own; at the
+    // end no row counts a connection open.
+    let a = std::sync::Arc::new(Arrivals::new());
+    for i in 1..PATHS as u32 {
+        one_off(&a, ip(i), 0);
+    }
+    let later = 10 * RING as u64;
+    let b = std::sync::Arc::clone(&a);
+    let churn = std::thread::spawn(move || {
+        for n in 0..20_000u32 {
+            one_off(&b, ip(100_000 + n), later);
+        }
+    });
+    let mut own = 0;
+    for _ in 0..20_000 {
+        let p = a.open(ip(7), later);
+        if p != PathId::OTHER {
+            own += 1;
+            let owner: Vec<_> = a
+                .paths()
+                .filter(|(q, _)| *q == p)
+                .map(|(_, ip)| ip)
+                .collect();
+            assert_eq!(owner, vec![ip(7)], "{p:?}");
+        }
+        a.closed(p);
+    }
+    churn.join().unwrap();
+    assert!(own > 0, "the peer never had a row");
+    for (p, _) in a.paths() {
+        assert_eq!(a.open_count(p), 0, "{p:?}");
+    }
 }
 
 #[test]

@@ -92,7 +92,7 @@ impl Window {
                 activity |= u128::from(a.active) << i;
                 fresh |= u128::from(a.fresh) << i;
             }
-            let open = arrivals.open(path);
+            let open = arrivals.open_count(path);
             if activity != 0 || open > 0 {
                 paths.push(PathWindow {
                     path,

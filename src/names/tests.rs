@@ -286,6 +286,7 @@ fn evidence_names_are_documented() {
         TooSparse,
         NewPath,
         KeptConnections,
+        TooManyPeers,
     });
     check(&weak, |v| v.as_str().to_owned());
     let routing = all!(PathRouting {

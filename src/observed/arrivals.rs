@@ -1,23 +1,53 @@
-//! The arrival ring: per path (a peer address), which recent slots of [`SLOT`] saw a new
+//! The arrival table: per path (a peer address), which recent slots of [`SLOT`] saw a new
 //! connection or a request, written lock-free on every connection and the first request of a
 //! slot; the propagation evidence reads it. See the [parent module](super) for the invariants.
+//!
+//! # The rows
+//!
+//! A row belongs to one peer while that peer is *live*: it has a connection open, or sent
+//! something in the last ring-turn ([`RING`] slots, 32 s, longer than the evidence window).
+//! A peer that has been silent that long and holds no connection gives its row up to the next
+//! new peer — while Serving only: from the trigger on, the rows the drain's evidence reads stay
+//! as they are. Only when more peers are live at once than there are rows do the rest share
+//! one row, [`PathId::OTHER`], with connections of no known peer; the evidence never lets that
+//! row prove a silence (its peers' rates are mixed: a dense peer's silence would prove nothing
+//! about a sparse one behind it).
+//!
+//! Each row's owner and its open connections are one atomic word, `key << 24 | open`: a
+//! connection joins its peer's row by a compare-exchange that checks the key and counts itself
+//! in one step, and a row is taken over by one that checks "no connection open" and swaps the
+//! key in one step, so a connection is never counted on a row that changed owner under it.
+//! Taking a row (a new peer's) is serialised by a lock; finding one's row is lock-free.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::sync::MutexExt;
+
+mod row;
+
+use row::{key_of, Row};
+
 /// The length of one slot of the arrival ring.
 pub(crate) const SLOT: Duration = Duration::from_millis(250);
 /// Ring entries: more than the evidence window, so the trigger's slot never overwrites one of
-/// it.
+/// it. Also how long a peer without an open connection keeps its row after its last arrival.
 pub(crate) const RING: usize = 128;
 
-/// Paths the arrival evidence tells apart: one row per peer address, up to `PATHS − 1` of them,
-/// and one row, [`PathId::OTHER`], for the rest (and for connections of no known peer).
-pub(crate) const PATHS: usize = 16;
+/// Paths the arrival evidence tells apart: one row per live peer address, up to `PATHS − 1`
+/// of them, and one row, [`PathId::OTHER`], for the rest (and for connections of no known
+/// peer).
+pub(crate) const PATHS: usize = 64;
+
+/// The bits of a row's state word that count its open connections (16 million).
+const OPEN_BITS: u32 = 24;
+const OPEN_MASK: u64 = (1 << OPEN_BITS) - 1;
+/// A row's key while it is being (re)assigned: no peer's key (theirs are odd).
+const TAKING: u64 = 2;
 
 /// A row of [`Arrivals`]: the path a connection's arrivals are counted on. Resolved once per
 /// connection; each of its requests is counted on it without a lookup.
@@ -33,55 +63,6 @@ impl PathId {
     }
 }
 
-/// One path's counts.
-#[derive(Debug)]
-struct Row {
-    /// A hash of the peer address with its low bit set; 0 = free. Claimed once, never freed
-    /// (a coordinator lives as long as its process).
-    key: AtomicU64,
-    peer: OnceLock<IpAddr>,
-    /// Which recent slots saw activity: `(slot + 1) << 2 | fresh << 1 | connection` of the
-    /// latest slot that wrote the entry (32 bits: slots of 250 ms wrap after 8 years of
-    /// serving).
-    ring: [AtomicU32; RING],
-    /// Connections of this path open now.
-    open: AtomicU32,
-    /// New connections since the drain started, and the stamp of the last (0 = none).
-    after: AtomicU32,
-    last_after: AtomicU64,
-    /// Connections open at the drain's start that have since been told to close (their first
-    /// response after it said `Connection: close`, a GOAWAY, or they closed), and the sum of
-    /// how long after the start that came, in microseconds: how fast the path's kept
-    /// connections are used.
-    told: AtomicU32,
-    told_us: AtomicU64,
-    /// Connections open at the drain's start that closed since, by the client's own doing,
-    /// before being told to close: a request in flight at the start whose client then left
-    /// (a fresh connection), or a pool's idle timeout. No reconnect of the drain's making.
-    left: AtomicU32,
-    /// Connections open at the drain's start that had carried more requests than a fresh
-    /// connection does when they were told to close or closed: kept alive by a client that
-    /// reuses them (a pool), which opens new ones when its own demand needs them.
-    kept: AtomicU32,
-}
-
-impl Row {
-    fn new() -> Self {
-        Self {
-            key: AtomicU64::new(0),
-            peer: OnceLock::new(),
-            ring: std::array::from_fn(|_| AtomicU32::new(0)),
-            open: AtomicU32::new(0),
-            after: AtomicU32::new(0),
-            last_after: AtomicU64::new(0),
-            told: AtomicU32::new(0),
-            told_us: AtomicU64::new(0),
-            left: AtomicU32::new(0),
-            kept: AtomicU32::new(0),
-        }
-    }
-}
-
 /// Which slots saw activity — a new connection, or a request — per path.
 ///
 /// Each ring entry holds `(slot + 1) << 2 | fresh << 1 | connection` for the latest slot that
@@ -94,6 +75,11 @@ impl Row {
 pub(crate) struct Arrivals {
     /// Boxed: the rows are most of a coordinator's leaked block, and `Core` stays small.
     rows: Box<[Row; PATHS]>,
+    /// Serialises giving rows to new peers, so that two first connections of one peer take
+    /// one row, not two. Never held by a connection whose peer has a row.
+    taking: Mutex<()>,
+    /// Set at the trigger: rows keep their owners from then on (the evidence reads them).
+    frozen: AtomicBool,
     /// Nanoseconds since `Observed::base` + 1 of when connections started to be counted; 0 = no
     /// source of connection data (neither `serve` nor `ConnMeta` through `axum::serve`).
     observing_since: AtomicU64,
@@ -118,61 +104,98 @@ pub(crate) struct Activity {
     pub(crate) fresh: bool,
 }
 
-/// A hash of `ip` with its low bit set (0 marks a free row). Deterministic: a peer cannot
-/// pick its row, and two peers sharing one only merge their evidence.
-fn key_of(ip: IpAddr) -> u64 {
-    let bits: u128 = match ip.to_canonical() {
-        IpAddr::V4(v4) => u128::from(u32::from(v4)),
-        IpAddr::V6(v6) => u128::from(v6) ^ (1 << 127),
-    };
-    let mix = |mut z: u64| {
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    mix(mix(bits as u64) ^ (bits >> 64) as u64) | 1
-}
+const _: () = assert!(PATHS <= 256, "a PathId is a u8");
 
 impl Arrivals {
     pub(crate) fn new() -> Self {
         Self {
             rows: Box::new(std::array::from_fn(|_| Row::new())),
+            taking: Mutex::new(()),
+            frozen: AtomicBool::new(false),
             observing_since: AtomicU64::new(0),
             requests_seen: AtomicBool::new(false),
         }
     }
 
-    /// The row of `peer`, claimed on its first connection; [`PathId::OTHER`] without a peer
-    /// or once every row is taken. Once per connection: a few relaxed loads, a
-    /// compare-exchange for a peer's first.
-    pub(crate) fn path_of(&self, peer: Option<IpAddr>) -> PathId {
-        let Some(ip) = peer else {
-            return PathId::OTHER;
+    /// A new connection of `peer` in `slot`: its row, with the connection counted open on it
+    /// until [`closed`](Self::closed), and its arrival recorded. [`PathId::OTHER`] without a
+    /// peer, or while every row has a live owner. Once per connection: a few relaxed loads
+    /// and a compare-exchange; a new peer's first connection also takes a short lock.
+    pub(crate) fn open(&self, peer: Option<IpAddr>, slot: u64) -> PathId {
+        let path = match peer {
+            None => PathId::OTHER,
+            Some(ip) => {
+                let key = key_of(ip);
+                self.find(key)
+                    .or_else(|| self.take(key, ip, slot))
+                    .unwrap_or(PathId::OTHER)
+            }
         };
-        let key = key_of(ip);
+        if path == PathId::OTHER {
+            // Relaxed: a count read at the trigger; the shared row never changes owner.
+            self.rows[path.index()].owner.join_any();
+        }
+        self.record(path, slot);
+        path
+    }
+
+    /// The row `key` owns, joined (one more connection open on it).
+    fn find(&self, key: u64) -> Option<PathId> {
         let keyed = PATHS - 1;
         let start = (key >> 1) as usize % keyed;
         for i in (start..keyed).chain(0..start) {
             let row = &self.rows[i];
-            // Relaxed: the key alone identifies the row; the peer address is for the report.
-            let mut current = row.key.load(Ordering::Relaxed);
-            if current == 0 {
-                match row
-                    .key
-                    .compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed)
-                {
-                    Ok(_) => {
-                        let _ = row.peer.set(ip.to_canonical());
-                        return PathId(i as u8);
-                    }
-                    Err(now) => current = now,
-                }
+            if row.owner.join(key) {
+                return Some(PathId(i as u8));
             }
-            if current == key {
-                return PathId(i as u8);
+            // Rows are taken from the start of each peer's sequence and never freed: a free
+            // one means the key is nowhere after it.
+            if row.owner.key() == 0 {
+                return None;
             }
         }
-        PathId::OTHER
+        None
+    }
+
+    /// A row for a new peer: the first free one in its sequence, else (while Serving) the
+    /// one whose owner has been silent longest past a ring-turn with nothing open.
+    #[cold]
+    fn take(&self, key: u64, ip: IpAddr, slot: u64) -> Option<PathId> {
+        let _one_at_a_time = self.taking.locked();
+        // Another first connection of the same peer may have taken one meanwhile.
+        if let Some(p) = self.find(key) {
+            return Some(p);
+        }
+        let keyed = PATHS - 1;
+        let start = (key >> 1) as usize % keyed;
+        let frozen = self.frozen.load(Ordering::Relaxed);
+        loop {
+            let mut best: Option<(usize, u64)> = None;
+            for i in (start..keyed).chain(0..start) {
+                let row = &self.rows[i];
+                if row.owner.key() == 0 {
+                    best = Some((i, 0));
+                    break;
+                }
+                if frozen || !row.reusable(slot) {
+                    continue;
+                }
+                let last = row.last.load(Ordering::Relaxed);
+                if best.is_none_or(|(_, l)| last < l) {
+                    best = Some((i, last));
+                }
+            }
+            let (i, _) = best?;
+            if self.rows[i].take(key, ip, slot) {
+                return Some(PathId(i as u8));
+            }
+            // Its owner connected again just now: look for another.
+        }
+    }
+
+    /// Rows keep their owners from now on: the drain's evidence reads them by row.
+    pub(crate) fn freeze(&self) {
+        self.frozen.store(true, Ordering::Relaxed);
     }
 
     /// The paths in use, with their peer address (`None` for [`PathId::OTHER`]).
@@ -181,20 +204,24 @@ impl Arrivals {
             let id = PathId(i as u8);
             if id == PathId::OTHER {
                 Some((id, None))
-            } else if row.key.load(Ordering::Relaxed) != 0 {
-                Some((id, row.peer.get().copied()))
             } else {
-                None
+                match row.owner.key() {
+                    0 | TAKING => None,
+                    _ => Some((id, *row.peer.locked())),
+                }
             }
         })
     }
 
-    /// Counts one new connection of `path` in slot `slot`. One relaxed atomic operation: the
-    /// value is read by the driver, which tolerates a slot seen a moment late.
+    /// Counts one new connection of `path` in slot `slot`. One relaxed atomic operation on
+    /// the ring entry (the value is read by the driver, which tolerates a slot seen a moment
+    /// late) and one on the row's last activity.
     #[inline]
     pub(crate) fn record(&self, path: PathId, slot: u64) {
-        self.rows[path.index()].ring[(slot % RING as u64) as usize]
+        let row = &self.rows[path.index()];
+        row.ring[(slot % RING as u64) as usize]
             .fetch_max((entry(slot) << 2) | 1, Ordering::Relaxed);
+        row.last.fetch_max(slot + 1, Ordering::Relaxed);
     }
 
     /// Counts one request of `path` in `slot`. While the slot's entry already says so (every
@@ -205,36 +232,33 @@ impl Arrivals {
         let v = entry(slot) << 2;
         // Relaxed: read by the driver, which tolerates a slot seen a moment late.
         if entry_ref.load(Ordering::Relaxed) < v {
-            self.note_request_slow(entry_ref, v);
+            self.note_request_slow(path, entry_ref, v, slot);
         }
     }
 
     /// The first request of a slot.
     #[cold]
     #[inline(never)]
-    fn note_request_slow(&self, entry: &AtomicU32, v: u32) {
+    fn note_request_slow(&self, path: PathId, entry: &AtomicU32, v: u32, slot: u64) {
         entry.fetch_max(v, Ordering::Relaxed);
+        self.rows[path.index()]
+            .last
+            .fetch_max(slot + 1, Ordering::Relaxed);
         if !self.requests_seen.load(Ordering::Relaxed) {
             self.requests_seen.store(true, Ordering::Relaxed);
         }
     }
 
-    /// A connection of `path` opened (counted until [`closed`](Self::closed)).
-    #[inline]
-    pub(crate) fn opened(&self, path: PathId) {
-        // Relaxed: a gauge read at the trigger; nothing synchronises through it.
-        self.rows[path.index()].open.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A connection of `path` closed.
+    /// A connection of `path` closed: the last thing it writes on the row, which may then go
+    /// to another peer.
     #[inline]
     pub(crate) fn closed(&self, path: PathId) {
-        self.rows[path.index()].open.fetch_sub(1, Ordering::Relaxed);
+        self.rows[path.index()].owner.leave();
     }
 
     /// Connections of `path` open now.
-    pub(crate) fn open(&self, path: PathId) -> u32 {
-        self.rows[path.index()].open.load(Ordering::Relaxed)
+    pub(crate) fn open_count(&self, path: PathId) -> u32 {
+        self.rows[path.index()].owner.open()
     }
 
     /// A new connection of `path` after the drain started, at `stamp` (see `Observed`).

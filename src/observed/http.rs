@@ -24,21 +24,18 @@ impl Observed {
     }
 
     /// Counts a new connection from `peer` in its path's arrival ring (Serving or not) and
-    /// returns the path, for the connection to count its requests on: a few relaxed atomic
-    /// operations, once per connection, never per request.
+    /// returns the path, for the connection to count its requests on: open on it until
+    /// [`connection_ended`](Self::connection_ended). A few relaxed atomic operations and a
+    /// compare-exchange, once per connection, never per request.
     #[inline]
     pub(crate) fn note_arrival(&self, peer: Option<IpAddr>) -> PathId {
-        let path = self.arrivals.path_of(peer);
-        self.arrivals
-            .record(path, slot_of(self.base, Instant::now()));
-        path
+        self.arrivals.open(peer, slot_of(self.base, Instant::now()))
     }
 
     /// A connection of `path` accepted at `accepted` closed: no longer open on it; when it
     /// closed while Serving after `few` requests, a fresh connection in its slot; when it was
     /// open at the drain's start and not `told` to close, one that left by itself.
     pub(crate) fn connection_ended(&self, path: PathId, accepted: Instant, told: bool, few: bool) {
-        self.arrivals.closed(path);
         match self.drain_started() {
             None if few => self
                 .arrivals
@@ -52,6 +49,8 @@ impl Observed {
             }
             Some(_) => {}
         }
+        // Last: the row may go to another peer once nothing is open on it.
+        self.arrivals.closed(path);
     }
 
     /// A connection of `path` open at the drain's start (`start`) was told to close now,

@@ -97,6 +97,8 @@ pub fn drain(
     let mut feed = Feed::new(arrivals, trigger);
     let (base, origin) = (feed.base, feed.origin);
     feed.up_to(origin);
+    // As the drain's start does: the rows keep their owners from the trigger on.
+    feed.rows.freeze();
     let window = Window::at(&feed.rows, base, origin, Some(base));
     let mut evidence = Evidence::new(window, epsilon, max, fallback);
     let max_at = origin + max;
@@ -128,6 +130,12 @@ pub fn drain(
     }
 }
 
+/// The peer address of a trace's path: 198.18.0.1, 198.18.0.2, … for 0, 1, ….
+fn peer(path: u16) -> IpAddr {
+    let first = u32::from(Ipv4Addr::new(198, 18, 0, 0));
+    IpAddr::V4(Ipv4Addr::from(first + u32::from(path) + 1))
+}
+
 /// The rows a drain reads, fed from a trace in time order as the accept loop and the
 /// connections would have.
 struct Feed<'a> {
@@ -135,7 +143,8 @@ struct Feed<'a> {
     /// The next arrival to feed.
     next: usize,
     rows: Arrivals,
-    /// A peer address per path of the trace.
+    /// Per path of the trace, the row its latest connection was counted on (its requests and
+    /// closes are counted there: a row keeps its owner while a connection is open on it).
     paths: Vec<PathId>,
     base: Instant,
     origin: Instant,
@@ -148,13 +157,10 @@ impl<'a> Feed<'a> {
         let base = Instant::from_std(std::time::Instant::now());
         let rows = Arrivals::new();
         rows.observe_from(1);
-        let paths = (0..=arrivals.iter().map(|a| a.path).max().unwrap_or(0))
-            .map(|p| {
-                let [hi, lo] = p.to_be_bytes();
-                let ip = Ipv4Addr::new(198, 18, hi, lo.wrapping_add(1));
-                rows.path_of(Some(IpAddr::V4(ip)))
-            })
-            .collect();
+        let paths = vec![
+            PathId::OTHER;
+            usize::from(arrivals.iter().map(|a| a.path).max().unwrap_or(0)) + 1
+        ];
         Self {
             arrivals,
             next: 0,
@@ -175,21 +181,31 @@ impl<'a> Feed<'a> {
             if at > now {
                 break;
             }
-            let path = self.paths[usize::from(a.path)];
             let slot = slot_of(base, at);
+            if at >= origin {
+                self.rows.freeze();
+            }
             let rows = &self.rows;
+            let path = match a.what {
+                What::Fresh | What::Open => {
+                    let path = rows.open(Some(peer(a.path)), slot);
+                    self.paths[usize::from(a.path)] = path;
+                    path
+                }
+                _ => self.paths[usize::from(a.path)],
+            };
             match a.what {
                 What::Fresh | What::Open => {
-                    rows.record(path, slot);
-                    if a.what == What::Open {
-                        rows.opened(path);
-                    } else if at < origin {
-                        // Closed at once, while Serving.
-                        rows.closed_fresh(path, slot);
-                    }
                     if at >= origin {
                         rows.after_drain(path, stamp(at));
                         self.last_connection = Some(at);
+                    }
+                    if a.what == What::Fresh {
+                        if at < origin {
+                            // Closed at once, while Serving.
+                            rows.closed_fresh(path, slot);
+                        }
+                        rows.closed(path);
                     }
                 }
                 What::Request => {

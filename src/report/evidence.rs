@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 /// Why the arrival data cannot say how long to wait.
 ///
 /// In JSON: `no_connection_data`, `too_few_slots`, `too_sparse`, `new_path`,
-/// `kept_connections`.
+/// `kept_connections`, `too_many_peers`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -35,6 +35,12 @@ pub enum WeakEvidence {
     /// (feature `kube`) with a configured proxy allowance, or a fallback, can end such a drain
     /// before `max`.
     KeptConnections,
+    /// More peers were live at once (active within the last 32 s, or holding a connection)
+    /// than the arrival table tells apart (63), or connections came with no peer address (a
+    /// custom accept loop that passes none): those share one row (`peer` = `other`), whose
+    /// silence proves nothing about its sparsest peer — a dense peer that stopped would hide a
+    /// sparse one still routed here.
+    TooManyPeers,
 }
 
 /// How a path (a peer address) reaches the process, as its arrivals show.
@@ -394,6 +400,11 @@ impl EvidenceReport {
                 p.routing.as_str(),
                 p.kept_alive,
                 p.open_now
+            ),
+            Some(p) if p.weak == Some(WeakEvidence::TooManyPeers) => format!(
+                "; held by the shared row of peers beyond the table or of no address \
+                 ({} new connection(s) since the trigger; mixed peers prove no silence)",
+                p.new_after_trigger
             ),
             Some(p) if p.open_now > 0 && p.open_at_trigger > 0 => format!(
                 "; held by {peer} ({}, {} kept connection(s) still open)",

@@ -153,15 +153,15 @@ impl ConnMeta {
         Self::with_path(peer, accepted_while_draining, None)
     }
 
-    /// Metadata for a connection `core` counted on `path`: open on it until the last copy is
-    /// dropped.
+    /// Metadata for a connection `core` counted open on `path` (by
+    /// [`Observed::note_arrival`](crate::observed::Observed::note_arrival)): open on it until
+    /// the last copy is dropped.
     pub(crate) fn counted(
         peer: Option<SocketAddr>,
         accepted_while_draining: Option<bool>,
         core: &'static Core,
         path: PathId,
     ) -> Self {
-        core.observed().arrivals().opened(path);
         Self::with_path(peer, accepted_while_draining, Some((core, path)))
     }
 

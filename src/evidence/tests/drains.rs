@@ -1,7 +1,7 @@
 //! The rule, driven with synthetic arrivals on the paused clock.
 //!
 //! Arrivals go through `Drain::note_connection`, the accept loop's own hook: counted in
-//! the ring while Serving, and as new connections once draining.
+//! the ring while Serving, and as new connections once draining; each closes at once.
 
 use super::*;
 
@@ -11,7 +11,16 @@ use crate::propagation::Propagation;
 use crate::report::{EvidenceKind, EvidenceReport, MaxReason};
 use crate::signal::Signals;
 
-const PEER: Option<std::net::SocketAddr> = None;
+const PEER: Option<std::net::SocketAddr> = Some(std::net::SocketAddr::new(
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(198, 18, 0, 7)),
+    40000,
+));
+
+/// A connection from [`PEER`], accepted and closed at once (its row is free to age out).
+fn connect(d: &Drain) {
+    let (_, path) = d.note_connection(PEER);
+    d.core().observed().arrivals().closed(path);
+}
 
 fn drain(p: Propagation) -> Drain {
     let d = Drain::builder()
@@ -31,7 +40,7 @@ fn drain(p: Propagation) -> Drain {
 async fn arrivals(d: &Drain, every: Duration, n: u32) {
     for _ in 0..n {
         tokio::time::sleep(every).await;
-        d.note_connection(PEER);
+        connect(d);
     }
 }
 
@@ -70,7 +79,7 @@ async fn a_moderate_rate_asks_for_its_own_silence_and_learns_from_the_drain() {
         for i in 0..12 {
             tokio::time::sleep(SLOT).await;
             if i != 11 {
-                d.note_connection(PEER);
+                connect(&d);
             }
         }
     }
@@ -78,7 +87,7 @@ async fn a_moderate_rate_asks_for_its_own_silence_and_learns_from_the_drain() {
     for i in 0..12 {
         tokio::time::sleep(SLOT).await;
         if i != 11 {
-            d.note_connection(PEER);
+            connect(&d);
         }
     }
     let (at, ev) = committed(&d).await;
@@ -252,7 +261,7 @@ async fn connections_that_never_stop_commit_at_max_as_never_quiet() {
             if d2.phase() >= Phase::StoppedAccepting {
                 break;
             }
-            d2.note_connection(PEER);
+            connect(&d2);
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
