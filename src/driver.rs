@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use crate::closers::Closers;
 use crate::guard::{Core, Site};
 use crate::phase::{unix_ms_now, CommitReason, Event, EventKind, Phase, Trigger};
-use crate::report::{CloserResult, DrainReport, EvidenceReport, Outcome, Straggler};
+use crate::report::{CloserResult, DrainReport, EvidenceReport, Outcome};
 use crate::tasks::{TaskContext, Tasks};
 
 mod commit;
@@ -320,7 +320,7 @@ impl Driver {
 
     /// Step 3: waits for zero (requests and tasks), or the quiesce deadline, where what is
     /// left is named and cut. Returns the stragglers and whether the deadline hit.
-    async fn wait_for_zero(&self, origin: Instant) -> (Vec<Straggler>, bool) {
+    async fn wait_for_zero(&self, origin: Instant) -> (stragglers::Cut, bool) {
         let mut deadline_hit = false;
         if !self.is_forced() {
             let requests = async {
@@ -338,7 +338,7 @@ impl Driver {
                 () = self.tokens.force.cancelled() => {}
             }
         }
-        let mut stragglers = Vec::new();
+        let mut stragglers = stragglers::Cut::default();
         if deadline_hit {
             stragglers = self.cut_at_deadline(origin).await;
         }
@@ -355,14 +355,14 @@ impl Driver {
 
     /// The quiesce deadline: names what is left, fires the deadline token, and lets the tasks
     /// recover (by the hard deadline) before they are aborted.
-    async fn cut_at_deadline(&self, origin: Instant) -> Vec<Straggler> {
+    async fn cut_at_deadline(&self, origin: Instant) -> stragglers::Cut {
         let at = self.deadlines.quiesce(origin);
         let mut stragglers = stragglers::collect(self.core, &self.tasks, at, origin);
-        let detail = format!("{} stragglers", stragglers.len());
+        let detail = format!("{} stragglers", stragglers.counts.total());
         self.push_now(EventKind::DeadlineExceeded, Some(&detail));
         self.tokens.deadline.cancel();
         let hard = self.deadlines.hard(origin);
-        stragglers::recover(&mut stragglers, &self.tasks, hard).await;
+        stragglers::recover(&mut stragglers.named, &self.tasks, hard).await;
         stragglers
     }
 

@@ -32,7 +32,7 @@ pub use evidence::{
 };
 pub use probes::{ProbeClass, ProbeSource, ProbeSources};
 pub use results::{ActionResult, CloserResult, TaskEnd, TaskResult};
-pub use work::{InFlightHold, Straggler, StragglerKind};
+pub use work::{InFlightHold, Straggler, StragglerCounts, StragglerKind};
 
 pub(crate) mod evidence_json;
 
@@ -238,8 +238,12 @@ pub struct DrainReport {
     pub timeline: Vec<Event>,
     /// What arrived after the drain started.
     pub after_flip: AfterFlipReport,
-    /// Work still running at the quiesce deadline.
+    /// Work still running at the quiesce deadline (or at a forced exit), the oldest
+    /// [`Straggler::NAMED_PER_KIND`] of each kind; `straggler_counts` counts them all.
     pub stragglers: Vec<Straggler>,
+    /// How many stragglers of each kind there were, named or not.
+    #[serde(default)]
+    pub straggler_counts: StragglerCounts,
     /// Background tasks that panicked or were aborted.
     pub tasks: Vec<TaskEnd>,
     /// Closers, in the order they ran.

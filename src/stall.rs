@@ -96,8 +96,11 @@ impl Stalls {
     }
 
     /// The stalled writes now, oldest connection first.
-    pub(crate) fn snapshot(&self) -> Vec<Arc<StalledWrite>> {
-        self.lock().values().cloned().collect()
+    /// The `keep` oldest stalled writes, and how many there are.
+    pub(crate) fn oldest(&self, keep: usize) -> (Vec<Arc<StalledWrite>>, usize) {
+        let entries = self.lock();
+        let oldest = crate::sync::oldest(entries.values(), keep, |w| w.since);
+        (oldest.into_iter().cloned().collect(), entries.len())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(u64, bool), Arc<StalledWrite>>> {

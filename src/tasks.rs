@@ -272,12 +272,15 @@ impl Tasks {
     }
 
     /// Names and start times of the tasks still running.
-    pub(crate) fn running(&self) -> Vec<(String, TaskKind, Instant)> {
+    /// The `keep` tasks running longest, and how many are running.
+    pub(crate) fn oldest_running(&self, keep: usize) -> (Vec<(String, TaskKind, Instant)>, usize) {
         let reg = self.registry.locked();
-        reg.running
-            .values()
+        let oldest = crate::sync::oldest(reg.running.values(), keep, |t| t.started);
+        let named = oldest
+            .into_iter()
             .map(|t| (t.name.clone(), t.kind, t.started))
-            .collect()
+            .collect();
+        (named, reg.running.len())
     }
 
     /// Takes the recovery actions of the tasks still running, with their abort handles.

@@ -259,6 +259,113 @@ async fn an_http2_request_behind_a_shut_window_is_cut_and_named_at_the_deadline(
     within("serve returns", server).await.unwrap();
 }
 
+/// One HTTP/2 (prior knowledge) connection with every stream's window at zero, `streams`
+/// requests for `GET {path}` sent on it, each answered with a head and a body that can never
+/// come. Returns the connection, its requests' answers (kept, so their streams stay open)
+/// and the stream bound the server announced.
+async fn zero_window_streams(
+    addr: std::net::SocketAddr,
+    path: &str,
+    streams: usize,
+) -> (ZeroWindow, Vec<http::Response<h2::RecvStream>>, usize) {
+    let first = zero_window_get(addr, path).await;
+    let bound = first._send.current_max_send_streams();
+    let mut answers = Vec::with_capacity(streams);
+    let mut send = first._send.clone();
+    for _ in 1..streams {
+        send = send.ready().await.unwrap();
+        let req = http::Request::builder()
+            .uri(format!("http://test{path}"))
+            .body(())
+            .unwrap();
+        let (response, _) = send.send_request(req, true).unwrap();
+        answers.push(response.await.expect("the answer's head"));
+    }
+    (first, answers, bound)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_stalled_http2_streams_are_counted_and_a_few_named_in_a_small_report() {
+    // 20 connections × 50 streams, each answer's body held back by a zero window: every
+    // stream is a request in flight at the quiesce deadline. The report named each of them
+    // (and was serialised several times over): at 3,500 connections × 200 streams it did not
+    // fit in the grace and no report was left. It names the oldest few and counts the rest.
+    let (conns, streams) = (20, 50);
+    let drain = drain(secs(4), Propagation::fixed(ms(300)));
+    let (listener, addr) = bind().await;
+    let app = axum::Router::new()
+        .route("/small", get(|| async { "ok" }))
+        .layer(drain.layer());
+    let server = tokio::spawn(lameduck::serve(listener, app, &drain));
+    let mut held = Vec::new();
+    for _ in 0..conns {
+        held.push(
+            within(
+                "zero-window streams",
+                zero_window_streams(addr, "/small", streams),
+            )
+            .await,
+        );
+    }
+    eventually("every owed answer counts as in flight", || {
+        drain.counts().in_flight() >= conns * streams
+    })
+    .await;
+    assert!(drain.start(Trigger::Api));
+    let report = within("drain done", drain.drained()).await;
+    assert_eq!(report.outcome, Outcome::DeadlineExceeded);
+    assert!(
+        report.straggler_counts.requests >= (conns * streams) as u64,
+        "{:?}",
+        report.straggler_counts
+    );
+    let named = |kind| report.stragglers.iter().filter(|s| s.kind == kind).count();
+    assert!(
+        named(lameduck::report::StragglerKind::Request) <= Straggler::NAMED_PER_KIND,
+        "{} requests named",
+        named(lameduck::report::StragglerKind::Request)
+    );
+    assert!(named(lameduck::report::StragglerKind::Response) <= Straggler::NAMED_PER_KIND);
+    let json = report.to_json();
+    assert!(json.len() < 32 << 10, "a report of {} bytes", json.len());
+    assert!(report.budget.used_ms < report.budget.grace_ms, "{json}");
+    assert!(
+        report.advice.iter().any(|a| a
+            .message
+            .starts_with(&format!("{} requests", report.straggler_counts.requests))),
+        "the advice counts them all: {json}"
+    );
+    within("serve returns", server).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_http2_connection_may_hold_a_bounded_number_of_streams() {
+    let bounded = drain(secs(30), Propagation::fixed(ms(300)));
+    let (listener, addr) = bind().await;
+    let app = axum::Router::new()
+        .route("/small", get(|| async { "ok" }))
+        .layer(bounded.layer());
+    let server =
+        tokio::spawn(lameduck::serve(listener, app, &bounded).http2_max_concurrent_streams(16));
+    let (_conn, _answers, bound) = within("streams", zero_window_streams(addr, "/small", 1)).await;
+    assert_eq!(bound, 16, "the server announces its bound");
+    drop((_conn, _answers));
+    server.abort();
+
+    let drain = drain(secs(30), Propagation::fixed(ms(300)));
+    let (listener, addr) = bind().await;
+    let app = axum::Router::new()
+        .route("/small", get(|| async { "ok" }))
+        .layer(drain.layer());
+    let server = tokio::spawn(lameduck::serve(listener, app, &drain));
+    let (_conn, _answers, bound) = within("streams", zero_window_streams(addr, "/small", 1)).await;
+    assert_eq!(
+        bound as u32,
+        lameduck::server::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS
+    );
+    server.abort();
+}
+
 /// Partial request heads that are never finished.
 async fn slowloris(addr: std::net::SocketAddr, n: usize) -> Vec<TcpStream> {
     let mut out = Vec::with_capacity(n);

@@ -123,6 +123,9 @@ impl fmt::Debug for AdminServe {
     }
 }
 
+/// The most streams an HTTP/2 connection to the admin port may have open at once.
+const ADMIN_H2_STREAMS: u32 = 8;
+
 async fn run(
     listener: TcpListener,
     router: Router,
@@ -135,6 +138,9 @@ async fn run(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout);
+    // Probes and `/drain` calls send a request or two per connection; more streams are only
+    // what a hostile peer holds open.
+    builder.http2().max_concurrent_streams(ADMIN_H2_STREAMS);
     let exiting = drain.exit_holds().exiting().clone();
     let slots = Arc::new(Slots::default());
     let seats = WaitSeats::for_cap(cap);

@@ -16,14 +16,15 @@ pub(super) fn requests_cut(cx: &Ctx<'_>) -> Option<Advice> {
         .filter(|s| s.kind == StragglerKind::Request)
         .collect();
     let oldest = requests_cut.iter().map(|s| s.age_ms).max()?;
+    // Counted, not listed: the report names only the oldest few.
+    let count = r.straggler_counts.requests.max(requests_cut.len() as u64);
     Some(advice(
         Warn,
         AdviceRule::RequestsCut,
         oldest,
         format!(
-            "{} requests were still running at the quiesce deadline ({} ms), the oldest {oldest} ms old: \
+            "{count} requests were still running at the quiesce deadline ({} ms), the oldest {oldest} ms old: \
              bound those handlers or raise grace_period",
-            requests_cut.len(),
             r.budget.quiesce_ms
         ),
     ))
@@ -44,7 +45,7 @@ pub(super) fn tasks_cut(cx: &Ctx<'_>) -> Option<Advice> {
         .iter()
         .filter(|s| s.recovery == Some(ActionResult::Ok))
         .count();
-    let tasks_cut = cut.len();
+    let tasks_cut = (cx.r.straggler_counts.tasks as usize).max(cut.len());
     let message = if recovered == tasks_cut {
         // Each one used spawn_with_recovery and its recovery worked: recommending it
         // again would be wrong; what is left is that the task did not end by itself.

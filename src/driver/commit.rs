@@ -63,7 +63,10 @@ impl Commitment {
             Commit::new(CommitReason::NeverServed, EvidenceKind::NeverServed, None)
         } else {
             let on_hold = |at: Instant| {
-                in_flight_then = Some((core.counter.count(), in_flight_work(core, at, origin)));
+                in_flight_then = Some((
+                    core.counter.count(),
+                    in_flight_work(core, at, origin, InFlightHold::LISTED).named,
+                ));
             };
             tokio::select! {
                 r = self.policy.commit(core, origin, &mut evidence, link, max_at, on_hold) => r,

@@ -28,6 +28,7 @@ use crate::report::{
     stderr_bounded, Advice, AdviceLevel, AdviceRule, DrainReport, Emitted, Sinks, StopSignalWait,
     STDERR_WAIT,
 };
+use crate::sync::MutexExt;
 
 mod holds;
 
@@ -55,6 +56,9 @@ pub(crate) struct Exit {
     stop_seen: AtomicBool,
     stop_arrived: Notify,
     holds: ExitHolds,
+    /// The summary line of the report being written: what the watchdog leaves on stderr when
+    /// it exits before the write is done.
+    writing: std::sync::Mutex<Option<String>>,
 }
 
 impl Exit {
@@ -68,6 +72,7 @@ impl Exit {
             stop_seen: AtomicBool::new(false),
             stop_arrived: Notify::new(),
             holds: ExitHolds::default(),
+            writing: std::sync::Mutex::new(None),
         }
     }
 
@@ -109,10 +114,11 @@ impl Exit {
     fn write(
         sinks: &Sinks,
         report: &DrainReport,
+        json: &str,
         stderr: bool,
         until: std::time::Instant,
     ) -> Emitted {
-        sinks.emit(report, stderr, until)
+        sinks.emit(report, json, stderr, until)
     }
 
     /// When the sinks must be done, on the real clock (see `Deadlines::sink_deadline`).
@@ -175,16 +181,20 @@ impl Exit {
         if claimed == Err(EMIT_WATCHDOG) {
             return false;
         }
-        // Logged here, in the drain's span and the caller's subscriber; written over there.
-        crate::report::log_report(report, &report.to_json());
+        // Serialised once; logged here, in the drain's span and the caller's subscriber;
+        // written over there.
+        let json = report.to_json();
+        crate::report::log_report(report, &json);
+        *self.writing.locked() = Some(report.headline());
         let sinks = self.sinks.clone();
         let r = report.clone();
-        let emitted = tokio::task::spawn_blocking(move || Self::write(&sinks, &r, stderr, until))
-            .await
-            .unwrap_or_else(|e| Emitted {
-                file_failed: false,
-                errors: vec![format!("report writer: {e}")],
-            });
+        let emitted =
+            tokio::task::spawn_blocking(move || Self::write(&sinks, &r, &json, stderr, until))
+                .await
+                .unwrap_or_else(|e| Emitted {
+                    file_failed: false,
+                    errors: vec![format!("report writer: {e}")],
+                });
         // Each failure once: the report already holds those of an earlier emission.
         for e in emitted
             .errors
@@ -261,12 +271,19 @@ impl Exit {
             return true;
         }
         // The driver is writing the report (at Done, or for the last time at the exit) and
-        // has not finished by now: exit anyway.
+        // has not finished by now: exit anyway, leaving at least the report's summary.
         let code = code.unwrap_or(1);
+        // `try_lock`: the watchdog never waits on a thread it is there to outlast.
+        let summary = self
+            .writing
+            .try_lock()
+            .ok()
+            .and_then(|mut w| w.take())
+            .map_or_else(String::new, |h| format!("{h}\n"));
         let _ = stderr_bounded(
             format!(
-                "lameduck: the drain report was still being written at the hard deadline; \
-                 exiting with code {code}\n"
+                "{summary}lameduck: the drain report was still being written at the hard \
+                 deadline; exiting with code {code}\n"
             ),
             until.saturating_duration_since(std::time::Instant::now()),
         );
@@ -290,7 +307,8 @@ impl Exit {
         ));
         exit.code = Some(1);
         report.timeline.push(exit);
-        let _ = Self::write(&self.sinks, &report, true, until);
+        let json = report.to_json();
+        let _ = Self::write(&self.sinks, &report, &json, true, until);
         std::process::exit(1);
     }
 
@@ -354,7 +372,11 @@ impl Exit {
             }
             None => settle.await,
         }
-        report.stragglers.extend(self.holds.take_cut());
+        let cut = self.holds.take_cut();
+        report
+            .straggler_counts
+            .add(crate::report::StragglerKind::Response, cut.len() as u64);
+        report.stragglers.extend(cut);
     }
 }
 

@@ -31,7 +31,7 @@ use crate::readiness::SourceTable;
 use crate::report::CloserResult;
 use crate::report::TaskEnd;
 use crate::report::{AfterFlipReport, BudgetReport, DrainReport, EvidenceReport, Outcome};
-use crate::report::{PodInfo, PolicyReport, ServerReport, SignalReceipt, Straggler};
+use crate::report::{PodInfo, PolicyReport, ServerReport, SignalReceipt};
 use crate::sync::MutexExt;
 
 /// When the drain started: the first trigger's instant and its wall-clock time.
@@ -79,7 +79,7 @@ pub(super) fn outcome(forced: bool, deadline_hit: bool, closers: &[CloserResult]
 }
 
 /// What the drive ended with: the outcome, the stragglers and the closers' results.
-pub(super) type Ending = (Outcome, Vec<Straggler>, Vec<CloserResult>);
+pub(super) type Ending = (Outcome, super::stragglers::Cut, Vec<CloserResult>);
 
 /// What the driver measured for the report; the rest is the record's.
 pub(super) struct Draft {
@@ -87,7 +87,7 @@ pub(super) struct Draft {
     pub(super) budget: BudgetReport,
     pub(super) propagation: PolicyReport,
     pub(super) after_flip: AfterFlipReport,
-    pub(super) stragglers: Vec<Straggler>,
+    pub(super) stragglers: super::stragglers::Cut,
     pub(super) tasks: Vec<TaskEnd>,
     pub(super) closers: Vec<CloserResult>,
 }
@@ -403,7 +403,8 @@ impl Lifecycle {
             },
             timeline,
             after_flip: d.after_flip,
-            stragglers: d.stragglers,
+            stragglers: d.stragglers.named,
+            straggler_counts: d.stragglers.counts,
             tasks: d.tasks,
             closers: d.closers,
             pod: PodInfo::from_env(),

@@ -36,9 +36,24 @@ pub(super) struct Registry {
 
 impl Core {
     /// The requests registered as in flight while draining.
+    #[cfg(test)]
     pub(crate) fn registered_requests(&self) -> Vec<RequestInfo> {
         let reg = self.requests.locked();
         reg.entries.iter().flatten().cloned().collect()
+    }
+
+    /// The `keep` oldest requests registered as in flight while draining (those of unknown
+    /// start, begun before the drain, first), and how many there are: one walk under the
+    /// lock, copying only those kept, however many streams a peer left hanging.
+    pub(crate) fn oldest_registered(&self, keep: usize) -> (Vec<RequestInfo>, usize) {
+        let reg = self.requests.locked();
+        let mut total = 0;
+        let oldest = crate::sync::oldest(
+            reg.entries.iter().flatten().inspect(|_| total += 1),
+            keep,
+            |r| r.started,
+        );
+        (oldest.into_iter().cloned().collect(), total)
     }
 
     /// Registers a request for the straggler list: the entry site a guard with `tag` moves to

@@ -200,20 +200,29 @@ impl Sinks {
     ///
     /// Nothing here goes through tracing: a subscriber may write synchronously to the very
     /// stderr that stalls (the driver logs the report itself, before calling this).
-    pub(crate) fn emit(&self, report: &DrainReport, stderr: bool, until: Instant) -> Emitted {
-        let mut out = self.write_durable(report, until);
-        self.write_stderr(report, stderr, until, &mut out);
+    ///
+    /// `json` is the report serialised once, for the log, the file and the stderr line (the
+    /// stderr line serialises it again only when it must carry a failure of this write).
+    pub(crate) fn emit(
+        &self,
+        report: &DrainReport,
+        json: &str,
+        stderr: bool,
+        until: Instant,
+    ) -> Emitted {
+        let mut out = self.write_durable(report, json, until);
+        self.write_stderr(report, json, stderr, until, &mut out);
         out
     }
 
     /// The file and the termination log, by `until` (or [`SINK_WAIT`]).
-    fn write_durable(&self, report: &DrainReport, until: Instant) -> Emitted {
+    fn write_durable(&self, report: &DrainReport, json: &str, until: Instant) -> Emitted {
         let mut out = Emitted::default();
         // The file and the termination log at the same time: one stalled does not starve the
         // other. Their threads give up by the same deadline the caller waits for.
         let first = step_deadline(until, SINK_WAIT);
         let file = self.file.as_ref().map(|path| {
-            let text = format!("{}\n", report.to_json());
+            let text = format!("{json}\n");
             (path, self.start_file(path, text, first))
         });
         let log = self.termination_log.as_ref().map(|path| {
@@ -260,7 +269,14 @@ impl Sinks {
 
     /// The stderr line (when `stderr`) and each error not said before; a stalled stderr is
     /// named in a rewrite of the file, time permitting.
-    fn write_stderr(&self, report: &DrainReport, stderr: bool, until: Instant, out: &mut Emitted) {
+    fn write_stderr(
+        &self,
+        report: &DrainReport,
+        json: &str,
+        stderr: bool,
+        until: Instant,
+        out: &mut Emitted,
+    ) {
         let mut text = String::new();
         if stderr && self.stderr {
             // The line says what the file and the log achieved: the exit code and the
@@ -270,7 +286,11 @@ impl Sinks {
             // One line for people reading the log, then one for tools.
             text.push_str(&r.headline());
             text.push('\n');
-            text.push_str(&r.to_json());
+            if r == *report {
+                text.push_str(json);
+            } else {
+                text.push_str(&r.to_json());
+            }
             text.push('\n');
         }
         {

@@ -62,6 +62,18 @@ impl DrainReport {
                 st.age_ms
             );
         }
+        let unnamed = self
+            .straggler_counts
+            .total()
+            .saturating_sub(self.stragglers.len() as u64);
+        if unnamed > 0 {
+            let c = &self.straggler_counts;
+            let _ = writeln!(
+                s,
+                "stragglers in all: {} requests, {} responses, {} tasks ({unnamed} not named)",
+                c.requests, c.responses, c.tasks
+            );
+        }
         for c in &self.closers {
             let _ = writeln!(s, "closer {} {} in {} ms", c.name, c.result, c.took_ms);
         }

@@ -54,6 +54,11 @@ pub struct Straggler {
 }
 
 impl Straggler {
+    /// The report names at most this many stragglers of each kind, the oldest; the rest are
+    /// counted ([`StragglerCounts`]): a peer that leaves thousands of streams hanging must not
+    /// make the report too large to write before the exit.
+    pub const NAMED_PER_KIND: usize = 10;
+
     pub(crate) fn new(kind: StragglerKind, name: String, age: std::time::Duration) -> Self {
         Self {
             kind,
@@ -62,6 +67,45 @@ impl Straggler {
             peer: None,
             recovery: None,
         }
+    }
+}
+
+/// How many stragglers of each kind there were: the report's `stragglers` names at most
+/// [`Straggler::NAMED_PER_KIND`] of each, the oldest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StragglerCounts {
+    /// Requests whose guard was still held (described or not).
+    pub requests: u64,
+    /// Background tasks.
+    pub tasks: u64,
+    /// Responses waiting for their peer, and admin answers cut at the exit.
+    pub responses: u64,
+}
+
+impl StragglerCounts {
+    /// Every straggler, named or not.
+    pub fn total(&self) -> u64 {
+        self.requests + self.tasks + self.responses
+    }
+
+    /// The count of `kind`.
+    pub fn of(&self, kind: StragglerKind) -> u64 {
+        match kind {
+            StragglerKind::Request => self.requests,
+            StragglerKind::Task => self.tasks,
+            StragglerKind::Response => self.responses,
+        }
+    }
+
+    /// `n` more of `kind`.
+    pub(crate) fn add(&mut self, kind: StragglerKind, n: u64) {
+        let c = match kind {
+            StragglerKind::Request => &mut self.requests,
+            StragglerKind::Task => &mut self.tasks,
+            StragglerKind::Response => &mut self.responses,
+        };
+        *c += n;
     }
 }
 

@@ -38,7 +38,9 @@ pub use conn_meta::ConnMeta;
 pub use layer::DrainLayer;
 pub use line::{Naming, RequestLine, Unnamed};
 pub use refusal::{Refusal, RefuseAfterStop, ServeAfterStop};
-pub use serve::{serve, Serve, SUGGESTED_HEADER_READ_TIMEOUT};
+pub use serve::{
+    serve, Serve, DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS, SUGGESTED_HEADER_READ_TIMEOUT,
+};
 pub use service::DrainService;
 pub use stream::{EndOnStop, StreamStop};
 

@@ -60,6 +60,10 @@ mod state;
 
 use state::with_state;
 
+/// The default for [`Serve::http2_max_concurrent_streams`]: as many streams as nginx allows
+/// an HTTP/2 connection by default (hyper's own default is 200).
+pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 128;
+
 /// A header-read timeout for [`Serve::header_read_timeout`] when the port faces clients you do
 /// not trust: above the common 60 s idle timeouts of load balancers, so their pooled
 /// connections are not closed under them. Not the default: see the setter.
@@ -114,6 +118,8 @@ pub const SUGGESTED_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(75);
 ///   at the bound it stops accepting until a connection closes, and new connections wait in
 ///   the kernel's accept queue. So a flood of connections on this port cannot take the last
 ///   file descriptor from the admin port's probes, or from the app.
+/// * Bounds the streams of an HTTP/2 connection ([`Serve::http2_max_concurrent_streams`],
+///   128 by default).
 /// * Bounds HTTP/1 header reads only when asked ([`Serve::header_read_timeout`]: no limit by
 ///   default; set [`SUGGESTED_HEADER_READ_TIMEOUT`], 75 s, when the port faces clients you do
 ///   not trust — otherwise connections that stall their request head hold their descriptor,
@@ -185,6 +191,7 @@ where
             drain: drain.clone(),
             keep_listening: false,
             header_read_timeout: None,
+            h2_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
             max_connections: MaxConnections::FromLimit,
             conn_meta_always: false,
             #[cfg(feature = "axum")]
@@ -212,6 +219,7 @@ struct Setup<S> {
     drain: Drain,
     keep_listening: bool,
     header_read_timeout: Option<Duration>,
+    h2_streams: u32,
     max_connections: MaxConnections,
     conn_meta_always: bool,
     #[cfg(feature = "axum")]
@@ -303,6 +311,29 @@ impl<S> Serve<S> {
     pub fn max_connections(mut self, max: usize) -> Self {
         if let Some(setup) = &mut self.setup {
             setup.max_connections = MaxConnections::Given(max.max(1));
+        }
+        self
+    }
+
+    /// The most streams an HTTP/2 connection may have open at once (at least 1; default
+    /// [`DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS`](crate::server::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS)); a client that opens more has them refused
+    /// (`REFUSED_STREAM`, which clients retry). Each open stream is a request in flight: a
+    /// peer that opens streams and never reads their answers holds them to the quiesce
+    /// deadline, so the bound is what one connection can leave hanging.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(drain: lameduck::Drain, app: axum::Router) -> std::io::Result<()> {
+    /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+    /// lameduck::serve(listener, app, &drain)
+    ///     .http2_max_concurrent_streams(256) // gRPC clients that multiplex heavily
+    ///     .await;
+    /// # Ok(()) }
+    /// ```
+    pub fn http2_max_concurrent_streams(mut self, max: u32) -> Self {
+        if let Some(setup) = &mut self.setup {
+            setup.h2_streams = max.max(1);
         }
         self
     }

@@ -43,6 +43,7 @@ where
         drain,
         keep_listening,
         header_read_timeout,
+        h2_streams,
         max_connections,
         conn_meta_always,
         #[cfg(feature = "axum")]
@@ -60,7 +61,7 @@ where
         connect_info,
     };
     let connections = Connections {
-        builder: connection_builder(header_read_timeout),
+        builder: connection_builder(header_read_timeout, h2_streams),
         tokens,
         tracker: TaskTracker::new(),
         service,
@@ -90,7 +91,10 @@ fn announce_start(drain: &Drain, header_read_timeout: Option<Duration>) {
 }
 
 /// The hyper builder every connection is served with.
-fn connection_builder(header_read_timeout: Option<Duration>) -> auto::Builder<TokioExecutor> {
+fn connection_builder(
+    header_read_timeout: Option<Duration>,
+    h2_streams: u32,
+) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     if let Some(t) = header_read_timeout {
         builder
@@ -99,7 +103,10 @@ fn connection_builder(header_read_timeout: Option<Duration>) -> auto::Builder<To
             .header_read_timeout(t);
     }
     // Extended CONNECT, so WebSockets work over HTTP/2 too.
-    builder.http2().enable_connect_protocol();
+    builder
+        .http2()
+        .enable_connect_protocol()
+        .max_concurrent_streams(h2_streams);
     builder
 }
 
