@@ -605,6 +605,38 @@ async fn an_admin_answer_behind_a_shut_http2_window_does_not_hold_the_exit_and_i
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_short_grace_an_admin_answer_nobody_reads_is_cut_soon_and_named_in_the_report() {
+    // A 3 s grace: the fixed 2 s wait for the answer held the exit to the hard deadline
+    // (2.9 s of 3 s, the kill at 3 s) and the report, written first, said clean with no
+    // straggler. The wait scales with the grace (200 ms here), and the cut is in the report.
+    let drain = drain(secs(3), Propagation::fixed(ms(100)));
+    let addr = admin_server(&drain, lameduck::admin::DEFAULT_ADMIN_MAX_CONNECTIONS).await;
+    let run = {
+        let drain = drain.clone();
+        tokio::spawn(async move { drain.run().await })
+    };
+    let stuck = within("zero-window head", zero_window_get(addr, "/livez")).await;
+    assert!(drain.start(Trigger::Api));
+    let report = within("run returns", run).await.unwrap();
+    let json = report.to_json();
+    let peer = stuck.local.to_string();
+    let cut = report
+        .stragglers
+        .iter()
+        .find(|s| s.peer.as_deref() == Some(peer.as_str()))
+        .unwrap_or_else(|| panic!("the cut connection is named: {json}"));
+    assert!(cut.name.contains("within 200 ms"), "{}", cut.name);
+    assert_eq!(report.straggler_counts.responses, 1, "{json}");
+    let done = report.event(EventKind::Done).unwrap().at_ms;
+    let exit = report.event(EventKind::Exit).unwrap().at_ms;
+    // The hard deadline is past 2.5 s; the exit comes the wait after Done, with room to spare.
+    assert!(
+        exit < 1_500,
+        "exit at {exit} ms (done at {done} ms): {json}"
+    );
+}
+
 #[tokio::test]
 async fn the_admin_header_read_timeout_closes_slow_heads() {
     let drain = drain(secs(30), Propagation::fixed(ms(300)));

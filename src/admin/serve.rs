@@ -34,7 +34,8 @@
 //!   [`Drain::run`](crate::Drain::run) is about to return, the listener closes, connections
 //!   that owe nothing (idle, a head or a body still arriving) close at once, and busy or
 //!   delivering ones finish their response (hyper's graceful shutdown writes it out) before
-//!   `run` returns — within [`DELIVERY_WAIT`]: by then every answer is computed, and a
+//!   `run` returns — within [`DELIVERY_WAIT`] (a fifteenth of the grace period when that is
+//!   shorter, at least 100 ms, never past the hard deadline): by then every answer is computed, and a
 //!   connection still owing one has a peer that does not read. It is cut, and the report
 //!   names it (a `response` straggler).
 
@@ -224,6 +225,7 @@ async fn serve_conn(
     let waker = Waker::from(Arc::clone(&wake));
     // Set once the process is about to exit and an answer is still owed.
     let mut cut_at: Option<Instant> = None;
+    let mut waited = DELIVERY_WAIT;
     loop {
         let watched = Watched {
             conn: conn.as_mut(),
@@ -250,7 +252,12 @@ async fn serve_conn(
                 // Finishes the answer (and writes it out), then closes; a peer that does not
                 // take it does not hold the exit.
                 conn.as_mut().graceful_shutdown();
-                cut_at = Some(Instant::now() + DELIVERY_WAIT);
+                let (at, wait) = drain
+                    .exit_holds()
+                    .deliver_by()
+                    .unwrap_or_else(|| (Instant::now() + DELIVERY_WAIT, DELIVERY_WAIT));
+                cut_at = Some(at);
+                waited = wait;
             }
             () = sleep_until_some(cut_at) => {
                 if slot.owes() {
@@ -258,7 +265,7 @@ async fn serve_conn(
                         peer = %slot.peer,
                         "lameduck: admin answer not taken by its peer at exit; connection cut"
                     );
-                    drain.exit_holds().note_cut(slot.cut_at_exit());
+                    drain.exit_holds().note_cut(slot.cut_at_exit(waited));
                 }
                 break;
             }

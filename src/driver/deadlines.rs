@@ -192,6 +192,14 @@ impl Deadlines {
     /// How long `run` may wait for admin answers when the watchdog watches this process: a
     /// quarter of the safety margin past the hard deadline, leaving a quarter for the report's
     /// last write.
+    /// How long an admin answer still owed at the exit may take to reach its peer before its
+    /// connection is cut: a fifteenth of the grace period, between 100 ms and 2 s (a peer that
+    /// reads takes its answer in milliseconds; one that does not must not hold a short
+    /// budget's exit until the kill).
+    pub(crate) fn delivery_wait(&self) -> Duration {
+        (self.budget.grace_period / 15).clamp(Duration::from_millis(100), Duration::from_secs(2))
+    }
+
     pub(crate) fn settle_cap(&self) -> Option<Instant> {
         Some(self.hard_deadline()? + self.budget.safety_margin / 4)
     }

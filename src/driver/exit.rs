@@ -144,8 +144,12 @@ impl Exit {
                 .await;
         }
         let cap = deadlines.settle_cap().filter(|_| self.is_watched());
-        self.settle(&mut report, deadlines.hard_deadline(), cap)
-            .await;
+        self.settle(
+            &mut report,
+            (deadlines.hard_deadline(), deadlines.delivery_wait()),
+            cap,
+        )
+        .await;
         report.timeline.extend(state.late_signals());
         let mut e = match state.origin() {
             Some(o) => o.event_at(EventKind::Exit, Instant::now()),
@@ -362,8 +366,13 @@ impl Exit {
     /// The last step of `run` before the last write: lets admin servers finish what they owe
     /// (bounded by `hard`, and by `cap` when the watchdog watches), then adds the admin
     /// connections whose peer did not take its answer to the report's stragglers.
-    async fn settle(&self, report: &mut DrainReport, hard: Option<Instant>, cap: Option<Instant>) {
-        let settle = self.holds.settle(hard);
+    async fn settle(
+        &self,
+        report: &mut DrainReport,
+        (hard, deliver): (Option<Instant>, Duration),
+        cap: Option<Instant>,
+    ) {
+        let settle = self.holds.settle(hard, deliver);
         match cap {
             // Admin answers get what is left before the report's last write, which the
             // watchdog waits for no longer than half the safety margin past the hard deadline.

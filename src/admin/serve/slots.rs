@@ -4,8 +4,10 @@
 use super::*;
 
 /// How long a connection that owes an answer when the process is about to exit may take to
-/// deliver it before it is cut: every answer is computed by then and small, so only a peer
-/// that does not read needs longer.
+/// deliver it before it is cut, at most: every answer is computed by then and small, so only a
+/// peer that does not read needs longer. `run` sets a shorter bound for a short grace period
+/// (a fifteenth of it, at least 100 ms, never past the hard deadline); this one applies where
+/// it did not.
 pub(super) const DELIVERY_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a computed answer must have waited for its peer to take it before the cap may
@@ -148,7 +150,7 @@ impl Slot {
     }
 
     /// The report's name for this connection, cut at exit with an answer undelivered.
-    pub(super) fn cut_at_exit(&self) -> Straggler {
+    pub(super) fn cut_at_exit(&self, waited: Duration) -> Straggler {
         let last = self.last.locked();
         let (proto, line, since) = match &*last {
             Some(l) => (
@@ -163,7 +165,7 @@ impl Slot {
              of the exit (the peer does not read: a full socket, or an HTTP/2 flow-control \
              window kept shut); connection cut",
             self.peer,
-            DELIVERY_WAIT.as_millis()
+            waited.as_millis()
         );
         let mut s = Straggler::new(StragglerKind::Response, name, since.elapsed());
         s.peer = Some(self.peer.to_string());

@@ -31,6 +31,9 @@ const LATE_EXIT_WAIT: Duration = Duration::from_secs(1);
 pub(crate) struct ExitHolds {
     tracker: TaskTracker,
     exiting: CancellationToken,
+    /// Set before `exiting` fires: when a connection still owing an answer is cut, and the
+    /// wait that gives (less, when the hard deadline comes first).
+    deliver_by: std::sync::OnceLock<(Instant, Duration)>,
     /// Admin connections cut at exit with an answer their peer did not take.
     cut: Mutex<Vec<Straggler>>,
 }
@@ -55,6 +58,12 @@ impl ExitHolds {
         &self.exiting
     }
 
+    /// Once `exiting` fired: when an answer still owed is given up (its connection cut), and
+    /// how long after the exit began that is.
+    pub(crate) fn deliver_by(&self) -> Option<(Instant, Duration)> {
+        self.deliver_by.get().copied()
+    }
+
     /// Records a connection cut at exit with an answer undelivered, for the last report.
     pub(crate) fn note_cut(&self, straggler: Straggler) {
         self.cut.locked().push(straggler);
@@ -68,17 +77,21 @@ impl ExitHolds {
     }
 
     /// The last step of `run`: lets admin servers finish what they owe, bounded by `hard`
-    /// (the hard deadline) or, when that has passed, a second.
-    pub(crate) async fn settle(&self, hard: Option<Instant>) {
+    /// (the hard deadline) or, when that has passed, a second. An answer not delivered
+    /// `deliver` after this call (or by that bound) is given up, its connection cut and
+    /// named: by then every answer is computed, and its peer does not read.
+    pub(crate) async fn settle(&self, hard: Option<Instant>, deliver: Duration) {
+        let now = Instant::now();
+        let until = hard
+            .filter(|hard| *hard > now)
+            .unwrap_or(now + LATE_EXIT_WAIT);
+        let by = (now + deliver).min(until);
+        let _ = self.deliver_by.set((by, by - now));
         self.exiting.cancel();
         self.tracker.close();
         if self.tracker.is_empty() {
             return;
         }
-        let now = Instant::now();
-        let until = hard
-            .filter(|hard| *hard > now)
-            .unwrap_or(now + LATE_EXIT_WAIT);
         if tokio::time::timeout_at(until, self.tracker.wait())
             .await
             .is_err()
