@@ -102,6 +102,9 @@ struct RunFlags {
         help_heading = "TARGET"
     )]
     proxy_label: Option<String>,
+    /// Open every connection from this local address (one client Pod among many)
+    #[arg(long, value_name = "ADDR", help_heading = "TARGET")]
+    bind: Option<std::net::IpAddr>,
 
     /// Short requests (GET /) per second; 0 sends none [default: 20]
     #[arg(long, value_name = "N", value_parser = parse_rate, help_heading = "LOAD")]
@@ -249,6 +252,7 @@ where
     config.host = flags.host;
     config.on_off = flags.on_off;
     config.proxy_label = flags.proxy_label;
+    config.bind = flags.bind;
     let out = match flags.out {
         Some(path) if path.is_empty() => return Err(CliError::new("--out needs a file name")),
         other => other.map(PathBuf::from),

@@ -38,6 +38,8 @@ pub(crate) type ReqBody = Empty<Bytes>;
 #[derive(Debug)]
 pub(crate) struct Connections {
     connect_to: String,
+    /// The local address connections are opened from, when set.
+    bind: Option<std::net::IpAddr>,
     http: HttpVersion,
     connect_timeout: Duration,
     /// Connections opened so far; ids count from 1 in opening order. Shared with the live
@@ -114,6 +116,7 @@ impl Connections {
             shutdown,
             idle: Mutex::new(Vec::new()),
             max_idle,
+            bind: None,
             shared: tokio::sync::Mutex::new(None),
         }
     }
@@ -128,9 +131,36 @@ impl Connections {
         self.tcp().await.map(drop)
     }
 
+    /// Connections are opened from `bind` (see [`ProbeConfig::bind`](crate::ProbeConfig::bind)).
+    pub(crate) fn bound_to(mut self, bind: Option<std::net::IpAddr>) -> Self {
+        self.bind = bind;
+        self
+    }
+
+    /// A TCP connection to the target, from `bind` when set.
+    async fn connect(&self) -> std::io::Result<TcpStream> {
+        let Some(local) = self.bind else {
+            return TcpStream::connect(&self.connect_to).await;
+        };
+        let mut last = None;
+        for addr in tokio::net::lookup_host(&self.connect_to).await? {
+            let socket = match addr {
+                std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+            };
+            socket.bind(std::net::SocketAddr::new(local, 0))?;
+            match socket.connect(addr).await {
+                Ok(stream) => return Ok(stream),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no address to connect to")
+        }))
+    }
+
     async fn tcp(&self) -> Result<TcpStream, String> {
-        match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.connect_to)).await
-        {
+        match tokio::time::timeout(self.connect_timeout, self.connect()).await {
             Ok(Ok(stream)) => {
                 // Small requests; don't let Nagle hold them back.
                 let _ = stream.set_nodelay(true);

@@ -50,6 +50,11 @@ pub fn run_cell(
     std::fs::create_dir_all(&dir).map_err(|e| NetError(format!("{}: {e}", dir.display())))?;
     let specs = config.node_specs();
     let netns = Netns::create_nodes(specs.len())?;
+    for (i, spec) in specs.iter().enumerate() {
+        if let Some(c) = spec.clients.filter(|c| c.pods > 1) {
+            netns.add_client_pods(i + 1, c.pods)?;
+        }
+    }
     let node_ns = netns.node();
 
     // The clients wait for the go (the first Pods created, not yet ready), are counted from
@@ -171,8 +176,9 @@ fn spawn_clients(
             stop_rx.clone(),
             done_tx.clone(),
         );
-        client_threads.push(net::spawn_in(&netns.client_of(i + 1), move || async move {
-            let r = clients(clients_spec, prefix, go_rx, count_rx, stop_rx).await;
+        let node = i + 1;
+        client_threads.push(net::spawn_in(&netns.client_of(node), move || async move {
+            let r = clients(clients_spec, (node, prefix), go_rx, count_rx, stop_rx).await;
             drop(done_tx);
             r
         }));
@@ -305,13 +311,34 @@ fn probe_configs(spec: ClientSpec, prefix: &str) -> Vec<ProbeConfig> {
     configs
 }
 
+/// The probes of node `node`'s clients: with one client Pod, [`probe_configs`]; with several,
+/// each Pod's share of them, from its own address (labels end with `-p<i>`).
+fn pod_configs(spec: ClientSpec, node: usize, prefix: &str) -> Vec<ProbeConfig> {
+    if spec.pods <= 1 {
+        return probe_configs(spec, prefix);
+    }
+    let share = 1.0 / f64::from(spec.pods);
+    let mut out = Vec::new();
+    for i in 0..spec.pods {
+        for mut c in probe_configs(spec, prefix) {
+            c.short_rate *= share;
+            c.slow_rate *= share;
+            c.stream_rate *= share;
+            c.label = format!("{}-p{i}", c.label);
+            c.bind = Some(net::client_pod_ip(node, i).into());
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The client side behind one node: the probes, retry-free, at the VIP; their labels start
 /// with `prefix`. They start at `go` (the first Pods created, none ready yet), so each Pod
 /// sees its proxies start routing to it on live traffic; `count` says from when their
 /// requests count.
 async fn clients(
     spec: ClientSpec,
-    prefix: String,
+    (node, prefix): (usize, String),
     mut go: tokio::sync::watch::Receiver<bool>,
     mut count: tokio::sync::watch::Receiver<Option<f64>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -319,7 +346,7 @@ async fn clients(
     if go.wait_for(|g| *g).await.is_err() {
         return Ok(Vec::new());
     }
-    let configs = probe_configs(spec, &prefix);
+    let configs = pod_configs(spec, node, &prefix);
     let mut probes = Vec::new();
     for c in configs {
         let p = Probe::new(c).map_err(|e| format!("probe config: {e}"))?;

@@ -15,7 +15,7 @@ commands:
        [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh|onoff|bursts] [--evict]
        [--replicas N] [--grace DUR] [--warmup DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook]
        [--min-sync-period] [--kube] [--deployment]
-       [--nodes N [--node-sync DUR,DUR,…] [--slow-nodes K,…] [--clients node1=SHAPE[:RATE],node2=…]]
+       [--nodes N [--node-sync DUR,DUR,…] [--slow-nodes K,…] [--clients node1=SHAPE[:RATE][@PODS],node2=…]]
   matrix     sync delay x rate x shape x backend x server, and the single-replica eviction
   table      every server, iptables, 1 s sync, pool, dense
   eviction   the single-replica eviction for every server
@@ -36,8 +36,9 @@ real sync runner applies minSyncPeriod. --kube and --deployment: real stack only
 --stack both such a cell runs once, on the real stack.
 --nodes N (2 to 8): N nodes joined by a bridge, each with its own kube-proxy (--node-sync: one
 delay per node, default --sync-delay for all) and its own clients (--clients: per node a shape
-and rate, e.g. node1=fresh:50,node2=pool:0.7; nodes not named get none; default: every node
-the cell's --shape and --rate). --slow-nodes: on the model, these nodes' syncs take their
+and rate, e.g. node1=fresh:50,node2=pool:0.7, and with @PODS that many client Pods sharing
+the rate, each from an address of its own, e.g. node1=fresh:50@20; nodes not named get none;
+default: every node the cell's --shape and --rate). --slow-nodes: on the model, these nodes' syncs take their
 delay (each writes the slice it read when it began).";
 
 fn fail(msg: &str) -> ! {
@@ -349,7 +350,9 @@ fn parse_clients(v: &str) -> Vec<(usize, cell::ClientSpec)> {
     v.split(',')
         .map(|part| {
             let Some((node, spec)) = part.split_once('=') else {
-                fail(&format!("--clients {part:?}: expected nodeK=SHAPE[:RATE]"))
+                fail(&format!(
+                    "--clients {part:?}: expected nodeK=SHAPE[:RATE][@PODS]"
+                ))
             };
             let k = node
                 .trim()
@@ -385,10 +388,7 @@ fn set_nodes(c: &mut CellConfig, nf: NodeFlags) {
             syncs.len()
         ));
     }
-    let cell_clients = cell::ClientSpec {
-        shape: c.shape,
-        rate: c.new_conn_rate,
-    };
+    let cell_clients = cell::ClientSpec::new(c.shape, c.new_conn_rate);
     if let Some((k, _)) = nf.clients.iter().flatten().find(|(k, _)| *k > n) {
         fail(&format!("--clients: node{k} but --nodes {n}"));
     }

@@ -99,7 +99,7 @@ fn node(sync_ms: u64, shape: Shape, rate: f64) -> NodeSpec {
     NodeSpec {
         sync_delay: Duration::from_millis(sync_ms),
         slow: sync_ms >= 2000,
-        clients: Some(ClientSpec { shape, rate }),
+        clients: Some(ClientSpec::new(shape, rate)),
     }
 }
 

@@ -98,6 +98,12 @@ pub fn client_link(k: usize) -> (Ipv4Addr, Ipv4Addr) {
     }
 }
 
+/// Node `k`'s (1-based) client Pod `i` (0-based): the client address, then the next ones.
+pub fn client_pod_ip(k: usize, i: u32) -> Ipv4Addr {
+    let (_, first) = client_link(k);
+    Ipv4Addr::from(u32::from(first) + i)
+}
+
 /// The most nodes a cell can have.
 pub const MAX_NODES: usize = 8;
 
@@ -208,6 +214,28 @@ impl Netns {
                 "fab",
             ])?;
             ip(&["-n", &node, "link", "set", "fab", "up"])?;
+        }
+        Ok(())
+    }
+
+    /// Gives node `k`'s (1-based) client namespace `pods` addresses in all (its client
+    /// address and the next `pods − 1`): one per client Pod, see [`client_pod_ip`].
+    pub fn add_client_pods(&self, k: usize, pods: u32) -> Result<(), NetError> {
+        let client = self.client_of(k);
+        for i in 1..pods {
+            let addr = client_pod_ip(k, i);
+            run(
+                "ip",
+                &[
+                    "-n",
+                    &client,
+                    "addr",
+                    "add",
+                    &format!("{addr}/24"),
+                    "dev",
+                    "eth0",
+                ],
+            )?;
         }
         Ok(())
     }

@@ -281,18 +281,12 @@ fn real_stack_two_nodes_the_drain_outlasts_the_slowest_proxy() {
         cell::NodeSpec {
             sync_delay: Duration::from_secs(1),
             slow: false,
-            clients: Some(cell::ClientSpec {
-                shape: Shape::Fresh,
-                rate: DENSE,
-            }),
+            clients: Some(cell::ClientSpec::new(Shape::Fresh, DENSE)),
         },
         cell::NodeSpec {
             sync_delay: Duration::from_secs(6),
             slow: false,
-            clients: Some(cell::ClientSpec {
-                shape: Shape::Fresh,
-                rate: 2.0,
-            }),
+            clients: Some(cell::ClientSpec::new(Shape::Fresh, 2.0)),
         },
     ];
     for r in &run(&[c]) {
@@ -320,6 +314,52 @@ fn real_stack_two_nodes_the_drain_outlasts_the_slowest_proxy() {
             assert!(
                 after >= 0,
                 "{}: the drain committed while node 2's kube-proxy still routed to it: {}",
+                p.pod,
+                describe(r)
+            );
+        }
+    }
+}
+
+/// Issue 47's many peers on the real components: four nodes, each with its own real
+/// kube-proxy and 20 client Pods (an address each, 80 peers: more than the drain's 63 rows),
+/// three nodes converging within 1 s with dense fresh connections, the fourth 6 s behind with a
+/// trickle. With a table of 16 rows never freed, the later peers shared one row fitted as one
+/// path, and a dense peer's silence passed for a sparse one's; now each live peer has its row
+/// or the shared row proves nothing. Every drain must outlast the slowest kube-proxy's update,
+/// with nothing lost.
+#[test]
+fn real_stack_twenty_client_pods_per_node_never_commit_before_the_slowest_proxy() {
+    let mut c = real(Server::Lameduck, Backend::Iptables);
+    c.grace = Duration::from_secs(30);
+    let node = |sync: u64, rate: f64| cell::NodeSpec {
+        sync_delay: Duration::from_secs(sync),
+        slow: false,
+        clients: Some(cell::ClientSpec {
+            pods: 20,
+            ..cell::ClientSpec::new(Shape::Fresh, rate)
+        }),
+    };
+    c.nodes = vec![node(1, DENSE), node(1, DENSE), node(1, DENSE), node(6, 4.0)];
+    for r in &run(&[c]) {
+        assert!(
+            r.counts.requests > 100,
+            "too little traffic: {}",
+            describe(r)
+        );
+        assert_drains_clean(r);
+        for p in &r.pods {
+            assert_eq!(p.steps.per_node.len(), 4, "{}: {}", p.pod, describe(r));
+            let after = p.steps.exit_after_proxy_ms().unwrap_or_else(|| {
+                panic!(
+                    "{}: no slowest proxy update or no exit: {}",
+                    p.pod,
+                    describe(r)
+                )
+            });
+            assert!(
+                after >= 0,
+                "{}: the drain committed while the slow node's kube-proxy still routed to it: {}",
                 p.pod,
                 describe(r)
             );

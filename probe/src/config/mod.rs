@@ -218,6 +218,10 @@ pub struct ProbeConfig {
     /// bursts). Each kind keeps its rate while on and sends nothing while off. Default `None`:
     /// steady.
     pub on_off: Option<OnOff>,
+    /// The local address every connection is opened from (port chosen by the system): one
+    /// client among many on a host with several addresses, as the server sees a Pod of its
+    /// own. Default `None`: the system picks.
+    pub bind: Option<std::net::IpAddr>,
 }
 
 /// Work for `on`, pause for `off`, again and again: [`ProbeConfig::on_off`].
@@ -264,6 +268,7 @@ impl ProbeConfig {
             proxy_label: None,
             retry_idempotent: false,
             on_off: None,
+            bind: None,
         }
     }
 

@@ -286,7 +286,8 @@ impl Probe {
             config.max_idle,
             handle.stats().connections_opened(),
             conns_shutdown,
-        );
+        )
+        .bound_to(config.bind);
         if !config.allow_unreachable_start {
             if let Err(error) = conns.preflight().await {
                 return Err(ProbeError {

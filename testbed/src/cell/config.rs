@@ -105,10 +105,7 @@ impl CellConfig {
             vec![NodeSpec {
                 sync_delay: self.sync_delay,
                 slow: false,
-                clients: Some(ClientSpec {
-                    shape: self.shape,
-                    rate: self.new_conn_rate,
-                }),
+                clients: Some(ClientSpec::new(self.shape, self.new_conn_rate)),
             }]
         } else {
             self.nodes.clone()

@@ -152,26 +152,55 @@ impl Stack {
     }
 }
 
-/// The clients behind one node: their shape and new-connection rate.
+/// The clients behind one node: their shape, new-connection rate, and how many client Pods
+/// (source addresses) share it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ClientSpec {
     /// The shape.
     pub shape: Shape,
-    /// New connections per second while sending.
+    /// New connections per second while sending, all the node's client Pods together.
     pub rate: f64,
+    /// Client Pods, each from an address of its own (the server sees a peer per Pod), each
+    /// with a share of the rate; 1 by default.
+    pub pods: u32,
 }
 
 impl ClientSpec {
-    /// `fresh50`, `pool0.7`.
+    /// The clients of `shape` at `rate`, from one address.
+    pub fn new(shape: Shape, rate: f64) -> Self {
+        Self {
+            shape,
+            rate,
+            pods: 1,
+        }
+    }
+
+    /// `fresh50`, `pool0.7`, `fresh50x20` (20 client Pods).
     pub fn short(&self) -> String {
-        format!("{}{}", self.shape.as_str(), self.rate)
+        if self.pods > 1 {
+            format!("{}{}x{}", self.shape.as_str(), self.rate, self.pods)
+        } else {
+            format!("{}{}", self.shape.as_str(), self.rate)
+        }
     }
 }
 
 impl std::str::FromStr for ClientSpec {
     type Err = String;
-    /// `fresh`, `fresh:0.7`, `pool:5` (the rate defaults to the shape's).
+    /// `fresh`, `fresh:0.7`, `pool:5` (the rate defaults to the shape's); `fresh:50@20`: 20
+    /// client Pods sharing 50 connections/s.
     fn from_str(s: &str) -> Result<Self, String> {
+        let (s, pods) = match s.split_once('@') {
+            Some((s, pods)) => match pods.parse::<u32>() {
+                Ok(n) if (1..=MAX_CLIENT_PODS).contains(&n) => (s, n),
+                _ => {
+                    return Err(format!(
+                        "client Pods {pods:?}: expected 1 to {MAX_CLIENT_PODS}"
+                    ))
+                }
+            },
+            None => (s, 1),
+        };
         let (shape, rate) = match s.split_once(':') {
             Some((shape, rate)) => (shape, Some(rate)),
             None => (s, None),
@@ -188,9 +217,12 @@ impl std::str::FromStr for ClientSpec {
                 }
             },
         };
-        Ok(ClientSpec { shape, rate })
+        Ok(ClientSpec { shape, rate, pods })
     }
 }
+
+/// The most client Pods behind one node: addresses .2 to .201 of its client /24.
+pub const MAX_CLIENT_PODS: u32 = 200;
 
 /// One node of a cell with several: its kube-proxy's delay and the clients behind it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
