@@ -12,8 +12,8 @@
 mod sim;
 
 use sim::{
-    clopper_pearson, family, lifo_pools, many_peers, scenarios, simulate, simulate_lifo,
-    simulate_scenario, Phase, Summary,
+    clopper_pearson, family, lifo_pools, many_peers, routers, scenarios, simulate, simulate_lifo,
+    simulate_lifo_declared, simulate_router, simulate_scenario, Phase, Summary,
 };
 
 fn main() {
@@ -79,6 +79,29 @@ fn main() {
             broken.push(format!("{} (random)", pool.name()));
         }
         row(&pool.name(), "random", &s);
+    }
+    for (i, router) in routers().iter().enumerate() {
+        if !router.name().contains(filter.as_str()) {
+            continue;
+        }
+        let s = simulate_router(router, runs, seed ^ (0x7e57 << 16 | i as u64));
+        let (lo, _) = clopper_pearson(s.lost, s.runs);
+        if lo > 1e-3 {
+            broken.push(format!("{} (random)", router.name()));
+        }
+        row(&router.name(), "random", &s);
+    }
+    // Not held to ε: a client pool declared by mistake to route per request.
+    for (i, pool) in lifo_pools().iter().enumerate() {
+        let name = format!(
+            "{}, declared per request by mistake (not held to ε)",
+            pool.name()
+        );
+        if !name.contains(filter.as_str()) {
+            continue;
+        }
+        let s = simulate_lifo_declared(pool, runs, seed ^ (0xdec1 << 16 | i as u64));
+        row(&name, "random", &s);
     }
     if !broken.is_empty() {
         eprintln!(

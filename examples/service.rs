@@ -8,7 +8,7 @@
 //! ```text
 //! service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR]
 //!         [--quiet DUR] [--min DUR] [--max DUR] [--quiet-suffices-after DUR]
-//!         [--report-file PATH]
+//!         [--per-request-peers ADDR|CIDR,…] [--report-file PATH]
 //!         [--stuck-task] [--startup-delay DUR]
 //!         [--readiness-policy auto|not-ready|serving-until-stop]
 //! service prestop [--admin ADDR]      # the preStop exec hook, for images without curl
@@ -42,6 +42,7 @@ struct Args {
     min: Option<Duration>,
     max: Option<Duration>,
     quiet_suffices_after: Option<Duration>,
+    per_request_peers: Option<String>,
     report_file: Option<String>,
     stuck_task: bool,
     startup_delay: Duration,
@@ -50,7 +51,8 @@ struct Args {
 
 const USAGE: &str = "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] \
                      [--grace-period DUR] [--quiet DUR] [--min DUR] [--max DUR] \
-                     [--quiet-suffices-after DUR] [--report-file PATH] [--stuck-task] \
+                     [--quiet-suffices-after DUR] [--per-request-peers ADDR|CIDR,…] \
+                     [--report-file PATH] [--stuck-task] \
                      [--startup-delay DUR] [--readiness-policy auto|not-ready|serving-until-stop]\n       \
                      service prestop [--admin ADDR]";
 
@@ -64,6 +66,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         min: None,
         max: None,
         quiet_suffices_after: None,
+        per_request_peers: None,
         report_file: None,
         stuck_task: false,
         startup_delay: Duration::ZERO,
@@ -93,6 +96,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 );
                 a.quiet_suffices_after = Some(dur(value()?)?);
             }
+            "--per-request-peers" => a.per_request_peers = Some(value()?),
             "--report-file" => a.report_file = Some(value()?),
             "--stuck-task" => a.stuck_task = true,
             "--startup-delay" => a.startup_delay = dur(value()?)?,
@@ -181,6 +185,10 @@ async fn run(args: Args) -> ExitCode {
     }
     if let Some(f) = args.quiet_suffices_after {
         p = p.quiet_suffices_after(f);
+    }
+    // Else `LAMEDUCK_PER_REQUEST_PEERS`, which the builder reads; a bad item fails the build.
+    if let Some(peers) = &args.per_request_peers {
+        p = p.per_request_peers(peers.split(','));
     }
     builder = builder.propagation(p);
     if let Some(f) = &args.report_file {

@@ -138,12 +138,15 @@ use tokio::time::Instant;
 
 mod fit;
 mod path;
+mod peers;
 mod report;
 mod window;
 
 pub(crate) use fit::Estimate;
 use fit::Slots;
 pub(crate) use path::PathFit;
+pub(crate) use peers::PeerSet;
+pub use peers::PER_REQUEST_PEERS_ENV;
 pub(crate) use window::Window;
 
 pub(crate) use crate::observed::{slot_of, Arrivals, SLOT};
@@ -194,6 +197,8 @@ pub(crate) struct Evidence {
     pub(crate) max: Duration,
     /// The user's fallback ([`Propagation::quiet_suffices_after`](crate::Propagation::quiet_suffices_after)).
     pub(crate) fallback: Option<Duration>,
+    /// The peers declared to route per request.
+    per_request: PeerSet,
 }
 
 impl Evidence {
@@ -212,7 +217,20 @@ impl Evidence {
             epsilon,
             max,
             fallback,
+            per_request: PeerSet::default(),
         }
+    }
+
+    /// Judges the paths of `peers` as routing per request (see
+    /// [`Propagation::per_request_peers`](crate::Propagation::per_request_peers)).
+    pub(crate) fn per_request(mut self, peers: PeerSet) -> Self {
+        self.per_request = peers;
+        self
+    }
+
+    /// Whether `peer` was declared to route per request.
+    fn declared(&self, peer: Option<IpAddr>) -> bool {
+        peer.is_some_and(|ip| self.per_request.contains(ip))
     }
 
     /// Slots of the window before the trigger (0 without connection data).
@@ -241,17 +259,31 @@ impl Evidence {
         self.requests_seen = arrivals.requests_seen();
         let mut fits = Vec::with_capacity(w.paths.len());
         for (path, peer) in arrivals.paths() {
+            let declared = self.declared(peer);
             let (after, last) = arrivals.after(path);
-            let last = (last != 0)
+            let last_new = (last != 0)
                 .then(|| w.base + Duration::from_nanos(last - 1))
                 .filter(|&t| t >= origin);
+            let last = if declared {
+                // A declared router's every request is a routing decision: its silence runs
+                // from its last arrival of any kind.
+                let slot = arrivals.last_active(path);
+                (slot > w.trigger_slot).then(|| (w.base + SLOT * (slot - 1) as u32).max(origin))
+            } else {
+                last_new
+            };
             let pw = w.paths.iter().find(|p| p.path == path);
             let fit = match pw.filter(|p| p.activity != 0) {
-                Some(pw) => self.fit_path(w, pw, arrivals, origin, now, (after, last)),
+                Some(pw) => self.fit_path(w, pw, arrivals, (origin, now), (after, last), declared),
                 // Nothing in the window: a new path, once it sent anything.
-                None if after > 0 => self.fit_new_path(w, path, peer, pw, arrivals, (after, last)),
+                None if after > 0 => {
+                    let mut fit = self.fit_new_path(w, path, peer, pw, arrivals, (after, last));
+                    fit.declared = declared;
+                    fit
+                }
                 None => continue,
             };
+            let fit = PathFit { last_new, ..fit };
             fits.push(fit);
         }
         self.fits = fits;
@@ -285,18 +317,22 @@ impl Evidence {
             kept: arrivals.kept_count(path),
             activity: Estimate::fit(&slots, before, self.requests_seen, self.epsilon, self.max),
             fresh: None,
+            declared: false,
+            last_new: None,
         }
     }
 
-    /// A path that was active in the window: how it is routed, and its fits.
+    /// A path that was active in the window: how it is routed, and its fits. A `declared`
+    /// path routes per request whatever its connections did, and its requests after the
+    /// trigger are samples too.
     fn fit_path(
         &self,
         w: &Window,
         pw: &window::PathWindow,
         arrivals: &Arrivals,
-        origin: Instant,
-        now: u64,
+        (origin, now): (Instant, u64),
         (after, last): (u32, Option<Instant>),
+        declared: bool,
     ) -> PathFit {
         let path = pw.path;
         let before = w.slots() as usize;
@@ -310,7 +346,7 @@ impl Evidence {
         // The connections open at the trigger that the drain moves: not those that left
         // by themselves since (a request in flight whose client then closed).
         let open = pw.open.saturating_sub(arrivals.left_count(path));
-        let per_request = beyond_wave(open, u32::try_from(beyond).unwrap_or(u32::MAX));
+        let per_request = declared || beyond_wave(open, u32::try_from(beyond).unwrap_or(u32::MAX));
         let (told, told_sum) = arrivals.told_sum(path);
         // After the trigger, up to the path's last new connection: samples of its arrivals
         // while some proxy still routed it here, for a path that routes per request and
@@ -324,7 +360,7 @@ impl Evidence {
         let sampled =
             per_request || (pw.fresh != 0 && (open == 0 || u64::from(after) > 2 * u64::from(open)));
         let after_slots = match last.filter(|_| sampled) {
-            Some(last) => w.samples_after(arrivals, path, slot_of(w.base, last), now),
+            Some(last) => w.samples_after(arrivals, path, (slot_of(w.base, last), now), declared),
             None => Vec::new(),
         };
         let fit = |bits: u128, requests_seen: bool, pick: fn(&(bool, bool)) -> bool| {
@@ -357,6 +393,8 @@ impl Evidence {
             kept: arrivals.kept_count(path),
             activity,
             fresh,
+            declared,
+            last_new: None,
         }
     }
 

@@ -171,7 +171,7 @@ pub mod __private {
 pub use guard::InFlightGuard;
 pub use phase::ReadinessWhileDraining;
 pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
-pub use propagation::Propagation;
+pub use propagation::{Propagation, PER_REQUEST_PEERS_ENV};
 pub use readiness::{ReadinessAnswer, KNATIVE_PROBE_HEADER, PROBE_HEADER};
 pub use report::DrainReport;
 pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};

@@ -10,6 +10,8 @@ mod policy;
 #[doc(hidden)]
 pub mod sim;
 
+pub(crate) use crate::evidence::PeerSet;
+pub use crate::evidence::PER_REQUEST_PEERS_ENV;
 pub(crate) use policy::{silence, Check, Commit, Policy, Seen};
 
 // The confidence rule guards sparse traffic and decides the silence needed, so `quiet` is only
@@ -94,6 +96,8 @@ enum Kind {
         fallback: Option<Duration>,
         /// ε as `f64` bits, so the type stays `Eq`.
         epsilon_bits: Option<u64>,
+        /// The declared per-request peers, as given (parsed by `resolve`).
+        per_request: Option<Vec<String>>,
     },
     Fixed {
         delay: Duration,
@@ -111,6 +115,7 @@ impl Default for Propagation {
                 max: None,
                 fallback: None,
                 epsilon_bits: None,
+                per_request: None,
             },
         }
     }
@@ -127,6 +132,7 @@ impl Propagation {
                 max: None,
                 fallback: None,
                 epsilon_bits: None,
+                per_request: None,
             },
         }
     }
@@ -210,6 +216,53 @@ impl Propagation {
         self
     }
 
+    /// Declares the peers that choose an endpoint for **every request**: an L7 proxy or a
+    /// gateway (HAProxy, nginx, Envoy, an ingress controller, a cloud L7 load balancer with
+    /// its addresses), given as addresses or CIDR blocks (`10.0.3.17`, `10.1.0.0/16`).
+    /// Default: env `LAMEDUCK_PER_REQUEST_PEERS` (comma-separated), else none.
+    ///
+    /// Such a peer keeps connections alive, as a client pool does, but it sends nothing more
+    /// once its own health check or endpoint watch has dropped this Pod: its silence is
+    /// evidence. So its path is judged by the silence of its requests and new connections, and
+    /// is never held to `max` for its kept connections (`kept_connections`), which a client
+    /// pool's is: a pool connects again when its demand needs it, however late. A declared
+    /// peer that behaves like a pool (it kept connections alive and came back on no more new
+    /// connections than a pool's reconnect wave) gets advice `declared_peer_like_a_pool`.
+    ///
+    /// Declare only what routes per request. A mesh sidecar does for HTTP (the address the
+    /// application sees its inbound connections from is in the Kubernetes guide), not for
+    /// opaque TCP; a client pool behind kube-proxy does not. BENCHMARKS.md says what a pool
+    /// declared by mistake loses. With [`Propagation::fixed`], `build` refuses it.
+    ///
+    /// # Errors
+    ///
+    /// `build` refuses an item that is neither an address nor a CIDR block, naming it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lameduck::{Drain, Propagation};
+    ///
+    /// // The ingress controller's Pods, and HAProxy on the node.
+    /// let drain = Drain::builder()
+    ///     .propagation(Propagation::default().per_request_peers(["10.1.0.0/16", "10.0.3.17"]))
+    ///     .build()?;
+    /// # Ok::<(), lameduck::ConfigError>(())
+    /// ```
+    pub fn per_request_peers<I, S>(mut self, peers: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        match &mut self.kind {
+            Kind::Quiet { per_request, .. } => {
+                *per_request = Some(peers.into_iter().map(Into::into).collect());
+            }
+            Kind::Fixed { misplaced, .. } => *misplaced = Some("per_request_peers"),
+        }
+        self
+    }
+
     /// Commit exactly `d` after the trigger, whatever the traffic.
     pub fn fixed(d: Duration) -> Self {
         Self {
@@ -220,9 +273,15 @@ impl Propagation {
         }
     }
 
-    pub(crate) fn resolve(&self, budget: &Budget) -> Result<Policy, ConfigError> {
+    /// The validated policy; `env_peers` is `LAMEDUCK_PER_REQUEST_PEERS`, used when the code
+    /// declared no per-request peers.
+    pub(crate) fn resolve(
+        &self,
+        budget: &Budget,
+        env_peers: Option<&str>,
+    ) -> Result<Policy, ConfigError> {
         let window = budget.quiesce_deadline();
-        match self.kind {
+        match &self.kind {
             Kind::Fixed {
                 misplaced: Some(setting),
                 ..
@@ -230,7 +289,7 @@ impl Propagation {
                 "{setting} does not apply to Propagation::fixed, which commits at its one delay \
                  whatever the evidence: remove it, or use the default policy"
             ))),
-            Kind::Fixed { delay: d, .. } => {
+            &Kind::Fixed { delay: d, .. } => {
                 if d > window {
                     return Err(ConfigError::propagation(format!(
                         "fixed propagation delay ({}) is past the quiesce deadline ({} after the trigger): \
@@ -247,7 +306,22 @@ impl Propagation {
                 max,
                 fallback,
                 epsilon_bits,
-            } => resolve_quiet(budget, quiet, min, max, fallback, epsilon_bits),
+                per_request,
+            } => {
+                let peers = match (per_request, env_peers) {
+                    (Some(given), _) => PeerSet::parse(given.iter().map(String::as_str))
+                        .map_err(|e| ConfigError::propagation(format!("per_request_peers: {e}")))?,
+                    (None, Some(env)) => PeerSet::parse(env.split(','))
+                        .map_err(|e| ConfigError::env(format!("{PER_REQUEST_PEERS_ENV}: {e}")))?,
+                    (None, None) => PeerSet::default(),
+                };
+                let mut policy =
+                    resolve_quiet(budget, *quiet, *min, *max, *fallback, *epsilon_bits)?;
+                if let Policy::Quiet { per_request, .. } = &mut policy {
+                    *per_request = peers;
+                }
+                Ok(policy)
+            }
         }
     }
 }
@@ -313,5 +387,6 @@ fn resolve_quiet(
         max,
         fallback,
         epsilon,
+        per_request: PeerSet::default(),
     })
 }

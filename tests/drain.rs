@@ -339,6 +339,23 @@ fn every_config_error_names_the_setting() {
 
     let e = err(Drain::builder().hurry_lead(Duration::from_secs(100)));
     assert!(e.to_string().contains("hurry_lead (100s)"), "{e}");
+
+    for bad in ["ingress", "10.0.0.0/33", "10.0.0.256"] {
+        let e = err(Drain::builder()
+            .propagation(Propagation::default().per_request_peers(["10.0.0.1", bad])));
+        assert!(e.is_propagation(), "{bad}: {e}");
+        assert!(
+            e.to_string().starts_with("per_request_peers:") && e.to_string().contains(bad),
+            "{e}"
+        );
+    }
+    let e = err(Drain::builder()
+        .propagation(Propagation::fixed(Duration::from_secs(1)).per_request_peers(["10.0.0.1"])));
+    assert!(
+        e.to_string()
+            .contains("per_request_peers does not apply to Propagation::fixed"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -656,3 +656,42 @@ async fn one_off_peers_beyond_the_table_never_let_a_dense_peer_prove_a_sparse_on
     );
     within("serve to return", server).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooling_router_declared_per_request_commits_on_its_silence() {
+    // 127.0.0.2 keeps 8 connections alive, a request on each every 80 ms: a client pool by
+    // what this process sees, which holds the drain to `max` (`kept_connections`). Declared
+    // as a router that chooses per request (HAProxy, nginx with upstream keep-alive), it is
+    // judged by the silence of its requests: it moves away once told to close, as a router
+    // that dropped this Pod does, and the drain commits on that silence long before `max`.
+    let _serial = serial().await;
+    let drain = common::drain(
+        secs(60),
+        Propagation::default()
+            .max(secs(20))
+            .per_request_peers(["127.0.0.2"]),
+    );
+    let (addr, server) = serve_app(&drain).await;
+    let pool = tokio::spawn(pool_that_moves_away(
+        [127, 0, 0, 2],
+        addr,
+        8,
+        400,
+        Duration::from_millis(80),
+    ));
+    // 16 s of it (the evidence reads no window shorter than 15 s).
+    tokio::time::sleep(secs(16)).await;
+    assert!(drain.start(Trigger::Api));
+    within("the pool to move away", pool).await.unwrap();
+    let report = within("the drain", drain.drained()).await;
+    let ev = report.propagation.evidence.clone().expect("evidence");
+    assert_eq!(ev.kind, EvidenceKind::Confidence, "{}", report.to_json());
+    assert_eq!(ev.per_request_peers, ["127.0.0.2"]);
+    let path = ev.paths.iter().find(|p| p.peer == "127.0.0.2").unwrap();
+    assert!(path.declared_per_request, "{}", report.to_json());
+    assert_eq!(path.routing, lameduck::report::PathRouting::PerRequest);
+    assert!(path.kept_alive > 0, "{}", report.to_json());
+    let stop = report.event(EventKind::StoppedAccepting).unwrap();
+    assert!(stop.at_ms < 10_000, "{}", report.to_json());
+    within("serve to return", server).await.unwrap();
+}

@@ -9,8 +9,9 @@
 mod sim;
 
 use sim::{
-    clopper_pearson, family, lifo_pools, many_peers, scenarios, simulate, simulate_lifo,
-    simulate_scenario, Phase, Pool, Process, Scenario, Shares, Spread, Summary,
+    clopper_pearson, family, lifo_pools, many_peers, routers, scenarios, simulate, simulate_lifo,
+    simulate_lifo_declared, simulate_router, simulate_scenario, Phase, Pool, Process, Scenario,
+    Shares, Spread, Summary,
 };
 
 const RUNS: u64 = 300;
@@ -121,6 +122,39 @@ fn many_peers_most_of_them_one_off_hold_epsilon() {
         "{rows:?}"
     );
     assert_rows_hold_epsilon(rows.into_iter());
+}
+
+/// L7 routers (pooled upstream connections, a choice per request) declared as such: judged by
+/// the silence of all their requests, they hold ε and end most drains on evidence, where the
+/// kept-connections rule alone holds every one of them to `max`.
+#[test]
+fn declared_per_request_routers_hold_epsilon_and_end_drains_on_evidence() {
+    let rows: Vec<(String, Summary)> = routers()
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.name(), simulate_router(r, RUNS, 0x7e57 ^ i as u64)))
+        .collect();
+    // A router sending 20/s or more here ends most drains on evidence; one at 5/s is too
+    // sparse for its silence to say much before `max`, as any path at that rate is.
+    for ((name, s), r) in rows.iter().zip(routers()) {
+        if r.rate >= 20.0 {
+            assert!(s.on_evidence > s.runs / 2, "{name}: {s:?}");
+        }
+    }
+    assert_rows_hold_epsilon(rows.into_iter());
+}
+
+/// A client pool declared by mistake as a per-request router: its silence is taken for
+/// proof, and a pool that connects again at its next concurrency peak is lost on. This pins
+/// that the mistake costs (BENCHMARKS.md has the rates), so the docs' warning stays true.
+#[test]
+fn a_pool_declared_by_mistake_loses_drains() {
+    let lost: u64 = lifo_pools()
+        .iter()
+        .enumerate()
+        .map(|(i, pool)| simulate_lifo_declared(pool, RUNS, 0xdec1 ^ i as u64).lost)
+        .sum();
+    assert!(lost > 0, "no loss from pools declared per request");
 }
 
 /// Pools that take their most recent idle connection first (hyper's) and open one only when

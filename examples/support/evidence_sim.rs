@@ -829,7 +829,16 @@ fn pool_trace(
 
 /// The default policy's drain over `out` (seconds, path, what; in any order), triggered at
 /// `trigger` seconds, with a 30 s grace.
-fn drain_trace(mut out: Vec<(f64, u16, What)>, trigger: f64) -> Outcome {
+fn drain_trace(out: Vec<(f64, u16, What)>, trigger: f64) -> Outcome {
+    drain_trace_with(out, trigger, &Propagation::default())
+}
+
+/// [`drain_trace`] under `propagation`.
+fn drain_trace_with(
+    mut out: Vec<(f64, u16, What)>,
+    trigger: f64,
+    propagation: &Propagation,
+) -> Outcome {
     out.sort_by(|a, b| a.0.total_cmp(&b.0));
     let arrivals: Vec<Arrival> = out
         .iter()
@@ -838,10 +847,16 @@ fn drain_trace(mut out: Vec<(f64, u16, What)>, trigger: f64) -> Outcome {
     drain(
         &arrivals,
         Duration::from_secs_f64(trigger),
-        &Propagation::default(),
+        propagation,
         Duration::from_secs(30),
     )
     .expect("the default policy")
+}
+
+/// The default policy with the simulation's path 0 (peer 198.18.0.1) declared to route per
+/// request.
+fn path0_declared() -> Propagation {
+    Propagation::default().per_request_peers(["198.18.0.1"])
 }
 
 /// One drain of a scenario, at a random trigger.
@@ -1174,14 +1189,20 @@ pub(crate) fn lifo_pools() -> Vec<Lifo> {
 }
 
 /// One drain with a [`Lifo`] pool on one path, at a random trigger, its proxy converging
-/// log-uniform 0.2–40 s after it.
-pub(crate) fn run_lifo(pool: &Lifo, rng: &mut Rng) -> Run {
+/// log-uniform 0.2–40 s after it; with `declared`, the pool's peer declared (by mistake) to
+/// route per request.
+pub(crate) fn run_lifo(pool: &Lifo, declared: bool, rng: &mut Rng) -> Run {
     let trigger = rng.uniform(40.0, 70.0);
     let (from, horizon) = (trigger - 60.0, trigger + 70.0);
     let stop = trigger + rng.log_uniform(0.2, 40.0);
     let requests = pool.requests(rng, (from, trigger, horizon));
     let (out, _) = lifo_play(pool, &requests, 0, (trigger, stop, None));
-    let o = drain_trace(out, trigger);
+    let propagation = if declared {
+        path0_declared()
+    } else {
+        Propagation::default()
+    };
+    let o = drain_trace_with(out, trigger, &propagation);
     let commit = o.commit.as_secs_f64();
     let lost_at = |c: f64| lifo_play(pool, &requests, 0, (trigger, stop, Some(trigger + c))).1;
     if std::env::var("SIM_DEBUG").is_ok() && lost_at(commit) && o.kind() != EvidenceKind::Max {
@@ -1204,5 +1225,116 @@ pub(crate) fn run_lifo(pool: &Lifo, rng: &mut Rng) -> Run {
 
 /// Runs `n` drains with `pool`, seeded by `seed`.
 pub(crate) fn simulate_lifo(pool: &Lifo, n: u64, seed: u64) -> Summary {
-    simulate_runs(n, seed, |rng| run_lifo(pool, rng))
+    simulate_runs(n, seed, |rng| run_lifo(pool, false, rng))
+}
+
+/// Runs `n` drains with `pool` declared, by mistake, to route per request.
+pub(crate) fn simulate_lifo_declared(pool: &Lifo, n: u64, seed: u64) -> Summary {
+    simulate_runs(n, seed, |rng| run_lifo(pool, true, rng))
+}
+
+// ---- A router that chooses an endpoint per request (an L7 proxy), declared as such ----
+
+/// An L7 proxy in front of this process: `rate` requests per second reach this process (its
+/// share), over `conns` pooled upstream connections it keeps alive, until its health check or
+/// endpoint watch drops this process (`stop`); then it sends nothing more, on any connection.
+/// After the trigger each kept connection carries one more request, told to close with it;
+/// the router's later requests here come on new connections, each closed after its answer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Router {
+    pub(crate) conns: u32,
+    pub(crate) rate: f64,
+    /// Requests come in bursts of this many at once (a fan-out), at `rate` / `burst` bursts/s.
+    pub(crate) burst: u32,
+}
+
+impl Router {
+    pub(crate) fn name(&self) -> String {
+        format!(
+            "L7 router, {}/s here over {} pooled connections{}, declared",
+            self.rate,
+            self.conns,
+            if self.burst > 1 {
+                format!(" (in bursts of {})", self.burst)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+/// The per-request routers the simulation covers (declared as such).
+pub(crate) fn routers() -> Vec<Router> {
+    vec![
+        Router {
+            conns: 8,
+            rate: 20.0,
+            burst: 1,
+        },
+        Router {
+            conns: 32,
+            rate: 100.0,
+            burst: 1,
+        },
+        Router {
+            conns: 4,
+            rate: 5.0,
+            burst: 1,
+        },
+        Router {
+            conns: 16,
+            rate: 40.0,
+            burst: 8,
+        },
+    ]
+}
+
+/// One drain behind a declared [`Router`] at a random trigger; its health check drops this
+/// process log-uniform 0.2–40 s after it. A loss: a request here after the commit and before
+/// that.
+pub(crate) fn run_router(router: &Router, rng: &mut Rng) -> Run {
+    let trigger = rng.uniform(40.0, 70.0);
+    let (from, horizon) = (trigger - 60.0, trigger + 70.0);
+    let stop = trigger + rng.log_uniform(0.2, 40.0);
+    let mut bursts = Vec::new();
+    poisson(
+        rng,
+        router.rate / f64::from(router.burst),
+        from,
+        stop.min(horizon),
+        &mut bursts,
+    );
+    let times: Vec<f64> = bursts
+        .iter()
+        .flat_map(|&t| (0..router.burst).map(move |i| t + 1e-5 * f64::from(i)))
+        .collect();
+    let mut out: Vec<(f64, u16, What)> = (0..router.conns).map(|_| (from, 0, What::Open)).collect();
+    let mut untold = router.conns;
+    for &t in &times {
+        if t < trigger {
+            out.push((t, 0, What::Request));
+        } else if untold > 0 {
+            untold -= 1;
+            out.push((t, 0, What::Request));
+            out.push((t + 1e-4, 0, What::Close));
+        } else {
+            out.push((t, 0, What::Fresh));
+        }
+    }
+    let o = drain_trace_with(out, trigger, &path0_declared());
+    let commit = o.commit.as_secs_f64();
+    let lost_at = |c: f64| times.iter().any(|&t| t >= trigger + c);
+    Run {
+        proxy: stop - trigger,
+        commit,
+        kind: o.kind(),
+        rule: o.evidence.rule,
+        lost: lost_at(commit),
+        lost_sleep: lost_at(SLEEP),
+    }
+}
+
+/// Runs `n` drains behind `router`, seeded by `seed`.
+pub(crate) fn simulate_router(router: &Router, n: u64, seed: u64) -> Summary {
+    simulate_runs(n, seed, |rng| run_router(router, rng))
 }

@@ -137,9 +137,12 @@ fn kept_connections(cx: &Ctx<'_>, e: &EvidenceReport, stopped_ms: u64) -> Advice
         format!(
             "{peer} kept connections alive ({kept} closed by the drain, {open} open at the \
              commit): a client pool opens new ones when its own demand needs them, which no \
-             silence here bounds, so the drain waited {} (max). The EndpointSlice (feature \
-             `kube`, an EndpointWatch with a proxy_allowance you configure) ends such a drain \
-             once the proxies stopped routing here. {}",
+             silence here bounds, so the drain waited {} (max). If {peer} is an L7 proxy, a \
+             gateway or a mesh sidecar that chooses an endpoint for every request (HAProxy, \
+             nginx, Envoy, an ingress controller), declare it and its silence decides: \
+             Propagation::per_request_peers([\"{peer}\"]) or LAMEDUCK_PER_REQUEST_PEERS={peer}. \
+             The EndpointSlice (feature `kube`, an EndpointWatch with a proxy_allowance you \
+             configure) ends such a drain once the proxies stopped routing here. {}",
             secs(stopped_ms),
             what_to_set(cx)
         ),
@@ -158,6 +161,35 @@ fn too_many_peers(cx: &Ctx<'_>, stopped_ms: u64) -> Advice {
             what_to_set(cx)
         ),
     )
+}
+
+/// `declared_peer_like_a_pool`: a peer declared to route per request that behaved like a
+/// client pool, each named with what it did.
+pub(super) fn declared_peer_like_a_pool(cx: &Ctx<'_>) -> Vec<Advice> {
+    let Some((e, _)) = evidence(cx) else {
+        return Vec::new();
+    };
+    e.paths
+        .iter()
+        .filter(|p| p.like_a_pool)
+        .map(|p| {
+            advice(
+                Warn,
+                AdviceRule::DeclaredPeerLikeAPool,
+                u64::from(p.new_after_trigger),
+                format!(
+                    "{} was declared to route per request, but it behaved like a client pool: \
+                     it kept connections alive ({} of them) and after the drain's \
+                     Connection: close came back on {} new connection(s), no more than a \
+                     pool's reconnect wave. A client pool connects again when its demand needs \
+                     it, however late, which its silence does not bound: if {} is a client \
+                     behind kube-proxy and not an L7 proxy, remove it from per_request_peers \
+                     (LAMEDUCK_PER_REQUEST_PEERS)",
+                    p.peer, p.kept_alive, p.new_after_trigger, p.peer
+                ),
+            )
+        })
+        .collect()
 }
 
 /// `never_served`: the drain started before the process was ever ready.

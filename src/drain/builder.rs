@@ -187,7 +187,8 @@ impl DrainBuilder {
     /// A [`ConfigError`] naming the setting to change: a zero grace period, a close budget plus
     /// safety margin that leave nothing of the grace period, a propagation `min` above `max`
     /// or a `max` past the quiesce deadline, an unparsable `LAMEDUCK_GRACE_PERIOD`, a grace
-    /// period under 1 s or above 24 h, an unknown `LAMEDUCK_STOP_SIGNAL`.
+    /// period under 1 s or above 24 h, an unknown `LAMEDUCK_STOP_SIGNAL`, a per-request peer
+    /// (or an item of `LAMEDUCK_PER_REQUEST_PEERS`) that is neither an address nor a CIDR block.
     pub fn build(self) -> Result<Drain, ConfigError> {
         let env = std::env::var(GRACE_PERIOD_ENV).ok();
         let budget = Budget::resolve(
@@ -209,7 +210,8 @@ impl DrainBuilder {
             .signals
             .unwrap_or_default()
             .resolve(stop_env.as_deref())?;
-        let policy = self.propagation.resolve(&budget)?;
+        let peers_env = std::env::var(crate::propagation::PER_REQUEST_PEERS_ENV).ok();
+        let policy = self.propagation.resolve(&budget, peers_env.as_deref())?;
         let window = budget.quiesce_deadline();
         let hurry_lead = match self.hurry_lead {
             Some(d) if d > window => {

@@ -42,6 +42,13 @@ pub(crate) struct PathFit {
     /// and is not routed per request: fresh connections keep coming while a proxy routes
     /// here, whatever the path's kept connections do, so the silence must satisfy both.
     pub(crate) fresh: Option<Estimate>,
+    /// The peer was declared to route per request
+    /// ([`Propagation::per_request_peers`](crate::Propagation::per_request_peers)): judged
+    /// by the silence of all its arrivals, never held for its kept connections.
+    pub(crate) declared: bool,
+    /// The last new connection of the path after the trigger (`last` is that too, but for a
+    /// declared path, whose `last` is its last arrival of any kind).
+    pub(crate) last_new: Option<Instant>,
 }
 
 impl PathFit {
@@ -124,7 +131,31 @@ impl PathFit {
     /// of most-recent-first pools' drains, and the exemption of per-request paths 0.6 % of a
     /// pool's whose demand surged during the drain (BENCHMARKS.md §8).
     pub(crate) fn holds_kept_connections(&self) -> bool {
-        self.kept > 0 || self.open > self.told
+        !self.declared && (self.kept > 0 || self.open > self.told)
+    }
+
+    /// Whether a path declared to route per request behaved like a client pool: it kept
+    /// connections alive and, since the trigger (`origin`), opened new ones over a span in
+    /// which a router at its own request rate would have opened more than a reconnect wave —
+    /// and opened no more than that wave. A router keeps choosing this Pod, request after
+    /// request (each on a new connection once the drain told its kept ones to close), until it
+    /// stops; a pool reconnects once per connection the drain closed, however long its proxy
+    /// still routes here, and connects again whenever its demand needs it, which no silence
+    /// bounds.
+    pub(crate) fn declared_like_a_pool(&self, origin: Instant) -> bool {
+        if !self.declared || self.kept == 0 || self.after == 0 || beyond_wave(self.open, self.after)
+        {
+            return false;
+        }
+        let Some(last) = self.last_new else {
+            return false;
+        };
+        let span = last.saturating_duration_since(origin).as_secs_f64();
+        // The requests a router at the path's rate before the trigger would have sent in that
+        // span, each beyond the kept connections' first on a new connection.
+        let routed = (self.activity.rate() * span) as u64;
+        let routed = routed.saturating_sub(u64::from(self.open));
+        beyond_wave(self.open, u32::try_from(routed).unwrap_or(u32::MAX))
     }
 
     /// When the path's silence proves the run of empty slots its fit asks for: the end of the

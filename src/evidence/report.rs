@@ -38,6 +38,8 @@ impl Evidence {
                         .then(|| (shown.rate() * 1000.0).round() as u64),
                     t_conf_ms: f.required().map(|(t, _, _)| ms(t)),
                     weak: f.weak(self.max),
+                    declared_per_request: f.declared,
+                    like_a_pool: self.origin.is_some_and(|o| f.declared_like_a_pool(o)),
                     silence_ms: ms(now.saturating_duration_since(since)),
                 }
             })
@@ -46,6 +48,16 @@ impl Evidence {
             (b.active_slots + u64::from(b.new_after_trigger))
                 .cmp(&(a.active_slots + u64::from(a.new_after_trigger)))
         });
+        // The busiest few, and the one that held the commit wherever it ranks.
+        let held = binding.map(peer_name);
+        if let Some(at) = held
+            .as_ref()
+            .and_then(|h| paths.iter().position(|p| &p.peer == h))
+            .filter(|&at| at >= PathEvidence::LISTED)
+        {
+            paths.swap(PathEvidence::LISTED - 1, at);
+        }
+        paths.truncate(PathEvidence::LISTED);
         EvidenceReport {
             kind,
             max_reason: (kind == EvidenceKind::Max).then(|| {
@@ -73,7 +85,8 @@ impl Evidence {
             silence_ms: ms(silence),
             endpoint_slice: None,
             endpoint_slice_unused: None,
-            held_by: binding.map(peer_name),
+            held_by: held,
+            per_request_peers: self.per_request.describe(),
             paths,
             in_flight_hold: None,
         }

@@ -37,14 +37,16 @@ pub(crate) struct Window {
 impl Window {
     /// A path's slots from the trigger's up to `end` (its last new connection's), each as
     /// (activity, a fresh connection): in the trigger's slot, what came before the trigger counts
-    /// as before it. The newest are kept, should the drain outlast the buffer; slots older than a
+    /// as before it. After the trigger, activity is a new connection — or, with `requests`
+    /// (a declared per-request router, each of whose requests is a routing decision), any
+    /// arrival. The newest are kept, should the drain outlast the buffer; slots older than a
     /// turn of the ring read as empty.
     pub(super) fn samples_after(
         &self,
         arrivals: &Arrivals,
         path: PathId,
-        end: u64,
-        now: u64,
+        (end, now): (u64, u64),
+        requests: bool,
     ) -> Vec<(bool, bool)> {
         let room = (fit::MAX_SEQ - self.slots() as usize) as u64;
         let start = self.trigger_slot.max((end + 1).saturating_sub(room));
@@ -57,7 +59,11 @@ impl Window {
                 };
                 let at_trigger = k == self.trigger_slot;
                 (
-                    if at_trigger { a.active } else { a.connection },
+                    if at_trigger || requests {
+                        a.active
+                    } else {
+                        a.connection
+                    },
                     a.connection || (at_trigger && a.fresh),
                 )
             })

@@ -258,6 +258,7 @@ fn advice_names_are_documented() {
         EndpointSliceStillRouting,
         PublishNotReadyAddresses,
         EndpointSliceUnavailable,
+        DeclaredPeerLikeAPool,
     });
     check(&rules, |v| v.as_str().to_owned());
 }

@@ -256,6 +256,11 @@ impl Arrivals {
         self.rows[path.index()].owner.leave();
     }
 
+    /// The latest slot (+1) with a connection or a request on `path` (0: none).
+    pub(crate) fn last_active(&self, path: PathId) -> u64 {
+        self.rows[path.index()].last.load(Ordering::Relaxed)
+    }
+
     /// Connections of `path` open now.
     pub(crate) fn open_count(&self, path: PathId) -> u32 {
         self.rows[path.index()].owner.open()

@@ -12,7 +12,7 @@ use crate::report::EvidenceKind;
 use crate::report::{PolicyKind, PolicyReport};
 
 /// A validated policy, offsets from the origin.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Policy {
     Quiet {
         quiet: Duration,
@@ -20,6 +20,8 @@ pub(crate) enum Policy {
         max: Duration,
         fallback: Option<Duration>,
         epsilon: f64,
+        /// The peers declared to route per request.
+        per_request: super::PeerSet,
     },
     Fixed(Duration),
 }
@@ -70,14 +72,15 @@ impl Policy {
 
     /// The evidence at the trigger `now`: the window of slots before it, fitted.
     pub(crate) fn evidence_at(&self, core: &Core, now: Instant) -> Evidence {
-        let (epsilon, max, fallback) = match *self {
+        let (epsilon, max, fallback, peers) = match self {
             Policy::Quiet {
                 epsilon,
                 max,
                 fallback,
+                per_request,
                 ..
-            } => (epsilon, max, fallback),
-            Policy::Fixed(d) => (DEFAULT_EPSILON, d, None),
+            } => (*epsilon, *max, *fallback, per_request.clone()),
+            Policy::Fixed(d) => (DEFAULT_EPSILON, *d, None, super::PeerSet::default()),
         };
         let window = Window::at(
             core.observed().arrivals(),
@@ -85,7 +88,7 @@ impl Policy {
             now,
             core.observed().serving_since(),
         );
-        let mut evidence = Evidence::new(window, epsilon, max, fallback);
+        let mut evidence = Evidence::new(window, epsilon, max, fallback).per_request(peers);
         evidence.refit(
             core.observed().arrivals(),
             now,
@@ -320,6 +323,7 @@ mod tests {
             max: Duration::from_secs(15),
             fallback: None,
             epsilon: DEFAULT_EPSILON,
+            per_request: super::super::PeerSet::default(),
         }
     }
 

@@ -82,13 +82,14 @@ pub fn drain(
     grace: Duration,
 ) -> Result<Outcome, ConfigError> {
     let budget = Budget::resolve(Some(grace), None, None, None)?;
-    let policy = propagation.resolve(&budget)?;
+    let policy = propagation.resolve(&budget, None)?;
     let Policy::Quiet {
         max,
         epsilon,
         fallback,
+        per_request,
         ..
-    } = policy
+    } = policy.clone()
     else {
         return Err(ConfigError::propagation(
             "the simulation runs the quiet policy; a fixed delay needs none",
@@ -100,7 +101,7 @@ pub fn drain(
     // As the drain's start does: the rows keep their owners from the trigger on.
     feed.rows.freeze();
     let window = Window::at(&feed.rows, base, origin, Some(base));
-    let mut evidence = Evidence::new(window, epsilon, max, fallback);
+    let mut evidence = Evidence::new(window, epsilon, max, fallback).per_request(per_request);
     let max_at = origin + max;
     let mut now = origin;
     loop {

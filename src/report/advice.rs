@@ -87,6 +87,11 @@ pub enum AdviceRule {
     /// `endpoint_slice_unavailable`: a started `EndpointWatch` could not be used (refused,
     /// unreachable, no client), so the drain went on the arrival rate (feature `kube`).
     EndpointSliceUnavailable,
+    /// `declared_peer_like_a_pool`: a peer declared to route per request
+    /// ([`Propagation::per_request_peers`](crate::Propagation::per_request_peers)) behaved
+    /// like a client pool: it kept connections alive and came back on no more new connections
+    /// than a pool's reconnect wave.
+    DeclaredPeerLikeAPool,
 }
 
 impl AdviceRule {

@@ -78,8 +78,8 @@ impl PathRouting {
     }
 }
 
-/// One path's evidence: a peer address (or `other`, the peers beyond the table of 15 and
-/// connections of no known peer), how it is routed, and what its silence needs.
+/// One path's evidence: a peer address (or `other`, the peers beyond the table's 63 live ones
+/// and connections of no known peer), how it is routed, and what its silence needs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct PathEvidence {
@@ -127,9 +127,25 @@ pub struct PathEvidence {
     /// Why the path's data could not say, when it could not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weak: Option<WeakEvidence>,
+    /// The peer was declared to route per request
+    /// ([`Propagation::per_request_peers`](crate::Propagation::per_request_peers)): judged by
+    /// the silence of all its arrivals, requests on kept connections included, and never held
+    /// for its kept connections.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub declared_per_request: bool,
+    /// A declared per-request peer that behaved like a client pool (advice
+    /// `declared_peer_like_a_pool`): it kept connections alive and came back on no more new
+    /// connections than a pool's reconnect wave.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub like_a_pool: bool,
     /// Silence of the path so far: since the later of the trigger and its last new
     /// connection, in milliseconds.
     pub silence_ms: u64,
+}
+
+impl PathEvidence {
+    /// The most paths a report lists.
+    pub const LISTED: usize = 16;
 }
 
 impl WeakEvidence {
@@ -281,9 +297,15 @@ pub struct EvidenceReport {
     /// this path's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
-    /// Every path seen, the busiest first (at most 16).
+    /// The paths seen, the busiest first: at most [`PathEvidence::LISTED`], the one that held
+    /// the commit always among them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathEvidence>,
+    /// The peers declared to route per request
+    /// ([`Propagation::per_request_peers`](crate::Propagation::per_request_peers)), as
+    /// addresses and CIDR blocks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_request_peers: Vec<String>,
     /// When in-flight work, not the silence, set the commit's time: the window and the
     /// evidence held while something was in flight, and the policy waited for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,6 +9,7 @@
 
 mod hooks;
 mod procs;
+mod routers;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -150,7 +151,7 @@ fn diagnose(dir: &Path, result: &ProbeResult, drained: &[(Instance, i32)]) {
 
 /// Prints each drain's time, deletion (the `preStop` call) → exit, with the rule its report
 /// says committed propagation, then the median: the rollout's speed beside its 0 lost.
-fn print_drain_times(proxy: &str, drained: &[(Instance, i32)]) {
+fn print_drain_times(proxy: &str, drained: &[(Instance, i32)]) -> f64 {
     let mut times = Vec::new();
     for (inst, _) in drained {
         let events = inst.events.lock().unwrap().clone();
@@ -187,6 +188,7 @@ fn print_drain_times(proxy: &str, drained: &[(Instance, i32)]) {
         median / 1000.0,
         times.len()
     );
+    median
 }
 
 fn assert_clean(result: &ProbeResult) {
@@ -359,6 +361,18 @@ fn haproxy_rolling_update_default_policy_loses_nothing() {
             inst.name,
             report.to_json()
         );
+        if ev.weak == Some(WeakEvidence::KeptConnections) {
+            // The way out is named, with the peer to declare.
+            assert!(
+                report
+                    .advice
+                    .iter()
+                    .any(|a| a.message.contains("per_request_peers([\"127.0.0.1\"])")),
+                "{}: {}",
+                inst.name,
+                report.to_json()
+            );
+        }
     }
     diagnose(&fleet.dir, &result, &drained);
 }

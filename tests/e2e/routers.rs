@@ -1,0 +1,174 @@
+//! Routers that choose an endpoint per request, declared as such
+//! (`Propagation::per_request_peers`, the example service's `--per-request-peers`): HAProxy
+//! with pooled upstream connections and nginx with `upstream … keepalive`, warm instances
+//! (served past the evidence window), the default policy. Their silence after they dropped
+//! the draining instance ends each drain on evidence, where the kept-connections rule alone
+//! holds every drain to `max`.
+
+use std::time::{Duration, Instant};
+
+use lameduck::report::{EvidenceKind, Outcome, PathRouting};
+
+use super::procs::{free_port, nginx, nginx_reload, require, scratch, Instance};
+use super::{
+    assert_clean, diagnose, prestop, print_drain_times, probe_config, start_probe, Fleet,
+    NGINX_RELOAD_LAG, SERVE_BEFORE_DRAIN,
+};
+
+/// The default policy (grace 30 s, `max` 15 s), with the proxies on 127.0.0.1 declared to
+/// route per request.
+const DECLARED_FLAGS: &[&str] = &["--grace-period", "30s", "--per-request-peers", "127.0.0.1"];
+
+/// The default policy, nothing declared.
+const UNDECLARED_FLAGS: &[&str] = &["--grace-period", "30s"];
+
+/// Every drain clean and on evidence, its path declared and judged per request.
+fn assert_on_evidence(drained: &[(Instance, i32)]) {
+    for (inst, code) in drained {
+        let report = inst.report();
+        assert_eq!(*code, 0, "{} exit code", inst.name);
+        assert_eq!(report.outcome, Outcome::Clean);
+        let ev = report.propagation.evidence.as_ref().expect("evidence");
+        assert_eq!(
+            ev.kind,
+            EvidenceKind::Confidence,
+            "{}: {}",
+            inst.name,
+            report.to_json()
+        );
+        assert_eq!(ev.per_request_peers, ["127.0.0.1"], "{}", inst.name);
+        let path = ev
+            .paths
+            .iter()
+            .find(|p| p.peer == "127.0.0.1")
+            .unwrap_or_else(|| panic!("{}: no path 127.0.0.1: {}", inst.name, report.to_json()));
+        assert!(path.declared_per_request, "{}", report.to_json());
+        assert_eq!(
+            path.routing,
+            PathRouting::PerRequest,
+            "{}",
+            report.to_json()
+        );
+    }
+}
+
+#[test]
+fn haproxy_pooled_declared_router_rollout_ends_on_evidence() {
+    if require("haproxy").is_none() {
+        return;
+    }
+    let mut fleet = Fleet::start("haproxy-declared", "r", DECLARED_FLAGS);
+    let probe = start_probe(probe_config(
+        fleet.frontend,
+        "haproxy-declared",
+        Duration::from_secs(62),
+    ));
+    let started = Instant::now();
+    let mut drained = Vec::new();
+    for round in 1..=3 {
+        std::thread::sleep(SERVE_BEFORE_DRAIN);
+        drained.push(fleet.roll(&format!("r{round}"), |old| {
+            prestop(old);
+            old.signal("-TERM");
+            old.wait_exit(Duration::from_secs(35))
+        }));
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "rounds take too long"
+        );
+    }
+    let result = probe.join().expect("probe thread");
+    let median = print_drain_times("haproxy (pooled, declared per request)", &drained);
+    assert_clean(&result);
+    assert_on_evidence(&drained);
+    assert!(median <= 3000.0, "median deletion → exit {median} ms");
+    diagnose(&fleet.dir, &result, &drained);
+}
+
+/// A rolling update behind nginx with pooled upstream connections and no health checks: the
+/// replacement starts on a free slot, the oldest instance is drained (preStop, then SIGTERM)
+/// and nginx drops it from its upstreams `NGINX_RELOAD_LAG` later, as an ingress controller
+/// does once it saw the EndpointSlice change. Returns the median deletion → exit.
+fn nginx_rollout(run: &str, flags: &'static [&'static str]) -> (f64, Vec<(Instance, i32)>) {
+    let dir = scratch(run);
+    let slots: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let frontend = free_port();
+    let mut live: Vec<(usize, Instance)> = (0..2)
+        .map(|i| {
+            let name = format!("{run}-0-s{i}");
+            (
+                i,
+                Instance::start(&name, slots[i].0, slots[i].1, &dir, flags),
+            )
+        })
+        .collect();
+    let upstreams = |live: &[(usize, Instance)]| -> Vec<u16> {
+        live.iter().map(|(s, _)| slots[*s].0).collect()
+    };
+    let proxy = nginx(&dir, frontend, &upstreams(&live));
+    let probe = start_probe(probe_config(frontend, run, Duration::from_secs(62)));
+    let mut drained = Vec::new();
+    for round in 1..=3 {
+        std::thread::sleep(SERVE_BEFORE_DRAIN);
+        let free = (0..3).find(|s| live.iter().all(|(l, _)| l != s)).unwrap();
+        let new = Instance::start(
+            &format!("{run}-{round}-s{free}"),
+            slots[free].0,
+            slots[free].1,
+            &dir,
+            flags,
+        );
+        let (_, mut old) = live.remove(0);
+        live.push((free, new));
+        let next = upstreams(&live);
+        std::thread::scope(|s| {
+            let hook = s.spawn(|| prestop(&old));
+            std::thread::sleep(NGINX_RELOAD_LAG);
+            nginx_reload(&proxy, &dir, frontend, &next);
+            old.note("proxy_updated (nginx reload)");
+            hook.join().expect("preStop thread");
+        });
+        old.signal("-TERM");
+        let code = old.wait_exit(Duration::from_secs(35));
+        drained.push((old, code));
+    }
+    let result = probe.join().expect("probe thread");
+    let median = print_drain_times(run, &drained);
+    assert_clean(&result);
+    diagnose(&dir, &result, &drained);
+    (median, drained)
+}
+
+#[test]
+fn nginx_keepalive_declared_router_rollout_ends_on_evidence() {
+    if require("nginx").is_none() {
+        return;
+    }
+    let (median, drained) = nginx_rollout("nginx-declared", DECLARED_FLAGS);
+    assert_on_evidence(&drained);
+    assert!(median <= 3000.0, "median deletion → exit {median} ms");
+}
+
+#[test]
+fn nginx_keepalive_undeclared_waits_to_max_and_names_the_option() {
+    if require("nginx").is_none() {
+        return;
+    }
+    let (_, drained) = nginx_rollout("nginx-undeclared", UNDECLARED_FLAGS);
+    for (inst, code) in &drained {
+        let report = inst.report();
+        assert_eq!(*code, 0, "{} exit code", inst.name);
+        let ev = report.propagation.evidence.as_ref().expect("evidence");
+        if ev.kind == EvidenceKind::Max {
+            assert!(
+                report
+                    .advice
+                    .iter()
+                    .any(|a| a.message.contains("per_request_peers([\"127.0.0.1\"])")),
+                "{}: {}",
+                inst.name,
+                report.to_json()
+            );
+        }
+    }
+}
