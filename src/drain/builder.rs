@@ -97,10 +97,14 @@ impl DrainBuilder {
     ///
     /// The file is replaced atomically (a temporary file created exclusively, under an
     /// unpredictable name, in the same directory, synced, then renamed), so a crash leaves the
-    /// previous report or the new one, never a truncated file. A device, FIFO or pipe
-    /// (`/dev/stderr`) is written in place without blocking (a FIFO nobody reads is an error,
-    /// not a hang), and so is a bind-mounted file (a Kubernetes `subPath` mount), which cannot
-    /// be renamed over. Every write is bounded in time: a stalled reader cannot hold the exit.
+    /// previous report or the new one, never a truncated file. A FIFO, and the process's own
+    /// output (`/dev/stdout`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N`), are written in
+    /// place without blocking (a FIFO nobody reads is an error, not a hang), and so is a
+    /// bind-mounted file (a Kubernetes `subPath` mount), which cannot be renamed over. Those
+    /// output paths and `/dev/termination-log` are the only ones whose links are followed
+    /// (the path resolved as text: `/dev/../x` is `/x`): a link anywhere else, `/dev/shm`
+    /// included, is replaced, never followed, and a device there is refused, not written.
+    /// Every write is bounded in time: a stalled reader cannot hold the exit.
     /// If it cannot be written, the error is said on stderr, recorded in the report's
     /// `sink_errors`, and the exit code is 1.
     pub fn report_file(mut self, path: impl Into<PathBuf>) -> Self {
