@@ -191,7 +191,11 @@ impl DrainBuilder {
     /// A [`ConfigError`] naming the setting to change: a zero grace period, a close budget plus
     /// safety margin that leave nothing of the grace period, a propagation `min` above `max`
     /// or a `max` past the quiesce deadline, an unparsable `LAMEDUCK_GRACE_PERIOD`, a grace
-    /// period under 1 s or above 24 h, an unknown `LAMEDUCK_STOP_SIGNAL`.
+    /// period under 1 s or above 24 h, an unknown `LAMEDUCK_STOP_SIGNAL`, and (feature
+    /// `admin`) a `LAMEDUCK_ADMIN_TOKEN` that no request could carry — a space, a tab, a line
+    /// break, a non-ASCII character, more than 4096 characters: the admin router would refuse
+    /// every `/drain`, or the `preStop` client would fail every time. The error names what is
+    /// wrong, never the value.
     pub fn build(self) -> Result<Drain, ConfigError> {
         let env = std::env::var(GRACE_PERIOD_ENV).ok();
         let budget = Budget::resolve(
@@ -208,6 +212,8 @@ impl DrainBuilder {
                 DurationDisplay(budget.grace_period)
             )));
         }
+        #[cfg(feature = "admin")]
+        crate::admin_token::check_env()?;
         let stop_env = std::env::var(STOP_SIGNAL_ENV).ok();
         let signals = self
             .signals

@@ -77,7 +77,7 @@ async fn body_never_comes(addr: SocketAddr, target: &str, body: Pending, token: 
 fn admin(drain: &Drain, token: bool) -> lameduck::admin::AdminBuilder {
     let b = drain.admin();
     if token {
-        b.token(TOKEN)
+        b.token(TOKEN).unwrap()
     } else {
         b.without_token()
     }
