@@ -88,7 +88,7 @@ pub(super) fn write_report_file(
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let (tmp, mut f) = create_temporary(&dir, name)?;
+    let (tmp, mut f) = create_temporary(&dir, name).map_err(|e| if_a_link(path, e))?;
     let written = f
         .write_all(contents.as_bytes())
         .and_then(|()| f.sync_all())
@@ -119,6 +119,21 @@ pub(super) fn write_report_file(
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// `e`, saying that `path` is a link that was not followed when it is one: a link to the
+/// process's output written another way (`/proc/1/fd/1`) sits where no file can be created.
+fn if_a_link(path: &Path, e: std::io::Error) -> std::io::Error {
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return e;
+    }
+    std::io::Error::new(
+        e.kind(),
+        format!(
+            "{e}: it is a symbolic link, replaced rather than followed (links are followed only \
+             at {SPECIAL})"
+        ),
+    )
 }
 
 /// Creates `.<name>.<random>.tmp` in `dir`, exclusively: an existing file or symlink of that

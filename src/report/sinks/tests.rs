@@ -248,6 +248,16 @@ fn a_device_is_written_only_as_one_of_the_special_sinks() {
         write_report_file(Path::new(&path), "line\n", soon(), rename).unwrap();
     }
     assert_eq!(std::fs::read_to_string(&log_path).unwrap(), "line\nline\n");
+    // The same descriptor named another way is not one of them: not followed, and said so.
+    let other = format!("/proc/{}/fd/{}", std::process::id(), log.as_raw_fd());
+    let why = write_report_file(Path::new(&other), "line\n", soon(), rename)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        why.contains("symbolic link") && why.contains("/proc/self/fd/N"),
+        "{why}"
+    );
+    assert_eq!(std::fs::read_to_string(&log_path).unwrap(), "line\nline\n");
     drop(log);
     std::fs::remove_dir_all(&dir).unwrap();
 }
