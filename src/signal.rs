@@ -240,9 +240,9 @@ impl Signals {
     }
 }
 
-/// How soon a repeat of the same signal is an echo of it, not a second request: longer than
-/// any sender's two deliveries of one request (microseconds apart, stretched by a loaded
-/// machine), shorter than a person can press a key twice.
+/// How soon a repeat of a request (the same signal, or SIGINT and SIGTERM) is an echo of it,
+/// not a second request: longer than any senders' two deliveries of one request (microseconds
+/// apart, stretched by a loaded machine), shorter than a person can press a key twice.
 pub(crate) const ECHO_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Counts signals as the table in [`Signals`] sees them, folding echoes.
