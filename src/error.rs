@@ -79,8 +79,9 @@ impl ConfigError {
         self.kind == Kind::Env
     }
 
-    /// `true` if a string could not be parsed: a duration (see [`parse_duration`](crate::parse_duration))
-    /// or a name (a `LAMEDUCK_*` variable, `str::parse` of a setting, `/drain`'s query).
+    /// `true` if a string could not be parsed: a duration (see [`parse_duration`](crate::parse_duration)),
+    /// a name (a `LAMEDUCK_*` variable, `str::parse` of a setting, `/drain`'s query), or an
+    /// admin token given to `AdminBuilder::token`.
     pub fn is_parse(&self) -> bool {
         self.kind == Kind::Parse
     }

@@ -98,6 +98,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod action;
+#[cfg(feature = "admin")]
+mod admin_token;
 mod advice;
 mod budget;
 mod closers;

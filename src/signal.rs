@@ -8,9 +8,12 @@
 //!   time is right even when every worker is blocked, and the budget counts from it.
 //! * The first trigger of a process that installed the handlers arms the driver's watchdog
 //!   (see `driver/exit.rs`).
-//! * A repeat of the same signal within [`ECHO_WINDOW`] of its last counted delivery is an
-//!   echo of it (GNU `timeout` signals the child, then its process group): recorded, never
-//!   counted as a second signal, so it never forces the exit.
+//! * A signal within [`ECHO_WINDOW`] of the last counted one is an echo of it when it is the
+//!   same signal (GNU `timeout` signals the child, then its process group) or when both start
+//!   the drain (Ctrl-C reaches the process group: the process's own SIGINT, and the SIGTERM a
+//!   wrapper that traps INT forwards): recorded, never counted as a second signal, so it never
+//!   forces the exit. A signal that forces on its own (SIGQUIT, unless it is the stop signal)
+//!   is never an echo of one that does not.
 
 use crate::error::ConfigError;
 use crate::phase::Trigger;
@@ -90,7 +93,7 @@ impl std::str::FromStr for StopSignal {
 /// Which OS signals the coordinator listens to, set with
 /// [`DrainBuilder::signals`](crate::DrainBuilder::signals).
 ///
-/// | signal                                  | first signal      | any second signal |
+/// | signal                                  | first signal      | a second request  |
 /// |-----------------------------------------|-------------------|-------------------|
 /// | the stop signal (default SIGTERM)       | starts the drain  | exit now (forced) |
 /// | SIGTERM, SIGINT                         | starts the drain  | exit now (forced) |
@@ -103,9 +106,14 @@ impl std::str::FromStr for StopSignal {
 /// signal's name; before the drain, at its start) and change nothing. A service that reloads
 /// on SIGHUP installs its own handler as well (`tokio::signal::unix`): both see the signal.
 /// [`Signals::without_hup_usr1`] leaves their default action in place.
-/// A repeat of the same signal within 100 ms of the last one counted is the same request sent
-/// twice (GNU `timeout` signals its child, then the child's process group), not a second
-/// one: it is recorded and forces nothing.
+/// A second request is a signal more than 100 ms after the last one counted — a person's
+/// second Ctrl-C, a second `kill`. Within 100 ms it is the same request delivered twice, and
+/// is recorded and forces nothing, when it is the same signal (GNU `timeout` signals its child,
+/// then the child's process group) or when both signals start the drain (SIGTERM, SIGINT, the
+/// stop signal): Ctrl-C at a terminal reaches the whole process group, so a wrapper script
+/// that traps INT and TERM and forwards them delivers its SIGTERM in the same millisecond as
+/// the terminal's SIGINT, in either order. A SIGQUIT that is not the stop signal forces the
+/// exit whenever it comes.
 ///
 /// The stop signal is [`StopSignal`]: set here, else env `LAMEDUCK_STOP_SIGNAL`, else SIGTERM.
 /// A signal after a `preStop` hook started the drain is the *first* signal: it forces
@@ -142,7 +150,7 @@ pub struct Signals {
 }
 
 impl Default for Signals {
-    /// SIGTERM and SIGINT start the drain; SIGQUIT and a second signal force the exit.
+    /// SIGTERM and SIGINT start the drain; SIGQUIT and a second request force the exit.
     fn default() -> Self {
         Self {
             sigterm: true,
@@ -232,32 +240,51 @@ impl Signals {
     }
 }
 
-/// How soon a repeat of the same signal is an echo of it, not a second request: longer than
-/// any sender's two deliveries of one request (microseconds apart, stretched by a loaded
-/// machine), shorter than a person can press a key twice.
+/// How soon a repeat of a request (the same signal, or SIGINT and SIGTERM) is an echo of it,
+/// not a second request: longer than any senders' two deliveries of one request (microseconds
+/// apart, stretched by a loaded machine), shorter than a person can press a key twice.
 pub(crate) const ECHO_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Counts signals as the table in [`Signals`] sees them, folding echoes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SignalCount {
+    which: Signals,
     n: u64,
     /// The last signal counted and its receipt.
     last: Option<(Trigger, std::time::Instant)>,
 }
 
 impl SignalCount {
+    pub(crate) fn new(which: Signals) -> Self {
+        Self {
+            which,
+            n: 0,
+            last: None,
+        }
+    }
+
     /// The 1-based count of `trigger` received at `at`, or `None` when it is an echo of the
-    /// last signal counted. The window runs from that counted signal, so a stream of repeats
-    /// cannot stretch it.
+    /// last signal counted (see [`same_request`](Self::same_request)). The window runs from
+    /// that counted signal, so a stream of repeats cannot stretch it.
     pub(crate) fn count(&mut self, trigger: Trigger, at: std::time::Instant) -> Option<u64> {
         if let Some((last, last_at)) = self.last {
-            if last == trigger && at.saturating_duration_since(last_at) < ECHO_WINDOW {
+            if at.saturating_duration_since(last_at) < ECHO_WINDOW
+                && self.same_request(last, trigger)
+            {
                 return None;
             }
         }
         self.n += 1;
         self.last = Some((trigger, at));
         Some(self.n)
+    }
+
+    /// Whether `next`, inside the echo window of `last`, is the same request: the same signal
+    /// delivered twice, or two signals that both start the drain (a terminal's SIGINT and the
+    /// SIGTERM a wrapper forwards for it).
+    fn same_request(&self, last: Trigger, next: Trigger) -> bool {
+        let drains = |t| self.which.listens(t) && !self.which.forces(t, 1);
+        last == next || (drains(last) && drains(next))
     }
 }
 
@@ -317,7 +344,7 @@ where
     std::thread::Builder::new()
         .name("lameduck-signals".to_owned())
         .spawn(move || {
-            let mut count = SignalCount::default();
+            let mut count = SignalCount::new(which);
             for sig in signals.forever() {
                 let receipt = Receipt::now();
                 let trigger = match sig {
@@ -375,7 +402,7 @@ mod tests {
     #[test]
     fn a_repeat_within_the_echo_window_is_not_counted() {
         let t0 = Instant::now();
-        let mut c = SignalCount::default();
+        let mut c = SignalCount::new(Signals::default().stop_signal(StopSignal::Sigterm));
         assert_eq!(c.count(Trigger::Sigterm, t0), Some(1));
         assert_eq!(
             c.count(Trigger::Sigterm, t0 + Duration::from_micros(30)),
@@ -384,10 +411,31 @@ mod tests {
         // The window runs from the counted signal: repeats do not stretch it.
         assert_eq!(c.count(Trigger::Sigterm, t0 + ECHO_WINDOW / 2), None);
         assert_eq!(c.count(Trigger::Sigterm, t0 + ECHO_WINDOW), Some(2));
-        // Another signal is never an echo.
-        assert_eq!(
-            c.count(Trigger::Sigint, t0 + ECHO_WINDOW + Duration::from_micros(1)),
-            Some(3)
-        );
+        // Past the window of the last one counted, any signal is another request.
+        assert_eq!(c.count(Trigger::Sigint, t0 + 2 * ECHO_WINDOW), Some(3));
+    }
+
+    #[test]
+    fn sigint_and_sigterm_within_the_echo_window_are_one_request() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        for (first, second) in [
+            (Trigger::Sigint, Trigger::Sigterm),
+            (Trigger::Sigterm, Trigger::Sigint),
+        ] {
+            let mut c = SignalCount::new(Signals::default().stop_signal(StopSignal::Sigterm));
+            assert_eq!(c.count(first, t0), Some(1));
+            assert_eq!(c.count(second, t0 + us(50)), None, "{first:?}, {second:?}");
+            // A person's second Ctrl-C, later: the window ran from the first.
+            assert_eq!(c.count(Trigger::Sigint, t0 + ECHO_WINDOW), Some(2));
+        }
+        // SIGQUIT forces on its own: never the echo of a signal that drains.
+        let mut c = SignalCount::new(Signals::default().stop_signal(StopSignal::Sigterm));
+        assert_eq!(c.count(Trigger::Sigterm, t0), Some(1));
+        assert_eq!(c.count(Trigger::Sigquit, t0 + us(50)), Some(2));
+        // With SIGQUIT as the stop signal, it drains like SIGTERM and folds with it.
+        let mut c = SignalCount::new(Signals::default().stop_signal(StopSignal::Sigquit));
+        assert_eq!(c.count(Trigger::Sigquit, t0), Some(1));
+        assert_eq!(c.count(Trigger::Sigterm, t0 + us(50)), None);
     }
 }

@@ -342,7 +342,7 @@ async fn the_manifest_requests_work_against_the_admin_router() {
         lameduck::Propagation::fixed(Duration::from_millis(50)),
     );
     drain.readiness().mark_serving();
-    let router = drain.admin().token(m.admin_token()).router();
+    let router = drain.admin().token(m.admin_token()).unwrap().router();
     let (listener, addr) = common::bind().await;
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
 

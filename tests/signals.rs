@@ -446,6 +446,54 @@ fn a_sigterm_repeated_within_milliseconds_is_one_request_and_forces_nothing() {
     assert_eq!(report.trigger, Some(Trigger::Sigterm));
 }
 
+/// SIGINT and SIGTERM in the same millisecond are one stop request: Ctrl-C reaches the whole
+/// process group, and a wrapper in it that traps INT and TERM forwards a SIGTERM of its own.
+/// Either may arrive first.
+#[test]
+fn a_sigint_and_a_forwarded_sigterm_together_are_one_request_and_force_nothing() {
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    for (first, second) in [("INT", "TERM"), ("TERM", "INT")] {
+        let p = spawn(
+            "a_sigint_and_a_forwarded_sigterm_together_are_one_request_and_force_nothing",
+            "idle",
+        );
+        // The shell's builtin `kill`, twice: microseconds apart, two deliveries.
+        let pid = p.child.id();
+        let ok = Command::new("sh")
+            .arg("-c")
+            .arg(format!("kill -{first} {pid}; kill -{second} {pid}"))
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill failed");
+        let (code, _, report) = wait(p, Duration::from_secs(20));
+        assert_eq!(
+            (report.outcome, code),
+            (Outcome::Clean, 0),
+            "SIG{first} then SIG{second}: {:?}",
+            report.timeline
+        );
+        // Both were received: one started the drain (the signal thread may read two pending
+        // signals in either order), the other is recorded and changed nothing.
+        let mut received: Vec<_> = report
+            .timeline
+            .iter()
+            .filter(|e| e.event == EventKind::SignalReceived)
+            .filter_map(|e| e.trigger)
+            .chain(report.trigger)
+            .collect();
+        received.sort_by_key(|t| t.as_str());
+        assert_eq!(
+            received,
+            [Trigger::Sigint, Trigger::Sigterm],
+            "SIG{first} then SIG{second}: {:?}",
+            report.timeline
+        );
+    }
+}
+
 #[test]
 fn sigquit_forces_the_exit() {
     if let Some(s) = is_child() {
@@ -552,22 +600,26 @@ fn a_second_signal_of_any_kind_forces_the_exit() {
     if let Some(s) = is_child() {
         child_main(&s);
     }
-    let mut p = spawn(
-        "a_second_signal_of_any_kind_forces_the_exit",
-        "stuck-request",
-    );
-    kill(&p, "-TERM");
-    // Synchronisation point: the child says the first signal started the drain, so the
-    // second is a delivery of its own (pending signals of one kind would merge).
-    wait_for_stdout(&mut p, "DRAINING");
-    // A person's second signal: past the echo window of the first.
-    std::thread::sleep(SECOND_REQUEST_GAP);
-    kill(&p, "-TERM");
-    let (code, _, report) = wait(p, Duration::from_secs(20));
-    assert_eq!(code, 1);
-    assert_eq!(report.outcome, Outcome::Forced);
-    assert_eq!(report.trigger, Some(Trigger::Sigterm));
-    assert_exit_event(&report, 1);
+    // The second as the same signal, and as SIGINT after a SIGTERM-started drain: a person's
+    // Ctrl-C during a drain.
+    for second in ["-TERM", "-INT"] {
+        let mut p = spawn(
+            "a_second_signal_of_any_kind_forces_the_exit",
+            "stuck-request",
+        );
+        kill(&p, "-TERM");
+        // Synchronisation point: the child says the first signal started the drain, so the
+        // second is a delivery of its own (pending signals of one kind would merge).
+        wait_for_stdout(&mut p, "DRAINING");
+        // A person's second signal: past the echo window of the first.
+        std::thread::sleep(SECOND_REQUEST_GAP);
+        kill(&p, second);
+        let (code, _, report) = wait(p, Duration::from_secs(20));
+        assert_eq!(code, 1, "{second}");
+        assert_eq!(report.outcome, Outcome::Forced, "{second}");
+        assert_eq!(report.trigger, Some(Trigger::Sigterm));
+        assert_exit_event(&report, 1);
+    }
 }
 
 #[test]
@@ -658,7 +710,11 @@ fn a_report_file_that_cannot_be_written_is_said_and_exits_1() {
     }
     for (path, why) in [
         ("/nonexistent/dir/report.json", "No such file or directory"),
-        ("/dev/full", "No space left on device"),
+        // A device that is not one of the special sinks: refused, not written.
+        (
+            "/dev/full",
+            "it is a character device, not a regular file or a FIFO: not written",
+        ),
     ] {
         let p = spawn_with(
             "a_report_file_that_cannot_be_written_is_said_and_exits_1",
@@ -683,7 +739,7 @@ fn a_report_file_that_cannot_be_written_is_said_and_exits_1() {
             report.sink_errors
         );
     }
-    // `/dev/full` is still the device: it was written in place, never renamed over.
+    // `/dev/full` is still the device: refused, never renamed over.
     let meta = std::fs::metadata("/dev/full").unwrap();
     assert!(!meta.is_file());
 }

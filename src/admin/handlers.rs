@@ -22,11 +22,7 @@ mod admission;
 use admission::BodyUse;
 pub(super) use admission::{AdminState, Outcome, Refusal, Token};
 
-/// The environment variable the admin router reads its bearer token from by default.
-///
-/// Unset, empty or blank means no token. Surrounding whitespace is trimmed (a Secret created
-/// from a file often ends with a newline).
-pub const ADMIN_TOKEN_ENV: &str = "LAMEDUCK_ADMIN_TOKEN";
+pub use crate::admin_token::ADMIN_TOKEN_ENV;
 
 /// Longest `timeout=` value looked at; anything longer is refused before parsing.
 const MAX_TIMEOUT_LEN: usize = 32;

@@ -32,6 +32,12 @@
 //! and the drain does not start. Probes and `/status` stay open: kubelet probes cannot be
 //! configured with a secret, and they change nothing.
 //!
+//! A token is 1 to 4096 characters of visible ASCII (`!` to `~`) once surrounding whitespace
+//! is trimmed: what kubelet's `httpGet` headers, `curl` and the bundled [`prestop`] client send
+//! verbatim. The router and the client check the same rule, and a token that breaks it is
+//! refused at startup, naming what is wrong, never the value: [`AdminBuilder::token`] returns
+//! an error, and so does [`Drain::builder`]'s `build` for `LAMEDUCK_ADMIN_TOKEN`.
+//!
 //! # Serving it
 //!
 //! Serve the admin endpoint on its own listener with [`AdminBuilder::serve`], not with the
@@ -115,7 +121,7 @@ impl Drain {
     /// let drain = lameduck::Drain::builder().build()?;
     /// let admin: axum::Router = drain
     ///     .admin()
-    ///     .token("s3cr3t-t0ken")
+    ///     .token("s3cr3t-t0ken")?
     ///     .body_limit(256)
     ///     .router();
     /// # Ok(()) }

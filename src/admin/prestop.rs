@@ -48,7 +48,9 @@ const MAX_RESPONSE: usize = 1 << 20;
 /// ```
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct PrestopOptions {
-    /// Sent as `Authorization: Bearer <token>`. Surrounding whitespace is trimmed.
+    /// Sent as `Authorization: Bearer <token>`. Surrounding whitespace is trimmed; the rest
+    /// must be what the admin router accepts, 1 to 4096 characters of visible ASCII (`!` to
+    /// `~`), or [`prestop`] fails at once, saying what is wrong.
     pub token: Option<String>,
     /// What the drain must reach before `/drain` answers. Default [`Wait::Drained`].
     pub wait: Wait,
@@ -70,11 +72,12 @@ impl fmt::Debug for PrestopOptions {
 
 impl PrestopOptions {
     /// The defaults, with the token read from env `LAMEDUCK_ADMIN_TOKEN` (unset or blank: no
-    /// token) — the same variable the admin router reads, so one Secret serves both sides.
+    /// token) — the same variable the admin router reads, so one Secret serves both sides. A
+    /// value that is not UTF-8 is kept (lossily) so that [`prestop`] says what is wrong with
+    /// it, rather than sending no token.
     pub fn from_env() -> Self {
-        let token = std::env::var(ADMIN_TOKEN_ENV)
-            .ok()
-            .map(|t| t.trim().to_owned())
+        let token = std::env::var_os(ADMIN_TOKEN_ENV)
+            .map(|t| t.to_string_lossy().trim().to_owned())
             .filter(|t| !t.is_empty());
         Self {
             token,
@@ -95,7 +98,7 @@ enum ErrorKind {
     Timeout(Duration),
     Status { code: u16, body: String },
     InvalidResponse(String),
-    InvalidOptions(&'static str),
+    InvalidOptions(String),
     Runtime(String),
 }
 
@@ -363,7 +366,7 @@ fn local(addr: SocketAddr) -> SocketAddr {
 fn build_request(
     addr: SocketAddr,
     options: &PrestopOptions,
-) -> Result<Request<Empty<Bytes>>, &'static str> {
+) -> Result<Request<Empty<Bytes>>, String> {
     let mut target = format!("/drain?wait={}", options.wait.as_str());
     if let Some(t) = options.timeout {
         target.push_str(&format!("&timeout={}ms", t.as_millis()));
@@ -374,20 +377,16 @@ fn build_request(
         .header(ACCEPT, "application/json")
         .header(CONNECTION, "close");
     if let Some(token) = &options.token {
-        let token = token.trim();
-        if token.is_empty() {
-            return Err("the token is empty");
-        }
-        // A line break would end the header early and let the token forge others.
-        if !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-            return Err("the token must be visible ASCII without spaces");
-        }
+        // The admin router's own rule: what it accepts, this sends. (A line break would end
+        // the header early and let the token forge others.)
+        let token = crate::admin_token::check(token)
+            .map_err(|problem| format!("the token {problem}: {}", crate::admin_token::RULE))?;
         let value = HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| "the token must be visible ASCII without spaces")?;
+            .map_err(|_| format!("the token cannot be sent: {}", crate::admin_token::RULE))?;
         req = req.header(AUTHORIZATION, value);
     }
     req.body(Empty::new())
-        .map_err(|_| "the request cannot be built from these options")
+        .map_err(|_| "the request cannot be built from these options".to_owned())
 }
 
 #[cfg(test)]

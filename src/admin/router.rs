@@ -24,6 +24,7 @@ use super::handlers::{
     drain, livez, not_found, readyz, status, AdminState, Token, ADMIN_TOKEN_ENV,
 };
 use crate::drain::Drain;
+use crate::error::ConfigError;
 
 /// Bodies are not used by any admin route; this only bounds what a confused client can make
 /// the server read.
@@ -32,6 +33,7 @@ const DEFAULT_BODY_LIMIT: usize = 1024;
 #[derive(Clone)]
 enum TokenSetting {
     FromEnv,
+    /// Checked against the token rule when given.
     Given(String),
     Off,
 }
@@ -44,7 +46,7 @@ enum TokenSetting {
 /// ```
 /// # fn demo() -> Result<(), lameduck::ConfigError> {
 /// let drain = lameduck::Drain::builder().build()?;
-/// let admin: axum::Router = drain.admin().token("s3cr3t-t0ken").router();
+/// let admin: axum::Router = drain.admin().token("s3cr3t-t0ken")?.router();
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -93,12 +95,27 @@ impl AdminBuilder {
 
     /// Requires `Authorization: Bearer <token>` on `/drain`. Overrides `LAMEDUCK_ADMIN_TOKEN`.
     ///
-    /// Surrounding whitespace is trimmed. A token that is empty, or holds a control character
-    /// (it could never be sent in a header), makes `/drain` refuse every request with `401`
-    /// and a message saying so — a broken token fails closed, not open.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = TokenSetting::Given(token.into());
-        self
+    /// Surrounding whitespace is trimmed; what is left must be 1 to 4096 characters of
+    /// visible ASCII (`!` to `~`): no spaces, tabs, line breaks or non-ASCII characters. That
+    /// is what kubelet's `httpGet` headers, `curl` and the bundled
+    /// [`prestop`](crate::admin::prestop) client send verbatim, so the router and the hook
+    /// always agree.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] ([`is_parse`](ConfigError::is_parse)) naming what is wrong and where
+    /// (`the admin token holds a space at character 7`), never the token itself; nothing is
+    /// changed. For no token, call [`without_token`](Self::without_token).
+    pub fn token(mut self, token: impl Into<String>) -> Result<Self, ConfigError> {
+        let given = token.into();
+        let token = crate::admin_token::check(&given).map_err(|problem| {
+            ConfigError::parse(format!(
+                "the admin token {problem}: {}; for no token, call without_token()",
+                crate::admin_token::RULE
+            ))
+        })?;
+        self.token = TokenSetting::Given(token.to_owned());
+        Ok(self)
     }
 
     /// No token: `/drain` is open to anyone who reaches the admin port, whatever
@@ -211,6 +228,11 @@ impl AdminBuilder {
     }
 
     /// Builds the router. The token setting is resolved now (the environment is read once).
+    ///
+    /// [`Drain::builder`](crate::Drain::builder)'s `build` refused an unusable
+    /// `LAMEDUCK_ADMIN_TOKEN`; should the variable have changed since to a value no request
+    /// could carry, `/drain` refuses every request (fail closed), said as an error event and,
+    /// without a tracing subscriber, on stderr.
     pub fn router(self) -> Router {
         let token = match self.token {
             TokenSetting::Off => Token::Open,
@@ -227,12 +249,7 @@ impl AdminBuilder {
         match &token {
             Token::Open => tracing::info!("lameduck: admin /drain needs no token"),
             Token::Required(_) => tracing::info!("lameduck: admin /drain requires a bearer token"),
-            Token::Invalid(why) => {
-                tracing::error!(
-                    reason = %why,
-                    "lameduck: admin token unusable; /drain refuses every request"
-                )
-            }
+            Token::Invalid(why) => say_unusable(why),
         }
         let state = Arc::new(AdminState {
             drain: self.drain,
@@ -253,5 +270,21 @@ impl AdminBuilder {
             None => routes,
         };
         routes.fallback(not_found).with_state(state)
+    }
+}
+
+/// Says that the admin token is unusable: an error event and, where no subscriber would show
+/// it, a stderr line (bounded: a stalled stderr must not hold the caller).
+fn say_unusable(why: &str) {
+    tracing::error!(
+        reason = %why,
+        "lameduck: admin token unusable; /drain refuses every request"
+    );
+    if !tracing::dispatcher::has_been_set() {
+        let line = format!(
+            "lameduck: the admin token is unusable ({why}): /drain refuses every request; {}\n",
+            crate::admin_token::RULE
+        );
+        let _ = crate::report::stderr_bounded(line, crate::report::STDERR_WAIT);
     }
 }

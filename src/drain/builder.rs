@@ -97,10 +97,14 @@ impl DrainBuilder {
     ///
     /// The file is replaced atomically (a temporary file created exclusively, under an
     /// unpredictable name, in the same directory, synced, then renamed), so a crash leaves the
-    /// previous report or the new one, never a truncated file. A device, FIFO or pipe
-    /// (`/dev/stderr`) is written in place without blocking (a FIFO nobody reads is an error,
-    /// not a hang), and so is a bind-mounted file (a Kubernetes `subPath` mount), which cannot
-    /// be renamed over. Every write is bounded in time: a stalled reader cannot hold the exit.
+    /// previous report or the new one, never a truncated file. A FIFO, and the process's own
+    /// output (`/dev/stdout`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N`), are written in
+    /// place without blocking (a FIFO nobody reads is an error, not a hang), and so is a
+    /// bind-mounted file (a Kubernetes `subPath` mount), which cannot be renamed over. Those
+    /// output paths and `/dev/termination-log` are the only ones whose links are followed
+    /// (the path resolved as text: `/dev/../x` is `/x`): a link anywhere else, `/dev/shm`
+    /// included, is replaced, never followed, and a device there is refused, not written.
+    /// Every write is bounded in time: a stalled reader cannot hold the exit.
     /// If it cannot be written, the error is said on stderr, recorded in the report's
     /// `sink_errors`, and the exit code is 1.
     pub fn report_file(mut self, path: impl Into<PathBuf>) -> Self {
@@ -188,7 +192,11 @@ impl DrainBuilder {
     /// safety margin that leave nothing of the grace period, a propagation `min` above `max`
     /// or a `max` past the quiesce deadline, an unparsable `LAMEDUCK_GRACE_PERIOD`, a grace
     /// period under 1 s or above 24 h, an unknown `LAMEDUCK_STOP_SIGNAL`, a per-request peer
-    /// (or an item of `LAMEDUCK_PER_REQUEST_PEERS`) that is neither an address nor a CIDR block.
+    /// (or an item of `LAMEDUCK_PER_REQUEST_PEERS`) that is neither an address nor a CIDR
+    /// block, and (feature `admin`) a `LAMEDUCK_ADMIN_TOKEN` that no request could carry — a
+    /// space, a tab, a line break, a non-ASCII character, more than 4096 characters: the admin
+    /// router would refuse every `/drain`, or the `preStop` client would fail every time. The
+    /// error names what is wrong, never the value.
     pub fn build(self) -> Result<Drain, ConfigError> {
         let env = std::env::var(GRACE_PERIOD_ENV).ok();
         let budget = Budget::resolve(
@@ -205,6 +213,8 @@ impl DrainBuilder {
                 DurationDisplay(budget.grace_period)
             )));
         }
+        #[cfg(feature = "admin")]
+        crate::admin_token::check_env()?;
         let stop_env = std::env::var(STOP_SIGNAL_ENV).ok();
         let signals = self
             .signals

@@ -8,13 +8,19 @@
 //!   [`SINK_WAIT`] and by the deadline. A thread stuck in the kernel (a pipe nobody reads, a
 //!   hung network file system) is left behind, and the process exits past it; a sink that
 //!   stalled once is skipped afterwards instead of piling up threads behind it.
-//! * A FIFO, and under `/dev` and `/proc` anything that is not a regular file or is a link
-//!   (`/dev/stderr`), are written in place and without blocking: opened with `O_NONBLOCK` (a
-//!   FIFO with no reader fails at once instead of waiting for one) and `O_APPEND` (a link to a
-//!   log file is written at its end, not over its start), then written until the deadline.
-//! * Outside `/dev` and `/proc` a symbolic link at the report path is never followed (whoever
-//!   can write the directory could plant one to a device): it is replaced like a regular file,
-//!   and the in-place open adds `O_NOFOLLOW` and writes only a regular file or a FIFO.
+//! * A path is judged as text first: `.`, `..` and repeated slashes resolved (`/dev/../etc/x`
+//!   is `/etc/x`), and that path is the one opened.
+//! * Links are followed, and a device or a pipe written, only at the *special* sinks:
+//!   `/dev/stdout`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N` and `/dev/termination-log`.
+//!   A FIFO anywhere, and a special sink that is a link or not a regular file, are written in
+//!   place and without blocking: opened with `O_NONBLOCK` (a FIFO with no reader fails at once
+//!   instead of waiting for one) and `O_APPEND` (a link to a log file is written at its end,
+//!   not over its start), then written until the deadline.
+//! * At any other path, under `/dev` or not, a symbolic link is never followed (whoever can
+//!   write the directory could plant one: `/dev/shm` is often an `emptyDir` shared with
+//!   sidecars): it is replaced like a regular file, and the in-place open adds `O_NOFOLLOW`
+//!   and writes only a regular file or a FIFO; a device, a socket or a directory there is
+//!   refused, and the error names what it is.
 //! * A regular file is replaced through a temporary file created exclusively (`O_EXCL`, so
 //!   never through a planted symlink) under an unpredictable name in the target's directory;
 //!   when the target cannot be renamed over (`EBUSY`: it is a bind mount, as a Kubernetes

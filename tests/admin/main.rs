@@ -57,7 +57,7 @@ pub(crate) async fn serve(router: Router) -> SocketAddr {
 
 /// Serves `drain`'s admin router with the test token.
 pub(crate) async fn serve_with_token(drain: &Drain) -> SocketAddr {
-    serve(drain.admin().token(TOKEN).router()).await
+    serve(drain.admin().token(TOKEN).unwrap().router()).await
 }
 
 /// Serves `drain`'s admin router with no token.

@@ -11,14 +11,12 @@ pub(in crate::admin) enum Token {
 }
 
 impl Token {
+    /// The token to require, or why `/drain` is refused: the rule the `preStop` client sends
+    /// by ([`crate::admin_token`]).
     pub(in crate::admin) fn from_setting(raw: &str, source: &str) -> Token {
-        let t = raw.trim();
-        if t.is_empty() {
-            Token::Invalid(format!("{source} is empty"))
-        } else if t.chars().any(char::is_control) {
-            Token::Invalid(format!("{source} holds a control character"))
-        } else {
-            Token::Required(t.as_bytes().into())
+        match crate::admin_token::check(raw) {
+            Ok(t) => Token::Required(t.as_bytes().into()),
+            Err(problem) => Token::Invalid(format!("{source} {problem}")),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! exclusive temporary file (or in place), and the termination log.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::time::Instant;
 
 use super::PIPE_RETRY;
@@ -11,24 +11,59 @@ pub(super) fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::rename(from, to)
 }
 
-/// Whether `path` is the system's own: under `/dev` or `/proc`, where links (`/dev/stderr`,
-/// `/proc/self/fd/2`) are followed. Anywhere else a symbolic link at the report path may have
-/// been planted by whoever can write its directory (an `emptyDir` shared with a sidecar), and
-/// is never followed.
-fn system_path(path: &Path) -> bool {
-    path.starts_with("/dev") || path.starts_with("/proc")
+/// The sinks that are links or devices by design, named in the errors that refuse the rest.
+const SPECIAL: &str = "/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N, /dev/termination-log";
+
+/// `path` with `.`, `..` and repeated slashes resolved as text (`/dev/../etc/x` is `/etc/x`):
+/// the path that is judged special or not is the path that is opened, whatever links the
+/// directories on the way are.
+pub(super) fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => match out.components().next_back() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                // `/..` is `/`.
+                Some(Component::RootDir | Component::Prefix(_)) => {}
+                // A relative path's leading `..` stays.
+                _ => out.push(".."),
+            },
+            other => out.push(other.as_os_str()),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
 }
 
-/// Whether `path` must be written in place: it is the system's own and not a regular file
-/// (`/dev/stderr` on a pipe, a link to a file, a device), or, elsewhere, it is itself (not
-/// through a link) neither a regular file nor a link (a FIFO). A link elsewhere is replaced
-/// like a regular file, never followed.
+/// Whether `path` (resolved as text) is one of the sinks meant to be a link or a device:
+/// the process's own output (`/dev/stdout`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N`)
+/// and Kubernetes' `/dev/termination-log`. Only these are followed and written whatever they
+/// are. Any other path, under `/dev` or not, may be a link planted by whoever can write its
+/// directory (`/dev/shm` is often an `emptyDir` shared with sidecars): it is never followed,
+/// and a device there is nobody's report file.
+fn special(path: &Path) -> bool {
+    let Some(p) = path.to_str() else {
+        return false;
+    };
+    let descriptor = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    matches!(p, "/dev/stdout" | "/dev/stderr" | "/dev/termination-log")
+        || p.strip_prefix("/dev/fd/").is_some_and(descriptor)
+        || p.strip_prefix("/proc/self/fd/").is_some_and(descriptor)
+}
+
+/// Whether `path` must be written in place: a special sink that is a link or not a regular
+/// file (`/dev/stderr` on a pipe or a log file), or any other path that is itself (not through
+/// a link) neither a regular file nor a link (a FIFO; a device, refused when opened). A link
+/// there is replaced like a regular file, never followed.
 fn in_place(path: &Path) -> bool {
-    if system_path(path) {
+    if special(path) {
         let link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
-        return link
-            || path.starts_with("/proc")
-            || std::fs::metadata(path).is_ok_and(|m| !m.is_file());
+        return link || std::fs::metadata(path).is_ok_and(|m| !m.is_file());
     }
     std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file() && !m.file_type().is_symlink())
 }
@@ -42,6 +77,7 @@ pub(super) fn write_report_file(
     rename: fn(&Path, &Path) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     use std::fs;
+    let path = &lexical(path);
     if in_place(path) {
         return write_without_blocking(path, contents, until, Open::Append);
     }
@@ -52,7 +88,7 @@ pub(super) fn write_report_file(
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let (tmp, mut f) = create_temporary(&dir, name)?;
+    let (tmp, mut f) = create_temporary(&dir, name).map_err(|e| if_a_link(path, e))?;
     let written = f
         .write_all(contents.as_bytes())
         .and_then(|()| f.sync_all())
@@ -83,6 +119,21 @@ pub(super) fn write_report_file(
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// `e`, saying that `path` is a link that was not followed when it is one: a link to the
+/// process's output written another way (`/proc/1/fd/1`) sits where no file can be created.
+fn if_a_link(path: &Path, e: std::io::Error) -> std::io::Error {
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return e;
+    }
+    std::io::Error::new(
+        e.kind(),
+        format!(
+            "{e}: it is a symbolic link, replaced rather than followed (links are followed only \
+             at {SPECIAL})"
+        ),
+    )
 }
 
 /// Creates `.<name>.<random>.tmp` in `dir`, exclusively: an existing file or symlink of that
@@ -130,16 +181,16 @@ enum Open {
 
 /// Writes `contents` to an existing file in place without ever blocking past `until`: opened
 /// with `O_NONBLOCK` (a FIFO without a reader fails at once), a full pipe retried until the
-/// deadline. Outside `/dev` and `/proc` a link is not followed (`O_NOFOLLOW`, against a link
-/// planted after the check) and only a regular file or a FIFO is written: a device node
-/// there is nobody's report file.
+/// deadline. Unless `path` (resolved as text) is a [special](special) sink, a link is not
+/// followed (`O_NOFOLLOW`, also against a link planted after the check) and only a regular
+/// file or a FIFO is written: a device node there is nobody's report file.
 fn write_without_blocking(
     path: &Path,
     contents: &str,
     until: Instant,
     open: Open,
 ) -> std::io::Result<()> {
-    let system = system_path(path);
+    let system = special(path);
     let mut flags = os::NON_BLOCKING;
     if !system {
         flags |= os::NO_FOLLOW;
@@ -155,7 +206,9 @@ fn write_without_blocking(
         } else if os::is_link(&e) {
             std::io::Error::new(
                 e.kind(),
-                "the path became a symbolic link while the report was written: not followed",
+                format!(
+                    "it is a symbolic link: not followed (links are followed only at {SPECIAL})"
+                ),
             )
         } else {
             e
@@ -166,8 +219,11 @@ fn write_without_blocking(
         if !kind.is_file() && !os::is_fifo(&kind) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                "the path is neither a regular file nor a FIFO (a device node?): not written; \
-                 name a file, a FIFO, or a path under /dev",
+                format!(
+                    "it is {}, not a regular file or a FIFO: not written (a device is written \
+                     only at {SPECIAL}); name a file or a FIFO",
+                    os::kind_name(&kind)
+                ),
             ));
         }
     }
@@ -226,6 +282,21 @@ pub(super) mod os {
         kind.is_fifo()
     }
 
+    /// What a file that is neither regular nor a FIFO is, for an error message.
+    pub(in crate::report::sinks) fn kind_name(kind: &std::fs::FileType) -> &'static str {
+        if kind.is_block_device() {
+            "a block device"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_dir() {
+            "a directory"
+        } else {
+            "neither a regular file nor a FIFO"
+        }
+    }
+
     /// A non-blocking open of a FIFO that nobody reads.
     pub(in crate::report::sinks) fn no_reader(e: &std::io::Error, path: &std::path::Path) -> bool {
         e.raw_os_error() == Some(libc::ENXIO)
@@ -260,6 +331,14 @@ pub(super) mod os {
     pub(in crate::report::sinks) fn is_fifo(_: &std::fs::FileType) -> bool {
         false
     }
+
+    pub(in crate::report::sinks) fn kind_name(kind: &std::fs::FileType) -> &'static str {
+        if kind.is_dir() {
+            "a directory"
+        } else {
+            "neither a regular file nor a FIFO"
+        }
+    }
 }
 
 /// Writes the summary to the termination log if the path exists. Kubernetes creates
@@ -270,7 +349,7 @@ pub(super) fn write_termination_log(
     summary: &str,
     until: Instant,
 ) -> std::io::Result<()> {
-    match write_without_blocking(path, summary, until, Open::Truncate) {
+    match write_without_blocking(&lexical(path), summary, until, Open::Truncate) {
         // Outside Kubernetes the file is missing: nothing to write, nothing failed.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         other => other,

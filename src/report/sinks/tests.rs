@@ -166,3 +166,116 @@ fn a_report_through_a_link_to_a_log_file_is_appended_not_written_over_its_start(
     drop(log);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A directory under `/dev/shm` (world-writable, often an `emptyDir` shared with sidecars), or
+/// `None` where there is none (said on stderr; the `/dev/..` test below runs everywhere).
+fn dev_shm_scratch(name: &str) -> Option<PathBuf> {
+    let dir = Path::new("/dev/shm").join(format!("lameduck-report-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    match std::fs::create_dir_all(&dir) {
+        Ok(()) => Some(dir),
+        Err(e) => {
+            eprintln!("SKIPPED the /dev/shm case: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_link_planted_under_dev_or_reached_through_dev_dotdot_is_not_followed() {
+    let dir = scratch("dev-link");
+    let victim = dir.join("victim");
+    let mut cases = Vec::new();
+    let shm = dev_shm_scratch("link");
+    if let Some(shm) = &shm {
+        cases.push((shm.join("report.json"), shm.join("report.json")));
+    }
+    // Written `/dev/../<dir>/report.json`: `/dev` as text, the scratch directory in fact.
+    let relative_to_root = dir.strip_prefix("/").unwrap();
+    cases.push((
+        Path::new("/dev/..")
+            .join(relative_to_root)
+            .join("report.json"),
+        dir.join("report.json"),
+    ));
+    for (path, real) in cases {
+        std::fs::write(&victim, "precious\n").unwrap();
+        let _ = std::fs::remove_file(&real);
+        // Planted by whoever can write the directory: a link to a file of theirs choosing.
+        std::os::unix::fs::symlink(&victim, &real).unwrap();
+        write_report_file(&path, "report\n", soon(), rename).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "precious\n",
+            "{path:?}: the link was followed"
+        );
+        let meta = std::fs::symlink_metadata(&real).unwrap();
+        assert!(
+            meta.is_file(),
+            "{path:?}: the link is still there: {meta:?}"
+        );
+        assert_eq!(std::fs::read_to_string(&real).unwrap(), "report\n");
+    }
+    if let Some(shm) = shm {
+        std::fs::remove_dir_all(shm).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_device_is_written_only_as_one_of_the_special_sinks() {
+    // `/dev/null` stands for any device (a block device would be written at offset 0): not a
+    // report file, written to or not. Nothing is written, and the error says why.
+    for path in ["/dev/null", "/dev/./null", "/dev/shm/../null"] {
+        let err = write_report_file(Path::new(path), "report\n", soon(), rename).unwrap_err();
+        let why = err.to_string();
+        assert!(
+            why.contains("a character device") && why.contains("/dev/stderr"),
+            "{path}: {why}"
+        );
+        let meta = std::fs::symlink_metadata("/dev/null").unwrap();
+        assert!(!meta.is_file(), "/dev/null was replaced: {meta:?}");
+    }
+    // The special sinks are followed and written in place: `/dev/fd/N` is `/proc/self/fd/N`.
+    let dir = scratch("special");
+    let log_path = dir.join("service.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    use std::os::fd::AsRawFd as _;
+    for path in [
+        format!("/dev/fd/{}", log.as_raw_fd()),
+        format!("/dev/../proc/self/fd/{}", log.as_raw_fd()),
+    ] {
+        write_report_file(Path::new(&path), "line\n", soon(), rename).unwrap();
+    }
+    assert_eq!(std::fs::read_to_string(&log_path).unwrap(), "line\nline\n");
+    // The same descriptor named another way is not one of them: not followed, and said so.
+    let other = format!("/proc/{}/fd/{}", std::process::id(), log.as_raw_fd());
+    let why = write_report_file(Path::new(&other), "line\n", soon(), rename)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        why.contains("symbolic link") && why.contains("/proc/self/fd/N"),
+        "{why}"
+    );
+    assert_eq!(std::fs::read_to_string(&log_path).unwrap(), "line\nline\n");
+    drop(log);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_path_is_resolved_as_text_before_it_is_judged() {
+    use super::file::lexical;
+    for (given, judged) in [
+        ("/dev/../etc/x", "/etc/x"),
+        ("/dev/./stderr", "/dev/stderr"),
+        ("//dev//stderr", "/dev/stderr"),
+        ("/../dev/stdout", "/dev/stdout"),
+        ("/dev/shm/a/../../../proc/self/fd/2", "/proc/self/fd/2"),
+        ("/dev/shm/../stderr", "/dev/stderr"),
+        ("report.json", "report.json"),
+        ("./a/../report.json", "report.json"),
+        ("../report.json", "../report.json"),
+    ] {
+        assert_eq!(lexical(Path::new(given)), Path::new(judged), "{given}");
+    }
+}
