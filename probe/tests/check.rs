@@ -573,6 +573,8 @@ fn python_http_server_gets_a_sensible_verdict() {
 /// * `big-readyz`: `/readyz` answers 200 with a 300 MB body.
 /// * `/prestop` always answers an endless chunked body.
 /// * `bigline`: writes a 400 MB line without a newline to stdout at start.
+/// * `badutf8`: before it serves, writes 200 lines of 256 KiB of invalid UTF-8 to stdout and
+///   to stderr (each byte becomes three in a lossy conversion).
 /// * `evil`: a process name and a drain-report line on stderr with terminal escapes in them.
 /// * `daemon`: starts `sleep 300` in a session of its own (setsid), its pid in `daemon.pid`.
 fn python_server(dir: &Path) -> PathBuf {
@@ -660,6 +662,17 @@ if 'bigline' in modes:
             sys.stdout.buffer.write(block)
         sys.stdout.flush()
     threading.Thread(target=bigline, daemon=True).start()
+if 'badutf8' in modes:
+    def flood(stream):
+        line = b'\xff' * (256 * 1024 - 1) + b'\n'
+        for _ in range(200):
+            stream.write(line)
+        stream.flush()
+    floods = [threading.Thread(target=flood, args=(s,)) for s in (sys.stdout.buffer, sys.stderr.buffer)]
+    for t in floods:
+        t.start()
+    for t in floods:
+        t.join()
 if 'evil' in modes:
     with open('/proc/self/comm', 'w') as f:
         f.write('ev\x9b2J\x08il')
@@ -776,6 +789,27 @@ fn a_400_mb_stdout_line_without_a_newline_is_read_bounded() {
     assert!(run.peak_kb < BOUNDED_KB, "peak {} kB", run.peak_kb);
     assert_eq!(run.verdict("exit"), "pass", "{}", run.table());
 }
+
+#[test]
+fn lines_of_invalid_utf8_are_kept_bounded_after_their_conversion() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-badutf8");
+    let (flags, command) = python_setup(&dir, &["graceful", "badutf8"]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    let json_bytes = std::fs::metadata(dir.join("check.json")).unwrap().len();
+    eprintln!("peak {} kB, JSON {json_bytes} bytes", run.peak_kb);
+    // 100 MiB written, 300 MiB once converted: what is kept is a few lines' worth.
+    assert!(run.peak_kb < STORE_BOUNDED_KB, "peak {} kB", run.peak_kb);
+    assert!(json_bytes < 256 * 1024, "JSON {json_bytes} bytes");
+    let tail = run.json["stderr_tail"].as_array().unwrap();
+    assert_eq!(tail.len(), 20, "{}", run.table());
+    assert!(tail.iter().all(|l| l.as_str().unwrap().len() <= 2048));
+    assert_eq!(run.verdict("exit"), "pass", "{}", run.table());
+}
+
+/// The checker's peak with the service's output store full: its runtime and traffic, and a
+/// few lines.
+const STORE_BOUNDED_KB: u64 = 64 * 1024;
 
 #[test]
 fn a_report_file_that_is_a_fifo_is_refused_not_waited_on() {

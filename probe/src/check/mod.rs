@@ -26,7 +26,8 @@
 //! left out, with a note saying so.
 //!
 //! Every read is bounded in bytes and time: probe and `preStop` bodies, the
-//! service's output lines, the report file (a regular file, at most
+//! service's output lines (and what is kept of them, counted after the conversion to text),
+//! the report file (a regular file, at most
 //! [`MAX_REPORT_FILE`] bytes; a FIFO or a device is not read).
 
 mod cli;
@@ -221,7 +222,7 @@ pub struct CheckReport {
     pub notes: Vec<String>,
     /// Requests sent.
     pub requests: usize,
-    /// The last lines the service wrote to stderr (at most 20).
+    /// The last lines the service wrote to stderr (at most 20, each cut at 2 KiB).
     pub stderr_tail: Vec<String>,
 }
 

@@ -9,10 +9,9 @@
 //! SIGKILL every process of ours whose `/proc/<pid>/environ` holds it (what Jenkins does with
 //! `BUILD_ID`). Only a process that re-executes itself with a scrubbed environment escapes.
 //!
-//! Output is read in bounded pieces: a line longer than [`MAX_LINE`] is cut, the rest of it
-//! read and dropped, so an endless line costs no memory.
+//! Output is read in bounded pieces and kept bounded in bytes after its conversion to text
+//! ([`lines`]).
 
-use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,26 +21,15 @@ use std::time::Duration;
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
-/// Lines of the service's output kept per stream (the newest).
-const KEPT_LINES: usize = 200;
-/// Longest line kept; a drain report is a few kilobytes.
-const MAX_LINE: usize = 256 * 1024;
+mod lines;
+
+pub(crate) use lines::Output;
 /// The environment variable that marks every process a check started.
 pub(crate) const COOKIE: &str = "LAMEDUCK_PROBE_CHECK";
 /// Rounds of the cookie sweep: a process that forks while it is swept is found in the next.
 const SWEEPS: usize = 5;
-
-/// What the service wrote, bounded.
-#[derive(Debug, Default)]
-pub(crate) struct Output {
-    pub(crate) stdout: VecDeque<String>,
-    pub(crate) stderr: VecDeque<String>,
-    /// The last stderr line that looks like a lameduck drain report.
-    pub(crate) report_line: Option<String>,
-}
 
 /// How the signalled process treats the stop signal, from `/proc/<pid>/status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,10 +116,10 @@ impl Service {
             .ok_or_else(|| "the command exited at once".to_owned())?;
         let output = Arc::new(Mutex::new(Output::default()));
         if let Some(out) = child.stdout.take() {
-            tokio::spawn(keep_lines(out, output.clone(), false));
+            tokio::spawn(lines::keep_lines(out, None));
         }
         if let Some(err) = child.stderr.take() {
-            tokio::spawn(keep_lines(err, output.clone(), true));
+            tokio::spawn(lines::keep_lines(err, Some(output.clone())));
         }
         let target = if pid_namespace {
             namespace_init(pid).await.ok_or_else(|| {
@@ -345,52 +333,6 @@ pub(crate) fn parse_disposition(status: &str, pid: u32, sig: i32) -> Result<Disp
         ignored: bit("SigIgn:")?,
         blocked: bit("SigBlk:")?,
     })
-}
-
-/// Keeps the service's lines, each cut at [`MAX_LINE`] bytes: a line is read a buffer at a
-/// time and what passes the limit is dropped, so memory stays bounded whatever it writes.
-async fn keep_lines(stream: impl AsyncRead + Unpin, output: Arc<Mutex<Output>>, stderr: bool) {
-    let mut reader = BufReader::new(stream);
-    let mut line = Vec::new();
-    loop {
-        let chunk = match reader.fill_buf().await {
-            Ok(chunk) if !chunk.is_empty() => chunk,
-            _ => {
-                if !line.is_empty() {
-                    keep_line(&line, &output, stderr);
-                }
-                return;
-            }
-        };
-        let (used, ended) = match chunk.iter().position(|&b| b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (chunk.len(), false),
-        };
-        let room = MAX_LINE.saturating_sub(line.len());
-        line.extend_from_slice(&chunk[..used.min(room)]);
-        reader.consume(used);
-        if ended {
-            keep_line(&line, &output, stderr);
-            line.clear();
-        }
-    }
-}
-
-fn keep_line(buf: &[u8], output: &Mutex<Output>, stderr: bool) {
-    let line = String::from_utf8_lossy(buf).trim_end().to_owned();
-    let mut out = output.lock().expect("output lock");
-    if stderr && line.starts_with('{') && line.contains("\"timeline\"") {
-        out.report_line = Some(line.clone());
-    }
-    let lines = if stderr {
-        &mut out.stderr
-    } else {
-        &mut out.stdout
-    };
-    if lines.len() == KEPT_LINES {
-        lines.pop_front();
-    }
-    lines.push_back(line);
 }
 
 #[cfg(test)]

@@ -50,8 +50,7 @@ pub(super) fn finish(
 ) -> CheckReport {
     let (report_line, stderr_tail) = {
         let out = output.lock().expect("output lock");
-        let tail: Vec<String> = out.stderr.iter().rev().take(20).rev().cloned().collect();
-        (out.report_line.clone(), tail)
+        (out.report_line(), out.tail())
     };
     let from_file = args
         .report_file
