@@ -831,6 +831,53 @@ fn a_report_file_that_is_a_fifo_is_refused_not_waited_on() {
 }
 
 #[test]
+fn a_report_file_that_cannot_be_read_fails_the_report_and_names_why() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("report-file-unread");
+    let fifo = dir.join("report.fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let large = dir.join("large.json");
+    std::fs::write(&large, vec![b' '; 5 * 1024 * 1024]).unwrap();
+    let missing = dir.join("missing.json");
+    let cases: [(&Path, &str); 4] = [
+        (&missing, "No such file or directory"),
+        (&fifo, "not a regular file"),
+        (Path::new("/dev/zero"), "not a regular file"),
+        (&large, "larger than"),
+    ];
+    for (path, why) in cases {
+        let (mut service, mut flags) = service_setup(&dir);
+        // No report file: the service writes its report to stderr, which must not stand in
+        // for the file named.
+        service.truncate(5);
+        service.extend(["--grace-period".into(), "12s".into()]);
+        let at = flags.iter().position(|f| f == "--report-file").unwrap();
+        flags[at + 1] = path.display().to_string();
+        flags.extend(["--grace-period".into(), "12s".into()]);
+        let run = check(&dir, &strs(&flags), &strs(&service));
+        let summary = run.summary("report");
+        assert_eq!(
+            run.verdict("report"),
+            "fail",
+            "{}: {}",
+            path.display(),
+            run.table()
+        );
+        assert!(
+            summary.contains(&path.display().to_string()) && summary.contains(why),
+            "{}: {summary}",
+            path.display()
+        );
+        assert!(summary.contains("on stderr was not used"), "{summary}");
+        assert_eq!(run.out.status.code(), Some(1), "{}", run.table());
+    }
+}
+
+#[test]
 fn a_daemon_the_service_started_in_its_own_session_does_not_outlive_the_check() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("python-daemon");

@@ -38,7 +38,7 @@ struct CheckFlags {
     /// Start the command as PID 1 of a new PID namespace, as in a container (unshare; root or user namespaces)
     #[arg(long, help_heading = "SERVICE")]
     pid_namespace: bool,
-    /// The service's lameduck drain report file (a report is then expected) [default: its stderr line]
+    /// The service's lameduck drain report file: the report must be there (missing, unreadable or no report FAILs) [default: its stderr line]
     #[arg(long, value_name = "FILE", help_heading = "SERVICE")]
     report_file: Option<PathBuf>,
     /// Expect a lameduck drain report: judge the report contract, FAIL without one [default: when one is found]

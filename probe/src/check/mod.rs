@@ -186,7 +186,7 @@ pub(crate) struct Observed {
     report: Option<ReportFacts>,
     /// Why a lameduck report is expected, when one is.
     report_expected: Option<String>,
-    /// Why the report file could not be read, when it could not.
+    /// Why `--report-file` gave no report (unreadable, or no report in it), when it gave none.
     report_unread: Option<String>,
 }
 

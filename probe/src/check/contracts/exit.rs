@@ -137,14 +137,11 @@ pub(crate) fn report(o: &Observed) -> Option<Contract> {
         if o.t0.is_none() {
             return Some(judge.not_measured("the service was never stopped"));
         }
-        let unread = o
-            .report_unread
-            .as_deref()
-            .map(|u| format!(" ({u})"))
-            .unwrap_or_default();
+        if let Some(unread) = &o.report_unread {
+            return Some(judge.fail(format!("no drain report from --report-file: {unread}")));
+        }
         return Some(judge.fail(format!(
-            "no lameduck drain report on stderr or in the report file{unread}, though one is \
-             expected: {why}"
+            "no lameduck drain report on stderr, though one is expected: {why}"
         )));
     };
     let Some(t0) = o.t0 else {
