@@ -9,6 +9,7 @@
 //! overrides the service's path; the baseline is the `baseline` next to it.
 
 use std::net::TcpListener;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -577,6 +578,7 @@ fn python_http_server_gets_a_sensible_verdict() {
 ///   to stderr (each byte becomes three in a lossy conversion).
 /// * `evil`: a process name and a drain-report line on stderr with terminal escapes in them.
 /// * `daemon`: starts `sleep 300` in a session of its own (setsid), its pid in `daemon.pid`.
+/// * `pidfile`: writes its pid to `server.pid`.
 fn python_server(dir: &Path) -> PathBuf {
     let script = dir.join("server.py");
     std::fs::write(
@@ -676,6 +678,9 @@ if 'badutf8' in modes:
 if 'evil' in modes:
     with open('/proc/self/comm', 'w') as f:
         f.write('ev\x9b2J\x08il')
+if 'pidfile' in modes:
+    with open('server.pid', 'w') as f:
+        f.write(str(os.getpid()))
 if 'daemon' in modes:
     subprocess.Popen(['setsid', 'sh', '-c', 'echo $$ > daemon.pid; exec sleep 300'])
 srv.serve_forever()
@@ -941,55 +946,153 @@ fn running(pid: u32) -> bool {
         .is_some_and(|s| !s.trim().starts_with('Z'))
 }
 
-#[test]
-fn an_interrupted_check_takes_the_service_and_its_daemon_with_it() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch("python-interrupted");
-    let (mut flags, command) = python_setup(&dir, &["graceful", "daemon"]);
+/// A check started on [`python_server`] with `modes` (`daemon`, `pidfile`), in its warm-up,
+/// and its service serving.
+struct Started {
+    child: std::process::Child,
+    target: String,
+    junit: PathBuf,
+    started: Instant,
+}
+
+fn start_check(dir: &Path, modes: &[&str]) -> Started {
+    let (mut flags, command) = python_setup(dir, modes);
     // Long enough to be interrupted in the warm-up.
     flags.extend(["--warmup".into(), "60s".into()]);
     let target = flags[1].clone();
     let junit = dir.join("check.junit.xml");
-    let mut child = Command::new(probe_bin())
+    let child = Command::new(probe_bin())
         .arg("check")
         .args(&flags)
         .args(["--junit", junit.to_str().unwrap()])
         .arg("--")
-        .args(in_dir(&dir, &command))
+        .args(in_dir(dir, &command))
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Serving, and the daemon started: interrupt the check as Ctrl-C would.
     let started = Instant::now();
-    while daemon_pid(&dir).is_none() || std::net::TcpStream::connect(&target).is_err() {
+    // Each pid file whole (a reader may see one half written), and the service serving.
+    let written = |m: &&str| match *m {
+        "daemon" => daemon_pid(dir).is_some(),
+        "pidfile" => server_pid(dir).is_some(),
+        _ => true,
+    };
+    while !modes.iter().all(written) || std::net::TcpStream::connect(&target).is_err() {
         assert!(started.elapsed() < HUNG, "the service never came up");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let daemon = daemon_pid(&dir).unwrap();
-    let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
+    Started {
+        child,
+        target,
+        junit,
+        started,
+    }
+}
+
+impl Started {
+    /// Sends `signal` (`INT`, `HUP`, `KILL`) to the check and waits for its exit.
+    fn signal(&mut self, signal: &str) -> std::process::ExitStatus {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if self.started.elapsed() > HUNG {
+                let _ = self.child.kill();
+                panic!("the check did not end on SIG{signal}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        if started.elapsed() > HUNG {
-            let _ = child.kill();
-            panic!("the check did not end on SIGINT");
+    }
+}
+
+/// SIGKILLs the processes still running when dropped: a test that fails leaves nothing behind.
+struct Leftovers(Vec<u32>);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for pid in self.0.iter().filter(|p| running(**p)) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+/// Waits until `pid` is gone and nothing accepts on `target`; `false` if either still holds
+/// after `limit` (an upper bound: the kernel delivers a signal at once, but a process whose
+/// main thread is a zombie may still hold its sockets until its other threads have exited).
+fn gone_within(pid: u32, target: &str, limit: Duration) -> bool {
+    let since = Instant::now();
+    while running(pid) || std::net::TcpStream::connect(target).is_ok() {
+        if since.elapsed() > limit {
+            return false;
         }
         std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(status.code(), Some(130));
+    }
+    true
+}
+
+/// The check ends on `signal` (INT, HUP) with 130, the service and the daemon it started in
+/// its own session gone, and a JUnit file that says so.
+fn interrupted_takes_everything_with_it(name: &str, signal: &str) {
+    let dir = scratch(name);
+    let mut check = start_check(&dir, &["graceful", "daemon", "pidfile"]);
+    let daemon = daemon_pid(&dir).unwrap();
+    let service = server_pid(&dir).unwrap();
+    let _leftovers = Leftovers(vec![daemon, service]);
+    let status = check.signal(signal);
+    assert_eq!(status.code(), Some(130), "SIG{signal}: {status}");
     assert!(!running(daemon), "the daemon (pid {daemon}) still runs");
     assert!(
-        std::net::TcpStream::connect(&target).is_err(),
-        "the service still accepts on {target}"
+        gone_within(service, &check.target, Duration::from_secs(20)),
+        "the service (pid {service}) still runs or accepts on {}",
+        check.target
     );
-    let xml = std::fs::read_to_string(&junit).unwrap();
+    let xml = std::fs::read_to_string(&check.junit).unwrap();
     assert!(
         xml.contains("errors=\"1\"") && xml.contains("interrupted"),
         "{xml}"
+    );
+}
+
+fn server_pid(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("server.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[test]
+fn an_interrupted_check_takes_the_service_and_its_daemon_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    interrupted_takes_everything_with_it("python-interrupted", "INT");
+}
+
+#[test]
+fn a_hung_up_check_takes_the_service_and_its_daemon_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    interrupted_takes_everything_with_it("python-hung-up", "HUP");
+}
+
+#[test]
+fn a_killed_check_takes_the_service_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-killed");
+    let mut check = start_check(&dir, &["graceful", "pidfile"]);
+    let service = server_pid(&dir).unwrap();
+    let _leftovers = Leftovers(vec![service]);
+    let status = check.signal("KILL");
+    assert_eq!(status.signal(), Some(9), "{status}");
+    // No drop ran in the check: only the service's parent-death signal can end it.
+    assert!(
+        gone_within(service, &check.target, Duration::from_secs(20)),
+        "the service (pid {service}) still runs or accepts on {} after the check was SIGKILLed",
+        check.target
     );
 }

@@ -130,7 +130,7 @@ The report contract is judged where a lameduck drain report is expected (one was
 --report-file, --expect-report, or x-lameduck-phase headers); elsewhere it is left out.
 Exit status: 0 no contract FAIL or WARN (nor NOT MEASURED with --strict), 1 any, 2 bad
 flags, 3 the command could not be started or an output file not written, 130 interrupted
-(SIGINT or SIGTERM; the service and what it started are killed). The JUnit file agrees: a
+(SIGINT, SIGTERM or SIGHUP; the service and what it started are killed). The JUnit file agrees: a
 failure for each contract that makes the status 1, an error for 3 and 130.
 ";
 

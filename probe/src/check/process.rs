@@ -2,7 +2,9 @@
 //! kept (bounded), its signal disposition read from `/proc`, signalled and reaped.
 //!
 //! Invariants: the command runs in a process group of its own, and the group is SIGKILLed
-//! when the [`Service`] is dropped, so nothing it started outlives the check. In a PID
+//! when the [`Service`] is dropped, so nothing it started outlives the check. A check that
+//! ends without a drop (SIGKILL) takes the command with it: its parent-death signal is
+//! SIGKILL ([`die_with_check`]). In a PID
 //! namespace, `unshare --kill-child` also takes the namespace down with `unshare`. A process
 //! that leaves the group (`setsid`, a double fork) still carries the environment cookie
 //! [`COOKIE`]`=<checker pid>-<n>` the command was started with: [`Service::kill`] and the drop
@@ -104,6 +106,7 @@ impl Service {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        die_with_check(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| {
             if pid_namespace {
                 format!("cannot start unshare (util-linux) for --pid-namespace: {e}")
@@ -189,6 +192,30 @@ impl Service {
         let _ = signal::kill(Pid::from_raw(self.target as i32), Signal::SIGKILL);
         let _ = signal::killpg(self.pgid, Signal::SIGKILL);
         sweep(&self.cookie, self.pgid)
+    }
+}
+
+/// Makes the process `cmd` starts get SIGKILL when the thread that starts it ends: the check
+/// killed by SIGKILL, or by a signal it does not handle, runs no drop, and a CI timeout must
+/// not leave the service holding its ports. That thread is the one that runs the check to its
+/// end (`block_on` in the binary).
+// `pre_exec` is the crate's one unsafe call (lib.rs denies the rest): no dependency sets a
+// parent-death signal on a child; nix's safe `set_pdeathsig` must run in the child itself.
+#[allow(unsafe_code)]
+pub(crate) fn die_with_check(cmd: &mut Command) {
+    let check = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
+    // calls may be made: prctl and getppid are plain system calls, and the errors are built
+    // from an errno without allocating.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // The check may have died before the prctl: no signal would come then.
+            if nix::unistd::getppid() != check {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
     }
 }
 
