@@ -930,11 +930,15 @@ fn in_dir(dir: &Path, command: &[String]) -> Vec<String> {
 }
 
 fn daemon_pid(dir: &Path) -> Option<u32> {
-    std::fs::read_to_string(dir.join("daemon.pid"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    Some(pids(&dir.join("daemon.pid"))?[0])
+}
+
+/// The pids in the file at `path`, separated by white space; `None` while it is missing or
+/// not yet whole.
+fn pids(path: &Path) -> Option<Vec<u32>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let pids: Option<Vec<u32>> = text.split_whitespace().map(|p| p.parse().ok()).collect();
+    pids.filter(|p| !p.is_empty())
 }
 
 /// `true` while `pid` exists and is not a zombie (one waiting for its new parent to reap it).
@@ -956,9 +960,15 @@ struct Started {
 }
 
 fn start_check(dir: &Path, modes: &[&str]) -> Started {
+    start_check_with(dir, modes, &[], &[])
+}
+
+/// [`start_check`] with `extra` flags, waiting also for the pid files `pid_files` in `dir`.
+fn start_check_with(dir: &Path, modes: &[&str], extra: &[String], pid_files: &[&str]) -> Started {
     let (mut flags, command) = python_setup(dir, modes);
     // Long enough to be interrupted in the warm-up.
     flags.extend(["--warmup".into(), "60s".into()]);
+    flags.extend(extra.iter().cloned());
     let target = flags[1].clone();
     let junit = dir.join("check.junit.xml");
     let child = Command::new(probe_bin())
@@ -972,12 +982,15 @@ fn start_check(dir: &Path, modes: &[&str]) -> Started {
         .unwrap();
     let started = Instant::now();
     // Each pid file whole (a reader may see one half written), and the service serving.
-    let written = |m: &&str| match *m {
-        "daemon" => daemon_pid(dir).is_some(),
-        "pidfile" => server_pid(dir).is_some(),
-        _ => true,
-    };
-    while !modes.iter().all(written) || std::net::TcpStream::connect(&target).is_err() {
+    let mut files: Vec<&str> = pid_files.to_vec();
+    for (mode, file) in [("daemon", "daemon.pid"), ("pidfile", "server.pid")] {
+        if modes.contains(&mode) {
+            files.push(file);
+        }
+    }
+    while !files.iter().all(|f| pids(&dir.join(f)).is_some())
+        || std::net::TcpStream::connect(&target).is_err()
+    {
         assert!(started.elapsed() < HUNG, "the service never came up");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -1023,12 +1036,14 @@ impl Drop for Leftovers {
     }
 }
 
-/// Waits until `pid` is gone and nothing accepts on `target`; `false` if either still holds
-/// after `limit` (an upper bound: the kernel delivers a signal at once, but a process whose
-/// main thread is a zombie may still hold its sockets until its other threads have exited).
-fn gone_within(pid: u32, target: &str, limit: Duration) -> bool {
+/// Waits until none of `pids` runs and nothing accepts on `target`; `false` if either still
+/// holds after `limit` (an upper bound: the kernel delivers a signal at once, but a process
+/// whose main thread is a zombie may still hold its sockets until its other threads exit).
+fn gone_within(pids: &[u32], target: Option<&str>, limit: Duration) -> bool {
     let since = Instant::now();
-    while running(pid) || std::net::TcpStream::connect(target).is_ok() {
+    while pids.iter().any(|p| running(*p))
+        || target.is_some_and(|t| std::net::TcpStream::connect(t).is_ok())
+    {
         if since.elapsed() > limit {
             return false;
         }
@@ -1049,7 +1064,7 @@ fn interrupted_takes_everything_with_it(name: &str, signal: &str) {
     assert_eq!(status.code(), Some(130), "SIG{signal}: {status}");
     assert!(!running(daemon), "the daemon (pid {daemon}) still runs");
     assert!(
-        gone_within(service, &check.target, Duration::from_secs(20)),
+        gone_within(&[service], Some(&check.target), Duration::from_secs(20)),
         "the service (pid {service}) still runs or accepts on {}",
         check.target
     );
@@ -1061,11 +1076,7 @@ fn interrupted_takes_everything_with_it(name: &str, signal: &str) {
 }
 
 fn server_pid(dir: &Path) -> Option<u32> {
-    std::fs::read_to_string(dir.join("server.pid"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    Some(pids(&dir.join("server.pid"))?[0])
 }
 
 #[test]
@@ -1091,8 +1102,69 @@ fn a_killed_check_takes_the_service_with_it() {
     assert_eq!(status.signal(), Some(9), "{status}");
     // No drop ran in the check: only the service's parent-death signal can end it.
     assert!(
-        gone_within(service, &check.target, Duration::from_secs(20)),
+        gone_within(&[service], Some(&check.target), Duration::from_secs(20)),
         "the service (pid {service}) still runs or accepts on {} after the check was SIGKILLed",
         check.target
     );
+}
+
+#[test]
+fn what_a_prestop_exec_hook_started_ends_with_the_check() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("prestop-exec-background");
+    let (mut flags, command) = python_setup(&dir, &["graceful"]);
+    let pid_file = dir.join("hook.pid");
+    flags.extend([
+        "--prestop-exec".into(),
+        format!(
+            "sleep 300 >/dev/null 2>&1 & echo $! > '{}'",
+            pid_file.display()
+        ),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    let sleep = pids(&pid_file).expect("the hook wrote its pid")[0];
+    let _leftovers = Leftovers(vec![sleep]);
+    let hook = run.json["prestop"].as_str().unwrap();
+    assert!(hook.contains("exit status: 0 (exec"), "{hook}");
+    // SIGKILLed once the service was gone, seconds before the check ended.
+    assert!(
+        gone_within(&[sleep], None, Duration::from_secs(20)),
+        "the hook's background sleep (pid {sleep}) still runs"
+    );
+}
+
+#[test]
+fn an_interrupted_prestop_exec_hook_takes_what_it_started_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("prestop-exec-interrupted");
+    let (pid_file, written) = (dir.join("hook.pid"), dir.join("hook.pid.part"));
+    // The hook waits on its background sleep: the check is interrupted inside it.
+    let hook = format!(
+        "sleep 300 >/dev/null 2>&1 & echo $$ $! > '{}' && mv '{0}' '{}'; wait",
+        written.display(),
+        pid_file.display()
+    );
+    let extra = [
+        "--warmup".to_owned(),
+        "1500ms".to_owned(),
+        "--prestop-exec".to_owned(),
+        hook,
+    ];
+    let mut check = start_check_with(&dir, &["graceful", "pidfile"], &extra, &["hook.pid"]);
+    let hook = pids(&pid_file).unwrap();
+    let service = server_pid(&dir).unwrap();
+    let _leftovers = Leftovers(vec![hook[0], hook[1], service]);
+    let status = check.signal("INT");
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(
+        gone_within(&hook, None, Duration::from_secs(20)),
+        "the hook (sh {}, its sleep {}) still runs",
+        hook[0],
+        hook[1]
+    );
+    assert!(gone_within(
+        &[service],
+        Some(&check.target),
+        Duration::from_secs(20)
+    ));
 }
