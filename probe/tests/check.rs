@@ -572,7 +572,8 @@ fn python_http_server_gets_a_sensible_verdict() {
 ///   new connections are still served for 3 s; then it stops accepting, lets the requests
 ///   running finish, closes idle connections and exits 0. A correct shutdown, no lameduck.
 /// * `big-readyz`: `/readyz` answers 200 with a 300 MB body.
-/// * `/prestop` always answers an endless chunked body.
+/// * `/prestop` always answers an endless chunked body; `/drain` starts the drain SIGTERM
+///   starts (a preStop endpoint).
 /// * `bigline`: writes a 400 MB line without a newline to stdout at start.
 /// * `badutf8`: before it serves, writes 200 lines of 256 KiB of invalid UTF-8 to stdout and
 ///   to stderr (each byte becomes three in a lossy conversion).
@@ -624,6 +625,10 @@ class H(BaseHTTPRequestHandler):
             self.head(200, 300 * len(block))
             for _ in range(300):
                 self.wfile.write(block)
+        elif u.path == '/drain':
+            on_term()
+            self.head(200, 2)
+            self.wfile.write(b'ok')
         elif u.path == '/prestop':
             self.head(200)
             block = b'p' * 65536
@@ -1167,4 +1172,108 @@ fn an_interrupted_prestop_exec_hook_takes_what_it_started_with_it() {
         Some(&check.target),
         Duration::from_secs(20)
     ));
+}
+
+/// Every contract passed (liveness unmeasured without `--live`), and a note says how the exec
+/// hook was judged (`judged`).
+fn passes_with_the_hook_judged(run: &Run, judged: &str) {
+    for c in run.json["contracts"].as_array().unwrap() {
+        let unmeasured = c["name"] == "liveness" && c["verdict"] == "not_measured";
+        assert!(
+            c["verdict"] == "pass" || unmeasured,
+            "{}: {}",
+            c["name"],
+            run.table()
+        );
+    }
+    assert_eq!(run.out.status.code(), Some(0), "{}", run.table());
+    assert!(
+        run.notes()
+            .iter()
+            .any(|n| n.starts_with("preStop exec: ") && n.contains(judged)),
+        "{:?}",
+        run.notes()
+    );
+}
+
+#[test]
+fn a_prestop_exec_sleep_is_judged_as_a_sleep_hook_is() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("prestop-exec-sleep");
+    let (mut flags, command) = python_setup(&dir, &["graceful"]);
+    // Traffic past the signal, so kept connections are seen after the service is told.
+    flags.extend([
+        "--prestop-exec".into(),
+        "sleep 2".into(),
+        "--drain-window".into(),
+        "3s".into(),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    passes_with_the_hook_judged(
+        &run,
+        "as a sleep hook is: it did not tell the service (nothing",
+    );
+}
+
+#[test]
+fn a_prestop_exec_sleep_before_a_lameduck_service_is_judged_by_its_reports_trigger() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("prestop-exec-sleep-lameduck");
+    let (mut service, mut flags) = service_setup(&dir);
+    service.extend(["--grace-period".into(), "12s".into()]);
+    flags.extend([
+        "--grace-period".into(),
+        "12s".into(),
+        "--prestop-exec".into(),
+        "sleep 2".into(),
+        "--drain-window".into(),
+        "3s".into(),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&service));
+    passes_with_the_hook_judged(&run, "the drain report's trigger is sigterm");
+}
+
+#[test]
+fn a_prestop_exec_calling_the_admin_port_is_judged_from_the_reports_drain_start() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // The example's own preStop client, as in examples/k8s for images without curl.
+    let dir = scratch("prestop-exec-client");
+    let (mut service, mut flags) = service_setup(&dir);
+    service.extend(["--grace-period".into(), "12s".into()]);
+    let admin = service[4].clone();
+    flags.extend([
+        "--grace-period".into(),
+        "12s".into(),
+        "--prestop-exec".into(),
+        format!("'{}' prestop --admin {admin}", service[0]),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&service));
+    passes_with_the_hook_judged(&run, "it told the service, which is judged from t+");
+    assert!(
+        run.notes()
+            .iter()
+            .any(|n| n.contains("trigger is prestop, drain_started at t+")),
+        "{:?}",
+        run.notes()
+    );
+}
+
+#[test]
+fn a_prestop_exec_calling_a_drain_endpoint_is_judged_from_the_first_changed_answer() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // No report: the hook's call shows in the answers before the signal.
+    let dir = scratch("prestop-exec-drain-endpoint");
+    let (mut flags, command) = python_setup(&dir, &["graceful"]);
+    let drain = flags[3].replace("/readyz", "/drain");
+    flags.extend([
+        "--prestop-exec".into(),
+        format!("python3 -c 'import urllib.request as u; u.urlopen(\"{drain}\")' && sleep 2"),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    passes_with_the_hook_judged(&run, "it told the service, which is judged from t+");
+    assert!(
+        run.notes().iter().any(|n| n.contains(" answered at t+")),
+        "{:?}",
+        run.notes()
+    );
 }

@@ -9,7 +9,10 @@
 //!    own runner, bounded by its in-flight cap) for `warmup`, while polling readiness and
 //!    liveness like kubelet;
 //! 3. at `t+0` — the Pod's deletion — run the `preStop` hook (httpGet, exec or sleep), then
-//!    send the stop signal to the process, as kubelet asks the runtime to;
+//!    send the stop signal to the process, as kubelet asks the runtime to. The service is
+//!    judged from when it was told: at `t+0` after httpGet, at the signal after sleep, and
+//!    after exec from what the service shows (its report's trigger and drain start, else its
+//!    first changed answer before the signal; nothing shown, the signal);
 //! 4. keep sending through the drain window (the proxies that have not caught up yet), then
 //!    stop sending new requests and wait for the running ones;
 //! 5. SIGKILL at `t+grace` if the process is still there;
@@ -168,8 +171,12 @@ pub(crate) struct Observed {
     startup_error: Option<String>,
     /// The stop (`t+0`), ms since the Unix epoch.
     t0: Option<f64>,
-    /// When the service could first know: the hook's start for httpGet/exec, else the signal.
+    /// When the service could first know: the hook's start for httpGet, when an exec hook
+    /// told it (if it did), else the signal.
     told_at: Option<f64>,
+    /// An exec hook ran at `t+0`: whether and when it told the service is settled from what
+    /// the service did once the run is over (until then `told_at` is the signal).
+    exec_hook: bool,
     signal_at: Option<f64>,
     signal_name: String,
     signal_number: i32,

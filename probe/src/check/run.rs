@@ -19,6 +19,7 @@ use crate::{ProbeError, ProbeHandle, ProbeResult};
 
 mod finish;
 mod hook;
+mod told;
 
 use finish::finish;
 
@@ -147,6 +148,7 @@ impl Observed {
             startup_error: None,
             t0: None,
             told_at: None,
+            exec_hook: false,
             signal_at: None,
             signal_name: format!("{}", inputs.sig),
             signal_number: inputs.sig as i32,
@@ -280,8 +282,11 @@ async fn stop(
     };
     let mut prestop_text = None;
     if let (Some(hook), Some(ran)) = (&args.prestop, &ran) {
-        if ran.informs() {
-            observed.told_at = Some(t0);
+        match ran.reach() {
+            hook::Reach::Told => observed.told_at = Some(t0),
+            // Until settled from what the service did, judged from the signal.
+            hook::Reach::Unknown => observed.exec_hook = true,
+            hook::Reach::Nothing => {}
         }
         prestop_text = Some(format!(
             "{} ({}; ended at {})",

@@ -92,28 +92,11 @@ pub(super) fn finish(
         observed.report_expected =
             Some("the answers carried x-lameduck-phase, a lameduck service's header".to_owned());
     }
-    let mut notes = Vec::new();
+    // Before the contracts: they judge from when the service was told.
+    let mut notes: Vec<String> = super::told::settle(&mut observed).into_iter().collect();
     let expect_serving = args.expect_readiness == ExpectReadiness::Serving;
     let report = contracts::report(&observed);
-    if report.is_none() {
-        notes.push(
-            "report: left out: no lameduck drain report on stderr, and none expected (no \
-             --report-file, --expect-report or x-lameduck-phase header); a service without \
-             lameduck writes none"
-                .to_owned(),
-        );
-    }
-    if let Some(note) = observed.report.as_ref().and_then(ReportFacts::young_note) {
-        notes.push(note);
-    }
-    if !left_behind.is_empty() {
-        notes.push(format!(
-            "killed {} process(es) the service left running outside its process group (a \
-             daemon, setsid): {}",
-            left_behind.len(),
-            left_behind.join(", ")
-        ));
-    }
+    notes.extend(notes_beside(&observed, report.is_none(), left_behind));
     let contracts = vec![
         contracts::startup(&observed),
         contracts::readiness(&observed, expect_serving),
@@ -142,4 +125,28 @@ pub(super) fn finish(
         requests: observed.records.len(),
         stderr_tail,
     }
+}
+
+/// What the run noticed beside the contracts: the report contract left out, a drain that
+/// waited to `max` because the process was young, processes killed after the exit.
+fn notes_beside(observed: &Observed, report_left_out: bool, left_behind: &[String]) -> Vec<String> {
+    let mut notes = Vec::new();
+    if report_left_out {
+        notes.push(
+            "report: left out: no lameduck drain report on stderr, and none expected (no \
+             --report-file, --expect-report or x-lameduck-phase header); a service without \
+             lameduck writes none"
+                .to_owned(),
+        );
+    }
+    notes.extend(observed.report.as_ref().and_then(ReportFacts::young_note));
+    if !left_behind.is_empty() {
+        notes.push(format!(
+            "killed {} process(es) the service left running outside its process group (a \
+             daemon, setsid): {}",
+            left_behind.len(),
+            left_behind.join(", ")
+        ));
+    }
+    notes
 }

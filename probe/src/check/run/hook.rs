@@ -13,20 +13,32 @@ use nix::unistd::Pid;
 use crate::check::http::{self, Url};
 use crate::check::{process, PreStop};
 
+/// Whether a hook can have told the service to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reach {
+    /// httpGet: kubelet GETs the Pod, so the service saw it.
+    Told,
+    /// exec: a command that may call the service (a preStop client, `curl`) or tell it nothing
+    /// (`sleep 5`); what the service did settles which ([`super::told`]).
+    Unknown,
+    /// sleep: the service is told nothing.
+    Nothing,
+}
+
 /// What a hook did.
 #[derive(Debug)]
 pub(super) struct Ran {
     text: String,
-    informs: bool,
+    reach: Reach,
     /// An exec hook's process group, held only to be SIGKILLed when this is dropped.
     _group: Option<HookGroup>,
 }
 
 impl Ran {
-    fn new(text: String, informs: bool) -> Self {
+    fn new(text: String, reach: Reach) -> Self {
         Ran {
             text,
-            informs,
+            reach,
             _group: None,
         }
     }
@@ -36,9 +48,9 @@ impl Ran {
         &self.text
     }
 
-    /// Whether it can have told the service (httpGet and exec can, sleep cannot).
-    pub(super) fn informs(&self) -> bool {
-        self.informs
+    /// Whether it can have told the service.
+    pub(super) fn reach(&self) -> Reach {
+        self.reach
     }
 }
 
@@ -68,13 +80,13 @@ pub(super) async fn run(hook: &PreStop, url: Option<&Url>, kill_at: tokio::time:
     match hook {
         PreStop::Sleep(d) => {
             tokio::time::sleep((*d).min(left)).await;
-            Ran::new(format!("slept {d:?}"), false)
+            Ran::new(format!("slept {d:?}"), Reach::Nothing)
         }
         PreStop::Http(text) => {
             let url = url.expect("parsed with the args");
             match http::get(url, &[], left).await {
-                Ok(status) => Ran::new(format!("GET {text}: {status}"), true),
-                Err(e) => Ran::new(format!("GET {text}: {e}"), true),
+                Ok(status) => Ran::new(format!("GET {text}: {status}"), Reach::Told),
+                Err(e) => Ran::new(format!("GET {text}: {e}"), Reach::Told),
             }
         }
         PreStop::Exec(cmd) => exec(cmd, left).await,
@@ -93,7 +105,7 @@ async fn exec(cmd: &str, left: std::time::Duration) -> Ran {
     process::die_with_check(&mut command);
     let mut child = match command.spawn() {
         Ok(child) => child,
-        Err(e) => return Ran::new(format!("sh -c {cmd:?}: {e}"), true),
+        Err(e) => return Ran::new(format!("sh -c {cmd:?}: {e}"), Reach::Nothing),
     };
     // Taken before the wait: the group outlives its leader.
     let group = child.id().map(|pid| HookGroup(Pid::from_raw(pid as i32)));
@@ -104,7 +116,7 @@ async fn exec(cmd: &str, left: std::time::Duration) -> Ran {
     };
     Ran {
         text,
-        informs: true,
+        reach: Reach::Unknown,
         _group: group,
     }
 }
