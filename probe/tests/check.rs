@@ -1113,6 +1113,55 @@ fn a_killed_check_takes_the_service_with_it() {
     );
 }
 
+/// The children of `pid`, from `/proc/<pid>/task/*/children`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_check_takes_its_pid_namespace_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let probe = Command::new("unshare")
+        .args(["--pid", "--fork", "--", "true"])
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("\n!!!!!!!! CHECK TEST SKIPPED: cannot create a PID namespace here !!!!!!!!\n");
+        return;
+    }
+    let dir = scratch("python-killed-pid-namespace");
+    let mut check = start_check_with(&dir, &["graceful"], &["--pid-namespace".into()], &[]);
+    // unshare, then the service as PID 1 of the namespace.
+    let unshare = children(check.child.id());
+    assert_eq!(unshare.len(), 1, "{unshare:?}");
+    let service = children(unshare[0]);
+    assert_eq!(service.len(), 1, "{service:?}");
+    let _leftovers = Leftovers(vec![unshare[0], service[0]]);
+    let status = check.signal("KILL");
+    assert_eq!(status.signal(), Some(9), "{status}");
+    assert!(
+        gone_within(
+            &[unshare[0], service[0]],
+            Some(&check.target),
+            Duration::from_secs(20)
+        ),
+        "unshare (pid {}) or the service (pid {}) still runs or accepts on {}",
+        unshare[0],
+        service[0],
+        check.target
+    );
+}
+
 #[test]
 fn what_a_prestop_exec_hook_started_ends_with_the_check() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
