@@ -652,15 +652,17 @@ srv = ThreadingHTTPServer(('127.0.0.1', port), H)
 srv.daemon_threads = False
 
 def drain():
+    draining.wait()
     time.sleep(3)
     srv.shutdown()
 
+# The handler only sets the event: one that started a thread could deadlock on the lock the
+# main thread holds while it starts a request's thread.
 def on_term(*args):
-    if not draining.is_set():
-        draining.set()
-        threading.Thread(target=drain).start()
+    draining.set()
 
 if 'graceful' in modes:
+    threading.Thread(target=drain, daemon=True).start()
     signal.signal(signal.SIGTERM, on_term)
 if 'bigline' in modes:
     def bigline():
