@@ -167,19 +167,21 @@ fn correlate_main(args: &CorrelateArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Resolves at SIGINT or SIGTERM (never, if neither can be listened to).
+/// Resolves at SIGINT, SIGTERM or SIGHUP (never, if they cannot be listened to).
 #[cfg(unix)]
 async fn interrupted() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
     ) else {
         return std::future::pending().await;
     };
     tokio::select! {
         _ = int.recv() => {}
         _ = term.recv() => {}
+        _ = hup.recv() => {}
     }
 }
 
@@ -190,9 +192,10 @@ fn check_main(args: &lameduck_probe::check::CheckArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    // Interrupted (Ctrl-C, or a CI runner's SIGTERM), the run is dropped: the service is in a
-    // process group of its own, so the terminal's SIGINT never reached it, and the drop kills
-    // it and everything it started.
+    // Interrupted (Ctrl-C, a CI runner's SIGTERM, a closed terminal's or a timeout's SIGHUP),
+    // the run is dropped: the service is in a process group of its own, so the terminal's
+    // signal never reached it, and the drop kills it and everything it started. Killed
+    // (SIGKILL), no drop runs: the service's parent-death signal takes it down.
     let run = runtime.block_on(async {
         tokio::select! {
             result = lameduck_probe::check::run_check(args) => Some(result),

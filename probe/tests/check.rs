@@ -9,6 +9,7 @@
 //! overrides the service's path; the baseline is the `baseline` next to it.
 
 use std::net::TcpListener;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -571,10 +572,14 @@ fn python_http_server_gets_a_sensible_verdict() {
 ///   new connections are still served for 3 s; then it stops accepting, lets the requests
 ///   running finish, closes idle connections and exits 0. A correct shutdown, no lameduck.
 /// * `big-readyz`: `/readyz` answers 200 with a 300 MB body.
-/// * `/prestop` always answers an endless chunked body.
+/// * `/prestop` always answers an endless chunked body; `/drain` starts the drain SIGTERM
+///   starts (a preStop endpoint).
 /// * `bigline`: writes a 400 MB line without a newline to stdout at start.
+/// * `badutf8`: before it serves, writes 200 lines of 256 KiB of invalid UTF-8 to stdout and
+///   to stderr (each byte becomes three in a lossy conversion).
 /// * `evil`: a process name and a drain-report line on stderr with terminal escapes in them.
 /// * `daemon`: starts `sleep 300` in a session of its own (setsid), its pid in `daemon.pid`.
+/// * `pidfile`: writes its pid to `server.pid`.
 fn python_server(dir: &Path) -> PathBuf {
     let script = dir.join("server.py");
     std::fs::write(
@@ -620,6 +625,10 @@ class H(BaseHTTPRequestHandler):
             self.head(200, 300 * len(block))
             for _ in range(300):
                 self.wfile.write(block)
+        elif u.path == '/drain':
+            on_term()
+            self.head(200, 2)
+            self.wfile.write(b'ok')
         elif u.path == '/prestop':
             self.head(200)
             block = b'p' * 65536
@@ -643,15 +652,17 @@ srv = ThreadingHTTPServer(('127.0.0.1', port), H)
 srv.daemon_threads = False
 
 def drain():
+    draining.wait()
     time.sleep(3)
     srv.shutdown()
 
+# The handler only sets the event: one that started a thread could deadlock on the lock the
+# main thread holds while it starts a request's thread.
 def on_term(*args):
-    if not draining.is_set():
-        draining.set()
-        threading.Thread(target=drain).start()
+    draining.set()
 
 if 'graceful' in modes:
+    threading.Thread(target=drain, daemon=True).start()
     signal.signal(signal.SIGTERM, on_term)
 if 'bigline' in modes:
     def bigline():
@@ -660,9 +671,23 @@ if 'bigline' in modes:
             sys.stdout.buffer.write(block)
         sys.stdout.flush()
     threading.Thread(target=bigline, daemon=True).start()
+if 'badutf8' in modes:
+    def flood(stream):
+        line = b'\xff' * (256 * 1024 - 1) + b'\n'
+        for _ in range(200):
+            stream.write(line)
+        stream.flush()
+    floods = [threading.Thread(target=flood, args=(s,)) for s in (sys.stdout.buffer, sys.stderr.buffer)]
+    for t in floods:
+        t.start()
+    for t in floods:
+        t.join()
 if 'evil' in modes:
     with open('/proc/self/comm', 'w') as f:
         f.write('ev\x9b2J\x08il')
+if 'pidfile' in modes:
+    with open('server.pid', 'w') as f:
+        f.write(str(os.getpid()))
 if 'daemon' in modes:
     subprocess.Popen(['setsid', 'sh', '-c', 'echo $$ > daemon.pid; exec sleep 300'])
 srv.serve_forever()
@@ -778,6 +803,27 @@ fn a_400_mb_stdout_line_without_a_newline_is_read_bounded() {
 }
 
 #[test]
+fn lines_of_invalid_utf8_are_kept_bounded_after_their_conversion() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-badutf8");
+    let (flags, command) = python_setup(&dir, &["graceful", "badutf8"]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    let json_bytes = std::fs::metadata(dir.join("check.json")).unwrap().len();
+    eprintln!("peak {} kB, JSON {json_bytes} bytes", run.peak_kb);
+    // 100 MiB written, 300 MiB once converted: what is kept is a few lines' worth.
+    assert!(run.peak_kb < STORE_BOUNDED_KB, "peak {} kB", run.peak_kb);
+    assert!(json_bytes < 256 * 1024, "JSON {json_bytes} bytes");
+    let tail = run.json["stderr_tail"].as_array().unwrap();
+    assert_eq!(tail.len(), 20, "{}", run.table());
+    assert!(tail.iter().all(|l| l.as_str().unwrap().len() <= 2048));
+    assert_eq!(run.verdict("exit"), "pass", "{}", run.table());
+}
+
+/// The checker's peak with the service's output store full: its runtime and traffic, and a
+/// few lines.
+const STORE_BOUNDED_KB: u64 = 64 * 1024;
+
+#[test]
 fn a_report_file_that_is_a_fifo_is_refused_not_waited_on() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch("python-fifo");
@@ -794,6 +840,53 @@ fn a_report_file_that_is_a_fifo_is_refused_not_waited_on() {
         "{}",
         run.table()
     );
+}
+
+#[test]
+fn a_report_file_that_cannot_be_read_fails_the_report_and_names_why() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("report-file-unread");
+    let fifo = dir.join("report.fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let large = dir.join("large.json");
+    std::fs::write(&large, vec![b' '; 5 * 1024 * 1024]).unwrap();
+    let missing = dir.join("missing.json");
+    let cases: [(&Path, &str); 4] = [
+        (&missing, "No such file or directory"),
+        (&fifo, "not a regular file"),
+        (Path::new("/dev/zero"), "not a regular file"),
+        (&large, "larger than"),
+    ];
+    for (path, why) in cases {
+        let (mut service, mut flags) = service_setup(&dir);
+        // No report file: the service writes its report to stderr, which must not stand in
+        // for the file named.
+        service.truncate(5);
+        service.extend(["--grace-period".into(), "12s".into()]);
+        let at = flags.iter().position(|f| f == "--report-file").unwrap();
+        flags[at + 1] = path.display().to_string();
+        flags.extend(["--grace-period".into(), "12s".into()]);
+        let run = check(&dir, &strs(&flags), &strs(&service));
+        let summary = run.summary("report");
+        assert_eq!(
+            run.verdict("report"),
+            "fail",
+            "{}: {}",
+            path.display(),
+            run.table()
+        );
+        assert!(
+            summary.contains(&path.display().to_string()) && summary.contains(why),
+            "{}: {summary}",
+            path.display()
+        );
+        assert!(summary.contains("on stderr was not used"), "{summary}");
+        assert_eq!(run.out.status.code(), Some(1), "{}", run.table());
+    }
 }
 
 #[test]
@@ -844,11 +937,15 @@ fn in_dir(dir: &Path, command: &[String]) -> Vec<String> {
 }
 
 fn daemon_pid(dir: &Path) -> Option<u32> {
-    std::fs::read_to_string(dir.join("daemon.pid"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    Some(pids(&dir.join("daemon.pid"))?[0])
+}
+
+/// The pids in the file at `path`, separated by white space; `None` while it is missing or
+/// not yet whole.
+fn pids(path: &Path) -> Option<Vec<u32>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let pids: Option<Vec<u32>> = text.split_whitespace().map(|p| p.parse().ok()).collect();
+    pids.filter(|p| !p.is_empty())
 }
 
 /// `true` while `pid` exists and is not a zombie (one waiting for its new parent to reap it).
@@ -860,55 +957,374 @@ fn running(pid: u32) -> bool {
         .is_some_and(|s| !s.trim().starts_with('Z'))
 }
 
-#[test]
-fn an_interrupted_check_takes_the_service_and_its_daemon_with_it() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch("python-interrupted");
-    let (mut flags, command) = python_setup(&dir, &["graceful", "daemon"]);
+/// A check started on [`python_server`] with `modes` (`daemon`, `pidfile`), in its warm-up,
+/// and its service serving.
+struct Started {
+    child: std::process::Child,
+    target: String,
+    junit: PathBuf,
+    started: Instant,
+}
+
+fn start_check(dir: &Path, modes: &[&str]) -> Started {
+    start_check_with(dir, modes, &[], &[])
+}
+
+/// [`start_check`] with `extra` flags, waiting also for the pid files `pid_files` in `dir`.
+fn start_check_with(dir: &Path, modes: &[&str], extra: &[String], pid_files: &[&str]) -> Started {
+    let (mut flags, command) = python_setup(dir, modes);
     // Long enough to be interrupted in the warm-up.
     flags.extend(["--warmup".into(), "60s".into()]);
+    flags.extend(extra.iter().cloned());
     let target = flags[1].clone();
     let junit = dir.join("check.junit.xml");
-    let mut child = Command::new(probe_bin())
+    let child = Command::new(probe_bin())
         .arg("check")
         .args(&flags)
         .args(["--junit", junit.to_str().unwrap()])
         .arg("--")
-        .args(in_dir(&dir, &command))
+        .args(in_dir(dir, &command))
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Serving, and the daemon started: interrupt the check as Ctrl-C would.
     let started = Instant::now();
-    while daemon_pid(&dir).is_none() || std::net::TcpStream::connect(&target).is_err() {
+    // Each pid file whole (a reader may see one half written), and the service serving.
+    let mut files: Vec<&str> = pid_files.to_vec();
+    for (mode, file) in [("daemon", "daemon.pid"), ("pidfile", "server.pid")] {
+        if modes.contains(&mode) {
+            files.push(file);
+        }
+    }
+    while !files.iter().all(|f| pids(&dir.join(f)).is_some())
+        || std::net::TcpStream::connect(&target).is_err()
+    {
         assert!(started.elapsed() < HUNG, "the service never came up");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let daemon = daemon_pid(&dir).unwrap();
-    let sent = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
+    Started {
+        child,
+        target,
+        junit,
+        started,
+    }
+}
+
+impl Started {
+    /// Sends `signal` (`INT`, `HUP`, `KILL`) to the check and waits for its exit.
+    fn signal(&mut self, signal: &str) -> std::process::ExitStatus {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if self.started.elapsed() > HUNG {
+                let _ = self.child.kill();
+                panic!("the check did not end on SIG{signal}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        if started.elapsed() > HUNG {
-            let _ = child.kill();
-            panic!("the check did not end on SIGINT");
+    }
+}
+
+/// SIGKILLs the processes still running when dropped: a test that fails leaves nothing behind.
+struct Leftovers(Vec<u32>);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for pid in self.0.iter().filter(|p| running(**p)) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+/// Waits until none of `pids` runs and nothing accepts on `target`; `false` if either still
+/// holds after `limit` (an upper bound: the kernel delivers a signal at once, but a process
+/// whose main thread is a zombie may still hold its sockets until its other threads exit).
+fn gone_within(pids: &[u32], target: Option<&str>, limit: Duration) -> bool {
+    let since = Instant::now();
+    while pids.iter().any(|p| running(*p))
+        || target.is_some_and(|t| std::net::TcpStream::connect(t).is_ok())
+    {
+        if since.elapsed() > limit {
+            return false;
         }
         std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(status.code(), Some(130));
+    }
+    true
+}
+
+/// The check ends on `signal` (INT, HUP) with 130, the service and the daemon it started in
+/// its own session gone, and a JUnit file that says so.
+fn interrupted_takes_everything_with_it(name: &str, signal: &str) {
+    let dir = scratch(name);
+    let mut check = start_check(&dir, &["graceful", "daemon", "pidfile"]);
+    let daemon = daemon_pid(&dir).unwrap();
+    let service = server_pid(&dir).unwrap();
+    let _leftovers = Leftovers(vec![daemon, service]);
+    let status = check.signal(signal);
+    assert_eq!(status.code(), Some(130), "SIG{signal}: {status}");
     assert!(!running(daemon), "the daemon (pid {daemon}) still runs");
     assert!(
-        std::net::TcpStream::connect(&target).is_err(),
-        "the service still accepts on {target}"
+        gone_within(&[service], Some(&check.target), Duration::from_secs(20)),
+        "the service (pid {service}) still runs or accepts on {}",
+        check.target
     );
-    let xml = std::fs::read_to_string(&junit).unwrap();
+    let xml = std::fs::read_to_string(&check.junit).unwrap();
     assert!(
         xml.contains("errors=\"1\"") && xml.contains("interrupted"),
         "{xml}"
+    );
+}
+
+fn server_pid(dir: &Path) -> Option<u32> {
+    Some(pids(&dir.join("server.pid"))?[0])
+}
+
+#[test]
+fn an_interrupted_check_takes_the_service_and_its_daemon_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    interrupted_takes_everything_with_it("python-interrupted", "INT");
+}
+
+#[test]
+fn a_hung_up_check_takes_the_service_and_its_daemon_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    interrupted_takes_everything_with_it("python-hung-up", "HUP");
+}
+
+#[test]
+fn a_killed_check_takes_the_service_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-killed");
+    let mut check = start_check(&dir, &["graceful", "pidfile"]);
+    let service = server_pid(&dir).unwrap();
+    let _leftovers = Leftovers(vec![service]);
+    let status = check.signal("KILL");
+    assert_eq!(status.signal(), Some(9), "{status}");
+    // No drop ran in the check: only the service's parent-death signal can end it.
+    assert!(
+        gone_within(&[service], Some(&check.target), Duration::from_secs(20)),
+        "the service (pid {service}) still runs or accepts on {} after the check was SIGKILLed",
+        check.target
+    );
+}
+
+/// The children of `pid`, from `/proc/<pid>/task/*/children`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_check_takes_its_pid_namespace_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let probe = Command::new("unshare")
+        .args(["--pid", "--fork", "--", "true"])
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("\n!!!!!!!! CHECK TEST SKIPPED: cannot create a PID namespace here !!!!!!!!\n");
+        return;
+    }
+    let dir = scratch("python-killed-pid-namespace");
+    let mut check = start_check_with(&dir, &["graceful"], &["--pid-namespace".into()], &[]);
+    // unshare, then the service as PID 1 of the namespace.
+    let unshare = children(check.child.id());
+    assert_eq!(unshare.len(), 1, "{unshare:?}");
+    let service = children(unshare[0]);
+    assert_eq!(service.len(), 1, "{service:?}");
+    let _leftovers = Leftovers(vec![unshare[0], service[0]]);
+    let status = check.signal("KILL");
+    assert_eq!(status.signal(), Some(9), "{status}");
+    assert!(
+        gone_within(
+            &[unshare[0], service[0]],
+            Some(&check.target),
+            Duration::from_secs(20)
+        ),
+        "unshare (pid {}) or the service (pid {}) still runs or accepts on {}",
+        unshare[0],
+        service[0],
+        check.target
+    );
+}
+
+#[test]
+fn what_a_prestop_exec_hook_started_ends_with_the_check() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("prestop-exec-background");
+    let (mut flags, command) = python_setup(&dir, &["graceful"]);
+    let pid_file = dir.join("hook.pid");
+    flags.extend([
+        "--prestop-exec".into(),
+        format!(
+            "sleep 300 >/dev/null 2>&1 & echo $! > '{}'",
+            pid_file.display()
+        ),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    let sleep = pids(&pid_file).expect("the hook wrote its pid")[0];
+    let _leftovers = Leftovers(vec![sleep]);
+    let hook = run.json["prestop"].as_str().unwrap();
+    assert!(hook.contains("exit status: 0 (exec"), "{hook}");
+    // SIGKILLed once the service was gone, seconds before the check ended.
+    assert!(
+        gone_within(&[sleep], None, Duration::from_secs(20)),
+        "the hook's background sleep (pid {sleep}) still runs"
+    );
+}
+
+#[test]
+fn an_interrupted_prestop_exec_hook_takes_what_it_started_with_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("prestop-exec-interrupted");
+    let (pid_file, written) = (dir.join("hook.pid"), dir.join("hook.pid.part"));
+    // The hook waits on its background sleep: the check is interrupted inside it.
+    let hook = format!(
+        "sleep 300 >/dev/null 2>&1 & echo $$ $! > '{}' && mv '{0}' '{}'; wait",
+        written.display(),
+        pid_file.display()
+    );
+    let extra = [
+        "--warmup".to_owned(),
+        "1500ms".to_owned(),
+        "--prestop-exec".to_owned(),
+        hook,
+    ];
+    let mut check = start_check_with(&dir, &["graceful", "pidfile"], &extra, &["hook.pid"]);
+    let hook = pids(&pid_file).unwrap();
+    let service = server_pid(&dir).unwrap();
+    let _leftovers = Leftovers(vec![hook[0], hook[1], service]);
+    let status = check.signal("INT");
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(
+        gone_within(&hook, None, Duration::from_secs(20)),
+        "the hook (sh {}, its sleep {}) still runs",
+        hook[0],
+        hook[1]
+    );
+    assert!(gone_within(
+        &[service],
+        Some(&check.target),
+        Duration::from_secs(20)
+    ));
+}
+
+/// Every contract passed (liveness unmeasured without `--live`), and a note says how the exec
+/// hook was judged (`judged`).
+fn passes_with_the_hook_judged(run: &Run, judged: &str) {
+    for c in run.json["contracts"].as_array().unwrap() {
+        let unmeasured = c["name"] == "liveness" && c["verdict"] == "not_measured";
+        assert!(
+            c["verdict"] == "pass" || unmeasured,
+            "{}: {}",
+            c["name"],
+            run.table()
+        );
+    }
+    assert_eq!(run.out.status.code(), Some(0), "{}", run.table());
+    assert!(
+        run.notes()
+            .iter()
+            .any(|n| n.starts_with("preStop exec: ") && n.contains(judged)),
+        "{:?}",
+        run.notes()
+    );
+}
+
+#[test]
+fn a_prestop_exec_sleep_is_judged_as_a_sleep_hook_is() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("prestop-exec-sleep");
+    let (mut flags, command) = python_setup(&dir, &["graceful"]);
+    // Traffic past the signal, so kept connections are seen after the service is told.
+    flags.extend([
+        "--prestop-exec".into(),
+        "sleep 2".into(),
+        "--drain-window".into(),
+        "3s".into(),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    passes_with_the_hook_judged(
+        &run,
+        "as a sleep hook is: it did not tell the service (nothing",
+    );
+}
+
+#[test]
+fn a_prestop_exec_sleep_before_a_lameduck_service_is_judged_by_its_reports_trigger() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("prestop-exec-sleep-lameduck");
+    let (mut service, mut flags) = service_setup(&dir);
+    service.extend(["--grace-period".into(), "12s".into()]);
+    flags.extend([
+        "--grace-period".into(),
+        "12s".into(),
+        "--prestop-exec".into(),
+        "sleep 2".into(),
+        "--drain-window".into(),
+        "3s".into(),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&service));
+    passes_with_the_hook_judged(&run, "the drain report's trigger is sigterm");
+}
+
+#[test]
+fn a_prestop_exec_calling_the_admin_port_is_judged_from_the_reports_drain_start() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // The example's own preStop client, as in examples/k8s for images without curl.
+    let dir = scratch("prestop-exec-client");
+    let (mut service, mut flags) = service_setup(&dir);
+    service.extend(["--grace-period".into(), "12s".into()]);
+    let admin = service[4].clone();
+    flags.extend([
+        "--grace-period".into(),
+        "12s".into(),
+        "--prestop-exec".into(),
+        format!("'{}' prestop --admin {admin}", service[0]),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&service));
+    passes_with_the_hook_judged(&run, "it told the service, which is judged from t+");
+    assert!(
+        run.notes()
+            .iter()
+            .any(|n| n.contains("trigger is prestop, drain_started at t+")),
+        "{:?}",
+        run.notes()
+    );
+}
+
+#[test]
+fn a_prestop_exec_calling_a_drain_endpoint_is_judged_from_the_first_changed_answer() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // No report: the hook's call shows in the answers before the signal.
+    let dir = scratch("prestop-exec-drain-endpoint");
+    let (mut flags, command) = python_setup(&dir, &["graceful"]);
+    let drain = flags[3].replace("/readyz", "/drain");
+    flags.extend([
+        "--prestop-exec".into(),
+        format!("python3 -c 'import urllib.request as u; u.urlopen(\"{drain}\")' && sleep 2"),
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    passes_with_the_hook_judged(&run, "it told the service, which is judged from t+");
+    assert!(
+        run.notes().iter().any(|n| n.contains(" answered at t+")),
+        "{:?}",
+        run.notes()
     );
 }

@@ -38,7 +38,7 @@ struct CheckFlags {
     /// Start the command as PID 1 of a new PID namespace, as in a container (unshare; root or user namespaces)
     #[arg(long, help_heading = "SERVICE")]
     pid_namespace: bool,
-    /// The service's lameduck drain report file (a report is then expected) [default: its stderr line]
+    /// The service's lameduck drain report file: the report must be there (missing, unreadable or no report FAILs) [default: its stderr line]
     #[arg(long, value_name = "FILE", help_heading = "SERVICE")]
     report_file: Option<PathBuf>,
     /// Expect a lameduck drain report: judge the report contract, FAIL without one [default: when one is found]
@@ -48,7 +48,7 @@ struct CheckFlags {
     /// preStop httpGet: GET this URL before the stop signal
     #[arg(long, value_name = "URL", help_heading = "STOP", conflicts_with_all = ["prestop_exec", "prestop_sleep"])]
     prestop_http: Option<String>,
-    /// preStop exec: run this with sh -c before the stop signal
+    /// preStop exec: run this with sh -c before the stop signal (judged as telling the service only where it shows it was told)
     #[arg(
         long,
         value_name = "CMD",
@@ -126,11 +126,15 @@ const CHECK_AFTER_HELP: &str = "\
 t+0 is the Pod's deletion: the preStop hook runs, then the stop signal goes to the process
 (PID 1 of the namespace with --pid-namespace); SIGKILL at t+grace. Traffic runs from the
 first 200 on --ready for --warmup, and through --drain-window after t+0.
+The service is judged from when it was told to stop: t+0 with --prestop-http, the signal
+with --prestop-sleep; with --prestop-exec, when its drain report's trigger (prestop, api) and
+drain start, or else its first changed answer before the signal, show the hook reached it,
+and from the signal when nothing does (a hook like `sleep 5` tells the service nothing).
 The report contract is judged where a lameduck drain report is expected (one was found,
 --report-file, --expect-report, or x-lameduck-phase headers); elsewhere it is left out.
 Exit status: 0 no contract FAIL or WARN (nor NOT MEASURED with --strict), 1 any, 2 bad
 flags, 3 the command could not be started or an output file not written, 130 interrupted
-(SIGINT or SIGTERM; the service and what it started are killed). The JUnit file agrees: a
+(SIGINT, SIGTERM or SIGHUP; the service and what it started are killed). The JUnit file agrees: a
 failure for each contract that makes the status 1, an error for 3 and 130.
 ";
 

@@ -9,7 +9,10 @@
 //!    own runner, bounded by its in-flight cap) for `warmup`, while polling readiness and
 //!    liveness like kubelet;
 //! 3. at `t+0` — the Pod's deletion — run the `preStop` hook (httpGet, exec or sleep), then
-//!    send the stop signal to the process, as kubelet asks the runtime to;
+//!    send the stop signal to the process, as kubelet asks the runtime to. The service is
+//!    judged from when it was told: at `t+0` after httpGet, at the signal after sleep, and
+//!    after exec from what the service shows (its report's trigger and drain start, else its
+//!    first changed answer before the signal; nothing shown, the signal);
 //! 4. keep sending through the drain window (the proxies that have not caught up yet), then
 //!    stop sending new requests and wait for the running ones;
 //! 5. SIGKILL at `t+grace` if the process is still there;
@@ -26,7 +29,8 @@
 //! left out, with a note saying so.
 //!
 //! Every read is bounded in bytes and time: probe and `preStop` bodies, the
-//! service's output lines, the report file (a regular file, at most
+//! service's output lines (and what is kept of them, counted after the conversion to text),
+//! the report file (a regular file, at most
 //! [`MAX_REPORT_FILE`] bytes; a FIFO or a device is not read).
 
 mod cli;
@@ -167,8 +171,12 @@ pub(crate) struct Observed {
     startup_error: Option<String>,
     /// The stop (`t+0`), ms since the Unix epoch.
     t0: Option<f64>,
-    /// When the service could first know: the hook's start for httpGet/exec, else the signal.
+    /// When the service could first know: the hook's start for httpGet, when an exec hook
+    /// told it (if it did), else the signal.
     told_at: Option<f64>,
+    /// An exec hook ran at `t+0`: whether and when it told the service is settled from what
+    /// the service did once the run is over (until then `told_at` is the signal).
+    exec_hook: bool,
     signal_at: Option<f64>,
     signal_name: String,
     signal_number: i32,
@@ -185,7 +193,7 @@ pub(crate) struct Observed {
     report: Option<ReportFacts>,
     /// Why a lameduck report is expected, when one is.
     report_expected: Option<String>,
-    /// Why the report file could not be read, when it could not.
+    /// Why `--report-file` gave no report (unreadable, or no report in it), when it gave none.
     report_unread: Option<String>,
 }
 
@@ -221,7 +229,7 @@ pub struct CheckReport {
     pub notes: Vec<String>,
     /// Requests sent.
     pub requests: usize,
-    /// The last lines the service wrote to stderr (at most 20).
+    /// The last lines the service wrote to stderr (at most 20, each cut at 2 KiB).
     pub stderr_tail: Vec<String>,
 }
 

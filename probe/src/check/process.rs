@@ -2,17 +2,18 @@
 //! kept (bounded), its signal disposition read from `/proc`, signalled and reaped.
 //!
 //! Invariants: the command runs in a process group of its own, and the group is SIGKILLed
-//! when the [`Service`] is dropped, so nothing it started outlives the check. In a PID
+//! when the [`Service`] is dropped, so nothing it started outlives the check. A check that
+//! ends without a drop (SIGKILL) takes the command with it: its parent-death signal is
+//! SIGKILL ([`die_with_check`]). In a PID
 //! namespace, `unshare --kill-child` also takes the namespace down with `unshare`. A process
 //! that leaves the group (`setsid`, a double fork) still carries the environment cookie
 //! [`COOKIE`]`=<checker pid>-<n>` the command was started with: [`Service::kill`] and the drop
 //! SIGKILL every process of ours whose `/proc/<pid>/environ` holds it (what Jenkins does with
 //! `BUILD_ID`). Only a process that re-executes itself with a scrubbed environment escapes.
 //!
-//! Output is read in bounded pieces: a line longer than [`MAX_LINE`] is cut, the rest of it
-//! read and dropped, so an endless line costs no memory.
+//! Output is read in bounded pieces and kept bounded in bytes after its conversion to text
+//! ([`lines`]).
 
-use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,26 +23,15 @@ use std::time::Duration;
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
-/// Lines of the service's output kept per stream (the newest).
-const KEPT_LINES: usize = 200;
-/// Longest line kept; a drain report is a few kilobytes.
-const MAX_LINE: usize = 256 * 1024;
+mod lines;
+
+pub(crate) use lines::Output;
 /// The environment variable that marks every process a check started.
 pub(crate) const COOKIE: &str = "LAMEDUCK_PROBE_CHECK";
 /// Rounds of the cookie sweep: a process that forks while it is swept is found in the next.
 const SWEEPS: usize = 5;
-
-/// What the service wrote, bounded.
-#[derive(Debug, Default)]
-pub(crate) struct Output {
-    pub(crate) stdout: VecDeque<String>,
-    pub(crate) stderr: VecDeque<String>,
-    /// The last stderr line that looks like a lameduck drain report.
-    pub(crate) report_line: Option<String>,
-}
 
 /// How the signalled process treats the stop signal, from `/proc/<pid>/status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +106,7 @@ impl Service {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        die_with_check(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| {
             if pid_namespace {
                 format!("cannot start unshare (util-linux) for --pid-namespace: {e}")
@@ -128,10 +119,10 @@ impl Service {
             .ok_or_else(|| "the command exited at once".to_owned())?;
         let output = Arc::new(Mutex::new(Output::default()));
         if let Some(out) = child.stdout.take() {
-            tokio::spawn(keep_lines(out, output.clone(), false));
+            tokio::spawn(lines::keep_lines(out, None));
         }
         if let Some(err) = child.stderr.take() {
-            tokio::spawn(keep_lines(err, output.clone(), true));
+            tokio::spawn(lines::keep_lines(err, Some(output.clone())));
         }
         let target = if pid_namespace {
             namespace_init(pid).await.ok_or_else(|| {
@@ -201,6 +192,30 @@ impl Service {
         let _ = signal::kill(Pid::from_raw(self.target as i32), Signal::SIGKILL);
         let _ = signal::killpg(self.pgid, Signal::SIGKILL);
         sweep(&self.cookie, self.pgid)
+    }
+}
+
+/// Makes the process `cmd` starts get SIGKILL when the thread that starts it ends: the check
+/// killed by SIGKILL, or by a signal it does not handle, runs no drop, and a CI timeout must
+/// not leave the service holding its ports. That thread is the one that runs the check to its
+/// end (`block_on` in the binary).
+// `pre_exec` is the crate's one unsafe call (lib.rs denies the rest): no dependency sets a
+// parent-death signal on a child; nix's safe `set_pdeathsig` must run in the child itself.
+#[allow(unsafe_code)]
+pub(crate) fn die_with_check(cmd: &mut Command) {
+    let check = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
+    // calls may be made: prctl and getppid are plain system calls, and the errors are built
+    // from an errno without allocating.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // The check may have died before the prctl: no signal would come then.
+            if nix::unistd::getppid() != check {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
     }
 }
 
@@ -345,52 +360,6 @@ pub(crate) fn parse_disposition(status: &str, pid: u32, sig: i32) -> Result<Disp
         ignored: bit("SigIgn:")?,
         blocked: bit("SigBlk:")?,
     })
-}
-
-/// Keeps the service's lines, each cut at [`MAX_LINE`] bytes: a line is read a buffer at a
-/// time and what passes the limit is dropped, so memory stays bounded whatever it writes.
-async fn keep_lines(stream: impl AsyncRead + Unpin, output: Arc<Mutex<Output>>, stderr: bool) {
-    let mut reader = BufReader::new(stream);
-    let mut line = Vec::new();
-    loop {
-        let chunk = match reader.fill_buf().await {
-            Ok(chunk) if !chunk.is_empty() => chunk,
-            _ => {
-                if !line.is_empty() {
-                    keep_line(&line, &output, stderr);
-                }
-                return;
-            }
-        };
-        let (used, ended) = match chunk.iter().position(|&b| b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (chunk.len(), false),
-        };
-        let room = MAX_LINE.saturating_sub(line.len());
-        line.extend_from_slice(&chunk[..used.min(room)]);
-        reader.consume(used);
-        if ended {
-            keep_line(&line, &output, stderr);
-            line.clear();
-        }
-    }
-}
-
-fn keep_line(buf: &[u8], output: &Mutex<Output>, stderr: bool) {
-    let line = String::from_utf8_lossy(buf).trim_end().to_owned();
-    let mut out = output.lock().expect("output lock");
-    if stderr && line.starts_with('{') && line.contains("\"timeline\"") {
-        out.report_line = Some(line.clone());
-    }
-    let lines = if stderr {
-        &mut out.stderr
-    } else {
-        &mut out.stdout
-    };
-    if lines.len() == KEPT_LINES {
-        lines.pop_front();
-    }
-    lines.push_back(line);
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@ use crate::runner::Probe;
 use crate::{ProbeError, ProbeHandle, ProbeResult};
 
 mod finish;
+mod hook;
+mod told;
 
 use finish::finish;
 
@@ -146,6 +148,7 @@ impl Observed {
             startup_error: None,
             t0: None,
             told_at: None,
+            exec_hook: false,
             signal_at: None,
             signal_name: format!("{}", inputs.sig),
             signal_number: inputs.sig as i32,
@@ -270,16 +273,25 @@ async fn stop(
     let t0 = unix_now();
     let kill_at = tokio::time::Instant::now() + args.grace_period;
     observed.t0 = Some(t0);
+    // An exec hook's processes live until the service is gone, as in a container, and no
+    // longer: `ran` holds their process group, SIGKILLed when it is dropped at the end of the
+    // stop, or when the check is interrupted.
+    let ran = match &args.prestop {
+        Some(hook) => Some(hook::run(hook, inputs.prestop_url.as_ref(), kill_at).await),
+        None => None,
+    };
     let mut prestop_text = None;
-    if let Some(hook) = &args.prestop {
-        let (text, informs) = run_prestop(hook, inputs.prestop_url.as_ref(), kill_at).await;
-        if informs {
-            observed.told_at = Some(t0);
+    if let (Some(hook), Some(ran)) = (&args.prestop, &ran) {
+        match ran.reach() {
+            hook::Reach::Told => observed.told_at = Some(t0),
+            // Until settled from what the service did, judged from the signal.
+            hook::Reach::Unknown => observed.exec_hook = true,
+            hook::Reach::Nothing => {}
         }
         prestop_text = Some(format!(
             "{} ({}; ended at {})",
-            text,
-            hook_name(hook),
+            ran.text(),
+            hook::name(hook),
             contracts::at(unix_now(), t0)
         ));
     }
@@ -346,54 +358,6 @@ async fn poll_loop(
         let mut polls = polls.lock().expect("polls lock");
         if polls.len() < MAX_POLLS {
             polls.push(poll);
-        }
-    }
-}
-
-fn hook_name(hook: &PreStop) -> &'static str {
-    match hook {
-        PreStop::Http(_) => "httpGet",
-        PreStop::Exec(_) => "exec",
-        PreStop::Sleep(_) => "sleep",
-    }
-}
-
-/// Runs the hook until it ends or the grace period is over. Returns what happened and
-/// whether the hook can have told the service (httpGet and exec can, sleep cannot).
-async fn run_prestop(
-    hook: &PreStop,
-    url: Option<&Url>,
-    kill_at: tokio::time::Instant,
-) -> (String, bool) {
-    let left = kill_at.saturating_duration_since(tokio::time::Instant::now());
-    match hook {
-        PreStop::Sleep(d) => {
-            tokio::time::sleep((*d).min(left)).await;
-            (format!("slept {d:?}"), false)
-        }
-        PreStop::Http(text) => {
-            let url = url.expect("parsed with the args");
-            match http::get(url, &[], left).await {
-                Ok(status) => (format!("GET {text}: {status}"), true),
-                Err(e) => (format!("GET {text}: {e}"), true),
-            }
-        }
-        PreStop::Exec(cmd) => {
-            let child = tokio::process::Command::new("sh")
-                .args(["-c", cmd])
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .kill_on_drop(true)
-                .status();
-            match tokio::time::timeout(left, child).await {
-                Ok(Ok(status)) => (format!("sh -c {cmd:?}: {status}"), true),
-                Ok(Err(e)) => (format!("sh -c {cmd:?}: {e}"), true),
-                Err(_) => (
-                    format!("sh -c {cmd:?}: still running at the grace period"),
-                    true,
-                ),
-            }
         }
     }
 }

@@ -48,6 +48,8 @@ pub(crate) struct ReportFacts {
     pub(crate) outcome: Option<String>,
     pub(crate) exit_code: Option<i64>,
     pub(crate) drain_started_unix_ms: Option<f64>,
+    /// What started the drain: `prestop`, `api`, `sigterm`…
+    pub(crate) trigger: Option<String>,
     pub(crate) after_flip_requests: Option<u64>,
     pub(crate) stragglers: usize,
     /// The drain waited to `max` because the process was young (`too_few_slots`): `max`
@@ -64,11 +66,17 @@ impl ReportFacts {
                 .find_map(|l| serde_json::from_str(l.trim()).ok())
         })?;
         let timeline = value.get("timeline")?.as_array()?;
-        let drain_started_unix_ms = timeline
+        let drain_started = timeline
             .iter()
-            .find(|e| e.get("event").and_then(|v| v.as_str()) == Some("drain_started"))
+            .find(|e| e.get("event").and_then(|v| v.as_str()) == Some("drain_started"));
+        let drain_started_unix_ms = drain_started
             .and_then(|e| e.get("unix_ms"))
             .and_then(serde_json::Value::as_f64);
+        let trigger = [Some(&value), drain_started]
+            .into_iter()
+            .flatten()
+            .find_map(|v| v.get("trigger").and_then(|t| t.as_str()))
+            .map(str::to_owned);
         let after_flip = value.get("after_flip");
         let count = |k: &str| {
             after_flip
@@ -103,6 +111,7 @@ impl ReportFacts {
                 .map(str::to_owned),
             exit_code: value.get("exit_code").and_then(serde_json::Value::as_i64),
             drain_started_unix_ms,
+            trigger,
             after_flip_requests,
             stragglers: value
                 .get("stragglers")
@@ -137,14 +146,11 @@ pub(crate) fn report(o: &Observed) -> Option<Contract> {
         if o.t0.is_none() {
             return Some(judge.not_measured("the service was never stopped"));
         }
-        let unread = o
-            .report_unread
-            .as_deref()
-            .map(|u| format!(" ({u})"))
-            .unwrap_or_default();
+        if let Some(unread) = &o.report_unread {
+            return Some(judge.fail(format!("no drain report from --report-file: {unread}")));
+        }
         return Some(judge.fail(format!(
-            "no lameduck drain report on stderr or in the report file{unread}, though one is \
-             expected: {why}"
+            "no lameduck drain report on stderr, though one is expected: {why}"
         )));
     };
     let Some(t0) = o.t0 else {

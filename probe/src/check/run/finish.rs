@@ -7,11 +7,22 @@ use std::sync::{Arc, Mutex};
 use crate::check::contracts::{self, ReportFacts};
 use crate::check::{process, CheckArgs, CheckReport, ExpectReadiness, Observed, MAX_REPORT_FILE};
 
-/// Reads the report file: a regular file of at most [`MAX_REPORT_FILE`] bytes. Opened
-/// without blocking, so a FIFO with no writer (or a device) is refused, not waited on.
+/// Reads the report file: a regular file of at most [`MAX_REPORT_FILE`] bytes. A FIFO or a
+/// device is refused before it is opened, and the open does not block either (the path may be
+/// swapped for a FIFO in between), so nothing is waited on.
 fn read_report_file(path: &Path) -> Result<String, String> {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt as _;
+    let not_regular = || {
+        format!(
+            "{} is not a regular file (a FIFO, a device or a directory): not read",
+            path.display()
+        )
+    };
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(not_regular());
+    }
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NONBLOCK)
@@ -22,10 +33,7 @@ fn read_report_file(path: &Path) -> Result<String, String> {
         .metadata()
         .map_err(|e| format!("{}: {e}", path.display()))?;
     if !meta.is_file() {
-        return Err(format!(
-            "{} is not a regular file (a FIFO, a device or a directory): not read",
-            path.display()
-        ));
+        return Err(not_regular());
     }
     let mut text = String::new();
     file.take(MAX_REPORT_FILE + 1)
@@ -40,6 +48,30 @@ fn read_report_file(path: &Path) -> Result<String, String> {
     Ok(text)
 }
 
+/// The drain report: with `--report-file` from that file only (where the report must be: one
+/// on stderr does not stand in for it), else from the stderr line. `Err` says why the file
+/// gave none.
+fn drain_report(
+    args: &CheckArgs,
+    stderr_line: Option<String>,
+) -> Result<Option<ReportFacts>, String> {
+    let from_stderr = stderr_line.and_then(|l| ReportFacts::parse(&l, "stderr"));
+    let Some(path) = &args.report_file else {
+        return Ok(from_stderr);
+    };
+    let from_file = read_report_file(path).and_then(|text| {
+        ReportFacts::parse(&text, &path.display().to_string())
+            .ok_or_else(|| format!("{} holds no lameduck drain report", path.display()))
+    });
+    match from_file {
+        Ok(report) => Ok(Some(report)),
+        Err(why) if from_stderr.is_some() => Err(format!(
+            "{why} (a drain report on stderr was not used in its place)"
+        )),
+        Err(why) => Err(why),
+    }
+}
+
 pub(super) fn finish(
     args: &CheckArgs,
     started_unix_ms: f64,
@@ -50,47 +82,21 @@ pub(super) fn finish(
 ) -> CheckReport {
     let (report_line, stderr_tail) = {
         let out = output.lock().expect("output lock");
-        let tail: Vec<String> = out.stderr.iter().rev().take(20).rev().cloned().collect();
-        (out.report_line.clone(), tail)
+        (out.report_line(), out.tail())
     };
-    let from_file = args
-        .report_file
-        .as_ref()
-        .and_then(|path| match read_report_file(path) {
-            Ok(text) => ReportFacts::parse(&text, &path.display().to_string()),
-            Err(why) => {
-                observed.report_unread = Some(why);
-                None
-            }
-        });
-    observed.report =
-        from_file.or_else(|| report_line.and_then(|l| ReportFacts::parse(&l, "stderr")));
+    match drain_report(args, report_line) {
+        Ok(report) => observed.report = report,
+        Err(why) => observed.report_unread = Some(why),
+    }
     if observed.report_expected.is_none() && observed.records.iter().any(|r| r.phase.is_some()) {
         observed.report_expected =
             Some("the answers carried x-lameduck-phase, a lameduck service's header".to_owned());
     }
-    let mut notes = Vec::new();
+    // Before the contracts: they judge from when the service was told.
+    let mut notes: Vec<String> = super::told::settle(&mut observed).into_iter().collect();
     let expect_serving = args.expect_readiness == ExpectReadiness::Serving;
     let report = contracts::report(&observed);
-    if report.is_none() {
-        notes.push(
-            "report: left out: no lameduck drain report on stderr, and none expected (no \
-             --report-file, --expect-report or x-lameduck-phase header); a service without \
-             lameduck writes none"
-                .to_owned(),
-        );
-    }
-    if let Some(note) = observed.report.as_ref().and_then(ReportFacts::young_note) {
-        notes.push(note);
-    }
-    if !left_behind.is_empty() {
-        notes.push(format!(
-            "killed {} process(es) the service left running outside its process group (a \
-             daemon, setsid): {}",
-            left_behind.len(),
-            left_behind.join(", ")
-        ));
-    }
+    notes.extend(notes_beside(&observed, report.is_none(), left_behind));
     let contracts = vec![
         contracts::startup(&observed),
         contracts::readiness(&observed, expect_serving),
@@ -119,4 +125,28 @@ pub(super) fn finish(
         requests: observed.records.len(),
         stderr_tail,
     }
+}
+
+/// What the run noticed beside the contracts: the report contract left out, a drain that
+/// waited to `max` because the process was young, processes killed after the exit.
+fn notes_beside(observed: &Observed, report_left_out: bool, left_behind: &[String]) -> Vec<String> {
+    let mut notes = Vec::new();
+    if report_left_out {
+        notes.push(
+            "report: left out: no lameduck drain report on stderr, and none expected (no \
+             --report-file, --expect-report or x-lameduck-phase header); a service without \
+             lameduck writes none"
+                .to_owned(),
+        );
+    }
+    notes.extend(observed.report.as_ref().and_then(ReportFacts::young_note));
+    if !left_behind.is_empty() {
+        notes.push(format!(
+            "killed {} process(es) the service left running outside its process group (a \
+             daemon, setsid): {}",
+            left_behind.len(),
+            left_behind.join(", ")
+        ));
+    }
+    notes
 }
