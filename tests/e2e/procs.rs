@@ -48,6 +48,30 @@ pub(crate) fn require(name: &str) -> Option<PathBuf> {
     found
 }
 
+/// Caddy: `LAMEDUCK_CADDY` (what `bash tests/e2e/caddy-build.sh` prints; `.ci/run` sets it),
+/// else `caddy` in the usual places. Says so loudly when missing, and fails under
+/// `LAMEDUCK_E2E=require`.
+pub(crate) fn require_caddy() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("LAMEDUCK_CADDY").map(PathBuf::from) {
+        if p.exists() {
+            return Some(p);
+        }
+    }
+    let found = ["/usr/bin", "/usr/local/bin"]
+        .iter()
+        .map(|d| Path::new(d).join("caddy"))
+        .find(|p| p.exists());
+    if found.is_none() {
+        let msg = "END-TO-END TEST SKIPPED: Caddy is not built (LAMEDUCK_CADDY=$(bash \
+                   tests/e2e/caddy-build.sh))";
+        if std::env::var("LAMEDUCK_E2E").as_deref() == Ok("require") {
+            panic!("{msg}, and LAMEDUCK_E2E=require");
+        }
+        eprintln!("\n!!!!!!!! {msg} !!!!!!!!\n");
+    }
+    found
+}
+
 /// A scratch directory under the target dir, fresh for each run.
 pub(crate) fn scratch(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -333,6 +357,59 @@ pub(crate) fn nginx(dir: &Path, frontend: u16, backends: &[u16]) -> Proxy {
         .arg("-g")
         .arg("daemon off;");
     Proxy::spawn("nginx", cmd, dir.join("nginx.log"), frontend)
+}
+
+/// Caddy as a reverse proxy with pooled upstream connections (its default transport keeps
+/// them alive), round robin, no retries (`lb_retries 0`, no `lb_try_duration`), and its admin
+/// API on `admin` for reloads.
+pub(crate) fn caddy(dir: &Path, (frontend, admin): (u16, u16), backends: &[u16]) -> Proxy {
+    let bin = require_caddy().expect("checked by the caller");
+    let path = write_caddyfile(dir, (frontend, admin), backends);
+    let mut cmd = Command::new(bin);
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&path)
+        .arg("--adapter")
+        .arg("caddyfile")
+        .env("XDG_DATA_HOME", dir.join("caddy-data"))
+        .env("XDG_CONFIG_HOME", dir.join("caddy-config"));
+    Proxy::spawn("caddy", cmd, dir.join("caddy.log"), frontend)
+}
+
+/// Rewrites Caddy's upstream list and loads it through its admin API (`caddy reload`), as an
+/// ingress controller does when the endpoints change: the new configuration takes the new
+/// requests, the old one finishes its requests and closes its pooled upstream connections.
+pub(crate) fn caddy_reload(dir: &Path, (frontend, admin): (u16, u16), backends: &[u16]) {
+    let bin = require_caddy().expect("checked by the caller");
+    let path = write_caddyfile(dir, (frontend, admin), backends);
+    let out = Command::new(bin)
+        .arg("reload")
+        .arg("--config")
+        .arg(&path)
+        .arg("--adapter")
+        .arg("caddyfile")
+        .arg("--address")
+        .arg(format!("127.0.0.1:{admin}"))
+        .output()
+        .expect("caddy reload");
+    assert!(
+        out.status.success(),
+        "caddy reload: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn write_caddyfile(dir: &Path, (frontend, admin): (u16, u16), backends: &[u16]) -> PathBuf {
+    let upstreams: Vec<String> = backends.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let cfg = format!(
+        "{{\n  admin 127.0.0.1:{admin}\n  auto_https off\n  persist_config off\n}}\n\
+         http://127.0.0.1:{frontend} {{\n  reverse_proxy {} {{\n    lb_policy round_robin\n    \
+         lb_retries 0\n    flush_interval -1\n  }}\n}}\n",
+        upstreams.join(" ")
+    );
+    let path = dir.join("Caddyfile");
+    std::fs::write(&path, cfg).unwrap();
+    path
 }
 
 /// Rewrites nginx's upstream list and reloads it (SIGHUP to the master), as an ingress
