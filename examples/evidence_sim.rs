@@ -5,8 +5,11 @@
 //! estimator and policy check in virtual time, and a fixed 5 s sleep on the same traces.
 //! Prints the Markdown table that `BENCHMARKS.md` and the Kubernetes guide quote. `FILTER`
 //! keeps only the processes whose name contains it (to tighten one row's bound with more runs).
-//! The last table is the most-recent-first pools (`lifo_pools`), which break ε today; with
-//! `SIM_DEBUG=1` each of their losses on evidence is printed with its path's evidence.
+//! Then the pools and many proxies, the many-peer rows, the most-recent-first pools
+//! (`lifo_pools`; with `SIM_DEBUG=1` each of their losses on evidence is printed with its
+//! path's evidence), the declared per-request routers and the pools declared by mistake.
+//! `SIM_TABLES=family,routers` (of `family`, `scenarios`, `lifo`, `routers`, `declared`) runs
+//! only those tables.
 
 #[path = "support/evidence_sim.rs"]
 mod sim;
@@ -30,8 +33,10 @@ fn main() {
          commit − proxy, median / p99 | 5 s sleep: lost | 5 s sleep: median / p99 |"
     );
     println!("|---|---|---|---|---|---|---|---|");
+    let tables = std::env::var("SIM_TABLES").unwrap_or_default();
+    let table = |name: &str| tables.is_empty() || tables.split(',').any(|t| t.trim() == name);
     let mut broken = Vec::new();
-    for (i, p) in family().iter().enumerate() {
+    for (i, p) in family().iter().enumerate().filter(|_| table("family")) {
         if !p.name().contains(filter.as_str()) {
             continue;
         }
@@ -58,7 +63,7 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|");
     let scenarios: Vec<_> = scenarios().into_iter().chain(many_peers()).collect();
-    for (i, sc) in scenarios.iter().enumerate() {
+    for (i, sc) in scenarios.iter().enumerate().filter(|_| table("scenarios")) {
         if !sc.name().contains(filter.as_str()) {
             continue;
         }
@@ -69,7 +74,7 @@ fn main() {
         }
         row(&sc.name(), "random", &s);
     }
-    for (i, pool) in lifo_pools().iter().enumerate() {
+    for (i, pool) in lifo_pools().iter().enumerate().filter(|_| table("lifo")) {
         if !pool.name().contains(filter.as_str()) {
             continue;
         }
@@ -80,7 +85,7 @@ fn main() {
         }
         row(&pool.name(), "random", &s);
     }
-    for (i, router) in routers().iter().enumerate() {
+    for (i, router) in routers().iter().enumerate().filter(|_| table("routers")) {
         if !router.name().contains(filter.as_str()) {
             continue;
         }
@@ -92,7 +97,7 @@ fn main() {
         row(&router.name(), "random", &s);
     }
     // Not held to ε: a client pool declared by mistake to route per request.
-    for (i, pool) in lifo_pools().iter().enumerate() {
+    for (i, pool) in lifo_pools().iter().enumerate().filter(|_| table("declared")) {
         let name = format!(
             "{}, declared per request by mistake (not held to ε)",
             pool.name()
