@@ -13,6 +13,11 @@ with its edges. Exit status 1 when there is one.
 
 `--top` also fails on circles between top-level modules (each with all its descendants): the
 coarser view, where a child's import of a sibling's ancestor counts.
+
+`--parts FILE` also fails on an arrow the design forbids between parts (top-level modules):
+each line of FILE is `from: never to1 to2 …` (a part must never import those), or
+`from: only to1 to2 …` (it may import only those, besides itself); `#` starts a comment. Test
+code is left out, as for circles.
 """
 import os
 import re
@@ -150,13 +155,58 @@ def top_level(edges):
     return folded
 
 
+def read_parts(path):
+    """`from -> (kind, set of parts)` from a parts file (see the module docs)."""
+    rules = {}
+    for line in open(path, encoding='utf-8'):
+        line = line.split('#', 1)[0].strip()
+        if not line:
+            continue
+        head, rest = line.split(':', 1)
+        kind, *names = rest.split()
+        if kind not in ('never', 'only'):
+            sys.exit(f'{path}: {line!r}: expected "never" or "only" after the colon')
+        rules[head.strip()] = (kind, set(names))
+    return rules
+
+
+def broken_arrows(mods, edges, rules):
+    """Every file-level import that breaks a rule: (from file, to module, rule)."""
+    out = []
+    for a in sorted(edges):
+        if not a:
+            continue
+        rule = rules.get(a[0])
+        if rule is None:
+            continue
+        kind, names = rule
+        for b in sorted(edges[a]):
+            if not b or b[0] == a[0]:
+                continue
+            bad = b[0] in names if kind == 'never' else b[0] not in names
+            if bad:
+                out.append((mods[a], '::'.join(b), f'{a[0]}: {kind} {" ".join(sorted(names))}'))
+    return out
+
+
 def main():
     failed = False
     args = sys.argv[1:]
     top = '--top' in args
+    parts = None
+    if '--parts' in args:
+        i = args.index('--parts')
+        parts = read_parts(args[i + 1])
+        del args[i:i + 2]
     for root in [a for a in args if a != '--top']:
         mods, aliases = modules(root)
         edges = edges_of(mods, aliases)
+        if parts is not None and root == 'src':
+            arrows = broken_arrows(mods, edges, parts)
+            for f, to, rule in arrows:
+                failed = True
+                print(f'{root}: forbidden arrow: {f} -> {to}  ({rule})')
+            print(f'{root}: {len(arrows)} forbidden arrows')
         if top:
             for comp in circles(top_level(edges)):
                 failed = True

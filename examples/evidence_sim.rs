@@ -97,7 +97,11 @@ fn main() {
         row(&router.name(), "random", &s);
     }
     // Not held to ε: a client pool declared by mistake to route per request.
-    for (i, pool) in lifo_pools().iter().enumerate().filter(|_| table("declared")) {
+    for (i, pool) in lifo_pools()
+        .iter()
+        .enumerate()
+        .filter(|_| table("declared"))
+    {
         let name = format!(
             "{}, declared per request by mistake (not held to ε)",
             pool.name()

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::driver::{Driver, Status};
-use crate::guard::{Core, InFlightGuard};
-use crate::phase::{unix_ms_now, Phase, Trigger};
+use crate::drain::signal::{Receipt, Signals};
+use crate::hot::guard::{Core, InFlightGuard};
+use crate::lifecycle::{Driver, Status};
 use crate::readiness::{Caller, ReadinessState};
 use crate::report::DrainReport;
-use crate::signal::{Receipt, Signals};
+use crate::vocab::phase::{unix_ms_now, Phase, Trigger};
 
 #[cfg(feature = "admin")]
 mod admin;
@@ -33,6 +33,7 @@ mod kube;
 pub(crate) mod metrics;
 mod moments;
 mod ready;
+pub(crate) mod signal;
 mod tasks;
 mod work;
 
@@ -308,18 +309,18 @@ impl Drain {
         // The signal thread holds the driver only: signals are a trigger source, they do not
         // reach into the handle.
         let driver = Arc::clone(&self.inner.driver);
-        let deliver = move |signal: crate::signal::Delivery, receipt: Receipt| {
+        let deliver = move |signal: crate::drain::signal::Delivery, receipt: Receipt| {
             let at = Instant::from_std(receipt.at);
             match signal {
-                crate::signal::Delivery::Trigger { trigger, force } => {
+                crate::drain::signal::Delivery::Trigger { trigger, force } => {
                     driver.on_signal(trigger, at, receipt.unix_ms, force)
                 }
-                crate::signal::Delivery::Ignored(name) => {
+                crate::drain::signal::Delivery::Ignored(name) => {
                     driver.record().ignored_signal(name, at, receipt.unix_ms)
                 }
             }
         };
-        if let Err(e) = crate::signal::install(self.inner.signals, deliver) {
+        if let Err(e) = crate::drain::signal::install(self.inner.signals, deliver) {
             tracing::error!(error = %e, "lameduck: cannot install signal handlers");
         }
     }

@@ -104,9 +104,9 @@ use std::time::Duration;
 use metrics::Unit;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
-use crate::driver::{Observer, Sample};
-use crate::phase::Phase;
+use crate::lifecycle::{Observer, Sample};
 use crate::report::DrainReport;
+use crate::vocab::phase::Phase;
 
 /// Gauge: requests (guards) in flight.
 pub const IN_FLIGHT_REQUESTS: &str = "lameduck_in_flight_requests";

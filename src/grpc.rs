@@ -40,10 +40,10 @@ use tonic_health::ServingStatus;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::drain::Drain;
-use crate::phase::Phase;
-use crate::phase::ReadinessWhileDraining;
 use crate::readiness::{ready_in, Caller};
 use crate::server::StreamStop;
+use crate::vocab::phase::Phase;
+use crate::vocab::phase::ReadinessWhileDraining;
 
 impl Drain {
     /// The standard gRPC health service, with its status following this drain: `NOT_SERVING`

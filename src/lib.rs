@@ -97,36 +97,22 @@
 // On docs.rs, `doc_cfg` labels every item behind a feature with it (no per-item attribute).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod action;
-#[cfg(feature = "admin")]
-mod admin_token;
-mod advice;
-mod budget;
-mod closers;
-mod counter;
+// One folder a part (see the crate's design): the hot path, the lifecycle, the work, the
+// propagation (policy, arrival evidence, the EndpointSlice link), readiness, the report, the
+// words every part uses, and the drain handle that puts them together; the add-ons below.
 mod drain;
-mod driver;
-mod error;
-mod evidence;
-mod guard;
+mod hot;
 // Named `server`, not `http`: a module named `http` would make `use lameduck::*;` shadow the
 // `http` crate (E0659).
 #[cfg(feature = "kube")]
 mod kube;
-mod link;
-mod loom;
-mod names;
-mod observed;
-mod path_counts;
-mod phase;
+mod lifecycle;
 mod propagation;
 mod readiness;
 #[cfg(feature = "http")]
 pub mod server;
-mod signal;
-mod stall;
-mod sync;
-mod tasks;
+mod vocab;
+mod work;
 
 #[cfg(feature = "admin")]
 pub mod admin;
@@ -139,7 +125,7 @@ pub mod drain_metrics;
 /// Without the `metrics` feature no add-on follows the lifecycle.
 #[cfg(not(feature = "metrics"))]
 mod drain_metrics {
-    pub(crate) fn observer() -> Option<Box<dyn crate::driver::Observer>> {
+    pub(crate) fn observer() -> Option<Box<dyn crate::lifecycle::Observer>> {
         None
     }
 }
@@ -153,31 +139,33 @@ pub use self::server::axum_serve;
 pub use self::server::{
     serve, ConnMeta, DrainBody, DrainLayer, DrainService, EndOnStop, Serve, StreamStop,
 };
-pub use budget::{parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD};
-pub use closers::{BoxError, CloseOptions};
 #[cfg(feature = "metrics")]
 pub use drain::metrics::Metrics;
 pub use drain::{
     Counts, Drain, DrainBuilder, Moments, Readiness, StartupGate, Tasks, PROXY_LABEL_ENV,
 };
-pub use driver::{Status, STATUS_TIMELINE_LIMIT};
-pub use error::ConfigError;
+pub use lifecycle::{Status, STATUS_TIMELINE_LIMIT};
+pub use vocab::budget::{
+    parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD,
+};
+pub use vocab::error::ConfigError;
+pub use work::closers::{BoxError, CloseOptions};
 /// Internals that this crate's own tests, examples and benchmarks reach: the advice rules and
 /// one drain's propagation in virtual time (the simulation that checks ε). Not a public API: no
 /// stability promise.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::advice::advise;
     pub use crate::propagation::sim as evidence_sim;
+    pub use crate::report::rules::advise;
 }
-pub use guard::InFlightGuard;
-pub use phase::ReadinessWhileDraining;
-pub use phase::{CommitReason, Event, EventKind, Phase, Trigger};
+pub use drain::signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
+pub use hot::guard::InFlightGuard;
 pub use propagation::{Propagation, PER_REQUEST_PEERS_ENV};
 pub use readiness::{ReadinessAnswer, KNATIVE_PROBE_HEADER, PROBE_HEADER};
 pub use report::DrainReport;
-pub use signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
-pub use tasks::TaskContext;
+pub use vocab::phase::ReadinessWhileDraining;
+pub use vocab::phase::{CommitReason, Event, EventKind, Phase, Trigger};
+pub use work::tasks::TaskContext;
 
 #[cfg(feature = "admin")]
 pub use admin::{prestop, prestop_blocking, AdminBuilder, PrestopError, PrestopOptions};

@@ -2,16 +2,18 @@
 
 use std::time::Duration;
 
-use crate::budget::{Budget, DurationDisplay};
-use crate::error::ConfigError;
-use crate::evidence::DEFAULT_EPSILON;
+use crate::propagation::evidence::DEFAULT_EPSILON;
+use crate::vocab::budget::{Budget, DurationDisplay};
+use crate::vocab::error::ConfigError;
 
+pub(crate) mod evidence;
+pub(crate) mod link;
 mod policy;
 #[doc(hidden)]
 pub mod sim;
 
-pub(crate) use crate::evidence::PeerSet;
-pub use crate::evidence::PER_REQUEST_PEERS_ENV;
+pub(crate) use crate::propagation::evidence::PeerSet;
+pub use crate::propagation::evidence::PER_REQUEST_PEERS_ENV;
 pub(crate) use policy::{silence, Check, Commit, Policy, Seen};
 
 // The confidence rule guards sparse traffic and decides the silence needed, so `quiet` is only

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::phase::{Phase, ReadinessWhileDraining};
-use crate::sync::MutexExt;
+use crate::vocab::phase::{Phase, ReadinessWhileDraining};
+use crate::vocab::sync::MutexExt;
 pub(crate) use sources::SourceTable;
 pub use sources::{KNATIVE_PROBE_HEADER, PROBE_HEADER};
 

@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::phase::{Event, EventKind, ReadinessWhileDraining, Trigger};
+use crate::vocab::phase::{Event, EventKind, ReadinessWhileDraining, Trigger};
 
 mod advice;
 mod after_flip;
@@ -18,6 +18,7 @@ mod endpoint_slice;
 mod evidence;
 mod probes;
 mod results;
+pub(crate) mod rules;
 mod sinks;
 mod summary;
 mod work;
@@ -65,7 +66,7 @@ pub enum Outcome {
 impl Outcome {
     /// The outcome's name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 
     /// `0` for [`Outcome::Clean`], `1` otherwise.
@@ -116,7 +117,7 @@ pub enum PolicyKind {
 impl PolicyKind {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 }
 

@@ -13,16 +13,16 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::query::{shorten, Params, Wait};
-use crate::budget::parse_duration;
 use crate::drain::Drain;
-use crate::phase::Trigger;
+use crate::vocab::budget::parse_duration;
+use crate::vocab::phase::Trigger;
 
 mod admission;
 
 use admission::BodyUse;
 pub(super) use admission::{AdminState, Outcome, Refusal, Token};
 
-pub use crate::admin_token::ADMIN_TOKEN_ENV;
+pub use crate::vocab::token::ADMIN_TOKEN_ENV;
 
 /// Longest `timeout=` value looked at; anything longer is refused before parsing.
 const MAX_TIMEOUT_LEN: usize = 32;

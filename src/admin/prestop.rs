@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 
 use super::handlers::ADMIN_TOKEN_ENV;
 use super::query::Wait;
-use crate::driver::Status;
+use crate::lifecycle::Status;
 
 /// Bound on the connect step when no timeout is given: the admin port is local, so a connect
 /// that takes longer than this is not going to succeed.
@@ -379,10 +379,10 @@ fn build_request(
     if let Some(token) = &options.token {
         // The admin router's own rule: what it accepts, this sends. (A line break would end
         // the header early and let the token forge others.)
-        let token = crate::admin_token::check(token)
-            .map_err(|problem| format!("the token {problem}: {}", crate::admin_token::RULE))?;
+        let token = crate::vocab::token::check(token)
+            .map_err(|problem| format!("the token {problem}: {}", crate::vocab::token::RULE))?;
         let value = HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| format!("the token cannot be sent: {}", crate::admin_token::RULE))?;
+            .map_err(|_| format!("the token cannot be sent: {}", crate::vocab::token::RULE))?;
         req = req.header(AUTHORIZATION, value);
     }
     req.body(Empty::new())

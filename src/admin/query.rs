@@ -7,8 +7,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::ConfigError;
-use crate::phase::Phase;
+use crate::vocab::error::ConfigError;
+use crate::vocab::phase::Phase;
 
 /// The parameters of one request, each known name at most once.
 #[derive(Debug, Default)]

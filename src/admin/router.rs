@@ -24,7 +24,7 @@ use super::handlers::{
     drain, livez, not_found, readyz, status, AdminState, Token, ADMIN_TOKEN_ENV,
 };
 use crate::drain::Drain;
-use crate::error::ConfigError;
+use crate::vocab::error::ConfigError;
 
 /// Bodies are not used by any admin route; this only bounds what a confused client can make
 /// the server read.
@@ -108,10 +108,10 @@ impl AdminBuilder {
     /// changed. For no token, call [`without_token`](Self::without_token).
     pub fn token(mut self, token: impl Into<String>) -> Result<Self, ConfigError> {
         let given = token.into();
-        let token = crate::admin_token::check(&given).map_err(|problem| {
+        let token = crate::vocab::token::check(&given).map_err(|problem| {
             ConfigError::parse(format!(
                 "the admin token {problem}: {}; for no token, call without_token()",
-                crate::admin_token::RULE
+                crate::vocab::token::RULE
             ))
         })?;
         self.token = TokenSetting::Given(token.to_owned());
@@ -283,7 +283,7 @@ fn say_unusable(why: &str) {
     if !tracing::dispatcher::has_been_set() {
         let line = format!(
             "lameduck: the admin token is unusable ({why}): /drain refuses every request; {}\n",
-            crate::admin_token::RULE
+            crate::vocab::token::RULE
         );
         let _ = crate::report::stderr_bounded(line, crate::report::STDERR_WAIT);
     }

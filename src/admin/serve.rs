@@ -64,7 +64,7 @@ use tokio_util::sync::CancellationToken;
 use crate::drain::Drain;
 use crate::report::{Straggler, StragglerKind};
 use crate::server::accept::Acceptor;
-use crate::sync::MutexExt;
+use crate::vocab::sync::MutexExt;
 
 mod owed;
 mod slots;
@@ -223,9 +223,9 @@ async fn serve_conn(
         task: Mutex::new(None),
     });
     let waker = Waker::from(Arc::clone(&wake));
-    // Set once the process is about to exit and an answer is still owed.
-    let mut cut_at: Option<Instant> = None;
-    let mut waited = DELIVERY_WAIT;
+    // Set once the process is about to exit and an answer is still owed: when its connection
+    // is cut, and the wait that gives.
+    let mut cut: Option<(Instant, Duration)> = None;
     loop {
         let watched = Watched {
             conn: conn.as_mut(),
@@ -244,7 +244,7 @@ async fn serve_conn(
                 tracing::debug!("lameduck: admin connection evicted at the connection cap");
                 break;
             }
-            () = exiting.cancelled(), if cut_at.is_none() => {
+            () = exiting.cancelled(), if cut.is_none() => {
                 if !slot.owes() {
                     // Nothing owed: idle, or a head or a body still arriving.
                     break;
@@ -252,26 +252,29 @@ async fn serve_conn(
                 // Finishes the answer (and writes it out), then closes; a peer that does not
                 // take it does not hold the exit.
                 conn.as_mut().graceful_shutdown();
-                let (at, wait) = drain
-                    .exit_holds()
-                    .deliver_by()
-                    .unwrap_or_else(|| (Instant::now() + DELIVERY_WAIT, DELIVERY_WAIT));
-                cut_at = Some(at);
-                waited = wait;
+                cut = Some(drain.exit_holds().deliver_by().unwrap_or_else(|| {
+                    (Instant::now() + DELIVERY_WAIT, DELIVERY_WAIT)
+                }));
             }
-            () = sleep_until_some(cut_at) => {
-                if slot.owes() {
-                    tracing::warn!(
-                        peer = %slot.peer,
-                        "lameduck: admin answer not taken by its peer at exit; connection cut"
-                    );
-                    drain.exit_holds().note_cut(slot.cut_at_exit(waited));
-                }
+            () = sleep_until_some(cut.map(|(at, _)| at)) => {
+                note_cut_at_exit(&drain, &slot, cut.map_or(DELIVERY_WAIT, |(_, w)| w));
                 break;
             }
         }
     }
     slots.remove(&slot);
+}
+
+/// The exit's wait for `slot`'s answer is over: names the connection, for the last report, if
+/// its answer is still owed.
+fn note_cut_at_exit(drain: &Drain, slot: &Slot, waited: Duration) {
+    if slot.owes() {
+        tracing::warn!(
+            peer = %slot.peer,
+            "lameduck: admin answer not taken by its peer at exit; connection cut"
+        );
+        drain.exit_holds().note_cut(slot.cut_at_exit(waited));
+    }
 }
 
 /// Sleeps until `at`; never resolves for `None`.

@@ -1,10 +1,10 @@
 //! What the admin endpoint needs of the handle (feature `admin`).
 
 use super::Drain;
-use crate::driver::ExitHolds;
-use crate::phase::Phase;
+use crate::lifecycle::ExitHolds;
 use crate::readiness::sources::classify::ProbeCaller;
 use crate::readiness::ReadinessAnswer;
+use crate::vocab::phase::Phase;
 
 impl Drain {
     /// Says, once per call, that a `/drain` caller is about to wait on weak evidence: the

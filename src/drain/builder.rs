@@ -7,16 +7,16 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Drain, Inner};
-use crate::budget::{Budget, DurationDisplay, GRACE_PERIOD_ENV};
-use crate::driver::{Driver, Settings};
-use crate::error::ConfigError;
-use crate::guard::Core;
-use crate::phase::ReadinessWhileDraining;
-use crate::phase::{unix_ms_now, Trigger};
+use crate::drain::signal::{Signals, STOP_SIGNAL_ENV};
+use crate::hot::guard::Core;
+use crate::lifecycle::{Driver, Settings};
 use crate::propagation::Propagation;
 use crate::readiness::{ReadinessState, SourceTable};
 use crate::report::Sinks;
-use crate::signal::{Signals, STOP_SIGNAL_ENV};
+use crate::vocab::budget::{Budget, DurationDisplay, GRACE_PERIOD_ENV};
+use crate::vocab::error::ConfigError;
+use crate::vocab::phase::ReadinessWhileDraining;
+use crate::vocab::phase::{unix_ms_now, Trigger};
 
 /// The environment variable naming the path in front of the process, for the report's
 /// `proxy_label` (see [`DrainBuilder::proxy_label`]).
@@ -214,7 +214,7 @@ impl DrainBuilder {
             )));
         }
         #[cfg(feature = "admin")]
-        crate::admin_token::check_env()?;
+        crate::vocab::token::check_env()?;
         let stop_env = std::env::var(STOP_SIGNAL_ENV).ok();
         let signals = self
             .signals

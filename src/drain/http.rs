@@ -15,7 +15,7 @@ impl Drain {
     pub(crate) fn note_connection(
         &self,
         peer: Option<std::net::SocketAddr>,
-    ) -> (bool, crate::observed::PathId) {
+    ) -> (bool, crate::hot::observed::PathId) {
         let core = self.core();
         let path = core.observed().note_arrival(peer.map(|p| p.ip()));
         let draining = core.counter.is_draining();

@@ -5,8 +5,8 @@
 use tokio::time::Instant;
 
 use super::Drain;
-use crate::link::{Kill, Link};
-use crate::phase::EventKind;
+use crate::propagation::link::{Kill, Link};
+use crate::vocab::phase::EventKind;
 
 impl Drain {
     /// The link the Kubernetes watch writes: where the slice evidence stands, the routing.

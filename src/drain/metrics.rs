@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::Drain;
-use crate::driver::Observer;
-use crate::phase::Phase;
+use crate::lifecycle::Observer;
+use crate::vocab::phase::Phase;
 
 impl Drain {
     /// The drain's metrics: sample them now, or on a period.
@@ -121,13 +121,13 @@ mod tests {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
     use metrics_util::MetricKind;
 
+    use crate::drain::signal::Signals;
     use crate::drain::Drain;
     use crate::drain_metrics::{
         DRAIN_DURATION_SECONDS, OBSERVED_PROPAGATION_SECONDS, REQUESTS_AFTER_FLIP_TOTAL,
     };
-    use crate::phase::Trigger;
     use crate::propagation::Propagation;
-    use crate::signal::Signals;
+    use crate::vocab::phase::Trigger;
 
     /// One reading of the recorder. The debugging recorder resets what it reports, so a test
     /// takes one reading per checkpoint and looks everything up in it.

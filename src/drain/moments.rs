@@ -6,8 +6,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Drain;
-use crate::budget::Budget;
-use crate::phase::{Event, Phase};
+use crate::vocab::budget::Budget;
+use crate::vocab::phase::{Event, Phase};
 
 /// When things happen in a [`Drain`]: its three moments as tokens, its deadlines and budget,
 /// the timeline so far, and every phase change.

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use super::Drain;
-use crate::phase::Phase;
-use crate::phase::ReadinessWhileDraining;
 use crate::readiness::{Caller, ReadinessAnswer};
+use crate::vocab::phase::Phase;
+use crate::vocab::phase::ReadinessWhileDraining;
 
 /// A startup gate: readiness stays false until every gate is [`open`](Self::open)ed.
 ///
@@ -139,7 +139,7 @@ impl<'a> Readiness<'a> {
     pub fn check<F, E>(&self, name: impl Into<String>, check: F)
     where
         F: Fn() -> Result<(), E> + Send + Sync + 'static,
-        E: Into<crate::closers::BoxError>,
+        E: Into<crate::work::closers::BoxError>,
     {
         self.drain.inner.readiness.add_check(
             name.into(),

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use super::Drain;
-use crate::closers::{BoxError, CloseOptions};
-use crate::tasks::{Recovery, TaskContext, TaskKind};
+use crate::work::closers::{BoxError, CloseOptions};
+use crate::work::tasks::{Recovery, TaskContext, TaskKind};
 
 /// Background work on a [`Drain`] beyond [`Drain::spawn`] and [`Drain::on_close`]:
 /// cancel-on-drain tasks, tasks with a recovery action, closers with [`CloseOptions`].

@@ -6,8 +6,8 @@ use std::future::Future;
 use tokio::task::JoinHandle;
 
 use super::Drain;
-use crate::closers::{BoxError, CloseOptions};
-use crate::tasks::TaskKind;
+use crate::work::closers::{BoxError, CloseOptions};
+use crate::work::tasks::TaskKind;
 
 impl Drain {
     /// Runs `fut` as a must-finish background task named `name`: the drain waits for it (up to

@@ -2,7 +2,7 @@
 //! deletion.
 //!
 //! An add-on: `watch` watches this Pod and every EndpointSlice that lists it and feeds the
-//! coordinator's link (`crate::link`, compiled in every build so the report says which
+//! coordinator's link (`crate::propagation::link`, compiled in every build so the report says which
 //! evidence was used, and without the feature why the API was not) through a few
 //! crate-internal methods of the [`Drain`](crate::Drain) handle. Nothing in the coordinator
 //! depends on this module.

@@ -11,10 +11,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tokio::time::Instant;
 
 use crate::drain::Drain;
-use crate::link::{Kill, Routing, Source};
-use crate::phase::unix_ms_now;
-use crate::phase::EventKind;
-use crate::phase::ReadinessWhileDraining;
+use crate::propagation::link::{Kill, Routing, Source};
+use crate::vocab::phase::unix_ms_now;
+use crate::vocab::phase::EventKind;
+use crate::vocab::phase::ReadinessWhileDraining;
 
 /// The label that names an EndpointSlice's Service.
 const LABEL_SERVICE: &str = "kubernetes.io/service-name";

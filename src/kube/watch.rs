@@ -17,8 +17,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::model::Model;
 use crate::drain::{Drain, StartupGate};
-use crate::link::Source;
-use crate::phase::Phase;
+use crate::propagation::link::Source;
+use crate::vocab::phase::Phase;
 
 /// The default proxy allowance: time granted to proxies after the EndpointSlice shows this
 /// endpoint not ready, before propagation may commit, when nothing was measured at startup

@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::evidence::{slot_of, Evidence, Window, DEFAULT_EPSILON};
-use crate::guard::Core;
-use crate::link::{Hold, Link};
-use crate::phase::CommitReason;
+use crate::hot::guard::Core;
+use crate::propagation::evidence::{slot_of, Evidence, Window, DEFAULT_EPSILON};
+use crate::propagation::link::{Hold, Link};
 use crate::report::EvidenceKind;
 use crate::report::{PolicyKind, PolicyReport};
+use crate::vocab::phase::CommitReason;
 
 /// A validated policy, offsets from the origin.
 #[derive(Clone, Debug, PartialEq)]
@@ -310,9 +310,9 @@ pub(crate) fn silence(core: &Core, origin: Instant) -> Duration {
 #[cfg(all(test, feature = "http", not(lameduck_loom)))]
 mod tests {
     use super::*;
+    use crate::drain::signal::Signals;
     use crate::drain::Drain;
     use crate::report::WeakEvidence;
-    use crate::signal::Signals;
 
     const SECOND: Duration = Duration::from_secs(1);
 

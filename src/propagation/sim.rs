@@ -11,12 +11,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Check, Policy, Propagation, Seen};
-use crate::budget::Budget;
-use crate::error::ConfigError;
-use crate::evidence::{slot_of, Arrivals, Evidence, Window};
-use crate::link::Hold;
-use crate::observed::PathId;
+use crate::hot::observed::PathId;
+use crate::propagation::evidence::{slot_of, Arrivals, Evidence, Window};
+use crate::propagation::link::Hold;
 use crate::report::{EvidenceKind, EvidenceReport};
+use crate::vocab::budget::Budget;
+use crate::vocab::error::ConfigError;
 
 /// What one simulated drain committed on.
 #[derive(Clone, Debug)]

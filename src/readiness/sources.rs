@@ -18,7 +18,7 @@
 use std::sync::Mutex;
 
 use crate::report::ProbeSources;
-use crate::sync::MutexExt;
+use crate::vocab::sync::MutexExt;
 
 #[cfg(feature = "admin")]
 pub(crate) mod classify;

@@ -20,7 +20,7 @@ pub enum AdviceLevel {
 impl AdviceLevel {
     /// `warn` or `info`.
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 }
 
@@ -97,7 +97,7 @@ pub enum AdviceRule {
 impl AdviceRule {
     /// The rule's name as it appears in JSON (`"one_peer"`).
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 }
 

@@ -74,7 +74,7 @@ pub enum PathRouting {
 impl PathRouting {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 }
 
@@ -151,7 +151,7 @@ impl PathEvidence {
 impl WeakEvidence {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 }
 
@@ -190,7 +190,7 @@ pub enum EvidenceKind {
 impl EvidenceKind {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 }
 
@@ -215,7 +215,7 @@ pub enum MaxReason {
 impl MaxReason {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 }
 
@@ -465,6 +465,6 @@ pub enum SilenceRule {
 impl SilenceRule {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 }

@@ -110,7 +110,7 @@ pub enum TaskResult {
 impl TaskResult {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 }
 

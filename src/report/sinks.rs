@@ -36,8 +36,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::DrainReport;
-use crate::phase::EventKind;
-use crate::sync::MutexExt;
+use crate::vocab::phase::EventKind;
+use crate::vocab::sync::MutexExt;
 
 mod file;
 

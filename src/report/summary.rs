@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::{DrainReport, TERMINATION_LOG_LIMIT};
 use super::{EvidenceKind, MaxReason, WeakEvidence};
-use crate::phase::Trigger;
+use crate::vocab::phase::Trigger;
 
 impl DrainReport {
     /// A short human summary, at most [`TERMINATION_LOG_LIMIT`] bytes, for

@@ -25,7 +25,7 @@ pub enum StragglerKind {
 impl StragglerKind {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
-        crate::names::of(&self)
+        crate::vocab::names::of(&self)
     }
 }
 

@@ -32,7 +32,7 @@ use tokio::net::TcpListener;
 use tower_service::Service;
 
 use crate::drain::Drain;
-use crate::guard::Core;
+use crate::hot::guard::Core;
 use crate::server::note_accepted;
 use crate::server::ConnMeta;
 

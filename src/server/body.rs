@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::guard::InFlightGuard;
+use crate::hot::guard::InFlightGuard;
 
 use super::line::{Naming, Unnamed};
 use super::refusal::{Refusal, ServeAfterStop};

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::guard::Core;
-use crate::observed::PathId;
+use crate::hot::guard::Core;
+use crate::hot::observed::PathId;
 
 /// A connection that closed while Serving after at most this many requests was a fresh
 /// connection (the propagation evidence's rate of new connections); one that carried more
@@ -154,7 +154,7 @@ impl ConnMeta {
     }
 
     /// Metadata for a connection `core` counted open on `path` (by
-    /// [`Observed::note_arrival`](crate::observed::Observed::note_arrival)): open on it until
+    /// [`Observed::note_arrival`](crate::hot::observed::Observed::note_arrival)): open on it until
     /// the last copy is dropped.
     pub(crate) fn counted(
         peer: Option<SocketAddr>,

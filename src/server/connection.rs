@@ -15,8 +15,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::closers::BoxError;
-use crate::guard::Core;
+use crate::hot::guard::Core;
+use crate::work::closers::BoxError;
 
 use super::conn_meta::{ConnMeta, PROTO_H1, PROTO_H2, PROTO_UNKNOWN};
 use super::io::{Pending, WatchedIo};

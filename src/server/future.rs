@@ -9,7 +9,7 @@ use http::header::{CONNECTION, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 use pin_project_lite::pin_project;
 
-use crate::guard::{Core, InFlightGuard};
+use crate::hot::guard::{Core, InFlightGuard};
 
 use super::body::DrainBody;
 use super::line::{Naming, Unnamed};

@@ -28,8 +28,8 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::guard::{Core, InFlightGuard};
-use crate::stall::StalledWrite;
+use crate::hot::guard::{Core, InFlightGuard};
+use crate::hot::stall::StalledWrite;
 
 /// A TCP stream whose pending writes count as in-flight work. See the module docs.
 pub(crate) struct WatchedIo {

@@ -17,7 +17,7 @@ use std::fmt;
 use http::Method;
 use tokio::time::Instant;
 
-use crate::guard::{InFlightGuard, RequestInfo};
+use crate::hot::guard::{InFlightGuard, RequestInfo};
 
 use super::conn_meta::ConnMeta;
 

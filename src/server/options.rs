@@ -16,7 +16,7 @@ use std::fmt;
 
 use http::{HeaderName, HeaderValue};
 
-use crate::guard::{Core, Site};
+use crate::hot::guard::{Core, Site};
 
 /// Bit 0 of a guard's tag: the request is HTTP/1.x, so `Connection: close` may be added while
 /// draining. The bits above hold the layer's options index (see [`LayerEntry`]).

@@ -51,8 +51,8 @@ use http_body::Body;
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-use crate::closers::BoxError;
 use crate::drain::Drain;
+use crate::work::closers::BoxError;
 
 mod accept_loop;
 mod bound;

@@ -7,8 +7,8 @@ use std::task::{Context, Poll};
 use http::{Request, Response, Version};
 use tower_service::Service;
 
-use crate::guard::{Core, InFlightGuard, Site};
-use crate::phase::Phase;
+use crate::hot::guard::{Core, InFlightGuard, Site};
+use crate::vocab::phase::Phase;
 
 use super::body::DrainBody;
 use super::conn_meta::ConnMeta;

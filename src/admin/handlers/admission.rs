@@ -12,9 +12,9 @@ pub(in crate::admin) enum Token {
 
 impl Token {
     /// The token to require, or why `/drain` is refused: the rule the `preStop` client sends
-    /// by ([`crate::admin_token`]).
+    /// by ([`crate::vocab::token`]).
     pub(in crate::admin) fn from_setting(raw: &str, source: &str) -> Token {
-        match crate::admin_token::check(raw) {
+        match crate::vocab::token::check(raw) {
             Ok(t) => Token::Required(t.as_bytes().into()),
             Err(problem) => Token::Invalid(format!("{source} {problem}")),
         }

@@ -4,7 +4,7 @@
 use super::super::Caller;
 use super::{Seen, SourceTable};
 use crate::report::{ProbeClass, ProbeSource};
-use crate::sync::MutexExt;
+use crate::vocab::sync::MutexExt;
 
 /// Rows kept in the table of probe sources.
 pub(crate) const MAX_SOURCES: usize = 16;

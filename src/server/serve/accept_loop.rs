@@ -19,12 +19,12 @@ use tokio_util::task::TaskTracker;
 
 use super::bound::ConnectionBound;
 use super::Setup;
-use crate::closers::BoxError;
 use crate::drain::Drain;
-use crate::phase::Phase;
 use crate::server::accept::Acceptor;
 use crate::server::conn_meta::ConnMeta;
 use crate::server::connection::{ConnTask, ConnTokens};
+use crate::vocab::phase::Phase;
+use crate::work::closers::BoxError;
 
 /// Serves until the drain is over: accepts until the listener closes, then waits for the
 /// connections to end.

@@ -1,0 +1,116 @@
+//! The propagation wait's part of the drive: the policy, the evidence it waits on while the
+//! drain propagates, and the record of what it went on once it committed.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::endpoints::endpoint_evidence;
+use super::record::Lifecycle;
+use super::stragglers::in_flight_work;
+use crate::hot::guard::Core;
+use crate::propagation::evidence::Evidence;
+use crate::propagation::link::Link;
+use crate::propagation::{silence, Commit, Policy};
+use crate::report::{EvidenceKind, EvidenceReport, InFlightHold, PolicyReport};
+use crate::vocab::phase::CommitReason;
+
+/// The propagation policy, and what its commit went on.
+#[derive(Debug)]
+pub(super) struct Commitment {
+    policy: Policy,
+}
+
+impl Commitment {
+    pub(super) fn new(policy: Policy) -> Self {
+        Self { policy }
+    }
+
+    /// The latest the policy commits, from the trigger: `max`, or the fixed delay.
+    pub(super) fn max(&self) -> Duration {
+        match self.policy {
+            Policy::Quiet { max, .. } => max,
+            Policy::Fixed(d) => d,
+        }
+    }
+
+    /// The policy's settings, as the report gives them.
+    pub(super) fn report(&self) -> PolicyReport {
+        self.policy.report()
+    }
+
+    /// The arrival-rate evidence at the trigger, `at`.
+    pub(super) fn evidence_at(&self, core: &Core, at: Instant) -> Evidence {
+        self.policy.evidence_at(core, at)
+    }
+
+    /// Waits for the policy to commit (by `max_at`, or at once when the process `never_served`
+    /// or `force` fires), and returns why with what it went on.
+    pub(super) async fn wait(
+        &self,
+        core: &Core,
+        origin: Instant,
+        (mut evidence, never_served): (Evidence, bool),
+        link: &Link,
+        max_at: impl Fn() -> Instant,
+        force: &CancellationToken,
+    ) -> (CommitReason, EvidenceReport) {
+        // What was in flight when the window held, should the commit wait for it.
+        let mut in_flight_then = None;
+        let commit = if never_served {
+            // Never ready, so never in any proxy's endpoints: nothing to wait for.
+            Commit::new(CommitReason::NeverServed, EvidenceKind::NeverServed, None)
+        } else {
+            let on_hold = |at: Instant| {
+                in_flight_then = Some((
+                    core.counter.count(),
+                    in_flight_work(core, at, origin, InFlightHold::LISTED).named,
+                ));
+            };
+            tokio::select! {
+                r = self.policy.commit(core, origin, &mut evidence, link, max_at, on_hold) => r,
+                () = force.cancelled() => {
+                    Commit::new(CommitReason::Forced, EvidenceKind::Cut, None)
+                }
+            }
+        };
+        // What arrived up to the commit is part of what it went on.
+        Policy::refit(core, origin, &mut evidence);
+        let mut committed = evidence.report(commit.kind, silence(core, origin));
+        if let (Some(since), Some((count, mut work))) = (commit.held_since, in_flight_then) {
+            work.sort_by_key(|w| std::cmp::Reverse(w.age_ms));
+            work.truncate(InFlightHold::LISTED);
+            committed.in_flight_hold = Some(InFlightHold {
+                since_ms: since.saturating_duration_since(origin).as_millis() as u64,
+                waited_ms: since.elapsed().as_millis() as u64,
+                in_flight: count as u64,
+                work,
+            });
+        }
+        endpoint_evidence(link, &mut committed, origin);
+        let committed = crate::report::evidence_json::fixed_only(committed);
+        (commit.reason, committed)
+    }
+
+    /// While draining, the evidence the policy waits on now, from the evidence the `record`
+    /// took at the trigger; once committed, what it went on.
+    pub(super) fn evidence_now(
+        &self,
+        core: &Core,
+        link: &Link,
+        record: &Lifecycle,
+    ) -> Option<EvidenceReport> {
+        let (evidence, committed, origin) = record.evidence_now();
+        let origin = origin.map(|o| o.at);
+        if committed.is_some() {
+            return committed;
+        }
+        let (mut evidence, origin) = (evidence?, origin?);
+        Policy::refit(core, origin, &mut evidence);
+        let kind = self.policy.waiting_on(&evidence, link.hold());
+        let mut report = evidence.report(kind, silence(core, origin));
+        endpoint_evidence(link, &mut report, origin);
+        Some(crate::report::evidence_json::fixed_only(report))
+    }
+}
