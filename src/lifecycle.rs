@@ -291,11 +291,11 @@ impl Driver {
     /// Step 1: waits for the propagation policy (or the force), records what it went on.
     async fn propagate(&self, origin: Instant) -> CommitReason {
         let evidence = self.state.evidence();
-        let max_at = || self.deadlines.max_at(origin);
+        let limits = || self.deadlines.limits(origin);
         let (link, force) = (self.deadlines.link(), &self.tokens.force);
         let (core, commitment) = (self.core, &self.commitment);
         let (reason, committed) = commitment
-            .wait(core, origin, evidence, link, max_at, force)
+            .wait(core, origin, evidence, link, limits, force)
             .await;
         let mut e = self.state.event(EventKind::PropagationDone);
         e.reason = Some(reason);

@@ -14,7 +14,7 @@ pub mod sim;
 
 pub(crate) use crate::propagation::evidence::PeerSet;
 pub use crate::propagation::evidence::PER_REQUEST_PEERS_ENV;
-pub(crate) use policy::{silence, Check, Commit, Policy, Seen};
+pub(crate) use policy::{silence, Check, Commit, Limits, Policy, Seen};
 
 // The confidence rule guards sparse traffic and decides the silence needed, so `quiet` is only
 // a floor on it (what the evidence cannot see: a last connection already in the kernel's accept

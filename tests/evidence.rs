@@ -695,3 +695,38 @@ async fn a_pooling_router_declared_per_request_commits_on_its_silence() {
     assert!(stop.at_ms < 10_000, "{}", report.to_json());
     within("serve to return", server).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_still_routed_at_max_is_served_past_it() {
+    // A fresh connection every 500 ms from 127.0.0.4, before the trigger and for 7 s after it:
+    // its proxy is slower than `max` (4 s). The report itself sees the connections arriving at
+    // `max`; leaving then refused them (the estimator judged how long to guess, not whether
+    // the path was still routed). The drain serves past `max` until they stop, and loses none.
+    let _serial = serial().await;
+    let drain = common::drain(secs(30), Propagation::default().max(secs(4)));
+    let (addr, server) = serve_app(&drain).await;
+    assert_eq!(
+        trickle_from([127, 0, 0, 4], addr, 32, Duration::from_millis(500)).await,
+        0
+    );
+    assert!(drain.start(Trigger::Api));
+    let lost = trickle_from([127, 0, 0, 4], addr, 14, Duration::from_millis(500)).await;
+    let report = within("the drain", drain.drained()).await;
+    assert_eq!(lost, 0, "{}", report.to_json());
+    let ev = report.propagation.evidence.clone().expect("evidence");
+    assert_eq!(ev.kind, EvidenceKind::Max, "{}", report.to_json());
+    let past = ev.past_max_ms.expect("served past max");
+    assert!(past >= 2_500, "{}", report.to_json());
+    assert!(!ev.still_routed_at_cap, "{}", report.to_json());
+    let stop = report.event(EventKind::StoppedAccepting).unwrap();
+    let last = report.after_flip.last_new_connection_ms.unwrap();
+    assert!(stop.at_ms > last, "{}", report.to_json());
+    assert!(
+        report
+            .to_json()
+            .contains("past max while new connections kept arriving"),
+        "{}",
+        report.to_json()
+    );
+    within("serve to return", server).await.unwrap();
+}

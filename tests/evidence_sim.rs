@@ -134,10 +134,11 @@ fn declared_per_request_routers_hold_epsilon_and_end_drains_on_evidence() {
         .enumerate()
         .map(|(i, r)| (r.name(), simulate_router(r, RUNS, 0x7e57 ^ i as u64)))
         .collect();
-    // A router sending 20/s or more here ends most drains on evidence; one at 5/s is too
-    // sparse for its silence to say much before `max`, as any path at that rate is.
+    // A router sending 20/s or more here, request by request, ends most drains on evidence;
+    // one at 5/s, or one whose requests come in bursts of 8 (5 bursts a second), is too sparse
+    // in slots for its silence to say much before `max`, as any path at that rate is.
     for ((name, s), r) in rows.iter().zip(routers()) {
-        if r.rate >= 20.0 {
+        if r.rate >= 20.0 && r.burst == 1 {
             assert!(s.on_evidence > s.runs / 2, "{name}: {s:?}");
         }
     }

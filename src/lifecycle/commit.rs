@@ -12,7 +12,7 @@ use super::stragglers::in_flight_work;
 use crate::hot::guard::Core;
 use crate::propagation::evidence::Evidence;
 use crate::propagation::link::Link;
-use crate::propagation::{silence, Commit, Policy};
+use crate::propagation::{silence, Commit, Limits, Policy};
 use crate::report::{EvidenceKind, EvidenceReport, InFlightHold, PolicyReport};
 use crate::vocab::phase::CommitReason;
 
@@ -45,15 +45,16 @@ impl Commitment {
         self.policy.evidence_at(core, at)
     }
 
-    /// Waits for the policy to commit (by `max_at`, or at once when the process `never_served`
-    /// or `force` fires), and returns why with what it went on.
+    /// Waits for the policy to commit (by `max`, or past it up to the cap while new
+    /// connections show the process still routed; at once when the process `never_served` or
+    /// `force` fires), and returns why with what it went on.
     pub(super) async fn wait(
         &self,
         core: &Core,
         origin: Instant,
         (mut evidence, never_served): (Evidence, bool),
         link: &Link,
-        max_at: impl Fn() -> Instant,
+        limits: impl Fn() -> Limits,
         force: &CancellationToken,
     ) -> (CommitReason, EvidenceReport) {
         // What was in flight when the window held, should the commit wait for it.
@@ -69,7 +70,7 @@ impl Commitment {
                 ));
             };
             tokio::select! {
-                r = self.policy.commit(core, origin, &mut evidence, link, max_at, on_hold) => r,
+                r = self.policy.commit(core, origin, &mut evidence, link, &limits, on_hold) => r,
                 () = force.cancelled() => {
                     Commit::new(CommitReason::Forced, EvidenceKind::Cut, None)
                 }
@@ -87,6 +88,15 @@ impl Commitment {
                 in_flight: count as u64,
                 work,
             });
+        }
+        // Served past `max` while new connections kept arriving: how long, and whether the cap
+        // cut it while they still did.
+        let now = Instant::now();
+        let Limits { max_at, cap_at } = limits();
+        if commit.reason == CommitReason::Max && now > max_at + Duration::from_millis(50) {
+            committed.past_max_ms = Some(now.saturating_duration_since(max_at).as_millis() as u64);
+            committed.still_routed_at_cap =
+                now >= cap_at && evidence.routed_until(origin).is_some_and(|u| u > cap_at);
         }
         endpoint_evidence(link, &mut committed, origin);
         let committed = crate::report::evidence_json::fixed_only(committed);

@@ -79,9 +79,10 @@ impl Deadlines {
         Instants::at(&self.budget, self.max, origin, self.link.kill())
     }
 
-    /// When the propagation policy commits at the latest.
-    pub(crate) fn max_at(&self, origin: Instant) -> Instant {
-        self.at(origin).0.max_at
+    /// `max_at`, and the cap on serving past it while the process is visibly still routed.
+    pub(crate) fn limits(&self, origin: Instant) -> crate::propagation::Limits {
+        let (i, _) = self.at(origin);
+        crate::propagation::Limits::new(i.max_at, i.quiesce)
     }
 
     /// The quiesce deadline: what is still running is cut.

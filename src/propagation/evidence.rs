@@ -420,6 +420,25 @@ impl Evidence {
         counted().max_by_key(|f| f.conf_at(base, origin, next))
     }
 
+    /// Until when the latest arrivals show some path still routed here (`None`: no path sent a
+    /// new connection since the trigger `origin`): each path's last new connection (for a
+    /// declared router, its last arrival) plus three of its mean gaps since the trigger,
+    /// between 500 ms and 5 s. A connection here proves that a proxy routed it here then; a
+    /// path that keeps coming at its own pace is taken as still routed until it skips about
+    /// three of its beats. What the policy serves past `max` for.
+    pub(crate) fn routed_until(&self, origin: Instant) -> Option<Instant> {
+        self.fits
+            .iter()
+            .filter(|f| f.after > 0)
+            .filter_map(|f| {
+                let last = f.last?;
+                let span = last.saturating_duration_since(origin);
+                let gap = span / f.after;
+                Some(last + (gap * 3).clamp(Duration::from_millis(500), Duration::from_secs(5)))
+            })
+            .max()
+    }
+
     /// The start of the slot after the latest refit: when the data next changes.
     pub(crate) fn next_slot(&self) -> Option<Instant> {
         self.next

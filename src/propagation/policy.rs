@@ -37,6 +37,28 @@ pub(crate) enum Check {
     Wait { until: Instant },
 }
 
+/// When the policy must commit: `max_at`, the cap on guessing; and `cap_at`, the latest it
+/// may serve past `max` while new connections show it is still routed here (what the budget
+/// for the rest of the shutdown allows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Limits {
+    pub(crate) max_at: Instant,
+    pub(crate) cap_at: Instant,
+}
+
+impl Limits {
+    /// `max_at`, and a cap `reserve` before the quiesce deadline `quiesce` (never before
+    /// `max_at`): what is in flight at the commit keeps that long before it is cut.
+    pub(crate) fn new(max_at: Instant, quiesce: Instant) -> Self {
+        let room = quiesce.saturating_duration_since(max_at);
+        let reserve = (room / 2).min(Duration::from_secs(1));
+        Self {
+            max_at,
+            cap_at: (quiesce - reserve).max(max_at),
+        }
+    }
+}
+
 /// What one check reads: the clock and what arrived.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Seen {
@@ -124,15 +146,21 @@ impl Policy {
 
     /// One check of the quiet policy: the rule itself, with no clock, no task and no I/O, so
     /// the simulation (`propagation::sim`) drives the same code as the drain. `evidence` is
-    /// refitted to what `seen` says arrived; `max_at` is `origin + max` or earlier.
+    /// refitted to what `seen` says arrived; `limits.max_at` is `origin + max` or earlier.
+    ///
+    /// At `max` a path whose new connections are still arriving is still routed here: `max`
+    /// caps how long the policy guesses, it does not end a drain that can see it is still
+    /// routed. So from `max` on it waits while some path's last new connection is recent for
+    /// that path ([`Evidence::routed_until`]), up to `limits.cap_at`.
     pub(crate) fn check(
         &self,
         origin: Instant,
-        max_at: Instant,
+        limits: Limits,
         evidence: &Evidence,
         seen: Seen,
         hold: Hold,
     ) -> Check {
+        let max_at = limits.max_at;
         let Policy::Quiet {
             quiet,
             min,
@@ -143,7 +171,12 @@ impl Policy {
             return Check::Max;
         };
         if seen.now >= max_at {
-            return Check::Max;
+            return match evidence.routed_until(origin) {
+                Some(until) if until > seen.now && seen.now < limits.cap_at => Check::Wait {
+                    until: until.min(limits.cap_at),
+                },
+                _ => Check::Max,
+            };
         }
         let hold = hold.judged(evidence.weak().is_none());
         let last_conn = seen.last_connection.unwrap_or(origin).max(origin);
@@ -221,26 +254,27 @@ impl Policy {
         origin: Instant,
         evidence: &mut Evidence,
         link: &Link,
-        max_at: impl Fn() -> Instant,
+        limits: impl Fn() -> Limits,
         mut on_hold: impl FnMut(Instant),
     ) -> Commit {
         let mut changes = link.subscribe();
         if let Policy::Fixed(_) = self {
             // The delay, unless this deletion's grace leaves less.
-            link.sleep_until(max_at).await;
+            link.sleep_until(|| limits().max_at).await;
             return Commit::new(CommitReason::Fixed, EvidenceKind::Fixed, None);
         }
         // Set while the window holds and in-flight work keeps the commit waiting.
         let mut held_since = None;
         loop {
             Self::refit(core, origin, evidence);
-            let max_at = max_at();
+            let limits = limits();
+            let max_at = limits.max_at;
             let seen = Seen {
                 now: Instant::now(),
                 last_connection: core.observed().last_new_connection(),
                 last_activity: core.observed().last_activity(),
             };
-            match self.check(origin, max_at, evidence, seen, link.hold()) {
+            match self.check(origin, limits, evidence, seen, link.hold()) {
                 Check::Max => return Commit::new(CommitReason::Max, EvidenceKind::Max, held_since),
                 Check::Ready(kind) => {
                     if core.counter.is_drained() {
@@ -316,6 +350,14 @@ mod tests {
 
     const SECOND: Duration = Duration::from_secs(1);
 
+    /// `max_at`, and no serving past it.
+    fn limits(max_at: Instant) -> Limits {
+        Limits {
+            max_at,
+            cap_at: max_at,
+        }
+    }
+
     fn quiet() -> Policy {
         Policy::Quiet {
             quiet: Duration::from_millis(500),
@@ -371,12 +413,18 @@ mod tests {
         let policy = quiet();
         for hold in [Hold::Measured(allowed), Hold::Until(allowed)] {
             assert_eq!(
-                policy.check(origin, max_at, &evidence, seen(origin + 2 * SECOND), hold),
+                policy.check(
+                    origin,
+                    limits(max_at),
+                    &evidence,
+                    seen(origin + 2 * SECOND),
+                    hold
+                ),
                 Check::Wait { until: allowed },
                 "{hold:?}"
             );
             assert_eq!(
-                policy.check(origin, max_at, &evidence, seen(allowed), hold),
+                policy.check(origin, limits(max_at), &evidence, seen(allowed), hold),
                 Check::Ready(EvidenceKind::EndpointSlice),
                 "{hold:?}"
             );
@@ -399,7 +447,7 @@ mod tests {
         assert_eq!(
             policy.check(
                 origin,
-                max_at,
+                limits(max_at),
                 &evidence,
                 seen(allowed),
                 Hold::Until(allowed)
@@ -413,12 +461,12 @@ mod tests {
             let next = evidence.next_slot().expect("refitted");
             assert!(next < max_at);
             assert_eq!(
-                policy.check(origin, max_at, &evidence, seen(allowed), hold),
+                policy.check(origin, limits(max_at), &evidence, seen(allowed), hold),
                 Check::Wait { until: next },
                 "{hold:?}"
             );
             assert_eq!(
-                policy.check(origin, max_at, &evidence, seen(max_at), hold),
+                policy.check(origin, limits(max_at), &evidence, seen(max_at), hold),
                 Check::Max,
                 "{hold:?}"
             );

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Check, Policy, Propagation, Seen};
+use super::{Check, Limits, Policy, Propagation, Seen};
 use crate::hot::observed::PathId;
 use crate::propagation::evidence::{slot_of, Arrivals, Evidence, Window};
 use crate::propagation::link::Hold;
@@ -103,6 +103,7 @@ pub fn drain(
     let window = Window::at(&feed.rows, base, origin, Some(base));
     let mut evidence = Evidence::new(window, epsilon, max, fallback).per_request(per_request);
     let max_at = origin + max;
+    let limits = Limits::new(max_at, origin + budget.quiesce_deadline());
     let mut now = origin;
     loop {
         feed.up_to(now);
@@ -112,7 +113,7 @@ pub fn drain(
             last_connection: feed.last_connection,
             last_activity: feed.last_connection,
         };
-        let kind = match policy.check(origin, max_at, &evidence, seen, Hold::None) {
+        let kind = match policy.check(origin, limits, &evidence, seen, Hold::None) {
             Check::Max => {
                 now = now.max(max_at);
                 EvidenceKind::Max

@@ -205,7 +205,8 @@ pub enum MaxReason {
     /// no fallback was set.
     NotEnoughEvidence,
     /// The evidence was good, but new connections, requests or in-flight work went on until
-    /// `max`.
+    /// `max` — and, when new connections still arrived then, past it
+    /// ([`EvidenceReport::past_max_ms`]).
     TrafficNeverWentQuiet,
     /// An EndpointSlice still listed this Pod as ready at `max`, or the Kubernetes API had
     /// not answered (feature `kube`).
@@ -301,6 +302,15 @@ pub struct EvidenceReport {
     /// the commit always among them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<PathEvidence>,
+    /// How long the drain served past `max` because new connections kept arriving (a path
+    /// still routed here: `max` caps how long the policy guesses, it does not end a drain
+    /// that can see it is still routed), in milliseconds. Absent when it committed by `max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub past_max_ms: Option<u64>,
+    /// New connections were still arriving when the cap on serving past `max` came (the
+    /// quiesce deadline less what is in flight needs): it stopped accepting while routed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub still_routed_at_cap: bool,
     /// The peers declared to route per request
     /// ([`Propagation::per_request_peers`](crate::Propagation::per_request_peers)), as
     /// addresses and CIDR blocks.
@@ -338,8 +348,19 @@ impl EvidenceReport {
             .in_flight_hold
             .as_ref()
             .map_or_else(String::new, |h| format!("; {}", h.describe()));
+        let past = match (self.past_max_ms, self.still_routed_at_cap) {
+            (Some(ms), false) => format!(
+                "; served {ms} ms past max while new connections kept arriving, until they stopped"
+            ),
+            (Some(ms), true) => format!(
+                "; served {ms} ms past max while new connections kept arriving, and stopped \
+                 accepting at the cap (the quiesce deadline less a reserve for what is in \
+                 flight) while they still did"
+            ),
+            (None, _) => String::new(),
+        };
         format!(
-            "{}: {}; {}; silent for {} ms{}{}{work}",
+            "{}: {}; {}; silent for {} ms{}{}{work}{past}",
             self.kind.as_str(),
             self.describe_rate(),
             self.describe_need(),

@@ -120,6 +120,15 @@ impl DrainReport {
         };
         let max = self.propagation.max_ms;
         let mut why = match (e.kind, e.max_reason, e.weak) {
+            (EvidenceKind::Max, _, _) if e.past_max_ms.is_some() => format!(
+                "served {} ms past max ({max} ms) while new connections kept arriving{}",
+                e.past_max_ms.unwrap_or(0),
+                if e.still_routed_at_cap {
+                    ", and stopped accepting at the cap while they still did"
+                } else {
+                    ""
+                }
+            ),
             (EvidenceKind::Max, Some(MaxReason::NotEnoughEvidence), Some(w)) => {
                 format!("waited to max ({max} ms): {}", weak(w))
             }

@@ -94,6 +94,8 @@ impl Evidence {
             endpoint_slice_unused: None,
             held_by: held,
             per_request_peers: self.per_request.describe(),
+            past_max_ms: None,
+            still_routed_at_cap: false,
             paths,
             in_flight_hold: None,
         }

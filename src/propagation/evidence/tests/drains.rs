@@ -250,14 +250,17 @@ async fn the_fallback_replaces_max_when_evidence_is_weak() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn connections_that_never_stop_commit_at_max_as_never_quiet() {
+async fn connections_that_never_stop_are_served_past_max_up_to_the_cap() {
+    // A connection every 100 ms for as long as the process accepts: some proxy still routes
+    // here at `max` (15 s), so the drain keeps serving, up to the cap a second before the
+    // quiesce deadline (24 s of a 30 s grace), and says it left while still routed.
     let d = drain(Propagation::default());
     arrivals(&d, Duration::from_millis(50), 600).await;
     d.start(Trigger::Api);
     let d2 = d.clone();
     let load = tokio::spawn(async move {
-        // Bounded: 20 s of one connection every 100 ms, or until stopped.
-        for _ in 0..200 {
+        // Bounded: 30 s of one connection every 100 ms, or until stopped.
+        for _ in 0..300 {
             if d2.phase() >= Phase::StoppedAccepting {
                 break;
             }
@@ -267,7 +270,29 @@ async fn connections_that_never_stop_commit_at_max_as_never_quiet() {
     });
     let (at, ev) = committed(&d).await;
     load.await.unwrap();
-    assert_eq!(at, 15_000);
+    assert_eq!(at, 23_000);
     assert_eq!(ev.max_reason, Some(MaxReason::TrafficNeverWentQuiet));
     assert_eq!(ev.weak, None);
+    assert_eq!(ev.past_max_ms, Some(8_000));
+    assert!(ev.still_routed_at_cap, "{ev:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_path_still_routed_at_max_is_served_until_its_connections_stop() {
+    // The same connections stop at 19 s (their proxy caught up, late): the drain serves past
+    // `max` until they have stopped for three of their beats (0.5 s at least), not to the cap.
+    let d = drain(Propagation::default());
+    arrivals(&d, Duration::from_millis(50), 600).await;
+    d.start(Trigger::Api);
+    for _ in 0..190 {
+        connect(&d);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (at, ev) = committed(&d).await;
+    assert!(
+        (19_000..19_800).contains(&at),
+        "committed at {at} ms: {ev:?}"
+    );
+    assert_eq!(ev.past_max_ms, Some(at - 15_000));
+    assert!(!ev.still_routed_at_cap);
 }
