@@ -171,12 +171,7 @@ impl Policy {
             return Check::Max;
         };
         if seen.now >= max_at {
-            return match evidence.routed_until(origin) {
-                Some(until) if until > seen.now && seen.now < limits.cap_at => Check::Wait {
-                    until: until.min(limits.cap_at),
-                },
-                _ => Check::Max,
-            };
+            return past_max(evidence, origin, limits, seen.now);
         }
         let hold = hold.judged(evidence.weak().is_none());
         let last_conn = seen.last_connection.unwrap_or(origin).max(origin);
@@ -303,6 +298,17 @@ impl Policy {
                 }
             }
         }
+    }
+}
+
+/// A check at or after `max`: wait while some path is still visibly routed here, up to the
+/// cap; else commit.
+fn past_max(evidence: &Evidence, origin: Instant, limits: Limits, now: Instant) -> Check {
+    match evidence.routed_until(origin) {
+        Some(until) if until > now && now < limits.cap_at => Check::Wait {
+            until: until.min(limits.cap_at),
+        },
+        _ => Check::Max,
     }
 }
 
