@@ -26,34 +26,6 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Connections served at once by default; more are accepted and closed at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
-/// What the agent says to a caller about the caller.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Answer {
-    /// This node's name (`--node-name`, env `NODE_NAME` from the downward API).
-    pub node: String,
-    /// The caller's address, the only one this answer is about.
-    pub caller: IpAddr,
-    /// Whether this node's rules still send new connections to the caller; `null` when the
-    /// rules could not be read (`error` says why): not a confirmation.
-    pub routed: Option<bool>,
-    /// The Services whose rules still pick the caller, with the endpoint and how many other
-    /// endpoints each still picks among (0: the caller is its last — kube-proxy's fallback to
-    /// terminating endpoints, or the only replica).
-    pub routes: Vec<crate::rules::Route>,
-    /// Which datapaths had rules (`iptables`, `nftables`).
-    pub modes: Vec<crate::rules::Mode>,
-    /// When the rules answered from were read, unix milliseconds (this node's clock).
-    pub rules_read_unix_ms: Option<u64>,
-    /// When a read first saw the rules as they are now: they were written between the read
-    /// before it and this one (`refresh_ms` apart at most), unix milliseconds.
-    pub rules_changed_unix_ms: Option<u64>,
-    /// How often the rules are read, in milliseconds.
-    pub refresh_ms: u64,
-    /// Why the last read failed, if it did.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
 /// Serves `listener` until the process ends: each connection one request, bounded.
 pub async fn serve(listener: TcpListener, state: Arc<State>, max_connections: usize) {
     let slots = Arc::new(Semaphore::new(max_connections.max(1)));

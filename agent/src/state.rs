@@ -6,7 +6,6 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::rules::{Mode, Routes};
-use crate::server::Answer;
 use crate::source::Source;
 
 #[derive(Debug, Default)]
@@ -18,6 +17,34 @@ struct Known {
     read_unix_ms: Option<u64>,
     changed_unix_ms: Option<u64>,
     error: Option<String>,
+}
+
+/// What the agent says to a caller about the caller.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Answer {
+    /// This node's name (`--node-name`, env `NODE_NAME` from the downward API).
+    pub node: String,
+    /// The caller's address, the only one this answer is about.
+    pub caller: IpAddr,
+    /// Whether this node's rules still send new connections to the caller; `null` when the
+    /// rules could not be read (`error` says why): not a confirmation.
+    pub routed: Option<bool>,
+    /// The Services whose rules still pick the caller, with the endpoint and how many other
+    /// endpoints each still picks among (0: the caller is its last — kube-proxy's fallback to
+    /// terminating endpoints, or the only replica).
+    pub routes: Vec<crate::rules::Route>,
+    /// Which datapaths had rules (`iptables`, `nftables`).
+    pub modes: Vec<crate::rules::Mode>,
+    /// When the rules answered from were read, unix milliseconds (this node's clock).
+    pub rules_read_unix_ms: Option<u64>,
+    /// When a read first saw the rules as they are now: they were written between the read
+    /// before it and this one (`refresh_ms` apart at most), unix milliseconds.
+    pub rules_changed_unix_ms: Option<u64>,
+    /// How often the rules are read, in milliseconds.
+    pub refresh_ms: u64,
+    /// Why the last read failed, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The agent's state, shared by the server and the refresh task.
