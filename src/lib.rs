@@ -160,7 +160,7 @@ pub mod __private {
 }
 pub use drain::signal::{Signals, StopSignal, STOP_SIGNAL_ENV};
 pub use hot::guard::InFlightGuard;
-pub use propagation::{Propagation, PER_REQUEST_PEERS_ENV};
+pub use propagation::{Propagation, NODE_AGENTS_ENV, PER_REQUEST_PEERS_ENV};
 pub use readiness::{ReadinessAnswer, KNATIVE_PROBE_HEADER, PROBE_HEADER};
 pub use report::DrainReport;
 pub use vocab::phase::ReadinessWhileDraining;

@@ -294,8 +294,16 @@ impl Driver {
         let limits = || self.deadlines.limits(origin);
         let (link, force) = (self.deadlines.link(), &self.tokens.force);
         let (core, commitment) = (self.core, &self.commitment);
+        let origin_unix_ms = self.state.origin().map_or(0, |o| o.unix_ms);
         let (reason, committed) = commitment
-            .wait(core, origin, evidence, link, limits, force)
+            .wait(
+                core,
+                (origin, origin_unix_ms),
+                evidence,
+                link,
+                limits,
+                force,
+            )
             .await;
         let mut e = self.state.event(EventKind::PropagationDone);
         e.reason = Some(reason);

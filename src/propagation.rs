@@ -6,6 +6,7 @@ use crate::propagation::evidence::DEFAULT_EPSILON;
 use crate::vocab::budget::{Budget, DurationDisplay};
 use crate::vocab::error::ConfigError;
 
+pub(crate) mod confirm;
 pub(crate) mod evidence;
 pub(crate) mod link;
 mod policy;
@@ -14,6 +15,7 @@ pub mod sim;
 
 pub(crate) use crate::propagation::evidence::PeerSet;
 pub use crate::propagation::evidence::PER_REQUEST_PEERS_ENV;
+pub use confirm::NODE_AGENTS_ENV;
 pub(crate) use policy::{silence, Check, Commit, Limits, Policy, Seen};
 
 // The confidence rule guards sparse traffic and decides the silence needed, so `quiet` is only
@@ -100,6 +102,8 @@ enum Kind {
         epsilon_bits: Option<u64>,
         /// The declared per-request peers, as given (parsed by `resolve`).
         per_request: Option<Vec<String>>,
+        /// The node agents to ask, as given (parsed by `resolve`).
+        agents: Option<Vec<String>>,
     },
     Fixed {
         delay: Duration,
@@ -118,6 +122,7 @@ impl Default for Propagation {
                 fallback: None,
                 epsilon_bits: None,
                 per_request: None,
+                agents: None,
             },
         }
     }
@@ -135,6 +140,7 @@ impl Propagation {
                 fallback: None,
                 epsilon_bits: None,
                 per_request: None,
+                agents: None,
             },
         }
     }
@@ -265,6 +271,49 @@ impl Propagation {
         self
     }
 
+    /// Asks the **node agents** (`lameduck-agent`, one per node, a DaemonSet that reads the
+    /// node's kube-proxy rules) whether their node still sends this Pod new connections, and
+    /// commits once every one has said it no longer does: the proxies' own word, where the
+    /// arrivals can only be inferred from — a drain behind client pools ends when the slowest
+    /// node's kube-proxy updated, not at `max`. Given as `host:port` (or `http://host:port`),
+    /// one per node. Default: env `LAMEDUCK_NODE_AGENTS` (comma-separated), else none.
+    ///
+    /// A confirmation covers every path kube-proxy routes; paths declared with
+    /// [`per_request_peers`](Self::per_request_peers) (an ingress controller or a gateway that
+    /// routes to Pod IPs itself, not through kube-proxy) still need their own silence. An
+    /// agent that does not answer, or cannot read its rules, confirms nothing: the drain then
+    /// goes on as without agents, and the report names it. A node that still routes here at
+    /// `max` is served past it, up to the cap ([`EvidenceReport::past_max_ms`](crate::report::EvidenceReport::past_max_ms)).
+    /// With [`Propagation::fixed`], `build` refuses it.
+    ///
+    /// # Errors
+    ///
+    /// `build` refuses an item that is not `host:port`, naming it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lameduck::{Drain, Propagation};
+    ///
+    /// let drain = Drain::builder()
+    ///     .propagation(Propagation::default().node_agents(["10.0.0.11:9902", "10.0.0.12:9902"]))
+    ///     .build()?;
+    /// # Ok::<(), lameduck::ConfigError>(())
+    /// ```
+    pub fn node_agents<I, S>(mut self, agents: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        match &mut self.kind {
+            Kind::Quiet { agents: a, .. } => {
+                *a = Some(agents.into_iter().map(Into::into).collect())
+            }
+            Kind::Fixed { misplaced, .. } => *misplaced = Some("node_agents"),
+        }
+        self
+    }
+
     /// Commit exactly `d` after the trigger, whatever the traffic.
     pub fn fixed(d: Duration) -> Self {
         Self {
@@ -277,11 +326,7 @@ impl Propagation {
 
     /// The validated policy; `env_peers` is `LAMEDUCK_PER_REQUEST_PEERS`, used when the code
     /// declared no per-request peers.
-    pub(crate) fn resolve(
-        &self,
-        budget: &Budget,
-        env_peers: Option<&str>,
-    ) -> Result<Policy, ConfigError> {
+    pub(crate) fn resolve(&self, budget: &Budget, env: Env<'_>) -> Result<Policy, ConfigError> {
         let window = budget.quiesce_deadline();
         match &self.kind {
             Kind::Fixed {
@@ -309,23 +354,47 @@ impl Propagation {
                 fallback,
                 epsilon_bits,
                 per_request,
+                agents,
             } => {
-                let peers = match (per_request, env_peers) {
+                let peers = match (per_request, env.peers) {
                     (Some(given), _) => PeerSet::parse(given.iter().map(String::as_str))
                         .map_err(|e| ConfigError::propagation(format!("per_request_peers: {e}")))?,
                     (None, Some(env)) => PeerSet::parse(env.split(','))
                         .map_err(|e| ConfigError::env(format!("{PER_REQUEST_PEERS_ENV}: {e}")))?,
                     (None, None) => PeerSet::default(),
                 };
+                let node_agents = match (agents, env.agents) {
+                    (Some(given), _) => {
+                        confirm::NodeAgents::parse(given.iter().map(String::as_str))
+                            .map_err(|e| ConfigError::propagation(format!("node_agents: {e}")))?
+                    }
+                    (None, Some(env)) => confirm::NodeAgents::parse(env.split(','))
+                        .map_err(|e| ConfigError::env(format!("{NODE_AGENTS_ENV}: {e}")))?,
+                    (None, None) => confirm::NodeAgents::default(),
+                };
                 let mut policy =
                     resolve_quiet(budget, *quiet, *min, *max, *fallback, *epsilon_bits)?;
-                if let Policy::Quiet { per_request, .. } = &mut policy {
+                if let Policy::Quiet {
+                    per_request,
+                    agents,
+                    ..
+                } = &mut policy
+                {
                     *per_request = peers;
+                    *agents = node_agents;
                 }
                 Ok(policy)
             }
         }
     }
+}
+
+/// What the environment says of the propagation: `LAMEDUCK_PER_REQUEST_PEERS` and
+/// `LAMEDUCK_NODE_AGENTS`, used where the code set none.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Env<'a> {
+    pub(crate) peers: Option<&'a str>,
+    pub(crate) agents: Option<&'a str>,
 }
 
 /// The default policy's settings, checked against the budget and each other, defaults filled.
@@ -390,5 +459,6 @@ fn resolve_quiet(
         fallback,
         epsilon,
         per_request: PeerSet::default(),
+        agents: confirm::NodeAgents::default(),
     })
 }

@@ -29,7 +29,8 @@ pub use endpoint_slice::{
     AllowanceSource, DeletionBudget, EndpointSliceEvidence, PeerDelay, StartupMeasurement,
 };
 pub use evidence::{
-    EvidenceKind, EvidenceReport, MaxReason, PathEvidence, PathRouting, SilenceRule, WeakEvidence,
+    EvidenceKind, EvidenceReport, MaxReason, NodeConfirmation, PathEvidence, PathRouting,
+    SilenceRule, WeakEvidence,
 };
 pub use probes::{ProbeClass, ProbeSource, ProbeSources};
 pub use results::{ActionResult, CloserResult, TaskEnd, TaskResult};

@@ -221,7 +221,12 @@ impl DrainBuilder {
             .unwrap_or_default()
             .resolve(stop_env.as_deref())?;
         let peers_env = std::env::var(crate::propagation::PER_REQUEST_PEERS_ENV).ok();
-        let policy = self.propagation.resolve(&budget, peers_env.as_deref())?;
+        let agents_env = std::env::var(crate::propagation::NODE_AGENTS_ENV).ok();
+        let env = crate::propagation::Env {
+            peers: peers_env.as_deref(),
+            agents: agents_env.as_deref(),
+        };
+        let policy = self.propagation.resolve(&budget, env)?;
         let window = budget.quiesce_deadline();
         let hurry_lead = match self.hurry_lead {
             Some(d) if d > window => {

@@ -10,6 +10,7 @@ use super::endpoints::endpoint_evidence;
 use super::record::Lifecycle;
 use super::stragglers::in_flight_work;
 use crate::hot::guard::Core;
+use crate::propagation::confirm::Confirmations;
 use crate::propagation::evidence::Evidence;
 use crate::propagation::link::Link;
 use crate::propagation::{silence, Commit, Limits, Policy};
@@ -51,7 +52,7 @@ impl Commitment {
     pub(super) async fn wait(
         &self,
         core: &Core,
-        origin: Instant,
+        (origin, origin_unix_ms): (Instant, u64),
         (mut evidence, never_served): (Evidence, bool),
         link: &Link,
         limits: impl Fn() -> Limits,
@@ -59,6 +60,9 @@ impl Commitment {
     ) -> (CommitReason, EvidenceReport) {
         // What was in flight when the window held, should the commit wait for it.
         let mut in_flight_then = None;
+        // The node agents, asked from the trigger to the commit.
+        let nodes = self.policy.node_agents().map(Confirmations::new);
+        let mut asking = nodes.clone().map(|c| tokio::spawn(c.ask_until_dropped()));
         let commit = if never_served {
             // Never ready, so never in any proxy's endpoints: nothing to wait for.
             Commit::new(CommitReason::NeverServed, EvidenceKind::NeverServed, None)
@@ -69,12 +73,17 @@ impl Commitment {
                     in_flight_work(core, at, origin, InFlightHold::LISTED).named,
                 ));
             };
-            tokio::select! {
-                r = self.policy.commit(core, origin, &mut evidence, link, &limits, on_hold) => r,
+            let sources = (link, nodes.as_deref());
+            let commit = tokio::select! {
+                r = self.policy.commit(core, origin, &mut evidence, sources, &limits, on_hold) => r,
                 () = force.cancelled() => {
                     Commit::new(CommitReason::Forced, EvidenceKind::Cut, None)
                 }
+            };
+            if let Some(t) = asking.take() {
+                t.abort();
             }
+            commit
         };
         // What arrived up to the commit is part of what it went on.
         Policy::refit(core, origin, &mut evidence);
@@ -97,6 +106,9 @@ impl Commitment {
             committed.past_max_ms = Some(now.saturating_duration_since(max_at).as_millis() as u64);
             committed.still_routed_at_cap =
                 now >= cap_at && evidence.routed_until(origin).is_some_and(|u| u > cap_at);
+        }
+        if let Some(c) = &nodes {
+            committed.nodes = c.report(origin, origin_unix_ms);
         }
         endpoint_evidence(link, &mut committed, origin);
         let committed = crate::report::evidence_json::fixed_only(committed);

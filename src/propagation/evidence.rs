@@ -466,6 +466,23 @@ impl Evidence {
         self.latest(PathFit::silence_proved_at)
     }
 
+    /// When every path declared to route per request has proved its silence, and not before
+    /// `confirmed` (every node's agent said its rules no longer route here, which covers every
+    /// path kube-proxy routes). `None`: a declared path's data cannot say (it waits to `max`).
+    pub(crate) fn conf_at_nodes_confirmed(&self, confirmed: Instant) -> Option<Instant> {
+        let (Some(origin), Some(w)) = (self.origin, &self.window) else {
+            return Some(confirmed);
+        };
+        let mut at = confirmed;
+        for f in self.fits.iter().filter(|f| f.declared && f.counts()) {
+            if f.weak(self.max).is_some() {
+                return None;
+            }
+            at = at.max(f.silence_proved_at(w.base, origin)?);
+        }
+        Some(at)
+    }
+
     /// The latest of `at` over the paths that hold the commit; `None` when some path's data
     /// cannot say, or none carried traffic.
     fn latest(

@@ -5,6 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::hot::guard::Core;
+use crate::propagation::confirm::{Confirmations, NodesSay};
 use crate::propagation::evidence::{slot_of, Evidence, Window, DEFAULT_EPSILON};
 use crate::propagation::link::{Hold, Link};
 use crate::report::EvidenceKind;
@@ -22,6 +23,8 @@ pub(crate) enum Policy {
         epsilon: f64,
         /// The peers declared to route per request.
         per_request: super::PeerSet,
+        /// The node agents to ask.
+        agents: super::confirm::NodeAgents,
     },
     Fixed(Duration),
 }
@@ -128,6 +131,14 @@ impl Policy {
         );
     }
 
+    /// The node agents to ask, if any.
+    pub(crate) fn node_agents(&self) -> Option<&super::confirm::NodeAgents> {
+        match self {
+            Policy::Quiet { agents, .. } if !agents.is_empty() => Some(agents),
+            _ => None,
+        }
+    }
+
     /// What the policy expects to commit on, while it waits, with the slices' `hold`.
     pub(crate) fn waiting_on(&self, evidence: &Evidence, hold: Hold) -> EvidenceKind {
         let hold = hold.judged(evidence.weak().is_none());
@@ -158,7 +169,7 @@ impl Policy {
         limits: Limits,
         evidence: &Evidence,
         seen: Seen,
-        hold: Hold,
+        (hold, nodes): (Hold, NodesSay),
     ) -> Check {
         let max_at = limits.max_at;
         let Policy::Quiet {
@@ -171,7 +182,7 @@ impl Policy {
             return Check::Max;
         };
         if seen.now >= max_at {
-            return past_max(evidence, origin, limits, seen.now);
+            return past_max(evidence, origin, limits, seen.now, nodes);
         }
         let hold = hold.judged(evidence.weak().is_none());
         let last_conn = seen.last_connection.unwrap_or(origin).max(origin);
@@ -189,6 +200,17 @@ impl Policy {
         let proved_at = evidence.conf_at();
         let conf_at = proved_at.unwrap_or(max_at);
         let (conf_at, kind) = match hold {
+            // Every node's proxy said it stopped routing here: only the paths declared to
+            // route per request (which kube-proxy does not route) still need their silence.
+            _ if matches!(nodes, NodesSay::Confirmed(_)) => {
+                let NodesSay::Confirmed(at) = nodes else {
+                    unreachable!()
+                };
+                (
+                    evidence.conf_at_nodes_confirmed(at).unwrap_or(max_at),
+                    EvidenceKind::Confirmed,
+                )
+            }
             // The slices are the authoritative step: no commit before they stop routing
             // here plus the proxies' allowance; strong arrival evidence still adds its
             // silence, weak evidence no longer waits to `max`.
@@ -216,7 +238,8 @@ impl Policy {
             }
         };
         let ready_at = (last + quiet).max(origin + min).max(conf_at);
-        if hold != Hold::Pending && seen.now >= ready_at {
+        let pending = hold == Hold::Pending && kind != EvidenceKind::Confirmed;
+        if !pending && seen.now >= ready_at {
             return Check::Ready(kind);
         }
         // Data that cannot say now may say at the next slot: a path that comes back after
@@ -248,11 +271,13 @@ impl Policy {
         core: &Core,
         origin: Instant,
         evidence: &mut Evidence,
-        link: &Link,
+        (link, nodes): (&Link, Option<&Confirmations>),
         limits: impl Fn() -> Limits,
         mut on_hold: impl FnMut(Instant),
     ) -> Commit {
         let mut changes = link.subscribe();
+        let mut answers = nodes.map(Confirmations::subscribe);
+        let say = || nodes.map_or(NodesSay::Nothing, Confirmations::say);
         if let Policy::Fixed(_) = self {
             // The delay, unless this deletion's grace leaves less.
             link.sleep_until(|| limits().max_at).await;
@@ -269,7 +294,7 @@ impl Policy {
                 last_connection: core.observed().last_new_connection(),
                 last_activity: core.observed().last_activity(),
             };
-            match self.check(origin, limits, evidence, seen, link.hold()) {
+            match self.check(origin, limits, evidence, seen, (link.hold(), say())) {
                 Check::Max => return Commit::new(CommitReason::Max, EvidenceKind::Max, held_since),
                 Check::Ready(kind) => {
                     if core.counter.is_drained() {
@@ -285,6 +310,7 @@ impl Policy {
                         () = core.wait_zero() => {}
                         () = tokio::time::sleep_until(max_at) => {}
                         _ = changes.changed() => {}
+                        () = answer_changed(&mut answers) => {}
                     }
                 }
                 Check::Wait { until } => {
@@ -294,6 +320,8 @@ impl Policy {
                         () = tokio::time::sleep_until(until) => {}
                         // The slices changed, or the deletion shortened `max`: re-check.
                         _ = changes.changed() => {}
+                        // A node agent's verdict changed: re-check.
+                        () = answer_changed(&mut answers) => {}
                     }
                 }
             }
@@ -301,14 +329,40 @@ impl Policy {
     }
 }
 
-/// A check at or after `max`: wait while some path is still visibly routed here, up to the
-/// cap; else commit.
-fn past_max(evidence: &Evidence, origin: Instant, limits: Limits, now: Instant) -> Check {
+/// A check at or after `max`: wait while some path is still visibly routed here, or some
+/// node's agent says its rules still route here, up to the cap; else commit.
+fn past_max(
+    evidence: &Evidence,
+    origin: Instant,
+    limits: Limits,
+    now: Instant,
+    nodes: NodesSay,
+) -> Check {
+    if now >= limits.cap_at {
+        return Check::Max;
+    }
+    if nodes == (NodesSay::Waiting { routed: true }) {
+        // Asked again every poll; an answer that changes wakes the policy before that.
+        return Check::Wait {
+            until: (now + crate::propagation::confirm::POLL).min(limits.cap_at),
+        };
+    }
     match evidence.routed_until(origin) {
-        Some(until) if until > now && now < limits.cap_at => Check::Wait {
+        Some(until) if until > now => Check::Wait {
             until: until.min(limits.cap_at),
         },
         _ => Check::Max,
+    }
+}
+
+/// Resolves when an agent's verdict changes; never without agents.
+async fn answer_changed(answers: &mut Option<tokio::sync::watch::Receiver<()>>) {
+    let gone = match answers {
+        Some(rx) => rx.changed().await.is_err(),
+        None => true,
+    };
+    if gone {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -372,6 +426,7 @@ mod tests {
             fallback: None,
             epsilon: DEFAULT_EPSILON,
             per_request: super::super::PeerSet::default(),
+            agents: super::super::confirm::NodeAgents::default(),
         }
     }
 
@@ -424,13 +479,19 @@ mod tests {
                     limits(max_at),
                     &evidence,
                     seen(origin + 2 * SECOND),
-                    hold
+                    (hold, NodesSay::Nothing)
                 ),
                 Check::Wait { until: allowed },
                 "{hold:?}"
             );
             assert_eq!(
-                policy.check(origin, limits(max_at), &evidence, seen(allowed), hold),
+                policy.check(
+                    origin,
+                    limits(max_at),
+                    &evidence,
+                    seen(allowed),
+                    (hold, NodesSay::Nothing)
+                ),
                 Check::Ready(EvidenceKind::EndpointSlice),
                 "{hold:?}"
             );
@@ -456,7 +517,7 @@ mod tests {
                 limits(max_at),
                 &evidence,
                 seen(allowed),
-                Hold::Until(allowed)
+                (Hold::Until(allowed), NodesSay::Nothing)
             ),
             Check::Ready(EvidenceKind::EndpointSlice)
         );
@@ -467,12 +528,24 @@ mod tests {
             let next = evidence.next_slot().expect("refitted");
             assert!(next < max_at);
             assert_eq!(
-                policy.check(origin, limits(max_at), &evidence, seen(allowed), hold),
+                policy.check(
+                    origin,
+                    limits(max_at),
+                    &evidence,
+                    seen(allowed),
+                    (hold, NodesSay::Nothing)
+                ),
                 Check::Wait { until: next },
                 "{hold:?}"
             );
             assert_eq!(
-                policy.check(origin, limits(max_at), &evidence, seen(max_at), hold),
+                policy.check(
+                    origin,
+                    limits(max_at),
+                    &evidence,
+                    seen(max_at),
+                    (hold, NodesSay::Nothing)
+                ),
                 Check::Max,
                 "{hold:?}"
             );

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::{Check, Limits, Policy, Propagation, Seen};
 use crate::hot::observed::PathId;
+use crate::propagation::confirm::NodesSay;
 use crate::propagation::evidence::{slot_of, Arrivals, Evidence, Window};
 use crate::propagation::link::Hold;
 use crate::report::{EvidenceKind, EvidenceReport};
@@ -82,7 +83,7 @@ pub fn drain(
     grace: Duration,
 ) -> Result<Outcome, ConfigError> {
     let budget = Budget::resolve(Some(grace), None, None, None)?;
-    let policy = propagation.resolve(&budget, None)?;
+    let policy = propagation.resolve(&budget, Default::default())?;
     let Policy::Quiet {
         max,
         epsilon,
@@ -113,7 +114,13 @@ pub fn drain(
             last_connection: feed.last_connection,
             last_activity: feed.last_connection,
         };
-        let kind = match policy.check(origin, limits, &evidence, seen, Hold::None) {
+        let kind = match policy.check(
+            origin,
+            limits,
+            &evidence,
+            seen,
+            (Hold::None, NodesSay::Nothing),
+        ) {
             Check::Max => {
                 now = now.max(max_at);
                 EvidenceKind::Max

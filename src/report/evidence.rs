@@ -143,6 +143,43 @@ pub struct PathEvidence {
     pub silence_ms: u64,
 }
 
+/// One node agent's answers during the drain: the proxy itself saying when it stopped routing
+/// here. Times in milliseconds after the trigger.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct NodeConfirmation {
+    /// Where the agent answers (`host:port`).
+    pub agent: String,
+    /// The node, as the agent names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The first question.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_asked_ms: Option<u64>,
+    /// The last answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_answer_ms: Option<u64>,
+    /// When its answers started saying its rules no longer route here (absent: they never
+    /// did before the commit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed_at_ms: Option<u64>,
+    /// When the rules it last read were written, by its clock against this process's (within
+    /// its read interval): the node's proxy update, said by the node itself. Negative: before
+    /// the trigger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules_changed_ms: Option<i64>,
+    /// The Services whose rules still sent new connections here at its last answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub still_routing: Vec<String>,
+    /// This Pod was the last endpoint of one of them: routed as kube-proxy's fallback when
+    /// every endpoint is terminating, or as the only replica.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last_endpoint: bool,
+    /// Why it could not say (no answer, its rules unreadable), when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 impl PathEvidence {
     /// The most paths a report lists.
     pub const LISTED: usize = 16;
@@ -158,7 +195,8 @@ impl WeakEvidence {
 /// What the propagation policy went on when it committed (or, while draining, what it waits
 /// for).
 ///
-/// In JSON: `confidence`, `fallback`, `max`, `fixed`, `cut`, `endpoint_slice`, `never_served`.
+/// In JSON: `confidence`, `fallback`, `max`, `fixed`, `cut`, `endpoint_slice`, `never_served`,
+/// `confirmed`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -185,6 +223,11 @@ pub enum EvidenceKind {
     /// The process was never ready (the drain started while it was Starting): nothing
     /// routed here, nothing to wait for.
     NeverServed,
+    /// Every node's agent said its rules no longer route here
+    /// ([`Propagation::node_agents`](crate::Propagation::node_agents)), and every path
+    /// declared to route per request had been silent long enough:
+    /// [`EvidenceReport::nodes`] has each node's answers.
+    Confirmed,
 }
 
 impl EvidenceKind {
@@ -311,6 +354,11 @@ pub struct EvidenceReport {
     /// quiesce deadline less what is in flight needs): it stopped accepting while routed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub still_routed_at_cap: bool,
+    /// Each node agent asked ([`Propagation::node_agents`](crate::Propagation::node_agents)):
+    /// when it confirmed, which Services still routed here at its last answer, or why it
+    /// could not say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeConfirmation>,
     /// The peers declared to route per request
     /// ([`Propagation::per_request_peers`](crate::Propagation::per_request_peers)), as
     /// addresses and CIDR blocks.

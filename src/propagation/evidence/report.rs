@@ -95,6 +95,7 @@ impl Evidence {
             held_by: held,
             per_request_peers: self.per_request.describe(),
             past_max_ms: None,
+            nodes: Vec::new(),
             still_routed_at_cap: false,
             paths,
             in_flight_hold: None,

@@ -273,6 +273,7 @@ fn evidence_names_are_documented() {
         Cut,
         EndpointSlice,
         NeverServed,
+        Confirmed,
     });
     check(&kinds, |v| v.as_str().to_owned());
     let reasons = all!(MaxReason {
