@@ -324,8 +324,19 @@ impl Propagation {
         }
     }
 
-    /// The validated policy; `env_peers` is `LAMEDUCK_PER_REQUEST_PEERS`, used when the code
-    /// declared no per-request peers.
+    /// [`resolve`](Self::resolve) with the process's environment.
+    pub(crate) fn resolve_with_env(&self, budget: &Budget) -> Result<Policy, ConfigError> {
+        let peers = std::env::var(PER_REQUEST_PEERS_ENV).ok();
+        let agents = std::env::var(NODE_AGENTS_ENV).ok();
+        let env = Env {
+            peers: peers.as_deref(),
+            agents: agents.as_deref(),
+        };
+        self.resolve(budget, env)
+    }
+
+    /// The validated policy; `env` is what the environment says, used where the code set
+    /// nothing.
     pub(crate) fn resolve(&self, budget: &Budget, env: Env<'_>) -> Result<Policy, ConfigError> {
         let window = budget.quiesce_deadline();
         match &self.kind {

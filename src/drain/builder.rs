@@ -220,13 +220,7 @@ impl DrainBuilder {
             .signals
             .unwrap_or_default()
             .resolve(stop_env.as_deref())?;
-        let peers_env = std::env::var(crate::propagation::PER_REQUEST_PEERS_ENV).ok();
-        let agents_env = std::env::var(crate::propagation::NODE_AGENTS_ENV).ok();
-        let env = crate::propagation::Env {
-            peers: peers_env.as_deref(),
-            agents: agents_env.as_deref(),
-        };
-        let policy = self.propagation.resolve(&budget, env)?;
+        let policy = self.propagation.resolve_with_env(&budget)?;
         let window = budget.quiesce_deadline();
         let hurry_lead = match self.hurry_lead {
             Some(d) if d > window => {

@@ -199,44 +199,8 @@ impl Policy {
         // `None`: the arrival data cannot say how long to wait, only the fallback or max can.
         let proved_at = evidence.conf_at();
         let conf_at = proved_at.unwrap_or(max_at);
-        let (conf_at, kind) = match hold {
-            // Every node's proxy said it stopped routing here: only the paths declared to
-            // route per request (which kube-proxy does not route) still need their silence.
-            _ if matches!(nodes, NodesSay::Confirmed(_)) => {
-                let NodesSay::Confirmed(at) = nodes else {
-                    unreachable!()
-                };
-                (
-                    evidence.conf_at_nodes_confirmed(at).unwrap_or(max_at),
-                    EvidenceKind::Confirmed,
-                )
-            }
-            // The slices are the authoritative step: no commit before they stop routing
-            // here plus the proxies' allowance; strong arrival evidence still adds its
-            // silence, weak evidence no longer waits to `max`.
-            // A pool's wait is for reconnects through proxies that may still route here; the
-            // slices plus the allowance say they no longer do, so only the silences count.
-            Hold::Until(allowed) => (
-                evidence
-                    .conf_at_proxies_converged()
-                    .map_or(allowed, |t| allowed.max(t)),
-                EvidenceKind::EndpointSlice,
-            ),
-            Hold::Pending => (max_at, EvidenceKind::EndpointSlice),
-            // An unmeasured allowance is a floor, not proof: what the arrival evidence alone
-            // would commit on, and not before the slices plus the allowance. So is a measured
-            // one while some path's arrivals cannot judge its silence (`Hold::judged`).
-            Hold::None | Hold::Floor(_) | Hold::Measured(_) => {
-                let alone = match fallback {
-                    Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Fallback),
-                    _ => (conf_at, EvidenceKind::Confidence),
-                };
-                match hold {
-                    Hold::Floor(at) if at > alone.0 => (at, EvidenceKind::EndpointSlice),
-                    _ => alone,
-                }
-            }
-        };
+        let (conf_at, kind) =
+            commit_at(evidence, (origin, max_at, conf_at), fallback, (hold, nodes));
         let ready_at = (last + quiet).max(origin + min).max(conf_at);
         let pending = hold == Hold::Pending && kind != EvidenceKind::Confirmed;
         if !pending && seen.now >= ready_at {
@@ -324,6 +288,55 @@ impl Policy {
                         () = answer_changed(&mut answers) => {}
                     }
                 }
+            }
+        }
+    }
+}
+
+/// When the policy may commit and on what, before the quiet window and `min`: the silence's
+/// proof (`conf_at`, or `max_at` when the arrivals cannot say), the fallback, the slices'
+/// `hold` and the node agents' word.
+fn commit_at(
+    evidence: &Evidence,
+    (origin, max_at, conf_at): (Instant, Instant, Instant),
+    fallback: Option<Duration>,
+    (hold, nodes): (Hold, NodesSay),
+) -> (Instant, EvidenceKind) {
+    match hold {
+        // Every node's proxy said it stopped routing here: only the paths declared to
+        // route per request (which kube-proxy does not route) still need their silence.
+        _ if matches!(nodes, NodesSay::Confirmed(_)) => {
+            let NodesSay::Confirmed(at) = nodes else {
+                unreachable!()
+            };
+            (
+                evidence.conf_at_nodes_confirmed(at).unwrap_or(max_at),
+                EvidenceKind::Confirmed,
+            )
+        }
+        // The slices are the authoritative step: no commit before they stop routing
+        // here plus the proxies' allowance; strong arrival evidence still adds its
+        // silence, weak evidence no longer waits to `max`.
+        // A pool's wait is for reconnects through proxies that may still route here; the
+        // slices plus the allowance say they no longer do, so only the silences count.
+        Hold::Until(allowed) => (
+            evidence
+                .conf_at_proxies_converged()
+                .map_or(allowed, |t| allowed.max(t)),
+            EvidenceKind::EndpointSlice,
+        ),
+        Hold::Pending => (max_at, EvidenceKind::EndpointSlice),
+        // An unmeasured allowance is a floor, not proof: what the arrival evidence alone
+        // would commit on, and not before the slices plus the allowance. So is a measured
+        // one while some path's arrivals cannot judge its silence (`Hold::judged`).
+        Hold::None | Hold::Floor(_) | Hold::Measured(_) => {
+            let alone = match fallback {
+                Some(f) if origin + f < conf_at => (origin + f, EvidenceKind::Fallback),
+                _ => (conf_at, EvidenceKind::Confidence),
+            };
+            match hold {
+                Hold::Floor(at) if at > alone.0 => (at, EvidenceKind::EndpointSlice),
+                _ => alone,
             }
         }
     }
