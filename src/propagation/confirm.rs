@@ -38,7 +38,8 @@ pub(crate) const POLL: Duration = Duration::from_millis(250);
 /// How long one question may take.
 pub(crate) const ASK_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The node agents to ask: where each answers.
+/// The node agents to ask: where each answers. A name that resolves to several addresses (a
+/// headless Service over the agents' DaemonSet) is one agent per address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct NodeAgents(Arc<[String]>);
 
@@ -107,28 +108,75 @@ pub(crate) struct Confirmations {
     changed: watch::Sender<()>,
 }
 
+impl Agent {
+    fn new(addr: String) -> Self {
+        Agent {
+            addr,
+            node: None,
+            first_asked: None,
+            answered: None,
+            routed: None,
+            confirmed: None,
+            services: Vec::new(),
+            last_endpoint: false,
+            rules_changed_unix_ms: None,
+            error: None,
+        }
+    }
+}
+
 impl Confirmations {
     pub(crate) fn new(agents: &NodeAgents) -> Arc<Self> {
-        let agents = agents
-            .0
-            .iter()
-            .map(|a| Agent {
-                addr: a.clone(),
-                node: None,
-                first_asked: None,
-                answered: None,
-                routed: None,
-                confirmed: None,
-                services: Vec::new(),
-                last_endpoint: false,
-                rules_changed_unix_ms: None,
-                error: None,
-            })
-            .collect();
+        let agents = agents.0.iter().map(|a| Agent::new(a.clone())).collect();
         Arc::new(Self {
             agents: Mutex::new(agents),
             changed: watch::channel(()).0,
         })
+    }
+
+    /// Each configured name that resolves to several addresses (a headless Service over the
+    /// agents' DaemonSet) becomes one agent per address; a name that does not resolve stays,
+    /// with the error, and confirms nothing.
+    async fn resolve(&self) {
+        let configured: Vec<String> = self
+            .agents
+            .locked()
+            .iter()
+            .map(|a| a.addr.clone())
+            .collect();
+        let mut agents = Vec::new();
+        for name in configured {
+            let looked = tokio::time::timeout(ASK_TIMEOUT, tokio::net::lookup_host(name.clone()))
+                .await
+                .map_err(|_| "resolving: timed out".to_owned())
+                .and_then(|r| r.map_err(|e| format!("resolving: {e}")))
+                .map(|addrs| {
+                    let mut seen: Vec<std::net::SocketAddr> = Vec::new();
+                    for a in addrs {
+                        if !seen.contains(&a) {
+                            seen.push(a);
+                        }
+                    }
+                    seen
+                });
+            match looked {
+                Ok(addrs) if !addrs.is_empty() => {
+                    agents.extend(addrs.into_iter().map(|a| Agent::new(a.to_string())));
+                }
+                Ok(_) => {
+                    let mut a = Agent::new(name);
+                    a.error = Some("the name resolves to no address".to_owned());
+                    agents.push(a);
+                }
+                Err(e) => {
+                    let mut a = Agent::new(name);
+                    a.error = Some(e);
+                    agents.push(a);
+                }
+            }
+        }
+        *self.agents.locked() = agents;
+        self.changed.send_replace(());
     }
 
     /// Wakes when an agent's verdict changes.
@@ -156,6 +204,7 @@ impl Confirmations {
 
     /// Asks every agent every [`POLL`] until dropped (the caller aborts the task).
     pub(crate) async fn ask_until_dropped(self: Arc<Self>) {
+        self.resolve().await;
         let addrs: Vec<String> = self
             .agents
             .locked()
@@ -246,7 +295,31 @@ impl Agent {
 
 #[cfg(test)]
 mod tests {
-    use super::NodeAgents;
+    use super::{Confirmations, NodeAgents, NodesSay};
+
+    #[tokio::test]
+    async fn a_name_is_one_agent_per_address_it_resolves_to() {
+        let c =
+            Confirmations::new(&NodeAgents::parse(["localhost:9902", "127.0.0.7:9902"]).unwrap());
+        c.resolve().await;
+        let addrs: Vec<String> = c
+            .agents
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|a| a.addr.clone())
+            .collect();
+        assert!(addrs.contains(&"127.0.0.1:9902".to_owned()), "{addrs:?}");
+        assert!(addrs.contains(&"127.0.0.7:9902".to_owned()), "{addrs:?}");
+        assert!(
+            addrs
+                .iter()
+                .all(|a| a.parse::<std::net::SocketAddr>().is_ok()),
+            "{addrs:?}"
+        );
+        // Nobody has confirmed.
+        assert_eq!(c.say(), NodesSay::Waiting { routed: false });
+    }
 
     #[test]
     fn agent_addresses_parse_and_a_bad_one_is_named() {
