@@ -8,7 +8,8 @@
 //! ```text
 //! service [--listen ADDR] [--admin ADDR] [--instance NAME] [--grace-period DUR]
 //!         [--quiet DUR] [--min DUR] [--max DUR] [--quiet-suffices-after DUR]
-//!         [--per-request-peers ADDR|CIDR,…] [--report-file PATH]
+//!         [--per-request-peers ADDR|CIDR,…] [--node-agents HOST:PORT,…]
+//!         [--report-file PATH]
 //!         [--stuck-task] [--startup-delay DUR]
 //!         [--readiness-policy auto|not-ready|serving-until-stop]
 //! service prestop [--admin ADDR]      # the preStop exec hook, for images without curl
@@ -43,6 +44,7 @@ struct Args {
     max: Option<Duration>,
     quiet_suffices_after: Option<Duration>,
     per_request_peers: Option<String>,
+    node_agents: Option<String>,
     report_file: Option<String>,
     stuck_task: bool,
     startup_delay: Duration,
@@ -52,6 +54,7 @@ struct Args {
 const USAGE: &str = "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] \
                      [--grace-period DUR] [--quiet DUR] [--min DUR] [--max DUR] \
                      [--quiet-suffices-after DUR] [--per-request-peers ADDR|CIDR,…] \
+                     [--node-agents HOST:PORT,…] \
                      [--report-file PATH] [--stuck-task] \
                      [--startup-delay DUR] [--readiness-policy auto|not-ready|serving-until-stop]\n       \
                      service prestop [--admin ADDR]";
@@ -67,6 +70,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         max: None,
         quiet_suffices_after: None,
         per_request_peers: None,
+        node_agents: None,
         report_file: None,
         stuck_task: false,
         startup_delay: Duration::ZERO,
@@ -97,6 +101,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 a.quiet_suffices_after = Some(dur(value()?)?);
             }
             "--per-request-peers" => a.per_request_peers = Some(value()?),
+            "--node-agents" => a.node_agents = Some(value()?),
             "--report-file" => a.report_file = Some(value()?),
             "--stuck-task" => a.stuck_task = true,
             "--startup-delay" => a.startup_delay = dur(value()?)?,
@@ -189,6 +194,10 @@ async fn run(args: Args) -> ExitCode {
     // Else `LAMEDUCK_PER_REQUEST_PEERS`, which the builder reads; a bad item fails the build.
     if let Some(peers) = &args.per_request_peers {
         p = p.per_request_peers(peers.split(','));
+    }
+    // Else `LAMEDUCK_NODE_AGENTS`.
+    if let Some(agents) = &args.node_agents {
+        p = p.node_agents(agents.split(','));
     }
     builder = builder.propagation(p);
     if let Some(f) = &args.report_file {

@@ -168,6 +168,13 @@ async fn a_drain_behind_a_pool_commits_when_the_nodes_agent_confirms() {
     );
     let stop = report.event(EventKind::StoppedAccepting).unwrap().at_ms;
     assert!(stop >= confirmed && stop < 5_000, "{json}");
+    let line = report
+        .event(EventKind::PropagationDone)
+        .unwrap()
+        .detail
+        .clone()
+        .unwrap();
+    assert!(line.contains("node agents: node-a confirmed at"), "{line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -92,6 +92,10 @@ pub enum AdviceRule {
     /// like a client pool: it kept connections alive and came back on no more new connections
     /// than a pool's reconnect wave.
     DeclaredPeerLikeAPool,
+    /// `node_agent_unanswered`: a node agent
+    /// ([`Propagation::node_agents`](crate::Propagation::node_agents)) could not say whether
+    /// its node still routes here (no answer, its rules unreadable).
+    NodeAgentUnanswered,
 }
 
 impl AdviceRule {

@@ -408,13 +408,14 @@ impl EvidenceReport {
             (None, _) => String::new(),
         };
         format!(
-            "{}: {}; {}; silent for {} ms{}{}{work}{past}",
+            "{}: {}; {}; silent for {} ms{}{}{}{work}{past}",
             self.kind.as_str(),
             self.describe_rate(),
             self.describe_need(),
             self.silence_ms,
             self.describe_held(),
             self.describe_slices(),
+            self.describe_nodes(),
         )
     }
 
@@ -452,6 +453,32 @@ impl EvidenceReport {
             (_, Some(w)) => format!("not enough evidence ({})", w.as_str()),
             (None, None) => String::new(),
         }
+    }
+
+    /// What the node agents said, one clause per node.
+    fn describe_nodes(&self) -> String {
+        if self.nodes.is_empty() {
+            return String::new();
+        }
+        let each: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let name = n.node.clone().unwrap_or_else(|| n.agent.clone());
+                let rules = n
+                    .rules_changed_ms
+                    .map_or_else(String::new, |c| format!(", its rules written at {c} ms"));
+                match (n.confirmed_at_ms, &n.error) {
+                    (Some(at), _) => format!("{name} confirmed at {at} ms{rules}"),
+                    (None, Some(e)) => format!("{name} could not say ({e})"),
+                    (None, None) if !n.still_routing.is_empty() => {
+                        format!("{name} still routed here ({})", n.still_routing.join(", "))
+                    }
+                    (None, None) => format!("{name} not asked yet"),
+                }
+            })
+            .collect();
+        format!("; node agents: {}", each.join("; "))
     }
 
     /// What the EndpointSlices said, or why they were not used.

@@ -88,6 +88,7 @@ const RULES: &[Rule] = &[
     Rule::Each(evidence::publish_not_ready_addresses),
     Rule::One(evidence::endpoint_slice_unavailable),
     Rule::Each(evidence::declared_peer_like_a_pool),
+    Rule::Each(evidence::node_agents_unanswered),
     Rule::One(propagation::quiet_window_never_held),
     Rule::One(propagation::one_peer),
     Rule::One(work::requests_cut),

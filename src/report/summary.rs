@@ -138,6 +138,10 @@ impl DrainReport {
             (EvidenceKind::Max, _, _) => {
                 format!("waited to max ({max} ms): traffic or in-flight work never went quiet")
             }
+            (EvidenceKind::Confirmed, _, _) => format!(
+                "committed when every node agent ({}) said its rules no longer route here",
+                e.nodes.len()
+            ),
             (EvidenceKind::Fallback, _, Some(w)) => format!(
                 "committed on the quiet_suffices_after fallback ({} ms): {}",
                 e.fallback_ms.unwrap_or(0),

@@ -163,6 +163,36 @@ fn too_many_peers(cx: &Ctx<'_>, stopped_ms: u64) -> Advice {
     )
 }
 
+/// `node_agent_unanswered`: a node agent that never confirmed because it could not say (no
+/// answer, its rules unreadable), each named: its node's Pods were not confirmed.
+pub(super) fn node_agents_unanswered(cx: &Ctx<'_>) -> Vec<Advice> {
+    let Some((e, stopped_ms)) = evidence(cx) else {
+        return Vec::new();
+    };
+    e.nodes
+        .iter()
+        .filter(|n| n.confirmed_at_ms.is_none())
+        .filter_map(|n| n.error.as_ref().map(|err| (n, err)))
+        .map(|(n, err)| {
+            advice(
+                Warn,
+                AdviceRule::NodeAgentUnanswered,
+                stopped_ms,
+                format!(
+                    "the node agent at {}{} could not say whether its node still routes here \
+                     ({err}), so the drain went on without it; check that the DaemonSet runs \
+                     on every node and can read the rules (NET_ADMIN, the node's iptables or \
+                     nft in its image)",
+                    n.agent,
+                    n.node
+                        .as_ref()
+                        .map_or_else(String::new, |node| format!(" (node {node})"))
+                ),
+            )
+        })
+        .collect()
+}
+
 /// `declared_peer_like_a_pool`: a peer declared to route per request that behaved like a
 /// client pool, each named with what it did.
 pub(super) fn declared_peer_like_a_pool(cx: &Ctx<'_>) -> Vec<Advice> {

@@ -259,6 +259,7 @@ fn advice_names_are_documented() {
         PublishNotReadyAddresses,
         EndpointSliceUnavailable,
         DeclaredPeerLikeAPool,
+        NodeAgentUnanswered,
     });
     check(&rules, |v| v.as_str().to_owned());
 }
