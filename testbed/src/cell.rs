@@ -36,6 +36,59 @@ pub fn baseline_bin(service_bin: &Path) -> PathBuf {
     service_bin.with_file_name("baseline")
 }
 
+/// The node agent (`agent/`, built beside the service by `cargo build --workspace --bins`):
+/// `target/<profile>/lameduck-agent` for `target/<profile>/examples/service`.
+pub fn agent_bin(service_bin: &Path) -> PathBuf {
+    service_bin.parent().and_then(Path::parent).map_or_else(
+        || PathBuf::from("lameduck-agent"),
+        |p| p.join("lameduck-agent"),
+    )
+}
+
+/// The node agents of a cell, one per node namespace, killed when dropped.
+struct Agents(Vec<std::process::Child>);
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts an agent in each node's namespace, reading that node's rules, listening on
+/// [`AGENT_PORT`](net::AGENT_PORT); each has answered once before this returns.
+fn start_agents(
+    netns: &Netns,
+    nodes: usize,
+    backend: Backend,
+    bin: &Path,
+    dir: &Path,
+) -> Result<Agents, NetError> {
+    let mut agents = Agents(Vec::new());
+    let source = match backend {
+        Backend::Iptables => "iptables",
+        Backend::Nftables => "nftables",
+    };
+    for k in 1..=nodes {
+        let log = std::fs::File::create(dir.join(format!("agent-node{k}.log")))
+            .map_err(|e| NetError(format!("agent log: {e}")))?;
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &netns.node_of(k)])
+            .arg(bin)
+            .args(["--listen", &format!("0.0.0.0:{}", net::AGENT_PORT)])
+            .args(["--node-name", &format!("node{k}"), "--source", source])
+            .args(["--refresh", "100ms"])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| NetError(format!("start the agent {}: {e}", bin.display())))?;
+        agents.0.push(child);
+    }
+    Ok(agents)
+}
+
 /// Runs one cell end to end and writes its files under `out/<cell>/`.
 ///
 /// `service_bin` is the example service (`target/<profile>/examples/service`); the baselines
@@ -55,6 +108,20 @@ pub fn run_cell(
             netns.add_client_pods(i + 1, c.pods)?;
         }
     }
+    // The node agents, when the cell asks the proxies: the lameduck service is told where
+    // they are (`--node-agents`, in `config.server_cmd`).
+    let _agents = if config.agents {
+        let bin = agent_bin(service_bin);
+        Some(start_agents(
+            &netns,
+            specs.len(),
+            config.backend,
+            &bin,
+            &dir,
+        )?)
+    } else {
+        None
+    };
     let node_ns = netns.node();
 
     // The clients wait for the go (the first Pods created, not yet ready), are counted from

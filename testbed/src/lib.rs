@@ -62,6 +62,7 @@ pub fn test_service_bin() -> Result<std::path::PathBuf, String> {
                     "--quiet",
                     "--workspace",
                     "--examples",
+                    "--bins",
                     "--all-features",
                 ])
                 .args(["--profile", &profile])

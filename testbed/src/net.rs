@@ -38,6 +38,20 @@ pub const POD_PORT: u16 = 8080;
 /// The Pod's admin port (`--admin`: probes, `/drain`).
 pub const ADMIN_PORT: u16 = 9901;
 
+/// The node agents' port, on each node (cells that ask the proxies).
+pub const AGENT_PORT: u16 = 9902;
+
+/// Where a Pod reaches the agent of node `k` (1-based) of a cell with `nodes` nodes: its own
+/// node's Pod gateway with one node, the node's fabric address with several.
+pub fn agent_addr(k: usize, nodes: usize) -> std::net::SocketAddr {
+    let ip = if nodes <= 1 {
+        NODE_POD_GW
+    } else {
+        Netns::fabric_ip(k)
+    };
+    (ip, AGENT_PORT).into()
+}
+
 /// Every namespace name starts with this, then the creating process id.
 pub const PREFIX: &str = "ldtb";
 

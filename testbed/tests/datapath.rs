@@ -377,3 +377,50 @@ fn two_nodes_the_drain_outlasts_the_slowest_proxy() {
         describe(n)
     );
 }
+
+/// Issue 45's cells on the model: a node agent in the node's namespace reads the model
+/// kube-proxy's rules (iptables, then nftables), and the drain asks it. Pool + fresh behind
+/// kube-proxy 4 s and 8 s late, warm Pods, grace 30 s: without the agent every such drain waits
+/// to `max` (`kept_connections`); with it, each commits when the node's own rules stopped
+/// routing to it (`confirmed`), and loses nothing.
+#[test]
+fn node_agents_end_pool_drains_when_the_proxy_stopped_routing() {
+    let mut cells = Vec::new();
+    for (backend, sync, rate) in [
+        (Backend::Iptables, 4000, 40.0),
+        (Backend::Iptables, 8000, 5.0),
+        (Backend::Nftables, 4000, 40.0),
+    ] {
+        let mut c = cell(Server::Lameduck, backend, sync, rate, Shape::Pool);
+        c.grace = Duration::from_secs(30);
+        c.agents = true;
+        cells.push(c);
+    }
+    for r in &run(&cells) {
+        assert!(
+            r.counts.requests > 100,
+            "too little traffic: {}",
+            describe(r)
+        );
+        assert_drains_clean(r);
+        for p in &r.pods {
+            assert_eq!(
+                p.evidence.as_deref(),
+                Some("confirmed"),
+                "{}: {}",
+                p.pod,
+                describe(r)
+            );
+            let after = p
+                .steps
+                .exit_after_proxy_ms()
+                .unwrap_or_else(|| panic!("no proxy update or no exit: {}", describe(r)));
+            assert!(
+                (0..=3_000).contains(&after),
+                "{}: exit {after} ms after the proxy update: {}",
+                p.pod,
+                describe(r)
+            );
+        }
+    }
+}

@@ -43,6 +43,9 @@ pub struct CellConfig {
     pub start_delay: Duration,
     /// Extra flags for the lameduck server (e.g. `--readiness-policy auto`).
     pub lameduck_flags: Vec<String>,
+    /// Runs a node agent (`lameduck-agent`) in every node namespace and tells the lameduck
+    /// service where they are (`--node-agents`): the drain asks the proxies themselves.
+    pub agents: bool,
     /// The lameduck server's hook as `exec` of `service prestop` instead of `httpGet /drain`.
     pub exec_hook: bool,
     /// Real stack only: the Pods run as `examples/k8s/`'s ServiceAccount with its RBAC, get
@@ -92,6 +95,7 @@ impl CellConfig {
             publish_not_ready: false,
             start_delay: Duration::from_secs(2),
             lameduck_flags: Vec::new(),
+            agents: false,
             exec_hook: false,
             kube: false,
             deployment: false,
@@ -173,6 +177,9 @@ impl CellConfig {
         if self.deployment && self.stack == Stack::Real {
             n.push_str("/deployment");
         }
+        if self.agents && self.server == Server::Lameduck {
+            n.push_str("/agents");
+        }
         n
     }
 
@@ -241,6 +248,13 @@ impl CellConfig {
         let (flags, hook): (Vec<String>, PreStop) = match self.server {
             Server::Lameduck => {
                 let mut f = vec!["--grace-period".to_owned(), grace];
+                if self.agents {
+                    let n = self.node_specs().len();
+                    let addrs: Vec<String> = (1..=n)
+                        .map(|k| crate::net::agent_addr(k, n).to_string())
+                        .collect();
+                    f.extend(["--node-agents".to_owned(), addrs.join(",")]);
+                }
                 f.extend(self.lameduck_flags.iter().cloned());
                 let hook = if self.exec_hook {
                     PreStop::Exec

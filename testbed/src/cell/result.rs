@@ -111,6 +111,11 @@ impl PodTimeline {
         )
     }
 
+    /// Every node agent said its rules no longer routed to the Pod (`confirmed`).
+    pub fn confirmed(&self) -> bool {
+        self.evidence.as_deref() == Some("confirmed")
+    }
+
     /// The drain waited to `max`.
     pub fn at_max(&self) -> bool {
         self.evidence.as_deref() == Some("max")
@@ -285,13 +290,13 @@ impl CellResult {
 /// The table header.
 pub fn table_header() -> String {
     format!(
-        "{:<48} {:>8} {:>5} {:>10} {:>8} {:>8}  {}\n",
+        "{:<48} {:>8} {:>5} {:>10} {:>8} {:>15}  {}\n",
         "cell",
         "requests",
         "lost",
         "unfinished",
         "rerouted",
-        "ev / max",
+        "conf / ev / max",
         "drain (deletion → exit) per Pod"
     )
 }
@@ -306,6 +311,7 @@ pub fn table_row(r: &CellResult) -> String {
                 .map_or("-".to_owned(), |d| format!("{:.1}s", d as f64 / 1000.0))
         })
         .collect();
+    let confirmed = r.pods.iter().filter(|p| p.confirmed()).count();
     let evidence = r.pods.iter().filter(|p| p.on_evidence()).count();
     let max = r.pods.iter().filter(|p| p.at_max()).count();
     // A name longer than its column (several nodes) gets a line of its own.
@@ -315,13 +321,13 @@ pub fn table_row(r: &CellResult) -> String {
         r.name.clone()
     };
     format!(
-        "{:<48} {:>8} {:>5} {:>10} {:>8} {:>8}  {}{}\n",
+        "{:<48} {:>8} {:>5} {:>10} {:>8} {:>15}  {}{}\n",
         name,
         r.counts.requests,
         r.counts.lost(),
         r.counts.unfinished,
         r.counts.rerouted,
-        format!("{evidence} / {max}"),
+        format!("{confirmed} / {evidence} / {max}"),
         drains.join(" "),
         if r.clean() { "" } else { "   FAIL" }
     )
