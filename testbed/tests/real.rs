@@ -366,3 +366,92 @@ fn real_stack_twenty_client_pods_per_node_never_commit_before_the_slowest_proxy(
         }
     }
 }
+
+/// Issue 45's cells on the real components: the node agent reads the real kube-proxy's rules in
+/// each node's namespace, and the drain asks it. Pool + fresh behind kube-proxy
+/// (`minSyncPeriod`) 4 s, iptables then nftables; two nodes 1 s and 6 s behind with pools and
+/// fresh connections through both; warm Pods, grace 30 s. Every drain commits when the slowest
+/// node's rules stopped routing to it (`confirmed`), not at `max`, and loses nothing.
+#[test]
+fn real_stack_node_agents_confirm_each_nodes_update() {
+    let mut cells = Vec::new();
+    for backend in [Backend::Iptables, Backend::Nftables] {
+        let mut c = real(Server::Lameduck, backend);
+        c.grace = Duration::from_secs(30);
+        c.sync_delay = Duration::from_secs(4);
+        c.agents = true;
+        cells.push(c);
+    }
+    let mut two = real(Server::Lameduck, Backend::Iptables);
+    two.grace = Duration::from_secs(30);
+    two.agents = true;
+    let node = |sync: u64, rate: f64| cell::NodeSpec {
+        sync_delay: Duration::from_secs(sync),
+        slow: false,
+        clients: Some(cell::ClientSpec::new(Shape::Pool, rate)),
+    };
+    two.nodes = vec![node(1, DENSE), node(6, 2.0)];
+    cells.push(two);
+    for r in &run(&cells) {
+        assert!(
+            r.counts.requests > 100,
+            "too little traffic: {}",
+            describe(r)
+        );
+        assert_drains_clean(r);
+        for p in &r.pods {
+            assert!(p.confirmed(), "{}: {}", p.pod, describe(r));
+            let after = p.steps.exit_after_proxy_ms().unwrap_or_else(|| {
+                panic!(
+                    "{}: no slowest proxy update or no exit: {}",
+                    p.pod,
+                    describe(r)
+                )
+            });
+            assert!(
+                (0..=3_000).contains(&after),
+                "{}: exit {after} ms after the slowest proxy update: {}",
+                p.pod,
+                describe(r)
+            );
+        }
+    }
+}
+
+/// A node slower than `max`: kube-proxy 20 s behind (`minSyncPeriod`), grace 30 s (`max`
+/// 15 s). With the agent the drain serves until that node's rules stop routing to it (past
+/// `max`); without it, on the arrivals alone, until its fresh connections stop — inside the
+/// grace either way, and nothing lost.
+#[test]
+fn real_stack_a_node_slower_than_max_is_outlasted() {
+    let mut cells = Vec::new();
+    for agents in [true, false] {
+        let mut c = real(Server::Lameduck, Backend::Iptables);
+        c.grace = Duration::from_secs(30);
+        c.sync_delay = Duration::from_secs(20);
+        c.shape = Shape::Fresh;
+        c.new_conn_rate = 2.0;
+        c.agents = agents;
+        cells.push(c);
+    }
+    for r in &run(&cells) {
+        assert_drains_clean(r);
+        for p in &r.pods {
+            let after = p.steps.exit_after_proxy_ms().unwrap_or_else(|| {
+                panic!("{}: no proxy update or no exit: {}", p.pod, describe(r))
+            });
+            assert!(
+                after >= 0,
+                "{}: exit before the update: {}",
+                p.pod,
+                describe(r)
+            );
+            assert!(
+                p.drain_ms.is_some_and(|d| d < 29_000),
+                "{}: past the grace: {}",
+                p.pod,
+                describe(r)
+            );
+        }
+    }
+}
