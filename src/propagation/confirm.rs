@@ -4,7 +4,8 @@
 //! arrivals for every path kube-proxy routes.
 //!
 //! From the trigger on, every agent is asked every [`POLL`] (each question bounded by
-//! [`ASK_TIMEOUT`]) until the commit. An agent *confirms* when its answer — about this
+//! [`ASK_TIMEOUT`], at most [`CONCURRENT_ASKS`] at once, and at most [`QUESTIONS_PER_SECOND`]
+//! in all: a large cluster's nodes are each asked less often) until the commit. An agent *confirms* when its answer — about this
 //! process's own address, the source of the question — says its rules no longer route here.
 //! Such an answer is evidence by itself: the rules it read after the trigger no longer DNAT
 //! to this Pod, which kube-proxy does only once the EndpointSlice stopped listing it ready
@@ -35,6 +36,19 @@ pub const NODE_AGENTS_ENV: &str = "LAMEDUCK_NODE_AGENTS";
 
 /// How often every agent is asked.
 pub(crate) const POLL: Duration = Duration::from_millis(250);
+/// At most this many questions in flight at once.
+pub(crate) const CONCURRENT_ASKS: usize = 64;
+/// At most this many questions a second, all agents together: a cluster of many nodes is
+/// asked less often per node.
+pub(crate) const QUESTIONS_PER_SECOND: u32 = 1_000;
+
+/// How often each of `agents` agents is asked: every [`POLL`], or less often where that would
+/// be more than [`QUESTIONS_PER_SECOND`] (every 5 s with 5,000 nodes).
+pub(crate) fn poll_interval(agents: usize) -> Duration {
+    let n = u32::try_from(agents).unwrap_or(u32::MAX);
+    POLL.max(Duration::from_secs(1) * n / QUESTIONS_PER_SECOND)
+}
+
 /// How long one question may take.
 pub(crate) const ASK_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -211,14 +225,19 @@ impl Confirmations {
             .iter()
             .map(|a| a.addr.clone())
             .collect();
+        let limit = Arc::new(tokio::sync::Semaphore::new(CONCURRENT_ASKS));
+        let round = poll_interval(addrs.len());
         loop {
             let asked = Instant::now();
-            // All at once, each bounded by its own timeout.
+            // Each bounded by its own timeout, at most `CONCURRENT_ASKS` at a time.
             let asks: Vec<_> = addrs
                 .iter()
                 .map(|a| {
-                    let a = a.clone();
-                    tokio::spawn(async move { client::ask(&a, ASK_TIMEOUT).await })
+                    let (a, limit) = (a.clone(), Arc::clone(&limit));
+                    tokio::spawn(async move {
+                        let _slot = limit.acquire_owned().await;
+                        client::ask(&a, ASK_TIMEOUT).await
+                    })
                 })
                 .collect();
             let mut answers = Vec::with_capacity(asks.len());
@@ -235,7 +254,7 @@ impl Confirmations {
             if changed {
                 self.changed.send_replace(());
             }
-            tokio::time::sleep_until(asked + POLL).await;
+            tokio::time::sleep_until(asked + round).await;
         }
     }
 
@@ -296,6 +315,15 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::{Confirmations, NodeAgents, NodesSay};
+
+    #[test]
+    fn many_agents_are_asked_less_often_each() {
+        use std::time::Duration;
+        assert_eq!(super::poll_interval(3), Duration::from_millis(250));
+        assert_eq!(super::poll_interval(250), Duration::from_millis(250));
+        assert_eq!(super::poll_interval(1_000), Duration::from_secs(1));
+        assert_eq!(super::poll_interval(5_000), Duration::from_secs(5));
+    }
 
     #[tokio::test]
     async fn a_name_is_one_agent_per_address_it_resolves_to() {

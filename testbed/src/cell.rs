@@ -61,7 +61,7 @@ impl Drop for Agents {
 /// [`AGENT_PORT`](net::AGENT_PORT); each has answered once before this returns.
 fn start_agents(
     netns: &Netns,
-    nodes: usize,
+    (nodes, down): (usize, &[usize]),
     backend: Backend,
     bin: &Path,
     dir: &Path,
@@ -71,7 +71,7 @@ fn start_agents(
         Backend::Iptables => "iptables",
         Backend::Nftables => "nftables",
     };
-    for k in 1..=nodes {
+    for k in (1..=nodes).filter(|k| !down.contains(k)) {
         let log = std::fs::File::create(dir.join(format!("agent-node{k}.log")))
             .map_err(|e| NetError(format!("agent log: {e}")))?;
         let child = std::process::Command::new("ip")
@@ -112,13 +112,8 @@ pub fn run_cell(
     // they are (`--node-agents`, in `config.server_cmd`).
     let _agents = if config.agents {
         let bin = agent_bin(service_bin);
-        Some(start_agents(
-            &netns,
-            specs.len(),
-            config.backend,
-            &bin,
-            &dir,
-        )?)
+        let nodes = (specs.len(), config.agents_down.as_slice());
+        Some(start_agents(&netns, nodes, config.backend, &bin, &dir)?)
     } else {
         None
     };

@@ -424,3 +424,28 @@ fn node_agents_end_pool_drains_when_the_proxy_stopped_routing() {
         }
     }
 }
+
+/// An agent down before the drain: two nodes (kube-proxy 1 s and 4 s behind) with pools,
+/// node 2's agent not running though the service is told of it. Node 2 confirms nothing, so no
+/// drain commits on the agents' word: each waits as it would without agents (`max`), and loses
+/// nothing.
+#[test]
+fn an_agent_down_confirms_nothing_and_its_drains_wait_as_without_agents() {
+    let mut c = CellConfig::new(Server::Lameduck);
+    c.grace = Duration::from_secs(30);
+    c.agents = true;
+    c.agents_down = vec![2];
+    let node = |sync: u64, rate: f64| cell::NodeSpec {
+        sync_delay: Duration::from_secs(sync),
+        slow: false,
+        clients: Some(cell::ClientSpec::new(Shape::Pool, rate)),
+    };
+    c.nodes = vec![node(1, 40.0), node(4, 5.0)];
+    for r in &run(&[c]) {
+        assert_drains_clean(r);
+        for p in &r.pods {
+            assert!(!p.confirmed(), "{}: {}", p.pod, describe(r));
+            assert!(p.at_max(), "{}: {}", p.pod, describe(r));
+        }
+    }
+}

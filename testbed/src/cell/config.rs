@@ -46,6 +46,9 @@ pub struct CellConfig {
     /// Runs a node agent (`lameduck-agent`) in every node namespace and tells the lameduck
     /// service where they are (`--node-agents`): the drain asks the proxies themselves.
     pub agents: bool,
+    /// Nodes (1-based) whose agent is not started though the service is told of it: an agent
+    /// down before the drain, which answers nothing.
+    pub agents_down: Vec<usize>,
     /// The lameduck server's hook as `exec` of `service prestop` instead of `httpGet /drain`.
     pub exec_hook: bool,
     /// Real stack only: the Pods run as `examples/k8s/`'s ServiceAccount with its RBAC, get
@@ -96,6 +99,7 @@ impl CellConfig {
             start_delay: Duration::from_secs(2),
             lameduck_flags: Vec::new(),
             agents: false,
+            agents_down: Vec::new(),
             exec_hook: false,
             kube: false,
             deployment: false,
@@ -179,6 +183,9 @@ impl CellConfig {
         }
         if self.agents && self.server == Server::Lameduck {
             n.push_str("/agents");
+            for k in &self.agents_down {
+                let _ = write!(n, "-down{k}");
+            }
         }
         n
     }
