@@ -351,7 +351,8 @@ fn past_max(
     now: Instant,
     nodes: NodesSay,
 ) -> Check {
-    if now >= limits.cap_at {
+    // Past the cap, or every node's proxy said it no longer routes here: nothing to outwait.
+    if now >= limits.cap_at || matches!(nodes, NodesSay::Confirmed(_)) {
         return Check::Max;
     }
     if nodes == (NodesSay::Waiting { routed: true }) {
