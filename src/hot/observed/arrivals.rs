@@ -20,7 +20,7 @@
 //! Taking a row (a new peer's) is serialised by a lock; finding one's row is lock-free.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -232,18 +232,17 @@ impl Arrivals {
         let v = entry(slot) << 2;
         // Relaxed: read by the driver, which tolerates a slot seen a moment late.
         if entry_ref.load(Ordering::Relaxed) < v {
-            self.note_request_slow(path, entry_ref, v, slot);
+            self.note_request_slow(path, slot);
         }
     }
 
-    /// The first request of a slot.
+    /// The first request of a slot: two arguments, as few as the fast path has to pass.
     #[cold]
     #[inline(never)]
-    fn note_request_slow(&self, path: PathId, entry: &AtomicU32, v: u32, slot: u64) {
-        entry.fetch_max(v, Ordering::Relaxed);
-        self.rows[path.index()]
-            .last
-            .fetch_max(slot + 1, Ordering::Relaxed);
+    fn note_request_slow(&self, path: PathId, slot: u64) {
+        let row = &self.rows[path.index()];
+        row.ring[(slot % RING as u64) as usize].fetch_max(entry(slot) << 2, Ordering::Relaxed);
+        row.last.fetch_max(slot + 1, Ordering::Relaxed);
         if !self.requests_seen.load(Ordering::Relaxed) {
             self.requests_seen.store(true, Ordering::Relaxed);
         }
