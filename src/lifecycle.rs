@@ -332,13 +332,19 @@ impl Driver {
     async fn wait_for_zero(&self, origin: Instant) -> (stragglers::Cut, bool) {
         let mut deadline_hit = false;
         if !self.is_forced() {
+            // Each event says when its work ended where that was before the drain saw it
+            // done: work that ended before `stopped_accepting` is stamped then, not when it ran.
+            let stopped = Instant::now();
+            let none_at_stop = self.core.counter.count() == 0;
             let requests = async {
                 self.core.wait_zero().await;
-                self.push_now(EventKind::InFlightZero, None);
+                let detail = none_at_stop.then_some("none in flight at stopped_accepting");
+                self.push_now(EventKind::InFlightZero, detail);
             };
             let tasks = async {
                 self.tasks.tracker.wait().await;
-                self.push_now(EventKind::TasksDone, None);
+                let detail = work_ended(self.tasks.last_ended(), stopped, origin);
+                self.push_now(EventKind::TasksDone, Some(&detail));
             };
             let both = async { tokio::join!(requests, tasks) };
             tokio::select! {
@@ -454,5 +460,22 @@ impl Driver {
         let (used, hard) = (now - origin.at, self.deadlines.budget().hard_deadline());
         let exit = origin.event_at(EventKind::Exit, now);
         self.exit.write_starved(report, (used, hard), exit, until);
+    }
+}
+
+/// The detail of `tasks_done`: which task ended last and, when that was before
+/// `stopped_accepting` (at `stopped`), when — the event itself is stamped when the drain saw
+/// the tasks done, which is no earlier than the stop.
+fn work_ended(last: Option<(Instant, String)>, stopped: Instant, origin: Instant) -> String {
+    match last {
+        None => "no task ran".to_owned(),
+        Some((at, name)) if at < origin => {
+            format!("the last task, `{name}`, ended before the drain started")
+        }
+        Some((at, name)) if at < stopped => format!(
+            "the last task, `{name}`, ended at +{} ms, before stopped_accepting",
+            at.saturating_duration_since(origin).as_millis()
+        ),
+        Some((_, name)) => format!("the last task to end: `{name}`"),
     }
 }

@@ -1074,6 +1074,13 @@ fn a_drain_call_that_waits_on_weak_evidence_says_so_on_stderr() {
         line.contains("waits for max") && line.contains("/drain?wait=none"),
         "{line}"
     );
+    // The line names the weak evidence's own cause, the one the report names too.
+    let weak = report.propagation.evidence.as_ref().and_then(|e| e.weak);
+    let weak = weak.unwrap_or_else(|| panic!("the report names no weak evidence: {err}"));
+    assert!(
+        line.contains(weak.as_str()) && line.contains(weak.cause()),
+        "{weak:?}: {line}"
+    );
 }
 
 /// A process that served for less than the evidence window waits to `max`, and the one line

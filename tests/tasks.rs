@@ -52,6 +52,41 @@ async fn a_must_finish_task_delays_closing() {
     assert!(td < rc);
 }
 
+/// A batch that finished at +986 ms of a drain that stopped accepting at +5 s: the timeline's
+/// `tasks_done` is seen at the stop, and says the work ended at +986 ms (not that it ran 5 s).
+#[tokio::test(start_paused = true)]
+async fn tasks_done_says_when_the_last_task_ended_before_the_stop() {
+    let drain = quiet_builder()
+        .grace_period(secs(10))
+        .propagation(Propagation::fixed(secs(5)))
+        .build()
+        .unwrap();
+    drain.start(Trigger::Api);
+    drain.spawn("batch", async {
+        tokio::time::sleep(ms(986)).await;
+    });
+    let report = drain.drained().await;
+    let done = report.event(EventKind::TasksDone).unwrap();
+    let stop = report.event(EventKind::StoppedAccepting).unwrap();
+    assert!(done.at_ms >= stop.at_ms, "{done:?} {stop:?}");
+    assert_eq!(
+        done.detail.as_deref(),
+        Some("the last task, `batch`, ended at +986 ms, before stopped_accepting")
+    );
+    let zero = report.event(EventKind::InFlightZero).unwrap();
+    assert_eq!(
+        zero.detail.as_deref(),
+        Some("none in flight at stopped_accepting")
+    );
+
+    // No task at all: said so.
+    let drain = builder().build().unwrap();
+    drain.start(Trigger::Api);
+    let report = drain.drained().await;
+    let done = report.event(EventKind::TasksDone).unwrap();
+    assert_eq!(done.detail.as_deref(), Some("no task ran"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_cancellable_task_sees_its_token_at_drain_start() {
     let drain = builder().build().unwrap();

@@ -25,16 +25,18 @@ impl Drain {
         tracing::info!(
             wait,
             weak = weak.as_str(),
+            cause = weak.cause(),
             max_ms,
-            "lameduck: /drain waits for the propagation max unless the traffic during the drain says more: too little traffic to measure so far"
+            "lameduck: /drain waits for the propagation max unless the traffic during the drain says more"
         );
         if !tracing::dispatcher::has_been_set() {
             let line = format!(
-                "lameduck: /drain (wait={wait}) answers when the drain is done: too little traffic to \
-                 measure propagation ({}) so far, so it waits for max, {max_ms} ms after the \
-                 trigger, unless the traffic during the drain says more; `/drain?wait=none` \
-                 answers at once, `/status` shows the drain\n",
-                weak.as_str()
+                "lameduck: /drain (wait={wait}) answers when the drain is done: the evidence so \
+                 far is weak ({}: {}), so it waits for max, {max_ms} ms after the trigger, \
+                 unless the traffic during the drain says more; `/drain?wait=none` answers at \
+                 once, `/status` shows the drain\n",
+                weak.as_str(),
+                weak.cause()
             );
             // Bounded, and off the runtime: a stalled stderr must not hold the answer.
             tokio::task::spawn_blocking(move || {

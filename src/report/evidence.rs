@@ -190,6 +190,39 @@ impl WeakEvidence {
     pub fn as_str(self) -> &'static str {
         crate::vocab::names::of(&self)
     }
+
+    /// Why the evidence cannot end the wait before `max`, in a phrase a log line can carry:
+    /// each kind its own cause, not one text for all.
+    pub fn cause(self) -> &'static str {
+        match self {
+            WeakEvidence::NoConnectionData => {
+                "no connection was counted (serve with lameduck::serve or axum_serve, or call \
+                 ConnMeta::accepted in your accept loop)"
+            }
+            WeakEvidence::TooFewSlots => {
+                "the process served less than 15 s before the trigger: too short to have seen \
+                 its traffic's slower phases"
+            }
+            WeakEvidence::TooSparse => {
+                "new connections were too rare before the trigger for a silence within max to \
+                 prove anything"
+            }
+            WeakEvidence::NewPath => {
+                "a peer silent before the trigger kept connecting after it: something still \
+                 routes it here"
+            }
+            WeakEvidence::KeptConnections => {
+                "a client kept connections alive (a pool): it reconnects when its own demand \
+                 needs it, which no silence bounds; node agents, the EndpointSlice (feature \
+                 kube), or per_request_peers for a proxy that routes each request can end the \
+                 wait sooner"
+            }
+            WeakEvidence::TooManyPeers => {
+                "more peers were live at once than the arrival table tells apart: a shared \
+                 row's silence proves nothing"
+            }
+        }
+    }
 }
 
 /// What the propagation policy went on when it committed (or, while draining, what it waits
@@ -529,11 +562,21 @@ impl EvidenceReport {
                 p.routing.as_str(),
                 p.open_now
             ),
-            Some(p) if p.pool_wait_ms.is_some() => format!(
+            // The wait is printed only where it passed within the path's silence, so within
+            // the drain: one computed from one slow reuse can be an hour.
+            Some(p) if p.pool_wait_ms.is_some_and(|w| w <= p.silence_ms) => format!(
                 "; held by {peer} ({}: {} ms after its last new connection for its kept \
                  connections to be reused, judged from {} of {} reused)",
                 p.routing.as_str(),
                 p.pool_wait_ms.unwrap_or(0),
+                p.kept_reused.unwrap_or(0),
+                p.open_at_trigger
+            ),
+            Some(p) if p.pool_wait_ms.is_some() => format!(
+                "; held by {peer} ({}: its kept connections were reused too slowly, {} of {} \
+                 since the trigger, for the wait they ask after its last new connection to \
+                 pass within the drain)",
+                p.routing.as_str(),
                 p.kept_reused.unwrap_or(0),
                 p.open_at_trigger
             ),
@@ -562,5 +605,86 @@ impl SilenceRule {
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
         crate::vocab::names::of(&self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool_path(pool_wait_ms: u64, silence_ms: u64) -> PathEvidence {
+        PathEvidence {
+            peer: "10.0.0.7".to_owned(),
+            routing: PathRouting::Connections,
+            counted: true,
+            active_slots: 40,
+            connection_slots: 12,
+            open_at_trigger: 4,
+            new_after_trigger: 0,
+            open_now: 0,
+            pool_wait_ms: Some(pool_wait_ms),
+            kept_reused: Some(1),
+            kept_alive: 0,
+            rate_per_1000s: Some(500),
+            t_conf_ms: Some(900),
+            weak: None,
+            declared_per_request: false,
+            like_a_pool: false,
+            silence_ms,
+        }
+    }
+
+    fn held(path: PathEvidence) -> EvidenceReport {
+        EvidenceReport {
+            kind: EvidenceKind::Confidence,
+            max_reason: None,
+            weak: None,
+            slot_ms: 250,
+            slots_observed: 60,
+            slots_after_trigger: 10,
+            empty_slots: 20,
+            requests_seen: false,
+            rate_per_1000s: Some(500),
+            p_empty_ppm: None,
+            stay_empty_ppm: None,
+            longest_gap_ms: None,
+            epsilon_ppm: 1000,
+            t_conf_ms: Some(900),
+            rule: Some(SilenceRule::Markov),
+            fallback_ms: None,
+            silence_ms: path.silence_ms,
+            endpoint_slice: None,
+            endpoint_slice_unused: None,
+            held_by: Some(path.peer.clone()),
+            paths: vec![path],
+            past_max_ms: None,
+            still_routed_at_cap: false,
+            nodes: Vec::new(),
+            per_request_peers: Vec::new(),
+            in_flight_hold: None,
+        }
+    }
+
+    /// Every number in `s` (digits, commas and dots dropped).
+    fn numbers(s: &str) -> Vec<u64> {
+        s.split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    }
+
+    /// A pool's wait computed from one slow reuse (an hour at most) is no figure of a 2.7 s
+    /// drain: the text says the wait did not pass instead of printing it.
+    #[test]
+    fn a_pool_wait_longer_than_the_drain_is_not_printed_as_a_figure() {
+        let long = held(pool_path(1_050_867, 2_700)).describe();
+        assert!(!long.contains("1050867"), "{long}");
+        assert!(numbers(&long).iter().all(|&n| n <= 2_700), "{long}");
+        assert!(long.contains("reused too slowly"), "{long}");
+        // One that passed within the path's silence is printed: the reader can check it.
+        let short = held(pool_path(1_800, 2_700)).describe();
+        assert!(
+            short.contains("1800 ms after its last new connection"),
+            "{short}"
+        );
     }
 }

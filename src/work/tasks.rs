@@ -152,6 +152,9 @@ struct Registry {
     running: BTreeMap<u64, Running>,
     /// Tasks that panicked or were aborted (completed ones are not kept).
     ended: Vec<TaskEnd>,
+    /// When the last task to end ended, however it ended, and its name: the timeline's
+    /// `tasks_done` says when the work ended, not only when the drain saw it done.
+    last_end: Option<(Instant, String)>,
 }
 
 /// Records how a task ended when its wrapper is dropped: on completion (`outcome` `None`:
@@ -173,8 +176,10 @@ impl Drop for TaskEndGuard {
                 return;
             };
             let Some(result) = self.outcome else {
+                reg.last_end = Some((Instant::now(), task.name));
                 return;
             };
+            reg.last_end = Some((Instant::now(), task.name.clone()));
             if result == TaskResult::Panicked {
                 tracing::error!(task = %task.name, "lameduck: background task panicked");
             }
@@ -271,7 +276,11 @@ impl Tasks {
         self.tracker.len()
     }
 
-    /// Names and start times of the tasks still running.
+    /// When the last task to end ended, and its name; `None` if none has ended.
+    pub(crate) fn last_ended(&self) -> Option<(Instant, String)> {
+        self.registry.locked().last_end.clone()
+    }
+
     /// The `keep` tasks running longest, and how many are running.
     pub(crate) fn oldest_running(&self, keep: usize) -> (Vec<(String, TaskKind, Instant)>, usize) {
         let reg = self.registry.locked();
