@@ -388,6 +388,57 @@ fn lameduck_behind_a_prestop_hook_over_http2_passes_every_contract() {
     );
     let prestop = run.json["prestop"].as_str().unwrap();
     assert!(prestop.contains(": 200 (httpGet"), "{prestop}");
+    assert!(
+        run.json["contracts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "prestop" && c["verdict"] == "pass"),
+        "{}",
+        run.table()
+    );
+}
+
+/// A preStop `/drain` the service refuses (its admin token is not the hook's: the hook sends
+/// none) told the service nothing; kubelet ignores a hook's status, so `check` is where it
+/// shows: the `prestop` contract fails and names the token, and the run fails.
+#[test]
+fn a_prestop_hook_the_service_refuses_fails_the_check_and_names_the_token() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("lameduck-prestop-401");
+    let (service, mut flags) = service_setup(&dir);
+    // `env` execs the service: the same pid, with a token the hook does not send.
+    let mut with_token = vec![
+        "env".to_owned(),
+        "LAMEDUCK_ADMIN_TOKEN=only-the-service-knows".to_owned(),
+    ];
+    with_token.extend(service);
+    with_token.extend(["--grace-period".into(), "12s".into()]);
+    let drain = flags[3].replace("/readyz", "/drain?wait=drained");
+    flags.extend([
+        "--grace-period".into(),
+        "12s".into(),
+        "--prestop-http".into(),
+        drain,
+    ]);
+    let run = check(&dir, &strs(&flags), &strs(&with_token));
+    let prestop = run.json["contracts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "prestop")
+        .unwrap_or_else(|| panic!("no prestop contract: {}", run.table()));
+    assert_eq!(prestop["verdict"], "fail", "{}", run.table());
+    let summary = prestop["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("refused (401)") && summary.contains("LAMEDUCK_ADMIN_TOKEN"),
+        "{summary}"
+    );
+    assert_eq!(run.out.status.code(), Some(1), "{}", run.table());
+    assert!(run.json["prestop"]
+        .as_str()
+        .unwrap()
+        .contains(": 401 (httpGet"));
 }
 
 #[test]
@@ -574,6 +625,7 @@ fn python_http_server_gets_a_sensible_verdict() {
 /// * `big-readyz`: `/readyz` answers 200 with a 300 MB body.
 /// * `/prestop` always answers an endless chunked body; `/drain` starts the drain SIGTERM
 ///   starts (a preStop endpoint).
+/// * `no-slow-routes`: `/slow` and `/stream` answer 404 (a service with routes of its own).
 /// * `bigline`: writes a 400 MB line without a newline to stdout at start.
 /// * `badutf8`: before it serves, writes 200 lines of 256 KiB of invalid UTF-8 to stdout and
 ///   to stderr (each byte becomes three in a lossy conversion).
@@ -617,7 +669,10 @@ class H(BaseHTTPRequestHandler):
     def do_GET(self):
         u = urllib.parse.urlparse(self.path)
         ms = int(urllib.parse.parse_qs(u.query).get('ms', ['0'])[0])
-        if u.path == '/readyz' and draining.is_set():
+        if 'no-slow-routes' in modes and u.path in ('/slow', '/stream'):
+            self.head(404, 9)
+            self.wfile.write(b'not found')
+        elif u.path == '/readyz' and draining.is_set():
             self.head(503, 8)
             self.wfile.write(b'draining')
         elif u.path == '/readyz' and 'big-readyz' in modes:
@@ -758,6 +813,70 @@ fn a_correct_server_without_lameduck_passes() {
     assert_eq!((cases, failures, skipped), (8, 0, 1));
     let table = String::from_utf8_lossy(&run.out.stdout);
     assert!(table.contains("\nPASS: 7 passed"), "{table}");
+}
+
+/// A correct service without `/slow` or `/stream` passes with the guide's flags: the routes it
+/// lacks are left out before the run, with a note naming the flags, not filed as lost requests.
+#[test]
+fn a_correct_server_without_slow_or_stream_routes_passes_and_the_run_says_what_it_left_out() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-no-slow-routes");
+    let (flags, command) = python_setup(&dir, &["graceful", "no-slow-routes"]);
+    let run = check(&dir, &strs(&flags), &strs(&command));
+    assert_eq!(run.out.status.code(), Some(0), "{}", run.table());
+    for name in ["listener_open", "keepalive_close", "exit"] {
+        assert_eq!(run.verdict(name), "pass", "{name}: {}", run.table());
+    }
+    // Short requests only: one in flight at the stop is chance, so it passes or is not
+    // measured, never fails.
+    let in_flight = run.verdict("in_flight");
+    assert!(
+        in_flight == "pass" || in_flight == "not_measured",
+        "{}",
+        run.table()
+    );
+    for (kind, flag) in [("slow", "--slow-path"), ("stream", "--stream-path")] {
+        assert!(
+            run.notes()
+                .iter()
+                .any(|n| n.starts_with(&format!("{kind}: left out"))
+                    && n.contains("404")
+                    && n.contains(flag)),
+            "{kind}: {:?}",
+            run.notes()
+        );
+    }
+    // Nothing of the kinds left out was sent.
+    let records = run.json["requests"].as_u64().unwrap();
+    assert!(records > 0, "{}", run.table());
+}
+
+/// A path the command line names and the service lacks stops the run before it starts, naming
+/// the flag that fixes it; the service is stopped with it.
+#[test]
+fn a_named_path_the_service_lacks_is_an_error_before_the_run() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch("python-named-path-404");
+    let (mut flags, command) = python_setup(&dir, &["graceful", "no-slow-routes"]);
+    let port: u16 = flags[1].rsplit(':').next().unwrap().parse().unwrap();
+    flags.extend(["--slow-path".into(), "/slow?ms={ms}&named=1".into()]);
+    let out = Command::new(probe_bin())
+        .arg("check")
+        .args(&flags)
+        .arg("--")
+        .args(&command)
+        .output()
+        .expect("run lameduck-probe check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("answers 404 to GET /slow?ms=10&named=1")
+            && err.contains("--slow-path")
+            && err.contains("--slow-rate 0"),
+        "{err}"
+    );
+    // The service went with the run: its port is free again.
+    std::net::TcpListener::bind(("127.0.0.1", port)).expect("the service still holds its port");
 }
 
 #[test]

@@ -83,6 +83,27 @@ pub enum PreStop {
     Sleep(Duration),
 }
 
+/// How an httpGet or exec hook ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HookEnd {
+    /// httpGet: the status of the answer.
+    Answered(u16),
+    /// httpGet: no answer (connect, handshake, timeout); exec: could not wait for it.
+    NoAnswer(String),
+    /// exec: its exit code (`None`: killed by a signal).
+    Exited(Option<i32>),
+    /// Still running when the grace period ended.
+    OutOfTime,
+}
+
+/// The hook as the judge sees it: its kind, how it ended and when (ms since the Unix epoch).
+#[derive(Debug, Clone)]
+pub(crate) struct HookSeen {
+    kind: &'static str,
+    ended: HookEnd,
+    at: f64,
+}
+
 /// What `/readyz` (the readiness URL) should do once the service is told to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -195,6 +216,10 @@ pub(crate) struct Observed {
     report_expected: Option<String>,
     /// Why `--report-file` gave no report (unreadable, or no report in it), when it gave none.
     report_unread: Option<String>,
+    /// An httpGet or exec preStop hook, how it ended.
+    hook: Option<HookSeen>,
+    /// The kinds of request left out before the run (a default path the service lacks).
+    preflight: Vec<String>,
 }
 
 /// What a `check` produced.

@@ -19,6 +19,7 @@ use crate::{ProbeError, ProbeHandle, ProbeResult};
 
 mod finish;
 mod hook;
+mod preflight;
 mod told;
 
 use finish::finish;
@@ -31,8 +32,9 @@ use finish::finish;
 /// starts and misbehaves is a report with failed contracts, not an error.
 pub async fn run_check(args: &CheckArgs) -> Result<CheckReport, CheckError> {
     let inputs = Inputs::parse(args)?;
-    let traffic = traffic_for(args);
-    let probe = Probe::new(traffic.clone()).map_err(|e| error(format!("invalid setting {e}")))?;
+    let mut traffic = traffic_for(args);
+    // Checked before the service starts; built again once the paths are known.
+    Probe::new(traffic.clone()).map_err(|e| error(format!("invalid setting {e}")))?;
 
     let started_unix_ms = unix_now();
     let started = tokio::time::Instant::now();
@@ -67,7 +69,18 @@ pub async fn run_check(args: &CheckArgs) -> Result<CheckReport, CheckError> {
         ));
     }
 
-    // 2. Traffic and probes.
+    // 2. The paths the run sends (a route the service lacks is no lost request), then
+    // traffic and probes.
+    match preflight::paths(&mut traffic).await {
+        Ok(notes) => observed.preflight = notes,
+        Err(why) => {
+            service.kill();
+            let _ = service.wait_or_kill(tokio::time::Instant::now()).await;
+            service.kill();
+            return Err(error(why));
+        }
+    }
+    let probe = Probe::new(traffic).map_err(|e| error(format!("invalid setting {e}")))?;
     let pollers = Pollers::start(args, &inputs);
     let handle = probe.handle();
     let traffic_task = tokio::spawn(probe.run());
@@ -171,6 +184,8 @@ impl Observed {
                     .map(|p| format!("--report-file {} was given", p.display()))
             },
             report_unread: None,
+            hook: None,
+            preflight: Vec::new(),
         }
     }
 }
@@ -288,12 +303,18 @@ async fn stop(
             hook::Reach::Unknown => observed.exec_hook = true,
             hook::Reach::Nothing => {}
         }
+        let ended_at = unix_now();
         prestop_text = Some(format!(
             "{} ({}; ended at {})",
             ran.text(),
             hook::name(hook),
-            contracts::at(unix_now(), t0)
+            contracts::at(ended_at, t0)
         ));
+        observed.hook = ran.ended().map(|ended| crate::check::HookSeen {
+            kind: hook::name(hook),
+            ended,
+            at: ended_at,
+        });
     }
     if let Some(exit) = service.try_exit() {
         observed.exit = Some(exit);

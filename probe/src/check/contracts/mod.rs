@@ -18,7 +18,7 @@ mod signal;
 pub(super) use connections::{in_flight, keepalive_close, listener_open};
 pub(super) use exit::{exit, report, ReportFacts};
 pub(super) use lifecycle::{liveness, readiness, startup};
-pub(super) use signal::stop_signal;
+pub(super) use signal::{prestop, stop_signal};
 
 /// Requests listed by name in one contract's evidence; the rest are counted.
 const LISTED: usize = 20;
@@ -65,7 +65,8 @@ impl fmt::Display for Verdict {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Contract {
-    /// Its name: `startup`, `readiness`, `liveness`, `stop_signal`, `listener_open`,
+    /// Its name: `startup`, `readiness`, `liveness`, `prestop` (with an httpGet or exec
+    /// hook), `stop_signal`, `listener_open`,
     /// `in_flight`, `keepalive_close`, `exit`, `report`.
     pub name: String,
     /// What it promises, in a few words.

@@ -2,7 +2,7 @@
 
 use super::{at, Contract, Judge};
 use crate::check::process::Disposition;
-use crate::check::Observed;
+use crate::check::{HookEnd, Observed};
 use crate::config::ConnectionMode;
 
 pub(crate) fn stop_signal(o: &Observed) -> Contract {
@@ -162,4 +162,58 @@ fn signal_verdict(judge: &Judge<'_>, o: &Observed, d: &Disposition, r: &Reaction
             d.name
         ))
     }
+}
+
+/// The `preStop` hook (httpGet or exec): did it reach the service. kubelet ignores an httpGet
+/// hook's status and only records an exec hook's failure as an event, so a hook that does
+/// nothing (a token the service refuses, a wrong path) is seen nowhere else.
+pub(crate) fn prestop(o: &Observed) -> Option<Contract> {
+    const NAME: &str = "prestop";
+    const TITLE: &str = "the preStop hook reaches the service";
+    let judge = Judge::new(NAME, TITLE);
+    let hook = o.hook.as_ref()?;
+    let t0 = o.t0?;
+    let evidence = vec![format!("{} hook ended at {}", hook.kind, at(hook.at, t0))];
+    let sig = &o.signal_name;
+    let contract = match &hook.ended {
+        HookEnd::Answered(s) if (200..300).contains(s) => {
+            judge.pass(format!("the hook's GET was answered {s}"))
+        }
+        HookEnd::Answered(s @ 500..) => judge.warn(format!(
+            "the hook's GET was answered {s}: the service took the call and failed it (504 is \
+             lameduck's answer when `?timeout=` passes with the drain going on)"
+        )),
+        HookEnd::Answered(s @ (401 | 403)) => judge.fail(format!(
+            "the hook's GET was refused ({s}): the token it sends is not the service's \
+             (LAMEDUCK_ADMIN_TOKEN, and the hook's httpHeaders or `--token`); the service \
+             learned of the stop only from {sig}, after the hook, and kubelet ignores a \
+             hook's status, so nothing else reports it"
+        )),
+        HookEnd::Answered(404) => judge.fail(format!(
+            "the hook's GET was answered 404: the service has no such path (lameduck's admin \
+             endpoint is /drain, on the admin port); the service learned of the stop only \
+             from {sig}"
+        )),
+        HookEnd::Answered(s) => judge.fail(format!(
+            "the hook's GET was answered {s}: the service did not take it; it learned of the \
+             stop only from {sig}"
+        )),
+        HookEnd::NoAnswer(e) => judge.fail(format!(
+            "the hook got no answer ({e}): the service learned of the stop only from {sig}"
+        )),
+        HookEnd::Exited(Some(0)) => judge.pass("the hook's command exited 0"),
+        HookEnd::Exited(code) => judge.warn(format!(
+            "the hook's command {}: kubelet records FailedPreStopHook and sends {sig}; \
+             whether it told the service first, the other contracts say",
+            code.map_or_else(
+                || "was killed by a signal".to_owned(),
+                |c| format!("exited {c}")
+            )
+        )),
+        HookEnd::OutOfTime => judge.fail(
+            "the hook was still running when the grace period ended: the service got no time \
+             after it",
+        ),
+    };
+    Some(contract.with(evidence))
 }

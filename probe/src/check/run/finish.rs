@@ -96,20 +96,23 @@ pub(super) fn finish(
     let mut notes: Vec<String> = super::told::settle(&mut observed).into_iter().collect();
     let expect_serving = args.expect_readiness == ExpectReadiness::Serving;
     let report = contracts::report(&observed);
+    let prestop_contract = contracts::prestop(&observed);
     notes.extend(notes_beside(&observed, report.is_none(), left_behind));
-    let contracts = vec![
+    let mut contracts = vec![
         contracts::startup(&observed),
         contracts::readiness(&observed, expect_serving),
         contracts::liveness(&observed),
+    ];
+    // The hook runs before the signal: its contract comes before the signal's.
+    contracts.extend(prestop_contract);
+    contracts.extend([
         contracts::stop_signal(&observed),
         contracts::listener_open(&observed),
         contracts::in_flight(&observed),
         contracts::keepalive_close(&observed),
         contracts::exit(&observed),
-    ]
-    .into_iter()
-    .chain(report)
-    .collect();
+    ]);
+    contracts.extend(report);
     CheckReport {
         command: args.command.clone(),
         pid_namespace: args.pid_namespace,
@@ -130,7 +133,7 @@ pub(super) fn finish(
 /// What the run noticed beside the contracts: the report contract left out, a drain that
 /// waited to `max` because the process was young, processes killed after the exit.
 fn notes_beside(observed: &Observed, report_left_out: bool, left_behind: &[String]) -> Vec<String> {
-    let mut notes = Vec::new();
+    let mut notes = observed.preflight.clone();
     if report_left_out {
         notes.push(
             "report: left out: no lameduck drain report on stderr, and none expected (no \

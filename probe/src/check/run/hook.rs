@@ -11,7 +11,7 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
 use crate::check::http::{self, Url};
-use crate::check::{process, PreStop};
+use crate::check::{process, HookEnd, PreStop};
 
 /// Whether a hook can have told the service to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,8 @@ pub(super) enum Reach {
 pub(super) struct Ran {
     text: String,
     reach: Reach,
+    /// How it ended, for the `prestop` contract (`None` for a sleep: nothing to judge).
+    ended: Option<HookEnd>,
     /// An exec hook's process group, held only to be SIGKILLed when this is dropped.
     _group: Option<HookGroup>,
 }
@@ -39,8 +41,14 @@ impl Ran {
         Ran {
             text,
             reach,
+            ended: None,
             _group: None,
         }
+    }
+
+    /// How it ended, for the judge.
+    pub(super) fn ended(&self) -> Option<HookEnd> {
+        self.ended.clone()
     }
 
     /// How it ended.
@@ -84,10 +92,20 @@ pub(super) async fn run(hook: &PreStop, url: Option<&Url>, kill_at: tokio::time:
         }
         PreStop::Http(text) => {
             let url = url.expect("parsed with the args");
-            match http::get(url, &[], left).await {
-                Ok(status) => Ran::new(format!("GET {text}: {status}"), Reach::Told),
-                Err(e) => Ran::new(format!("GET {text}: {e}"), Reach::Told),
-            }
+            let (said, ended) = match http::get(url, &[], left).await {
+                Ok(status) => (status.to_string(), HookEnd::Answered(status)),
+                Err(e) => (e.clone(), HookEnd::NoAnswer(e)),
+            };
+            // A refused call (401, 404) or none at all told the service nothing: it learns
+            // of the stop from the signal. A 5xx (lameduck's 504 when `?timeout=` passes
+            // with the drain going on) was taken.
+            let reach = match ended {
+                HookEnd::Answered(s) if (200..300).contains(&s) || s >= 500 => Reach::Told,
+                _ => Reach::Nothing,
+            };
+            let mut ran = Ran::new(format!("GET {text}: {said}"), reach);
+            ran.ended = Some(ended);
+            ran
         }
         PreStop::Exec(cmd) => exec(cmd, left).await,
     }
@@ -105,18 +123,32 @@ async fn exec(cmd: &str, left: std::time::Duration) -> Ran {
     process::die_with_check(&mut command);
     let mut child = match command.spawn() {
         Ok(child) => child,
-        Err(e) => return Ran::new(format!("sh -c {cmd:?}: {e}"), Reach::Nothing),
+        Err(e) => {
+            let mut ran = Ran::new(format!("sh -c {cmd:?}: {e}"), Reach::Nothing);
+            ran.ended = Some(HookEnd::NoAnswer(e.to_string()));
+            return ran;
+        }
     };
     // Taken before the wait: the group outlives its leader.
     let group = child.id().map(|pid| HookGroup(Pid::from_raw(pid as i32)));
-    let text = match tokio::time::timeout(left, child.wait()).await {
-        Ok(Ok(status)) => format!("sh -c {cmd:?}: {status}"),
-        Ok(Err(e)) => format!("sh -c {cmd:?}: {e}"),
-        Err(_) => format!("sh -c {cmd:?}: still running at the grace period"),
+    let (text, ended) = match tokio::time::timeout(left, child.wait()).await {
+        Ok(Ok(status)) => (
+            format!("sh -c {cmd:?}: {status}"),
+            HookEnd::Exited(status.code()),
+        ),
+        Ok(Err(e)) => (
+            format!("sh -c {cmd:?}: {e}"),
+            HookEnd::NoAnswer(e.to_string()),
+        ),
+        Err(_) => (
+            format!("sh -c {cmd:?}: still running at the grace period"),
+            HookEnd::OutOfTime,
+        ),
     };
     Ran {
         text,
         reach: Reach::Unknown,
+        ended: Some(ended),
         _group: group,
     }
 }
