@@ -192,6 +192,12 @@ fn print_drain_times(proxy: &str, drained: &[(Instance, i32)]) -> f64 {
 }
 
 fn assert_clean(result: &ProbeResult) {
+    assert_clean_but(result, 0);
+}
+
+/// As [`assert_clean`], with `set_aside` failures that the proxy's own reload explains (each
+/// printed by whoever set it aside; see `routers::caddy_reload_drops`).
+fn assert_clean_but(result: &ProbeResult, set_aside: u64) {
     let s = &result.summary;
     eprintln!("{}", s.table());
     assert!(
@@ -199,7 +205,11 @@ fn assert_clean(result: &ProbeResult) {
         "the probe sent too little: {}",
         s.all.total
     );
-    assert_eq!((s.all.failed, s.all.unfinished), (0, 0), "lost requests");
+    assert_eq!(
+        (s.all.failed, s.all.unfinished),
+        (set_aside, 0),
+        "lost requests ({set_aside} set aside as the proxy's reload)"
+    );
     assert!(s.slow.succeeded > 0 && s.stream.succeeded > 0);
 }
 
