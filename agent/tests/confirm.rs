@@ -241,3 +241,49 @@ async fn a_node_still_routing_at_max_is_served_until_it_stops() {
     assert!(!ev.still_routed_at_cap, "{json}");
     drop(agent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_during_the_drain_confirms_nothing_and_its_node_is_named() {
+    // The agent answers "still routed" after the trigger, then dies 1 s in while its node's
+    // rules still route here: nothing confirms that node, so the drain does not commit on the
+    // agents' word; it waits to `max` as without them, and the report names the node, its
+    // last answer and why it stopped answering.
+    let path = scratch("killed");
+    write(&path, &rules(true));
+    let agent = start_agent(&path);
+    let d = drain(
+        Propagation::default()
+            .max(Duration::from_secs(4))
+            .node_agents([agent.1.to_string()]),
+    );
+    let addr = serve(&d).await;
+    let clients = tokio::spawn(pool(addr, 4, 400));
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    assert!(d.start(Trigger::Api));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(agent);
+    let report = tokio::time::timeout(Duration::from_secs(20), d.drained())
+        .await
+        .unwrap();
+    clients.await.unwrap();
+    let json = report.to_json();
+    let ev = report.propagation.evidence.clone().unwrap();
+    assert_eq!(ev.kind, EvidenceKind::Max, "{json}");
+    let node = &ev.nodes[0];
+    assert_eq!(node.node.as_deref(), Some("node-a"), "{json}");
+    assert!(node.confirmed_at_ms.is_none(), "{json}");
+    // Its answers before it died said the node still routed here.
+    let last = node.last_answer_ms.unwrap();
+    assert!(last < 1_500, "{json}");
+    assert!(!node.still_routing.is_empty(), "{json}");
+    assert!(node.error.is_some(), "{json}");
+    let stop = report.event(EventKind::StoppedAccepting).unwrap().at_ms;
+    assert!(stop >= 4_000, "{json}");
+    assert!(
+        report
+            .advice
+            .iter()
+            .any(|a| a.rule.as_str() == "node_agent_unanswered"),
+        "{json}"
+    );
+}

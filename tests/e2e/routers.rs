@@ -14,8 +14,8 @@ use super::procs::{
     Instance, Proxy,
 };
 use super::{
-    assert_clean, assert_clean_but, diagnose, prestop, print_drain_times, probe_config,
-    start_probe, Fleet, NGINX_RELOAD_LAG, SERVE_BEFORE_DRAIN,
+    assert_clean, assert_clean_but, diagnose, diagnose_but, prestop, print_drain_times,
+    probe_config, start_probe, Fleet, NGINX_RELOAD_LAG, SERVE_BEFORE_DRAIN,
 };
 
 /// The default policy (grace 30 s, `max` 15 s), with the proxies on 127.0.0.1 declared to
@@ -173,10 +173,10 @@ fn reload_rollout(
     let median = print_drain_times(run, &drained);
     let set_aside = match kind {
         Reloading::Caddy { .. } => caddy_reload_drops(&dir, &result, &reloads),
-        Reloading::Nginx => 0,
+        Reloading::Nginx => Vec::new(),
     };
-    assert_clean_but(&result, set_aside);
-    diagnose(&dir, &result, &drained);
+    assert_clean_but(&result, set_aside.len() as u64);
+    diagnose_but(&dir, &result, &drained, &set_aside);
     (median, drained)
 }
 
@@ -238,12 +238,12 @@ const CADDY_RELOAD_DROPS: usize = 2;
 /// a reload (from 100 ms before it to 1 s after), and Caddy logged no error or warning about
 /// its upstreams (a lameduck instance that broke a request shows as a 502 or as an aborted
 /// response Caddy logs). At most [`CADDY_RELOAD_DROPS`]; anything else stays a loss.
-/// Returns how many.
+/// Returns their ids.
 fn caddy_reload_drops(
     dir: &std::path::Path,
     result: &lameduck_probe::ProbeResult,
     reloads: &[(f64, f64)],
-) -> u64 {
+) -> Vec<String> {
     let log = std::fs::read_to_string(dir.join("caddy.log")).unwrap_or_default();
     let upstream_trouble = log.lines().any(|l| {
         l.contains("\"level\":\"error\"")
@@ -268,7 +268,7 @@ fn caddy_reload_drops(
         })
         .collect();
     if upstream_trouble {
-        return 0;
+        return Vec::new();
     }
     assert!(
         dropped.len() <= CADDY_RELOAD_DROPS,
@@ -288,5 +288,5 @@ fn caddy_reload_drops(
             r.error.as_deref().unwrap_or("")
         );
     }
-    dropped.len() as u64
+    dropped.iter().map(|r| r.id.clone()).collect()
 }
