@@ -193,7 +193,6 @@ impl Service<IncomingStream<'_, TcpListener>> for WithConnMeta {
             router: self.router.clone(),
             meta,
             peer,
-            core: self.core,
         }))
     }
 }
@@ -204,7 +203,6 @@ struct AxumConnService {
     router: Router,
     meta: ConnMeta,
     peer: SocketAddr,
-    core: &'static Core,
 }
 
 impl Service<Request> for AxumConnService {
@@ -217,8 +215,8 @@ impl Service<Request> for AxumConnService {
     }
 
     fn call(&mut self, mut req: Request) -> Self::Future {
-        // The propagation evidence counts requests too (see `lameduck::serve`'s connection).
-        self.core.observed().note_request_arrival(self.meta.path());
+        // `for_request` counts the request in the propagation evidence too (see
+        // `lameduck::serve`'s connection).
         let extensions = req.extensions_mut();
         extensions.insert(ConnectInfo(self.meta.for_request()));
         // The bridge for existing `ConnectInfo<SocketAddr>` extractors.

@@ -190,7 +190,17 @@ impl ConnMeta {
 
     /// The copy to attach to the connection's next request: counts the request and carries its
     /// index.
+    ///
+    /// On a connection counted by a coordinator ([`ConnMeta::accepted`]) it also counts the
+    /// request in the propagation evidence, as `lameduck::serve` does: requests, not only new
+    /// connections, say how often this process is picked (a pool sends many requests on few
+    /// connections), so a custom accept loop that calls this once per request gives the
+    /// estimator the same arrivals `serve` does. A clock read and one relaxed load, a write
+    /// only for the first request of a 250 ms slot.
     pub fn for_request(&self) -> Self {
+        if let Some((core, path)) = self.conn.path {
+            core.observed().note_request_arrival(path);
+        }
         self.with_index(self.next_request_index())
     }
 

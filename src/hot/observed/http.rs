@@ -66,7 +66,7 @@ impl Observed {
     /// Counts a request of `path` in the arrival ring: the clock read, and one relaxed load
     /// of the ring entry of the slot (a write only for the first request of a slot).
     #[inline]
-    // `serve`'s and `axum::serve`'s per-connection service only
+    // `serve`'s per-connection service and `ConnMeta::for_request` only
     pub(crate) fn note_request_arrival(&self, path: PathId) {
         let slot = slot_of(self.base, Instant::now());
         self.arrivals.note_request(path, slot);
