@@ -53,10 +53,6 @@ pub(crate) struct Core {
     /// The lifecycle's phase (`Phase as u8`), mirrored here by the driver where it changes, so
     /// that the HTTP layer reads it (its phase header, refusal mode) without the facade.
     phase: AtomicU8,
-    /// The option sets of this coordinator's drain layers, found by a guard's tag; read only
-    /// while draining. What they are is the HTTP layer's business (`server::options`).
-    #[cfg(feature = "http")]
-    pub(crate) layer_options: http::TagTable,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -104,8 +100,6 @@ impl Core {
             requests: Mutex::new(Registry::default()),
             plain: OnceLock::new(),
             phase: AtomicU8::new(Phase::Starting as u8),
-            #[cfg(feature = "http")]
-            layer_options: Default::default(),
         }));
         let _ = core.plain.set(Box::leak(Box::new(Site::new(core, 0))));
         core

@@ -4,15 +4,17 @@
 //! # Invariants
 //!
 //! * A layer holds a `&'static` entry of its coordinator's table of leaked, deduplicated
-//!   option sets (`Core::layer_options`, a `TagTable` in the coordinator's hot-path block,
-//!   which holds them untyped: this module downcasts), not a reference count, so
-//!   copying a layer or a service costs nothing but the copy. Two coordinators in one process
-//!   have two tables: a guard's tag indexes its own coordinator's.
+//!   option sets, not a reference count, so copying a layer or a service costs nothing but the
+//!   copy. The tables are this module's, by coordinator (the address of its leaked hot-path
+//!   block, never reused): the hot block knows nothing of them. Two coordinators in one
+//!   process have two tables: a guard's tag indexes its own coordinator's.
 //! * Each entry has the two sites its layer's guards count at (HTTP/1.x and the rest), whose
 //!   tag is the entry's index and the version bit: a guard finds its layer's options by index.
 //! * The table is written when a layer is built and read by index only while draining.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use http::{HeaderName, HeaderValue};
 
@@ -56,14 +58,29 @@ pub(crate) struct LayerEntry {
 /// Largest option index: the guard's tag keeps it in 31 bits.
 const MAX_OPTIONS: usize = (u32::MAX >> 1) as usize;
 
+/// Every coordinator's table: the distinct sets of options its layers were built with, an
+/// entry's tag index its position + 1. Keyed by the address of the coordinator's hot-path
+/// block (leaked, so never reused). Written when a layer is built, read only while draining.
+static TABLES: RwLock<BTreeMap<usize, Vec<&'static LayerEntry>>> = RwLock::new(BTreeMap::new());
+
+fn key(core: &Core) -> usize {
+    std::ptr::from_ref(core) as usize
+}
+
+fn tables_read() -> RwLockReadGuard<'static, BTreeMap<usize, Vec<&'static LayerEntry>>> {
+    // Poisoning ignored, as everywhere (`vocab::sync`): the tables are only pushed to.
+    TABLES.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn tables_write() -> RwLockWriteGuard<'static, BTreeMap<usize, Vec<&'static LayerEntry>>> {
+    TABLES.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The table's entry for `opts` (counting at `core`), added if no equal set is there yet.
 pub(super) fn register(opts: Options, core: &'static Core) -> &'static LayerEntry {
-    // Every distinct set of options a layer of one coordinator was built with; an entry's
-    // tag index is its position + 1. Kept in the coordinator's hot-path block (`Core`), so a
-    // guard, which knows its block, finds its layer's options without anything process-wide.
-    let mut table = core.layer_options.write();
-    let mut entries = table.iter().filter_map(|e| e.downcast_ref::<LayerEntry>());
-    if let Some(e) = entries.find(|e| e.options.same(&opts)) {
+    let mut tables = tables_write();
+    let table = tables.entry(key(core)).or_default();
+    if let Some(e) = table.iter().find(|e| e.options.same(&opts)) {
         return e;
     }
     assert!(
@@ -85,7 +102,7 @@ pub(super) fn register(opts: Options, core: &'static Core) -> &'static LayerEntr
 /// The options at `index` (from 1) of `core`'s table; `None` for 0.
 pub(crate) fn options(core: &Core, index: u32) -> Option<&'static Options> {
     let i = (index as usize).checked_sub(1)?;
-    let entry = core.layer_options.get(i)?.downcast_ref::<LayerEntry>()?;
+    let entry: &'static LayerEntry = tables_read().get(&key(core))?.get(i)?;
     Some(&entry.options)
 }
 

@@ -1,45 +1,11 @@
 //! What only the HTTP side (`lameduck::serve`'s accept loop and connections, the drain layer)
-//! uses of the hot-path block: the layers' option table, a guard's tag, its description for
-//! the straggler list.
+//! uses of the hot-path block: a guard's tag, its description for the straggler list. What a
+//! tag's option index means is the HTTP layer's business (`server::options`): the hot block
+//! holds no table of it.
 
-use std::fmt;
 use std::sync::atomic::Ordering;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::{Core, InFlightGuard, RequestInfo, Site, NO_SLOT};
-
-/// What an add-on keeps per coordinator and finds by a guard's tag (the HTTP layer's option
-/// sets): leaked entries, in the order they were added. The hot-path block holds them without
-/// knowing their type; the add-on that added them downcasts. Written when a layer is built,
-/// read only while draining.
-#[derive(Default)]
-pub(crate) struct TagTable(RwLock<Entries>);
-
-type Entries = Vec<&'static (dyn std::any::Any + Send + Sync)>;
-
-impl TagTable {
-    /// The entries, to find one or add one under the write lock.
-    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, Entries> {
-        // Poisoning ignored, as everywhere (`sync.rs`): the table is only pushed to.
-        self.0.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn read(&self) -> RwLockReadGuard<'_, Entries> {
-        self.0.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The entry at `i` (from 0).
-    pub(crate) fn get(&self, i: usize) -> Option<&'static (dyn std::any::Any + Send + Sync)> {
-        self.read().get(i).copied()
-    }
-}
-
-impl fmt::Debug for TagTable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.read().len();
-        f.debug_struct("TagTable").field("entries", &n).finish()
-    }
-}
 
 impl Site {
     /// The coordinator's hot-path block.

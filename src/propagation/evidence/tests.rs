@@ -221,24 +221,29 @@ fn from_the_trigger_on_rows_keep_their_owners() {
 
 #[test]
 fn a_connection_is_never_counted_on_a_row_that_changed_owner_under_it() {
-    // Two threads: one peer's connections come and go on its row while new peers, far
-    // enough in the future that every row without a connection open has aged out, take
-    // rows. Whenever the peer has a connection open on a row, the row is its own; at the
-    // end no row counts a connection open.
+    // Two threads on one clock the churn advances: one peer's connections come and go on its
+    // row while one-off peers take rows, the clock moving an eighth of a ring a one-off, so
+    // rows keep aging out — the peer's own too, whenever it has nothing open — and keep being
+    // taken. Whenever the peer has a connection open on a row, the row is its own; at the end
+    // no row counts a connection open. (The clock is shared, not fixed: with every one-off at
+    // one slot the table stayed full of them once they filled it, and whether the peer got a
+    // row at all depended on which thread ran first.)
+    use std::sync::atomic::{AtomicU64, Ordering};
     let a = std::sync::Arc::new(Arrivals::new());
     for i in 1..PATHS as u32 {
         one_off(&a, ip(i), 0);
     }
-    let later = 10 * RING as u64;
-    let b = std::sync::Arc::clone(&a);
+    let now = std::sync::Arc::new(AtomicU64::new(10 * RING as u64));
+    let (b, clock) = (std::sync::Arc::clone(&a), std::sync::Arc::clone(&now));
     let churn = std::thread::spawn(move || {
         for n in 0..20_000u32 {
-            one_off(&b, ip(100_000 + n), later);
+            let t = clock.fetch_add(RING as u64 / 8, Ordering::Relaxed);
+            one_off(&b, ip(100_000 + n), t);
         }
     });
     let mut own = 0;
     for _ in 0..20_000 {
-        let p = a.open(ip(7), later);
+        let p = a.open(ip(7), now.load(Ordering::Relaxed));
         if p != PathId::OTHER {
             own += 1;
             let owner: Vec<_> = a
@@ -251,6 +256,10 @@ fn a_connection_is_never_counted_on_a_row_that_changed_owner_under_it() {
         a.closed(p);
     }
     churn.join().unwrap();
+    // After the churn the one-offs' rows age out too: the peer gets one.
+    let p = a.open(ip(7), now.load(Ordering::Relaxed) + RING as u64 + 1);
+    own += usize::from(p != PathId::OTHER);
+    a.closed(p);
     assert!(own > 0, "the peer never had a row");
     for (p, _) in a.paths() {
         assert_eq!(a.open_count(p), 0, "{p:?}");
