@@ -14,7 +14,7 @@ commands:
   cell [--server lameduck|naive|graceful|sleep5] [--backend iptables|nftables]
        [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh|onoff|bursts] [--evict]
        [--replicas N] [--grace DUR] [--warmup DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook]
-       [--min-sync-period] [--kube] [--deployment]
+       [--min-sync-period] [--kube] [--deployment] [--agents]
        [--nodes N [--node-sync DUR,DUR,…] [--slow-nodes K,…] [--clients node1=SHAPE[:RATE][@PODS],node2=…]]
   matrix     sync delay x rate x shape x backend x server, and the single-replica eviction
   table      every server, iptables, 1 s sync, pool, dense
@@ -39,7 +39,8 @@ delay per node, default --sync-delay for all) and its own clients (--clients: pe
 and rate, e.g. node1=fresh:50,node2=pool:0.7, and with @PODS that many client Pods sharing
 the rate, each from an address of its own, e.g. node1=fresh:50@20; nodes not named get none;
 default: every node the cell's --shape and --rate). --slow-nodes: on the model, these nodes' syncs take their
-delay (each writes the slice it read when it began).";
+delay (each writes the slice it read when it began). --agents: a node agent on every node, and
+the service asks them (--node-agents).";
 
 fn fail(msg: &str) -> ! {
     eprintln!("lameduck-testbed: {msg}\n{USAGE}");
@@ -303,6 +304,7 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--lameduck-flag" => c.lameduck_flags.push(value()),
             "--exec-hook" => c.exec_hook = true,
             "--kube" => c.kube = true,
+            "--agents" => c.agents = true,
             "--deployment" => c.deployment = true,
             "--min-sync-period" => c.min_sync_period = true,
             "--nodes" => {
