@@ -332,8 +332,8 @@ impl Driver {
     async fn wait_for_zero(&self, origin: Instant) -> (stragglers::Cut, bool) {
         let mut deadline_hit = false;
         if !self.is_forced() {
-            // Each event says when its work ended where that was before the drain saw it
-            // done: work that ended before `stopped_accepting` is stamped then, not when it ran.
+            // The events are stamped when the drain sees the work done (no earlier than the
+            // stop); their detail says when it ended, where that was before the stop.
             let stopped = Instant::now();
             let none_at_stop = self.core.counter.count() == 0;
             let requests = async {
