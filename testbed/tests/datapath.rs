@@ -311,8 +311,11 @@ fn lameduck_loses_nothing_on_off_eviction_slow_proxy() {
 /// exit is checked against it. Also the naive baseline on the same layout, which must lose
 /// requests through both nodes' rules for the cell to tell anything. And the check that a
 /// drain never committed while a proxy still routed to it and a connection arrived, shown to
-/// fail: lameduck with `--max 2s` (the drain leaves at the fast node's convergence) and node
-/// 2's clients at 4 fresh connections/s, so that connections do arrive through it meanwhile.
+/// fail: lameduck with `--max 2s` and a grace of 10 s (the quiesce deadline at 4 s, so the cap
+/// on serving past `max` is at 3 s, before node 2's update), and node 2's clients at 4 fresh
+/// connections/s, so that connections do arrive through it meanwhile. A grace of 30 s would
+/// not do: a drain that still sees arrivals serves past `max` up to its cap, and outlasts node
+/// 2 (it did in CI).
 #[test]
 fn two_nodes_the_drain_outlasts_the_slowest_proxy() {
     let layout = lameduck_testbed::matrix::node_layouts()
@@ -327,6 +330,7 @@ fn two_nodes_the_drain_outlasts_the_slowest_proxy() {
     naive.grace = Duration::from_secs(30);
     let mut cut_short = lameduck.clone();
     cut_short.lameduck_flags = vec!["--max".into(), "2s".into()];
+    cut_short.grace = Duration::from_secs(10);
     if let Some(c) = cut_short.nodes[1].clients.as_mut() {
         c.rate = 4.0;
     }
@@ -337,8 +341,8 @@ fn two_nodes_the_drain_outlasts_the_slowest_proxy() {
     let late = cut.late_arrivals();
     assert!(
         late.iter().any(|a| a.node.as_deref() == Some("node2")),
-        "lameduck with `--max 2s` committed before node 2's proxy converged, yet the check \
-         found no connection that arrived through it meanwhile: {}",
+        "lameduck with `--max 2s` and its cap at 3 s committed before node 2's proxy \
+         converged, yet the check found no connection that arrived through it meanwhile: {}",
         describe(cut)
     );
     println!(
