@@ -147,6 +147,7 @@ pub use drain::{
 pub use lifecycle::{Status, STATUS_TIMELINE_LIMIT};
 pub use vocab::budget::{
     parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD,
+    SHORTEST_GRACE_ENV,
 };
 pub use vocab::error::ConfigError;
 pub use work::closers::{BoxError, CloseOptions};

@@ -88,7 +88,7 @@ impl Driver {
             plain: core.plain(),
             progress: Progress::new(core, s.observer, tasks.tracker.clone()),
             state: Lifecycle::new(s.readiness, s.probe_sources, s.proxy_label),
-            deadlines: Deadlines::new(s.budget, commitment.max(), s.hurry_lead),
+            deadlines: Deadlines::new(s.budget, commitment.max(), s.hurry_lead, s.shortest_grace),
             commitment,
             tokens: Tokens::default(),
             forced: AtomicBool::new(false),

@@ -26,7 +26,8 @@ mod work;
 pub use advice::{Advice, AdviceLevel, AdviceRule};
 pub use after_flip::{AfterFlipReport, PathCount, PeerCount};
 pub use endpoint_slice::{
-    AllowanceSource, DeletionBudget, EndpointSliceEvidence, PeerDelay, StartupMeasurement,
+    AllowanceSource, BudgetSource, DeletionBudget, EndpointSliceEvidence, PeerDelay,
+    StartupMeasurement,
 };
 pub use evidence::{
     EvidenceKind, EvidenceReport, MaxReason, NodeConfirmation, PathEvidence, PathRouting,
@@ -87,7 +88,8 @@ pub struct BudgetReport {
     pub grace_ms: u64,
     /// Time from the first trigger to the end of the drain, in milliseconds.
     pub used_ms: u64,
-    /// `grace_ms − used_ms` (0 if overrun).
+    /// `grace_ms − used_ms` (0 if overrun); with a shorter budget (`deletion`), what was left
+    /// until its kill (`deletion.kill_at_ms − used_ms`).
     pub remaining_ms: u64,
     /// The quiesce deadline, in milliseconds after the trigger.
     #[serde(default)]
@@ -95,8 +97,9 @@ pub struct BudgetReport {
     /// The time reserved for closers, in milliseconds.
     #[serde(default)]
     pub close_budget_ms: u64,
-    /// This deletion's budget, when the Pod's `deletionGracePeriodSeconds` left less than
-    /// `grace_ms` (feature `kube`): the deadlines the drain kept.
+    /// The budget the drain kept when something gave it less than `grace_ms` — the Pod's
+    /// deletion, the kubelet's own termination, the configured shortest grace — and what
+    /// ([`DeletionBudget::source`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion: Option<DeletionBudget>,
 }

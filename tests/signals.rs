@@ -60,6 +60,11 @@ fn child_main(scenario: &str) -> ! {
                 .grace_period(Duration::from_secs(8))
                 .propagation(Propagation::default());
         }
+        if scenario == "node-shutdown" {
+            // A rollout's budget: only `LAMEDUCK_SHORTEST_GRACE` (set by the test or not)
+            // says the kill may come sooner.
+            builder = builder.grace_period(Duration::from_secs(30));
+        }
         if scenario == "stop-quit-builder" {
             builder = builder.signals(Signals::default().stop_signal(StopSignal::Sigquit));
         }
@@ -98,6 +103,14 @@ fn child_main(scenario: &str) -> ! {
                 drain.spawn("stuck-task", std::future::pending::<()>());
             }
             "stuck-request" => held = Some(drain.enter()),
+            "node-shutdown" => {
+                // Work that never ends on its own, and closers that must run after it.
+                held = Some(drain.enter());
+                drain.spawn("flush", std::future::pending::<()>());
+                for name in ["db-pool", "exporter"] {
+                    drain.on_close(name, || async { Ok::<(), std::io::Error>(()) });
+                }
+            }
             "stuck-request-closers" => {
                 held = Some(drain.enter());
                 drain.spawn("flush", std::future::pending::<()>());
@@ -1143,4 +1156,86 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// What the kubelet's graceful node shutdown does to an ordinary Pod of a spot node: SIGTERM,
+/// then SIGKILL at the node's budget (6 s here) whatever the Pod's grace (30 s). With
+/// `LAMEDUCK_SHORTEST_GRACE=6s` the drain is planned to fit: the stuck work is cut at the
+/// shortened quiesce deadline, both closers run, the report is written and names the budget,
+/// and the process is gone before the kill.
+#[test]
+fn a_node_shutdown_budget_shorter_than_the_grace_is_fitted_with_the_shortest_grace() {
+    const TEST: &str =
+        "a_node_shutdown_budget_shorter_than_the_grace_is_fitted_with_the_shortest_grace";
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let p = spawn_with(TEST, "node-shutdown", &[("LAMEDUCK_SHORTEST_GRACE", "6s")]);
+    kill(&p, "-TERM");
+    let start = Instant::now();
+    let (code, took, report) = wait(p, Duration::from_secs(6));
+    assert!(start.elapsed() < Duration::from_secs(6), "{took:?}");
+    assert_eq!(code, 1, "work was cut: {:?}", report.timeline);
+    let d = report.budget.deletion.as_ref().expect("budget.deletion");
+    assert_eq!(d.source, lameduck::report::BudgetSource::ShortestGrace);
+    assert_eq!(d.kill_at_ms, 6_000);
+    // 6/30 of the 1 s margin and of the 5 s close budget.
+    assert_eq!(d.hard_ms, 5_800);
+    assert_eq!(d.quiesce_ms, 4_800);
+    assert!(report.budget.used_ms < 5_800, "{}", report.budget.used_ms);
+    let closers: Vec<_> = report
+        .closers
+        .iter()
+        .map(|c| (c.name.as_str(), c.result.to_string()))
+        .collect();
+    assert_eq!(
+        closers,
+        [("exporter", "ok".to_owned()), ("db-pool", "ok".to_owned())],
+        "{:?}",
+        report.closers
+    );
+    assert_eq!(report.straggler_counts.requests, 1);
+    assert_eq!(report.straggler_counts.tasks, 1);
+    let a = report
+        .advice
+        .iter()
+        .find(|a| a.rule == lameduck::report::AdviceRule::BudgetShortened)
+        .unwrap_or_else(|| panic!("no budget_shortened: {:?}", report.advice));
+    assert_eq!(a.level, lameduck::report::AdviceLevel::Warn);
+    assert!(
+        a.message.contains("shortest_grace") && a.message.contains("1 request(s) and 1 task(s)"),
+        "{}",
+        a.message
+    );
+}
+
+/// The negative control of the test above: the same process without the setting plans for its
+/// 30 s grace, so the node's kill at 6 s finds it waiting for its stuck work — no closer ran,
+/// no report was written.
+#[test]
+fn without_the_shortest_grace_a_node_shutdown_kills_the_drain_before_its_closers_and_report() {
+    const TEST: &str =
+        "without_the_shortest_grace_a_node_shutdown_kills_the_drain_before_its_closers_and_report";
+    if let Some(s) = is_child() {
+        child_main(&s);
+    }
+    let mut p = spawn_with(TEST, "node-shutdown", &[("LAMEDUCK_SHORTEST_GRACE", "")]);
+    kill(&p, "-TERM");
+    wait_for_stdout(&mut p, "DRAINING");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(6) {
+        assert!(
+            p.child.try_wait().unwrap().is_none(),
+            "the child exited before the kill"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    kill(&p, "-KILL");
+    let status = p.child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9));
+    let mut err = String::new();
+    p.stderr.read_to_string(&mut err).unwrap();
+    assert!(!err.contains("{\"outcome\""), "a report was written: {err}");
+    assert!(!err.contains("db-pool"), "{err}");
 }

@@ -13,7 +13,7 @@ use crate::lifecycle::{Driver, Settings};
 use crate::propagation::Propagation;
 use crate::readiness::{ReadinessState, SourceTable};
 use crate::report::Sinks;
-use crate::vocab::budget::{Budget, DurationDisplay, GRACE_PERIOD_ENV};
+use crate::vocab::budget::{Budget, DurationDisplay, GRACE_PERIOD_ENV, SHORTEST_GRACE_ENV};
 use crate::vocab::error::ConfigError;
 use crate::vocab::phase::ReadinessWhileDraining;
 use crate::vocab::phase::{unix_ms_now, Trigger};
@@ -44,6 +44,7 @@ pub struct DrainBuilder {
     grace_period: Option<Duration>,
     safety_margin: Option<Duration>,
     close_budget: Option<Duration>,
+    shortest_grace: Option<Duration>,
     propagation: Propagation,
     signals: Option<Signals>,
     readiness: ReadinessWhileDraining,
@@ -70,6 +71,36 @@ impl DrainBuilder {
     /// Reserved for resource closers. Default 5 s (scaled down for grace periods under 30 s).
     pub fn close_budget(mut self, d: Duration) -> Self {
         self.close_budget = Some(d);
+        self
+    }
+
+    /// The shortest grace this Pod may be given, when that is less than its
+    /// `terminationGracePeriodSeconds`: the kubelet's graceful node shutdown (e.g. 15 s of a
+    /// spot node's 30 s for ordinary Pods), a soft node-pressure eviction
+    /// (`evictionMaxPodGracePeriod`). A process cannot tell those from a rollout by its
+    /// SIGTERM, so every drain is planned to fit this budget: counted from the trigger, the
+    /// margin, the close budget and propagation `max` shrink in its proportion, as for a
+    /// deletion with a shorter grace, and the report names it (`budget.deletion`, source
+    /// `shortest_grace`, and the advice `budget_shortened`). Default: env
+    /// `LAMEDUCK_SHORTEST_GRACE`, else none (the grace period is the budget). With the
+    /// `kube` feature the watch sees the actual termination and its budget instead; see the
+    /// Kubernetes guide, "Terminations that are not a rollout".
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lameduck::Drain;
+    ///
+    /// // A spot node pool: node shutdown gives ordinary Pods 15 s of their 30 s.
+    /// let drain = Drain::builder()
+    ///     .grace_period(Duration::from_secs(30))
+    ///     .shortest_grace(Duration::from_secs(15))
+    ///     .build()?;
+    /// # Ok::<(), lameduck::ConfigError>(())
+    /// ```
+    pub fn shortest_grace(mut self, d: Duration) -> Self {
+        self.shortest_grace = Some(d);
         self
     }
 
@@ -191,7 +222,8 @@ impl DrainBuilder {
     /// A [`ConfigError`] naming the setting to change: a zero grace period, a close budget plus
     /// safety margin that leave nothing of the grace period, a propagation `min` above `max`
     /// or a `max` past the quiesce deadline, an unparsable `LAMEDUCK_GRACE_PERIOD`, a grace
-    /// period under 1 s or above 24 h, an unknown `LAMEDUCK_STOP_SIGNAL`, a per-request peer
+    /// period under 1 s or above 24 h, a shortest grace (or `LAMEDUCK_SHORTEST_GRACE`) that
+    /// does not parse, is under 1 s or is longer than the grace period, an unknown `LAMEDUCK_STOP_SIGNAL`, a per-request peer
     /// (or an item of `LAMEDUCK_PER_REQUEST_PEERS`) that is neither an address nor a CIDR
     /// block, and (feature `admin`) a `LAMEDUCK_ADMIN_TOKEN` that no request could carry — a
     /// space, a tab, a line break, a non-ASCII character, more than 4096 characters: the admin
@@ -205,6 +237,9 @@ impl DrainBuilder {
             self.close_budget,
             env.as_deref(),
         )?;
+        let shortest_env = std::env::var(SHORTEST_GRACE_ENV).ok();
+        let shortest_grace =
+            budget.resolve_shortest(self.shortest_grace, shortest_env.as_deref())?;
         // Every deadline is `origin + offset ≤ origin + grace`: refuse a grace period the
         // clock cannot represent now rather than overflow at the trigger.
         if Instant::now().checked_add(budget.grace_period).is_none() {
@@ -248,6 +283,7 @@ impl DrainBuilder {
             readiness: self.readiness,
             sinks: self.sinks,
             hurry_lead,
+            shortest_grace,
             proxy_label,
             observer: crate::drain_metrics::observer(),
         };

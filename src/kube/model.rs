@@ -202,7 +202,8 @@ impl Model {
             // from now, in case the clocks disagree.
             let by_clock = now + Duration::from_millis((kill_unix - now_unix).max(0) as u64);
             let at = by_clock.min(now + grace);
-            if drain.tighten(Kill { at, grace }) {
+            let source = crate::report::BudgetSource::Deletion;
+            if drain.tighten(Kill { at, grace, source }) {
                 drain.record_external(
                     EventKind::BudgetTightened,
                     None,

@@ -34,6 +34,9 @@ pub(crate) struct Deadlines {
     max: Duration,
     /// How long before the quiesce deadline the hurry token fires.
     hurry_lead: Duration,
+    /// The shortest grace the Pod may be given (node shutdown, eviction), when configured:
+    /// every drain is planned to fit it, as if a deletion had given that much.
+    shortest: Option<Duration>,
     /// What the Kubernetes API says (feature `kube`): the slices' hold, the deletion's kill
     /// time. The driver reads it; the watch writes it.
     link: Link,
@@ -54,11 +57,17 @@ impl std::fmt::Debug for Deadlines {
 }
 
 impl Deadlines {
-    pub(crate) fn new(budget: Budget, max: Duration, hurry_lead: Duration) -> Self {
+    pub(crate) fn new(
+        budget: Budget,
+        max: Duration,
+        hurry_lead: Duration,
+        shortest: Option<Duration>,
+    ) -> Self {
         Self {
             budget,
             max,
             hurry_lead,
+            shortest,
             link: Link::new(),
             origin: OnceLock::new(),
             quiesce_at: Arc::default(),
@@ -75,8 +84,19 @@ impl Deadlines {
         &self.link
     }
 
+    /// The deadlines from `origin`: the budget's, tightened by the earliest kill known — the
+    /// link's (what the API said), or the configured shortest grace counted from the origin.
     fn at(&self, origin: Instant) -> (Instants, Option<DeletionBudget>) {
-        Instants::at(&self.budget, self.max, origin, self.link.kill())
+        let shortest = self.shortest.map(|grace| Kill {
+            at: origin.checked_add(grace).unwrap_or(origin),
+            grace,
+            source: crate::report::BudgetSource::ShortestGrace,
+        });
+        let kill = match (self.link.kill(), shortest) {
+            (Some(k), Some(s)) => Some(if k.at <= s.at { k } else { s }),
+            (k, s) => k.or(s),
+        };
+        Instants::at(&self.budget, self.max, origin, kill)
     }
 
     /// `max_at`, and the cap on serving past it while the process is visibly still routed.
@@ -126,13 +146,18 @@ impl Deadlines {
         let origin = self.origin.get().copied();
         let used = origin.map_or(Duration::ZERO, |o| o.elapsed());
         let grace = self.budget.grace_period;
+        let deletion = origin.and_then(|o| self.deletion(o));
+        // Counted to the kill the drain planned for: a shorter budget's, else the grace's.
+        let until_kill = deletion
+            .as_ref()
+            .map_or(grace, |d| Duration::from_millis(d.kill_at_ms));
         BudgetReport {
             grace_ms: grace.as_millis() as u64,
             used_ms: used.as_millis() as u64,
-            remaining_ms: grace.saturating_sub(used).as_millis() as u64,
+            remaining_ms: until_kill.saturating_sub(used).as_millis() as u64,
             quiesce_ms: self.budget.quiesce_deadline().as_millis() as u64,
             close_budget_ms: self.budget.close_budget.as_millis() as u64,
-            deletion: origin.and_then(|o| self.deletion(o)),
+            deletion,
         }
     }
 
@@ -278,6 +303,7 @@ impl Instants {
                 hard_ms: ms(hard_off),
                 quiesce_ms: ms(quiesce_off),
                 max_ms: ms(max_off),
+                source: kill.source,
             }),
         )
     }
@@ -297,6 +323,7 @@ mod tests {
         let kill = Kill {
             at: origin + Duration::from_secs(5),
             grace: Duration::from_secs(5),
+            source: crate::report::BudgetSource::Deletion,
         };
         let (d, report) = Instants::at(&budget(), Duration::from_secs(15), origin, Some(kill));
         let report = report.unwrap();
@@ -314,9 +341,44 @@ mod tests {
         let kill = Kill {
             at: origin + Duration::from_secs(60),
             grace: Duration::from_secs(60),
+            source: crate::report::BudgetSource::Deletion,
         };
         let (d, report) = Instants::at(&budget(), Duration::from_secs(15), origin, Some(kill));
         assert!(report.is_none());
         assert_eq!(d.hard - origin, Duration::from_secs(29));
+    }
+
+    #[test]
+    fn the_shortest_grace_counts_from_the_origin_and_an_earlier_deletion_wins() {
+        let d = Deadlines::new(
+            budget(),
+            Duration::from_secs(15),
+            Duration::from_secs(1),
+            Some(Duration::from_secs(15)),
+        );
+        let origin = Instant::now();
+        let (i, report) = d.at(origin);
+        let report = report.unwrap();
+        assert_eq!(report.source, crate::report::BudgetSource::ShortestGrace);
+        assert_eq!(report.kill_at_ms, 15_000);
+        // Half of the 1 s margin, the 5 s close budget and the 15 s max.
+        assert_eq!(report.hard_ms, 14_500);
+        assert_eq!(report.quiesce_ms, 12_000);
+        assert_eq!(report.max_ms, 7_500);
+        assert_eq!(i.quiesce - origin, Duration::from_millis(12_000));
+        // A deletion that leaves less is the budget, and the report names it.
+        #[cfg(feature = "kube")]
+        {
+            let kill = Kill {
+                at: origin + Duration::from_secs(5),
+                grace: Duration::from_secs(5),
+                source: crate::report::BudgetSource::Deletion,
+            };
+            d.link().tighten(kill);
+            let (_, report) = d.at(origin);
+            let report = report.unwrap();
+            assert_eq!(report.source, crate::report::BudgetSource::Deletion);
+            assert_eq!(report.kill_at_ms, 5_000);
+        }
     }
 }

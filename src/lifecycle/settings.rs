@@ -17,6 +17,9 @@ pub(crate) struct Settings {
     pub(crate) probe_sources: SourceTable,
     pub(crate) sinks: Sinks,
     pub(crate) hurry_lead: Duration,
+    /// The shortest grace the Pod may be given, when configured (validated: at least 1 s, at
+    /// most the grace period).
+    pub(crate) shortest_grace: Option<Duration>,
     pub(crate) proxy_label: Option<String>,
     /// An add-on that follows the lifecycle (the metrics), if one is built in.
     pub(crate) observer: Option<Box<dyn Observer>>,

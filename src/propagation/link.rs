@@ -107,8 +107,10 @@ pub(crate) struct Routing {
 pub(crate) struct Kill {
     /// When kubelet may send SIGKILL.
     pub(crate) at: Instant,
-    /// `deletionGracePeriodSeconds`.
+    /// The grace the source gave (for a deletion, `deletionGracePeriodSeconds`).
     pub(crate) grace: Duration,
+    /// What gave it.
+    pub(crate) source: crate::report::BudgetSource,
 }
 
 /// An event seen before the trigger, added to the timeline when the drain starts.

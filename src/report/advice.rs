@@ -70,6 +70,11 @@ pub enum AdviceRule {
     GraceHeadroom,
     /// `grace_used`: how much of the grace period the drain used.
     GraceUsed,
+    /// `budget_shortened`: something gave the drain less than its grace period — the Pod's
+    /// deletion, the kubelet's node shutdown or eviction, the configured shortest grace
+    /// ([`DeletionBudget::source`](crate::report::DeletionBudget::source)) — and what it cut
+    /// short because of it.
+    BudgetShortened,
     /// `stop_signal_missing`: the stop signal did not come after a `preStop` drain.
     StopSignalMissing,
     /// `never_served`: the drain started while the process was still starting (never

@@ -109,15 +109,18 @@ pub struct EndpointSliceEvidence {
     pub publish_not_ready_addresses: Vec<String>,
 }
 
-/// The budget of this deletion, when the Pod's `deletionGracePeriodSeconds` left less than
-/// `grace_period` (feature `kube`): part of [`BudgetReport`](crate::report::BudgetReport). Margin,
-/// close budget and propagation `max` shrink in the same proportion as the grace.
+/// The budget this drain kept when something gave it less than `grace_period`: the Pod's
+/// deletion (`deletionGracePeriodSeconds`, feature `kube`), the kubelet's own termination
+/// (node shutdown, node-pressure eviction; feature `kube`), or the configured shortest grace
+/// ([`DrainBuilder::shortest_grace`](crate::DrainBuilder::shortest_grace)). Part of
+/// [`BudgetReport`](crate::report::BudgetReport). Margin, close budget and propagation `max`
+/// shrink in the same proportion as the grace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeletionBudget {
-    /// The Pod's `deletionGracePeriodSeconds`, in milliseconds.
+    /// The grace the source gave (for a deletion, its `deletionGracePeriodSeconds`), in
+    /// milliseconds.
     pub deletion_grace_ms: u64,
-    /// When kubelet may kill the container (`deletionTimestamp`), in milliseconds after the
-    /// trigger.
+    /// When the process may be killed, in milliseconds after the trigger.
     pub kill_at_ms: u64,
     /// The hard deadline it leaves, in milliseconds after the trigger.
     pub hard_ms: u64,
@@ -125,4 +128,47 @@ pub struct DeletionBudget {
     pub quiesce_ms: u64,
     /// Propagation `max` it leaves, in milliseconds after the trigger.
     pub max_ms: u64,
+    /// What gave the shorter budget. Reports written before this field read as `deletion`.
+    #[serde(default)]
+    pub source: BudgetSource,
+}
+
+/// What gave a drain less than its `grace_period`: [`DeletionBudget::source`].
+///
+/// In JSON: `deletion`, `shortest_grace`, `node_shutdown`, `node_pressure_eviction`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum BudgetSource {
+    /// The Pod was deleted with a shorter grace (`kubectl delete --grace-period`, an API
+    /// eviction or preemption with its own): `deletionGracePeriodSeconds`.
+    #[default]
+    Deletion,
+    /// The configured shortest grace ([`DrainBuilder::shortest_grace`](crate::DrainBuilder::shortest_grace),
+    /// env `LAMEDUCK_SHORTEST_GRACE`): every drain is planned to fit it.
+    ShortestGrace,
+    /// The kubelet's graceful node shutdown (condition `DisruptionTarget`, reason
+    /// `TerminationByKubelet`, no deletion): the node's budget for this Pod.
+    NodeShutdown,
+    /// The kubelet's node-pressure eviction (the same condition, "low on resource"): a soft
+    /// threshold's `evictionMaxPodGracePeriod`, a hard one's minimum.
+    NodePressureEviction,
+}
+
+impl BudgetSource {
+    /// The name used in JSON and in the report's text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Deletion => "deletion",
+            Self::ShortestGrace => "shortest_grace",
+            Self::NodeShutdown => "node_shutdown",
+            Self::NodePressureEviction => "node_pressure_eviction",
+        }
+    }
+}
+
+impl std::fmt::Display for BudgetSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }

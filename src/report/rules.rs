@@ -98,6 +98,7 @@ const RULES: &[Rule] = &[
     Rule::One(work::closers_failed),
     Rule::One(budget::in_flight_late),
     Rule::One(budget::server_idle_timeout_short),
+    Rule::One(budget::shortened),
     Rule::One(budget::grace),
 ];
 

@@ -97,6 +97,9 @@ impl DrainReport {
             self.budget.used_ms,
             self.budget.grace_ms
         );
+        if let Some(d) = &self.budget.deletion {
+            let _ = write!(line, " (budget {} ms: {})", d.kill_at_ms, d.source.as_str());
+        }
         if let Some(why) = self.wait_reason() {
             let _ = write!(line, "; {why}");
         }

@@ -14,6 +14,10 @@ use crate::vocab::error::ConfigError;
 /// The environment variable read for the grace period when the builder is not given one.
 pub const GRACE_PERIOD_ENV: &str = "LAMEDUCK_GRACE_PERIOD";
 
+/// The environment variable read for the shortest grace the Pod may be given when the builder
+/// is not given one ([`DrainBuilder::shortest_grace`](crate::DrainBuilder::shortest_grace)).
+pub const SHORTEST_GRACE_ENV: &str = "LAMEDUCK_SHORTEST_GRACE";
+
 pub(crate) const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 /// The longest grace period accepted. Kubernetes validates `terminationGracePeriodSeconds` only
 /// as non-negative, so it gives no cap; a day is far past any drain worth the name, and keeps
@@ -112,6 +116,49 @@ impl Budget {
             safety_margin,
             close_budget,
         })
+    }
+
+    /// Resolves the shortest grace the Pod may be given (node shutdown, eviction): the explicit
+    /// setting, else `env` (the value of `LAMEDUCK_SHORTEST_GRACE`), else none. It must be a
+    /// grace period Kubernetes could give (at least 1 s) and no longer than `grace_period`
+    /// (longer would never shorten a drain: a mistake worth a clear error); equal to it is
+    /// allowed and changes nothing.
+    pub(crate) fn resolve_shortest(
+        &self,
+        explicit: Option<Duration>,
+        env: Option<&str>,
+    ) -> Result<Option<Duration>, ConfigError> {
+        let (d, from) = match (explicit, env.map(str::trim).filter(|v| !v.is_empty())) {
+            (Some(d), _) => (d, "shortest_grace"),
+            (None, Some(raw)) => (
+                parse_duration(raw).map_err(|e| {
+                    ConfigError::env(format!(
+                        "{SHORTEST_GRACE_ENV}={raw:?} is not a duration ({e}); set it to the \
+                         shortest grace the Pod may get, e.g. `15s` (a node shutdown's budget)"
+                    ))
+                })?,
+                SHORTEST_GRACE_ENV,
+            ),
+            (None, None) => return Ok(None),
+        };
+        if d < MIN_GRACE_PERIOD {
+            return Err(ConfigError::budget(format!(
+                "{from} ({}) is below {}: no drain fits in less; set it to the shortest grace the \
+                 Pod may get (e.g. 15s for a node shutdown), or leave it unset",
+                DurationDisplay(d),
+                DurationDisplay(MIN_GRACE_PERIOD),
+            )));
+        }
+        if d > self.grace_period {
+            return Err(ConfigError::budget(format!(
+                "{from} ({}) is longer than grace_period ({}): it would never shorten a drain; \
+                 set it to the shortest grace the Pod may get (node shutdown, eviction), at most \
+                 the grace period",
+                DurationDisplay(d),
+                DurationDisplay(self.grace_period),
+            )));
+        }
+        Ok(Some(d))
     }
 
     /// Offset of the hard deadline from the origin: the process must be gone by then.
@@ -265,5 +312,48 @@ mod tests {
         for s in ["30s", "1500ms", "0s"] {
             assert_eq!(DurationDisplay(parse_duration(s).unwrap()).to_string(), s);
         }
+    }
+
+    #[test]
+    fn a_shortest_grace_is_a_grace_kubernetes_could_give_and_no_longer_than_the_grace() {
+        let b = Budget::resolve(Some(Duration::from_secs(30)), None, None, None).unwrap();
+        assert_eq!(b.resolve_shortest(None, None).unwrap(), None);
+        assert_eq!(b.resolve_shortest(None, Some("  ")).unwrap(), None);
+        assert_eq!(
+            b.resolve_shortest(None, Some("15s")).unwrap(),
+            Some(Duration::from_secs(15))
+        );
+        // The explicit setting wins over the environment.
+        assert_eq!(
+            b.resolve_shortest(Some(Duration::from_secs(10)), Some("15s"))
+                .unwrap(),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            b.resolve_shortest(Some(Duration::from_secs(30)), None)
+                .unwrap(),
+            Some(Duration::from_secs(30))
+        );
+        let e = b
+            .resolve_shortest(None, Some("soon"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("LAMEDUCK_SHORTEST_GRACE") && e.contains("15s"),
+            "{e}"
+        );
+        let e = b
+            .resolve_shortest(Some(Duration::from_millis(500)), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shortest_grace (500ms) is below 1s"), "{e}");
+        let e = b
+            .resolve_shortest(None, Some("45s"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("LAMEDUCK_SHORTEST_GRACE (45s) is longer than grace_period (30s)"),
+            "{e}"
+        );
     }
 }

@@ -118,6 +118,7 @@ mod tests {
         let k = |s| Kill {
             at: now + Duration::from_secs(s),
             grace: Duration::from_secs(s),
+            source: crate::report::BudgetSource::Deletion,
         };
         assert!(link.tighten(k(10)));
         assert!(!link.tighten(k(20)));

@@ -3,8 +3,8 @@
 
 use super::{advice, secs, Ctx};
 use crate::report::AdviceLevel::{Info, Warn};
-use crate::report::{Advice, AdviceRule};
-use crate::vocab::phase::EventKind;
+use crate::report::{ActionResult, Advice, AdviceRule, BudgetSource};
+use crate::vocab::phase::{CommitReason, EventKind};
 
 /// The idle timeout proxies commonly keep pooled upstream connections for (nginx's upstream
 /// `keepalive_timeout`, common cloud load-balancer defaults): a server idle timeout below it
@@ -51,18 +51,28 @@ pub(super) fn server_idle_timeout_short(cx: &Ctx<'_>) -> Option<Advice> {
     })
 }
 
-/// `grace_headroom` when little of the grace period was left at the end, else `grace_used`.
+/// `grace_headroom` when little of the budget was left at the end, else `grace_used`: of the
+/// grace period, or of the shorter budget the drain was given (`budget.deletion`).
 pub(super) fn grace(cx: &Ctx<'_>) -> Option<Advice> {
     let b = &cx.r.budget;
-    let pct = (b.used_ms * 100).checked_div(b.grace_ms)?;
-    Some(if b.remaining_ms < b.close_budget_ms / 2 {
+    let (total, what) = match &b.deletion {
+        Some(d) => (d.kill_at_ms, format!("{} budget", d.source)),
+        None => (b.grace_ms, "grace period".to_owned()),
+    };
+    let pct = (b.used_ms * 100).checked_div(total)?;
+    let close = match &b.deletion {
+        // The close budget shrank with the grace (`DeletionBudget::hard_ms − quiesce_ms`).
+        Some(d) => d.hard_ms.saturating_sub(d.quiesce_ms),
+        None => b.close_budget_ms,
+    };
+    Some(if b.remaining_ms < close / 2 {
         advice(
             Warn,
             AdviceRule::GraceHeadroom,
             b.remaining_ms,
             format!(
-                "only {} ms of the {} ms grace period were left at the end",
-                b.remaining_ms, b.grace_ms
+                "only {} ms of the {total} ms {what} were left at the end",
+                b.remaining_ms
             ),
         )
     } else {
@@ -71,9 +81,82 @@ pub(super) fn grace(cx: &Ctx<'_>) -> Option<Advice> {
             AdviceRule::GraceUsed,
             pct,
             format!(
-                "this drain used {} ms, {pct}% of the {} ms grace period",
-                b.used_ms, b.grace_ms
+                "this drain used {} ms, {pct}% of the {total} ms {what}",
+                b.used_ms
             ),
+        )
+    })
+}
+
+/// `budget_shortened`: the drain was given less than its grace period; what gave it, the
+/// deadlines it kept, and what it had to cut short because of them (a `max` commit, work cut
+/// at the quiesce deadline, closers cut or skipped). A warning when something was cut.
+pub(super) fn shortened(cx: &Ctx<'_>) -> Option<Advice> {
+    let r = cx.r;
+    let d = r.budget.deletion.as_ref()?;
+    let why = match d.source {
+        BudgetSource::Deletion => "the Pod's deletion gave",
+        BudgetSource::ShortestGrace => {
+            "the configured shortest grace (LAMEDUCK_SHORTEST_GRACE) gave"
+        }
+        BudgetSource::NodeShutdown => "the kubelet's node shutdown gave",
+        BudgetSource::NodePressureEviction => "the kubelet's node-pressure eviction gave",
+    };
+    let mut cut = Vec::new();
+    if cx
+        .stopped
+        .is_some_and(|e| e.reason == Some(CommitReason::Max))
+    {
+        cut.push(format!(
+            "propagation committed at its shortened max ({} ms)",
+            d.max_ms
+        ));
+    }
+    let c = &r.straggler_counts;
+    if c.requests + c.tasks > 0 {
+        cut.push(format!(
+            "{} request(s) and {} task(s) still running at the quiesce deadline ({} ms)",
+            c.requests, c.tasks, d.quiesce_ms
+        ));
+    }
+    let closers = r
+        .closers
+        .iter()
+        .filter(|c| {
+            matches!(
+                c.result,
+                ActionResult::TimedOut | ActionResult::Skipped | ActionResult::Aborted
+            )
+        })
+        .map(|c| format!("`{}` {}", c.name, c.result))
+        .collect::<Vec<_>>();
+    if !closers.is_empty() {
+        cut.push(format!("closer(s) {}", closers.join(", ")));
+    }
+    let deadlines = format!(
+        "{why} {} ms ({}), not the {} ms grace period: the kill could come {} ms after the \
+         trigger, so max became {} ms, the quiesce deadline {} ms and the hard deadline {} ms",
+        d.deletion_grace_ms,
+        d.source,
+        r.budget.grace_ms,
+        d.kill_at_ms,
+        d.max_ms,
+        d.quiesce_ms,
+        d.hard_ms
+    );
+    Some(if cut.is_empty() {
+        advice(
+            Info,
+            AdviceRule::BudgetShortened,
+            d.kill_at_ms,
+            format!("{deadlines}; nothing was cut short"),
+        )
+    } else {
+        advice(
+            Warn,
+            AdviceRule::BudgetShortened,
+            d.kill_at_ms,
+            format!("{deadlines}; cut short: {}", cut.join("; ")),
         )
     })
 }

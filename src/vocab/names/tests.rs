@@ -252,6 +252,7 @@ fn advice_names_are_documented() {
         ServerIdleTimeoutShort,
         GraceHeadroom,
         GraceUsed,
+        BudgetShortened,
         StopSignalMissing,
         NeverServed,
         EndpointSlice,
