@@ -132,7 +132,10 @@ mod drain_metrics {
 pub mod report;
 
 #[cfg(feature = "kube")]
-pub use self::kube::{EndpointWatch, KubeError, DEFAULT_PROXY_ALLOWANCE};
+pub use self::kube::{
+    EndpointWatch, KubeError, DEFAULT_EVICTION_GRACE, DEFAULT_NODE_SHUTDOWN_GRACE,
+    DEFAULT_PROXY_ALLOWANCE,
+};
 #[cfg(feature = "axum")]
 pub use self::server::axum_serve;
 #[cfg(feature = "http")]

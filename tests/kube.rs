@@ -18,7 +18,7 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use lameduck::report::{AdviceRule, AllowanceSource, EvidenceKind, MaxReason};
+use lameduck::report::{AdviceRule, AllowanceSource, BudgetSource, EvidenceKind, MaxReason};
 use lameduck::{
     Drain, DrainReport, EndpointWatch, EventKind, Phase, Propagation, ReadinessWhileDraining,
     Trigger,
@@ -39,6 +39,9 @@ struct PodState {
     ready: bool,
     /// `deletionTimestamp` (unix ms) and `deletionGracePeriodSeconds`.
     deletion: Option<(u64, i64)>,
+    /// The kubelet's own termination: the `DisruptionTarget` condition's
+    /// `lastTransitionTime` (unix ms), its message, and the status `reason`.
+    kubelet_termination: Option<(u64, &'static str, &'static str)>,
 }
 
 /// A Service and the Pods it selects; one slice per address family, as the controller writes.
@@ -86,11 +89,20 @@ impl Model {
                 meta["deletionTimestamp"] = json!(ts);
                 meta["deletionGracePeriodSeconds"] = json!(grace);
             }
+            let mut status = json!({"podIP": p.ipv4, "podIPs": [{"ip": p.ipv4}, {"ip": p.ipv6}]});
+            if let Some((at, message, reason)) = p.kubelet_termination {
+                // What the kubelet writes before it stops the Pod itself (no deletion).
+                status["conditions"] = json!([{
+                    "type": "DisruptionTarget", "status": "True",
+                    "reason": "TerminationByKubelet", "message": message,
+                    "lastTransitionTime": chrono_like(at),
+                }]);
+                status["reason"] = json!(reason);
+            }
             out.push((
                 "pods",
                 name.clone(),
-                json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-                       "status": {"podIP": p.ipv4, "podIPs": [{"ip": p.ipv4}, {"ip": p.ipv6}]}}),
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": status}),
             ));
         }
         for (svc, s) in &self.services {
@@ -342,6 +354,7 @@ impl Cluster {
                     ipv6: format!("fd00::{}", i + 5),
                     ready: true,
                     deletion: None,
+                    kubelet_termination: None,
                 },
             );
         }
@@ -398,6 +411,15 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("the watches never opened");
+    }
+
+    /// The kubelet terminates the Pod itself: the condition, no deletion.
+    fn kubelet_terminates(&self, message: &'static str, reason: &'static str) {
+        let at = unix_ms();
+        self.with(|m| {
+            m.pods.get_mut(POD).unwrap().kubelet_termination = Some((at, message, reason));
+            m.sync();
+        });
     }
 
     fn delete_pod(&self, grace_s: i64) {
@@ -601,6 +623,97 @@ async fn a_short_deletion_grace_shrinks_the_deadlines() {
         .unwrap()
         .contains("deletionGracePeriodSeconds 3"));
     assert_eq!(events(&r, EventKind::EndpointChanged).len(), 2);
+}
+
+/// The kubelet's graceful node shutdown (or node-pressure eviction) sets no deletion: the
+/// watch reads the `DisruptionTarget` condition, plans for the configured budget counted from
+/// it, cuts the stuck work at that budget's quiesce deadline, and the report names the source.
+async fn kubelet_termination(
+    watch: impl FnOnce(EndpointWatch) -> EndpointWatch,
+    message: &'static str,
+    reason: &'static str,
+) -> DrainReport {
+    let cluster = Cluster::start().await;
+    let d = drain(
+        Duration::from_secs(30),
+        Propagation::quiet(Duration::from_millis(100)).min(Duration::from_millis(100)),
+        ReadinessWhileDraining::Auto,
+    );
+    watch(
+        EndpointWatch::from_env()
+            .pod(POD)
+            .namespace(NS)
+            .client(cluster.client())
+            .proxy_allowance(Duration::from_millis(100)),
+    )
+    .start(&d)
+    .unwrap();
+    cluster.watching().await;
+    d.spawn("stuck", std::future::pending::<()>());
+    ready(&d).await;
+    // The condition first, then the kubelet's SIGTERM.
+    cluster.kubelet_terminates(message, reason);
+    d.start(Trigger::Sigterm);
+    finished(&d).await
+}
+
+fn assert_fitted(r: &DrainReport, source: BudgetSource, grace_ms: u64) {
+    let b = r.budget.deletion.as_ref().expect("budget.deletion");
+    assert_eq!(b.source, source, "{b:?}");
+    assert_eq!(b.deletion_grace_ms, grace_ms);
+    // Counted from the condition's whole second: up to a second early, never late.
+    assert!(
+        b.kill_at_ms <= grace_ms && b.kill_at_ms + 1_100 >= grace_ms,
+        "{b:?}"
+    );
+    assert!(r.budget.used_ms < b.kill_at_ms, "{:?}", r.budget);
+    let cut = r
+        .event(EventKind::DeadlineExceeded)
+        .expect("the stuck task hit the deadline");
+    assert!(cut.at_ms <= b.quiesce_ms + 500, "{cut:?} {b:?}");
+    let tightened = events(r, EventKind::BudgetTightened);
+    assert_eq!(tightened.len(), 1, "{:#?}", r.timeline);
+    assert!(
+        tightened[0]
+            .detail
+            .as_deref()
+            .unwrap()
+            .starts_with(&format!("{source}: the kubelet terminates this Pod")),
+        "{:?}",
+        tightened[0]
+    );
+    let a = r
+        .advice
+        .iter()
+        .find(|a| a.rule == AdviceRule::BudgetShortened)
+        .unwrap_or_else(|| panic!("{:?}", r.advice));
+    assert!(
+        a.message.contains(source.as_str()) && a.message.contains("0 request(s) and 1 task(s)"),
+        "{}",
+        a.message
+    );
+}
+
+#[tokio::test]
+async fn a_node_shutdown_gives_the_configured_node_budget() {
+    let r = kubelet_termination(
+        |w| w.node_shutdown_grace(Duration::from_secs(4)),
+        "Pod was terminated in response to imminent node shutdown.",
+        "Terminated",
+    )
+    .await;
+    assert_fitted(&r, BudgetSource::NodeShutdown, 4_000);
+}
+
+#[tokio::test]
+async fn a_node_pressure_eviction_gives_the_eviction_budget_by_default_a_hard_thresholds() {
+    let r = kubelet_termination(
+        |w| w,
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi.",
+        "Evicted",
+    )
+    .await;
+    assert_fitted(&r, BudgetSource::NodePressureEviction, 2_000);
 }
 
 #[tokio::test]

@@ -10,4 +10,7 @@
 mod model;
 mod watch;
 
-pub use watch::{EndpointWatch, KubeError, DEFAULT_PROXY_ALLOWANCE};
+pub use watch::{
+    EndpointWatch, KubeError, DEFAULT_EVICTION_GRACE, DEFAULT_NODE_SHUTDOWN_GRACE,
+    DEFAULT_PROXY_ALLOWANCE,
+};

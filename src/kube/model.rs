@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::drain::Drain;
 use crate::propagation::link::{Kill, Routing, Source};
+use crate::report::BudgetSource;
 use crate::vocab::phase::unix_ms_now;
 use crate::vocab::phase::EventKind;
 use crate::vocab::phase::ReadinessWhileDraining;
@@ -101,8 +102,67 @@ impl Slice {
     }
 }
 
+/// Plans for a kill at `kill_unix` (the API server's clock, mapped onto ours; never later than
+/// `grace` counted from now, in case the clocks disagree): the deadlines shrink if that is
+/// sooner than they allow, and the timeline says why.
+fn tighten_to(
+    drain: &Drain,
+    kill_unix: i64,
+    grace: Duration,
+    source: BudgetSource,
+    detail: String,
+) {
+    let now = Instant::now();
+    let now_unix = unix_ms_now() as i64;
+    let by_clock = now + Duration::from_millis((kill_unix - now_unix).max(0) as u64);
+    let at = by_clock.min(now + grace);
+    if drain.tighten(Kill { at, grace, source }) {
+        drain.record_external(
+            EventKind::BudgetTightened,
+            None,
+            detail,
+            now,
+            now_unix as u64,
+        );
+    }
+}
+
+/// The budgets the kubelet's own terminations give, as configured on the watch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Terminations {
+    pub(crate) node_shutdown: Duration,
+    pub(crate) eviction: Duration,
+}
+
+impl Terminations {
+    /// The kubelet's own termination of this Pod, if its status shows one: the source, the
+    /// budget it gives, when it began (unix ms, the condition's `lastTransitionTime`) and the
+    /// condition's message. `None` for a termination of another kind (a deletion carries its
+    /// own grace) and for a message of neither known kind.
+    fn of(self, p: &Pod) -> Option<(BudgetSource, Duration, i64, String)> {
+        let status = p.status.as_ref()?;
+        let c = status.conditions.iter().flatten().find(|c| {
+            c.type_ == "DisruptionTarget"
+                && c.status == "True"
+                && c.reason.as_deref() == Some("TerminationByKubelet")
+        })?;
+        let message = c.message.clone().unwrap_or_default();
+        let reason = status.reason.as_deref();
+        let (source, grace) = if message.contains("node shutdown") || reason == Some("Terminated") {
+            (BudgetSource::NodeShutdown, self.node_shutdown)
+        } else if message.contains("low on resource") || reason == Some("Evicted") {
+            (BudgetSource::NodePressureEviction, self.eviction)
+        } else {
+            return None;
+        };
+        let since = c.last_transition_time.as_ref()?.0.timestamp_millis();
+        Some((source, grace, since, message))
+    }
+}
+
 pub(super) struct Model {
     pod: String,
+    terminations: Terminations,
     accepts_terminating: bool,
     ips: Vec<String>,
     pod_synced: bool,
@@ -126,9 +186,14 @@ pub(super) struct Model {
 }
 
 impl Model {
-    pub(super) fn new(pod: String, readiness: ReadinessWhileDraining) -> Self {
+    pub(super) fn new(
+        pod: String,
+        readiness: ReadinessWhileDraining,
+        terminations: Terminations,
+    ) -> Self {
         Self {
             pod,
+            terminations,
             // Under ServingUntilStop, kubelet's probe stays green to the end, so only the
             // deletion (`terminating`) moves the slice: that is the policy's own condition.
             accepts_terminating: readiness == ReadinessWhileDraining::ServingUntilStop,
@@ -194,29 +259,26 @@ impl Model {
             &p.metadata.deletion_timestamp,
             p.metadata.deletion_grace_period_seconds,
         ) {
-            let now = Instant::now();
-            let now_unix = unix_ms_now() as i64;
             let kill_unix = ts.0.timestamp_millis();
             let grace = Duration::from_secs(grace.max(0) as u64);
-            // The API server's clock, mapped onto ours; never later than the grace counted
-            // from now, in case the clocks disagree.
-            let by_clock = now + Duration::from_millis((kill_unix - now_unix).max(0) as u64);
-            let at = by_clock.min(now + grace);
-            let source = crate::report::BudgetSource::Deletion;
-            if drain.tighten(Kill { at, grace, source }) {
-                drain.record_external(
-                    EventKind::BudgetTightened,
-                    None,
-                    format!(
-                        "deletionGracePeriodSeconds {}: kubelet may kill at unix {} ms; deadlines \
-                         shrink to fit (report budget.deletion)",
-                        grace.as_secs(),
-                        kill_unix
-                    ),
-                    now,
-                    now_unix as u64,
-                );
-            }
+            let detail = format!(
+                "deletionGracePeriodSeconds {}: kubelet may kill at unix {kill_unix} ms; \
+                 deadlines shrink to fit (report budget.deletion)",
+                grace.as_secs()
+            );
+            tighten_to(drain, kill_unix, grace, BudgetSource::Deletion, detail);
+        } else if let Some((source, grace, since, message)) = self.terminations.of(p) {
+            // The kubelet's own termination sets no deletion: its budget is the configured
+            // one, counted from the condition (whole seconds, so the kill is planned up to a
+            // second early, never late).
+            let kill_unix = since.saturating_add(grace.as_millis() as i64);
+            let detail = format!(
+                "{source}: the kubelet terminates this Pod ({message:?}) with a budget of {} ms \
+                 from unix {since} ms, so it may kill at unix {kill_unix} ms; deadlines shrink to \
+                 fit (report budget.deletion)",
+                grace.as_millis()
+            );
+            tighten_to(drain, kill_unix, grace, source, detail);
         }
     }
 

@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::model::Model;
+use super::model::{Model, Terminations};
 use crate::drain::{Drain, StartupGate};
 use crate::propagation::link::Source;
 use crate::vocab::phase::Phase;
@@ -31,6 +31,18 @@ use crate::vocab::phase::Phase;
 /// (the report's `after_flip.last_new_connection_ms`) and set
 /// [`EndpointWatch::proxy_allowance`].
 pub const DEFAULT_PROXY_ALLOWANCE: Duration = Duration::from_secs(2);
+
+/// The budget planned for when the kubelet terminates this Pod for a graceful node shutdown
+/// and no other was set ([`EndpointWatch::node_shutdown_grace`]): a node budget of 30 s
+/// split evenly between ordinary and critical Pods (`shutdownGracePeriod: 30s`,
+/// `shutdownGracePeriodCriticalPods: 15s`) gives an ordinary Pod 15 s.
+pub const DEFAULT_NODE_SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+
+/// The budget planned for when the kubelet evicts this Pod for node pressure and no other was
+/// set ([`EndpointWatch::eviction_grace`]): the condition does not say whether the threshold
+/// was soft (`evictionMaxPodGracePeriod`) or hard, and a hard one leaves about 2 s (the
+/// kubelet's minimum grace when it kills a container).
+pub const DEFAULT_EVICTION_GRACE: Duration = Duration::from_secs(2);
 
 /// How long the first list may take before the report calls the API unreachable (the watch
 /// goes on trying; a later answer still counts).
@@ -63,6 +75,10 @@ impl std::error::Error for KubeError {}
 /// * The Pod's `deletionTimestamp` and `deletionGracePeriodSeconds` are this deletion's real
 ///   budget: `kubectl delete --grace-period=5` shrinks the hard and quiesce deadlines and
 ///   `max` ([`EventKind::BudgetTightened`](crate::EventKind::BudgetTightened), the report's `budget.deletion`).
+/// * The kubelet's own terminations, which set no deletion — graceful node shutdown and
+///   node-pressure eviction (condition `DisruptionTarget`, reason `TerminationByKubelet`) —
+///   give the budget set with [`node_shutdown_grace`](Self::node_shutdown_grace) and
+///   [`eviction_grace`](Self::eviction_grace), counted from the condition.
 /// * A Service selecting the Pod with `publishNotReadyAddresses: true` keeps it `ready` in
 ///   its slices; it is not waited on, and the report advises about it.
 ///
@@ -92,6 +108,7 @@ pub struct EndpointWatch {
     /// `None`: measured at startup, else the default.
     allowance: Option<Duration>,
     api_timeout: Duration,
+    terminations: Terminations,
 }
 
 impl std::fmt::Debug for EndpointWatch {
@@ -102,6 +119,7 @@ impl std::fmt::Debug for EndpointWatch {
             .field("client", &self.client.as_ref().map(|_| "Client"))
             .field("allowance", &self.allowance)
             .field("api_timeout", &self.api_timeout)
+            .field("terminations", &self.terminations)
             .finish()
     }
 }
@@ -122,6 +140,10 @@ impl EndpointWatch {
             client: None,
             allowance: None,
             api_timeout: DEFAULT_API_TIMEOUT,
+            terminations: Terminations {
+                node_shutdown: DEFAULT_NODE_SHUTDOWN_GRACE,
+                eviction: DEFAULT_EVICTION_GRACE,
+            },
         }
     }
 
@@ -160,6 +182,31 @@ impl EndpointWatch {
     /// says which it was, and `startup` has the measurement.
     pub fn proxy_allowance(mut self, d: Duration) -> Self {
         self.allowance = Some(d);
+        self
+    }
+
+    /// The budget the kubelet gives this Pod when it shuts its node down gracefully (default
+    /// [`DEFAULT_NODE_SHUTDOWN_GRACE`], 15 s): the node's `shutdownGracePeriod` less
+    /// `shutdownGracePeriodCriticalPods` for an ordinary Pod, or its priority's share under
+    /// `shutdownGracePeriodByPodPriority`. When the Pod's status shows the kubelet's own
+    /// termination for a node shutdown (condition `DisruptionTarget`, reason
+    /// `TerminationByKubelet`; no deletion), the drain plans for a kill this long after the
+    /// condition's `lastTransitionTime`, if that is sooner than its grace period: the
+    /// deadlines shrink as for a deletion with a shorter grace, and the report names the
+    /// source (`budget.deletion.source` `node_shutdown`).
+    pub fn node_shutdown_grace(mut self, d: Duration) -> Self {
+        self.terminations.node_shutdown = d;
+        self
+    }
+
+    /// The budget the kubelet gives this Pod when it evicts it for node pressure (default
+    /// [`DEFAULT_EVICTION_GRACE`], 2 s, a hard threshold's): set the node's
+    /// `evictionMaxPodGracePeriod` when only soft thresholds can evict it. Used as
+    /// [`node_shutdown_grace`](Self::node_shutdown_grace) is, for the condition whose
+    /// message says the node was low on a resource (`budget.deletion.source`
+    /// `node_pressure_eviction`).
+    pub fn eviction_grace(mut self, d: Duration) -> Self {
+        self.terminations.eviction = d;
         self
     }
 
@@ -257,7 +304,7 @@ impl EndpointWatch {
         let slice_events = watcher::watcher(slices, watcher::Config::default()).default_backoff();
         tokio::pin!(pod_events, slice_events);
 
-        let mut model = Model::new(pod, drain.readiness().policy());
+        let mut model = Model::new(pod, drain.readiness().policy(), self.terminations);
         let api_deadline = tokio::time::sleep(self.api_timeout);
         tokio::pin!(api_deadline);
         let mut timed_out = false;
