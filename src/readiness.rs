@@ -92,6 +92,11 @@ struct Registry {
 pub(crate) struct ReadinessState {
     policy: ReadinessWhileDraining,
     registry: Mutex<Registry>,
+    /// The kubelet terminates this Pod without a deletion (node shutdown, node-pressure
+    /// eviction; feature `kube`): no `terminating` condition will take it out of its slices,
+    /// only its readiness probe can, so under `Auto` kubelet's probe too sees "not ready"
+    /// while draining.
+    kubelet_terminates: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ReadinessState {
@@ -107,6 +112,33 @@ impl ReadinessState {
         Self {
             policy,
             registry: Mutex::new(Registry::default()),
+            kubelet_terminates: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The kubelet terminates this Pod without a deletion; `true` the first time, when that
+    /// changes what kubelet's probe sees (the policy is `Auto`).
+    #[cfg(feature = "kube")]
+    pub(crate) fn kubelet_terminates(&self) -> bool {
+        let first = !self
+            .kubelet_terminates
+            .swap(true, std::sync::atomic::Ordering::Relaxed);
+        first && self.policy == ReadinessWhileDraining::Auto
+    }
+
+    /// The policy as it applies now: `Auto` answers every caller as `NotReady` once the
+    /// kubelet terminates the Pod without a deletion (kube-proxy's fallback to terminating
+    /// endpoints, what `Auto` keeps kubelet's probe green for, does not apply to an endpoint
+    /// that is not terminating).
+    fn effective(&self) -> ReadinessWhileDraining {
+        if self.policy == ReadinessWhileDraining::Auto
+            && self
+                .kubelet_terminates
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            ReadinessWhileDraining::NotReady
+        } else {
+            self.policy
         }
     }
 
@@ -178,12 +210,16 @@ impl ReadinessState {
                 reason.get_or_insert_with(|| format!("starting: waiting for {name}"));
             }
         }
-        let policy = self.policy;
+        let policy = self.effective();
         // While Starting the gates decide; from then on the one rule.
         let phase_ready = phase == Phase::Starting || ready_in(phase, policy, caller);
         // Under `auto`, say which semantics applied and why.
         let why = if policy == ReadinessWhileDraining::Auto {
             format!("policy auto, {who}")
+        } else if policy != self.policy {
+            "policy auto, every caller: the kubelet terminates this Pod without a deletion, \
+             so only its readiness probe takes it out of its EndpointSlices"
+                .to_owned()
         } else {
             format!("policy {}", policy.as_str())
         };

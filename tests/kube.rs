@@ -650,11 +650,41 @@ async fn kubelet_termination(
     .unwrap();
     cluster.watching().await;
     d.spawn("stuck", std::future::pending::<()>());
+    let (listener, admin) = common::bind().await;
+    let router = d.admin().without_token().router();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     ready(&d).await;
     // The condition first, then the kubelet's SIGTERM.
     cluster.kubelet_terminates(message, reason);
     d.start(Trigger::Sigterm);
+    // No deletion will mark the endpoint terminating: kubelet's probe must see "not ready"
+    // while draining, or the slices keep routing here until the process stops accepting.
+    let mut kubelet_sees = None;
+    for _ in 0..100 {
+        let (status, body) = readyz_as_kubelet(admin).await;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            kubelet_sees = Some(body);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let body = kubelet_sees.expect("kubelet's probe saw \"not ready\" while draining");
+    assert!(body.contains("without a deletion"), "{body}");
     finished(&d).await
+}
+
+async fn readyz_as_kubelet(addr: SocketAddr) -> (StatusCode, String) {
+    let (mut sender, _conn) = common::h1(addr).await;
+    let req = Request::builder()
+        .uri("/readyz?verbose")
+        .header("host", "admin")
+        .header("user-agent", "kube-probe/1.36")
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    sender.ready().await.unwrap();
+    let res = sender.send_request(req).await.unwrap();
+    let (status, _, body) = common::text(res).await;
+    (status, body)
 }
 
 fn assert_fitted(r: &DrainReport, source: BudgetSource, grace_ms: u64) {
@@ -671,6 +701,14 @@ fn assert_fitted(r: &DrainReport, source: BudgetSource, grace_ms: u64) {
         .event(EventKind::DeadlineExceeded)
         .expect("the stuck task hit the deadline");
     assert!(cut.at_ms <= b.quiesce_ms + 500, "{cut:?} {b:?}");
+    assert!(
+        events(r, EventKind::ReadinessFlipped).iter().any(|e| e
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("sets no deletion"))),
+        "{:#?}",
+        r.timeline
+    );
     let tightened = events(r, EventKind::BudgetTightened);
     assert_eq!(tightened.len(), 1, "{:#?}", r.timeline);
     assert!(

@@ -33,4 +33,10 @@ impl Drain {
     pub(crate) fn tighten(&self, kill: Kill) -> bool {
         self.inner.driver.deadlines().tighten(kill)
     }
+
+    /// The kubelet terminates this Pod without a deletion: under `Auto`, kubelet's probe too
+    /// sees "not ready" while draining; `true` when that changed what it sees.
+    pub(crate) fn kubelet_terminates(&self) -> bool {
+        self.inner.readiness.kubelet_terminates()
+    }
 }

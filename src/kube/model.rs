@@ -279,6 +279,19 @@ impl Model {
                 grace.as_millis()
             );
             tighten_to(drain, kill_unix, grace, source, detail);
+            if drain.kubelet_terminates() {
+                drain.record_external(
+                    EventKind::ReadinessFlipped,
+                    None,
+                    format!(
+                        "for kubelet's probe while draining: {source} sets no deletion, so no \
+                         `terminating` condition takes this Pod out of its EndpointSlices; only \
+                         its readiness probe can"
+                    ),
+                    Instant::now(),
+                    unix_ms_now(),
+                );
+            }
         }
     }
 

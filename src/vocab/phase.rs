@@ -282,6 +282,12 @@ pub enum ReadinessWhileDraining {
     /// report list the sources seen and how each was classified ([`ProbeSources`](crate::report::ProbeSources)).
     /// [`Readiness::answer`](crate::Readiness::answer) and `/status` answer as for other callers;
     /// gRPC health goes by `User-Agent` only.
+    ///
+    /// With the `kube` feature, once the watch sees the kubelet terminate the Pod without a
+    /// deletion (graceful node shutdown, node-pressure eviction), `/readyz` answers kubelet's
+    /// probe as [`NotReady`](Self::NotReady) does: no `terminating` condition will take the
+    /// endpoint out of its slices (nor put it in kube-proxy's fallback), only the probe can.
+    /// gRPC health keeps the policy it was built with.
     #[default]
     Auto,
     /// 503 from the trigger on, for every caller (the convention of kube-apiserver). Load
