@@ -49,6 +49,9 @@ struct Args {
     stuck_task: bool,
     startup_delay: Duration,
     readiness_policy: Option<lameduck::ReadinessWhileDraining>,
+    shortest_grace: Option<Duration>,
+    node_shutdown_grace: Option<Duration>,
+    eviction_grace: Option<Duration>,
 }
 
 const USAGE: &str = "usage: service [--listen ADDR] [--admin ADDR] [--instance NAME] \
@@ -56,7 +59,8 @@ const USAGE: &str = "usage: service [--listen ADDR] [--admin ADDR] [--instance N
                      [--quiet-suffices-after DUR] [--per-request-peers ADDR|CIDR,…] \
                      [--node-agents HOST:PORT,…] \
                      [--report-file PATH] [--stuck-task] \
-                     [--startup-delay DUR] [--readiness-policy auto|not-ready|serving-until-stop]\n       \
+                     [--startup-delay DUR] [--readiness-policy auto|not-ready|serving-until-stop] \
+                     [--shortest-grace DUR] [--node-shutdown-grace DUR] [--eviction-grace DUR]\n       \
                      service prestop [--admin ADDR]";
 
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -75,6 +79,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         stuck_task: false,
         startup_delay: Duration::ZERO,
         readiness_policy: None,
+        shortest_grace: None,
+        node_shutdown_grace: None,
+        eviction_grace: None,
     };
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or(format!("{flag} needs a value"));
@@ -105,6 +112,17 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--report-file" => a.report_file = Some(value()?),
             "--stuck-task" => a.stuck_task = true,
             "--startup-delay" => a.startup_delay = dur(value()?)?,
+            // Else `LAMEDUCK_SHORTEST_GRACE`, which the builder reads.
+            "--shortest-grace" => a.shortest_grace = Some(dur(value()?)?),
+            // The budgets of the kubelet's own terminations, read by the EndpointWatch.
+            "--node-shutdown-grace" | "--eviction-grace" if !cfg!(feature = "kube") => {
+                return Err(format!(
+                    "{flag} needs the `kube` feature (the watch that sees the kubelet's \
+                     terminations); without it, use --shortest-grace"
+                ))
+            }
+            "--node-shutdown-grace" => a.node_shutdown_grace = Some(dur(value()?)?),
+            "--eviction-grace" => a.eviction_grace = Some(dur(value()?)?),
             "--readiness-policy" => {
                 a.readiness_policy = Some(
                     value()?
@@ -178,6 +196,9 @@ async fn run(args: Args) -> ExitCode {
     if let Some(g) = args.grace_period {
         builder = builder.grace_period(g);
     }
+    if let Some(g) = args.shortest_grace {
+        builder = builder.shortest_grace(g);
+    }
     // The defaults, with whatever the flags change.
     let mut p = args
         .quiet
@@ -218,9 +239,20 @@ async fn run(args: Args) -> ExitCode {
     // step and the deletion's grace the real budget (examples/k8s/role.yaml grants the reads).
     // Outside a Pod (POD_NAME unset) the report says why it was not used.
     #[cfg(feature = "kube")]
-    if let Err(e) = lameduck::EndpointWatch::from_env().start(&drain) {
-        complain(format!("service: no EndpointSlice evidence: {e}"));
+    {
+        let mut watch = lameduck::EndpointWatch::from_env();
+        if let Some(g) = args.node_shutdown_grace {
+            watch = watch.node_shutdown_grace(g);
+        }
+        if let Some(g) = args.eviction_grace {
+            watch = watch.eviction_grace(g);
+        }
+        if let Err(e) = watch.start(&drain) {
+            complain(format!("service: no EndpointSlice evidence: {e}"));
+        }
     }
+    #[cfg(not(feature = "kube"))]
+    let _ = (args.node_shutdown_grace, args.eviction_grace);
 
     // Startup gate: not ready until the warm-up is done.
     let warmup = drain.readiness().startup_gate("warmup");

@@ -102,31 +102,6 @@ impl Slice {
     }
 }
 
-/// Plans for a kill at `kill_unix` (the API server's clock, mapped onto ours; never later than
-/// `grace` counted from now, in case the clocks disagree): the deadlines shrink if that is
-/// sooner than they allow, and the timeline says why.
-fn tighten_to(
-    drain: &Drain,
-    kill_unix: i64,
-    grace: Duration,
-    source: BudgetSource,
-    detail: String,
-) {
-    let now = Instant::now();
-    let now_unix = unix_ms_now() as i64;
-    let by_clock = now + Duration::from_millis((kill_unix - now_unix).max(0) as u64);
-    let at = by_clock.min(now + grace);
-    if drain.tighten(Kill { at, grace, source }) {
-        drain.record_external(
-            EventKind::BudgetTightened,
-            None,
-            detail,
-            now,
-            now_unix as u64,
-        );
-    }
-}
-
 /// The budgets the kubelet's own terminations give, as configured on the watch.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Terminations {
@@ -163,6 +138,8 @@ impl Terminations {
 pub(super) struct Model {
     pod: String,
     terminations: Terminations,
+    /// The last kill planned for (its source and unix ms), so a repeat is not a new one.
+    kill_seen: Option<(BudgetSource, i64)>,
     accepts_terminating: bool,
     ips: Vec<String>,
     pod_synced: bool,
@@ -194,6 +171,7 @@ impl Model {
         Self {
             pod,
             terminations,
+            kill_seen: None,
             // Under ServingUntilStop, kubelet's probe stays green to the end, so only the
             // deletion (`terminating`) moves the slice: that is the policy's own condition.
             accepts_terminating: readiness == ReadinessWhileDraining::ServingUntilStop,
@@ -266,7 +244,7 @@ impl Model {
                  deadlines shrink to fit (report budget.deletion)",
                 grace.as_secs()
             );
-            tighten_to(drain, kill_unix, grace, BudgetSource::Deletion, detail);
+            self.tighten_to(drain, kill_unix, grace, BudgetSource::Deletion, detail);
         } else if let Some((source, grace, since, message)) = self.terminations.of(p) {
             // The kubelet's own termination sets no deletion: its budget is the configured
             // one, counted from the condition (whole seconds, so the kill is planned up to a
@@ -278,7 +256,7 @@ impl Model {
                  fit (report budget.deletion)",
                 grace.as_millis()
             );
-            tighten_to(drain, kill_unix, grace, source, detail);
+            self.tighten_to(drain, kill_unix, grace, source, detail);
             if drain.kubelet_terminates() {
                 drain.record_external(
                     EventKind::ReadinessFlipped,
@@ -292,6 +270,38 @@ impl Model {
                     unix_ms_now(),
                 );
             }
+        }
+    }
+
+    /// Plans for a kill at `kill_unix` (the API server's clock, mapped onto ours; never later
+    /// than `grace` counted from now, in case the clocks disagree): the deadlines shrink if
+    /// that is sooner than they allow, and the timeline says why. The same kill seen again (every
+    /// later write of the Pod carries it) changes nothing: mapped anew it would land a
+    /// millisecond off and read as a new one.
+    fn tighten_to(
+        &mut self,
+        drain: &Drain,
+        kill_unix: i64,
+        grace: Duration,
+        source: BudgetSource,
+        detail: String,
+    ) {
+        if self.kill_seen == Some((source, kill_unix)) {
+            return;
+        }
+        self.kill_seen = Some((source, kill_unix));
+        let now = Instant::now();
+        let now_unix = unix_ms_now() as i64;
+        let by_clock = now + Duration::from_millis((kill_unix - now_unix).max(0) as u64);
+        let at = by_clock.min(now + grace);
+        if drain.tighten(Kill { at, grace, source }) {
+            drain.record_external(
+                EventKind::BudgetTightened,
+                None,
+                detail,
+                now,
+                now_unix as u64,
+            );
         }
     }
 

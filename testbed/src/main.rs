@@ -13,6 +13,7 @@ usage: lameduck-testbed [--service-bin PATH] [--out DIR] [--timelines]
 commands:
   cell [--server lameduck|naive|graceful|sleep5] [--backend iptables|nftables]
        [--sync-delay DUR] [--slice-delay DUR] [--rate N] [--shape pool|fresh|onoff|bursts] [--evict]
+       [--kubelet-stop node-shutdown:DUR|soft-eviction:DUR|hard-eviction]
        [--replicas N] [--grace DUR] [--warmup DUR] [--start-delay DUR] [--publish-not-ready] [--lameduck-flag FLAG]... [--exec-hook]
        [--min-sync-period] [--kube] [--deployment] [--agents]
        [--nodes N [--node-sync DUR,DUR,…] [--slow-nodes K,…] [--clients node1=SHAPE[:RATE][@PODS],node2=…]]
@@ -292,6 +293,10 @@ fn parse_cell(args: Vec<String>) -> CellConfig {
             "--shape" => c.shape = value().parse().unwrap_or_else(|e: String| fail(&e)),
             "--warmup" => c.warmup = dur("--warmup", &value()),
             "--evict" => c.rollout = cell::Rollout::Evict,
+            "--kubelet-stop" => {
+                c.rollout =
+                    cell::Rollout::Kubelet(value().parse().unwrap_or_else(|e: String| fail(&e)))
+            }
             "--replicas" => {
                 c.replicas = match value().parse::<usize>() {
                     Ok(n) if (1..=20).contains(&n) => n,

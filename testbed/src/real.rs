@@ -94,6 +94,10 @@ pub struct Real {
     backend: Backend,
     start_delay: Duration,
     deleters: Mutex<HashMap<String, watch::Sender<Option<Duration>>>>,
+    /// Pods the kubelet terminates on its own, with the condition it wrote (kept in every
+    /// later status write) and the status it last wrote for each Pod.
+    kubelet_stops: Mutex<HashMap<String, (crate::cell::KubeletStop, String)>>,
+    last_status: Mutex<HashMap<String, serde_json::Value>>,
     admin: kube::Client,
     kubelet: kube::Client,
 }
@@ -368,6 +372,8 @@ pub async fn start(
         backend,
         start_delay,
         deleters: Mutex::new(HashMap::new()),
+        kubelet_stops: Mutex::new(HashMap::new()),
+        last_status: Mutex::new(HashMap::new()),
         admin,
         kubelet,
     });

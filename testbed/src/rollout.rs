@@ -79,4 +79,17 @@ pub(crate) trait Stack {
     fn record(&self, what: &str, pod: Option<&str>, detail: &str);
     /// Where to look when the first Pods do not come up.
     fn logs_hint(&self) -> String;
+    /// Terminates Pod `name` the way the kubelet does on its own (node shutdown, node-pressure
+    /// eviction): only the real stack, whose kubelet this testbed plays, can.
+    async fn kubelet_terminate(
+        &self,
+        name: &str,
+        stop: crate::cell::KubeletStop,
+    ) -> Result<(), NetError> {
+        let _ = name;
+        Err(NetError(format!(
+            "a termination by the kubelet ({}) needs --stack real",
+            stop.name()
+        )))
+    }
 }

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use lameduck_testbed::cell::{self, CellConfig, CellResult};
+use lameduck_testbed::cell::{self, CellConfig, CellResult, KubeletStop, Rollout};
 use lameduck_testbed::matrix::DENSE;
 use lameduck_testbed::{k8s, net, Backend, Server, Shape, Stack};
 
@@ -92,6 +92,17 @@ fn assert_drains_clean(r: &CellResult) {
     }
 }
 
+/// Whether the service binary was built with the `kube` feature.
+fn built_with_kube(bin: &std::path::Path) -> bool {
+    std::fs::read(bin)
+        .map(|b| {
+            // Printed only by the service's `#[cfg(feature = "kube")]` EndpointWatch start.
+            let mark: &[u8] = b"service: no EndpointSlice evidence: ";
+            b.windows(mark.len()).any(|w| w == mark)
+        })
+        .unwrap_or(false)
+}
+
 fn describe(r: &CellResult) -> String {
     format!(
         "{}{}first failure: {:?}\nfiles: {}",
@@ -166,14 +177,7 @@ fn real_stack_kube_feature_reads_the_real_endpoint_slices() {
     let Some(bin) = ready() else {
         return;
     };
-    let built_with_kube = std::fs::read(&bin)
-        .map(|b| {
-            // Printed only by the service's `#[cfg(feature = "kube")]` EndpointWatch start.
-            let mark: &[u8] = b"service: no EndpointSlice evidence: ";
-            b.windows(mark.len()).any(|w| w == mark)
-        })
-        .unwrap_or(false);
-    if !built_with_kube {
+    if !built_with_kube(&bin) {
         let p = format!(
             "{} was built without the `kube` feature (cargo build --example service --features kube)",
             bin.display()
@@ -454,4 +458,127 @@ fn real_stack_a_node_slower_than_max_is_outlasted() {
             );
         }
     }
+}
+
+/// Issue 48's cells: the kubelet terminates a Pod on its own — the `DisruptionTarget`
+/// condition through the real API, no deletion, `preStop`, SIGTERM, SIGKILL when the node's
+/// budget ends — with the Pod's grace at 30 s, two replicas, pool + fresh traffic, warm Pods.
+///
+/// - Node shutdown, 15 s, with the `kube` feature: the watch reads the condition, the drain
+///   plans for the node's budget and answers kubelet's probe "not ready" (no `terminating`
+///   condition will take the Pod out of its slices); the report is written, every closer ran,
+///   nothing is lost, the exit comes before the kill.
+/// - The negative control, the same termination without the feature (what every release before
+///   this one did): the drain plans for its 30 s and the kubelet's SIGKILL at 15 s finds it
+///   still waiting: no report, no closer.
+/// - Hard node-pressure eviction (2 s, the watch's default for an eviction): the report is
+///   written and the closers ran before the kill; what was still in flight when the 1–2 s
+///   ran out may be cut, and the report counts it.
+#[test]
+fn real_stack_kubelet_terminations_fit_their_budget() {
+    let Some(bin) = ready() else {
+        return;
+    };
+    if !built_with_kube(&bin) {
+        let p = format!("{} was built without the `kube` feature", bin.display());
+        if std::env::var("LAMEDUCK_E2E").as_deref() == Ok("require") {
+            panic!("{p}, and LAMEDUCK_E2E=require");
+        }
+        eprintln!("SKIPPED: {p}");
+        return;
+    }
+    let cell = |stop: KubeletStop, kube: bool| {
+        let mut c = real(Server::Lameduck, Backend::Iptables);
+        c.replicas = 2;
+        c.grace = Duration::from_secs(30);
+        c.rollout = Rollout::Kubelet(stop);
+        c.kube = kube;
+        c
+    };
+    let shutdown = KubeletStop::NodeShutdown(Duration::from_secs(15));
+    let results = run(&[
+        cell(shutdown, true),
+        cell(shutdown, false),
+        cell(KubeletStop::HardEviction, true),
+    ]);
+    let [fitted, control, hard] = results.as_slice() else {
+        return;
+    };
+    let report = |r: &CellResult| -> Option<serde_json::Value> {
+        let path = r.dir.join(format!("{}.report.json", r.pods[0].pod));
+        let text = std::fs::read_to_string(path).ok()?;
+        serde_json::from_str(&text).ok()
+    };
+    let killed = |r: &CellResult| {
+        r.events
+            .iter()
+            .any(|e| e.what == "killed" && e.pod.as_deref() == Some(r.pods[0].pod.as_str()))
+    };
+
+    // Fitted: clean, inside the budget, the report names it, the closers ran.
+    assert_eq!(fitted.pods.len(), 1, "{}", describe(fitted));
+    assert!(
+        fitted.counts.requests > 100,
+        "too little traffic: {}",
+        describe(fitted)
+    );
+    assert_drains_clean(fitted);
+    assert!(!killed(fitted), "SIGKILLed: {}", describe(fitted));
+    let drain_ms = fitted.pods[0].drain_ms.expect("an exit");
+    assert!(
+        drain_ms < 15_000,
+        "exit at {drain_ms} ms: {}",
+        describe(fitted)
+    );
+    let v = report(fitted).unwrap_or_else(|| panic!("no report: {}", describe(fitted)));
+    assert_eq!(v["budget"]["deletion"]["source"], "node_shutdown", "{v}");
+    assert!(
+        v["budget"]["deletion"]["kill_at_ms"].as_u64().unwrap() <= 15_000,
+        "{v}"
+    );
+    let closers = v["closers"].as_array().expect("closers");
+    assert!(
+        !closers.is_empty() && closers.iter().all(|c| c["result"] == "ok"),
+        "{v}"
+    );
+    assert!(
+        v["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["event"] == "readiness_flipped"
+                && e["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("sets no deletion"))),
+        "{v}"
+    );
+
+    // The control: killed at the node's budget, no report, so no closer ran.
+    assert!(killed(control), "not SIGKILLed: {}", describe(control));
+    assert!(
+        report(control).is_none(),
+        "a report was written: {}",
+        describe(control)
+    );
+
+    // Hard eviction: the report and the closers before the kill.
+    assert!(!killed(hard), "SIGKILLed: {}", describe(hard));
+    let v = report(hard).unwrap_or_else(|| panic!("no report: {}", describe(hard)));
+    assert_eq!(
+        v["budget"]["deletion"]["source"], "node_pressure_eviction",
+        "{v}"
+    );
+    let closers = v["closers"].as_array().expect("closers");
+    assert!(
+        !closers.is_empty() && closers.iter().all(|c| c["result"] == "ok"),
+        "{v}"
+    );
+    println!(
+        "node shutdown 15 s: fitted {} lost, exit {drain_ms} ms; control {} lost, killed; hard \
+         eviction {} lost, exit {} ms",
+        fitted.counts.lost(),
+        control.counts.lost(),
+        hard.counts.lost(),
+        hard.pods[0].drain_ms.unwrap_or(0)
+    );
 }

@@ -103,13 +103,10 @@ pub(super) fn shortened(cx: &Ctx<'_>) -> Option<Advice> {
         BudgetSource::NodePressureEviction => "the kubelet's node-pressure eviction gave",
     };
     let mut cut = Vec::new();
-    if cx
-        .stopped
-        .is_some_and(|e| e.reason == Some(CommitReason::Max))
-    {
+    if let Some(e) = cx.stopped.filter(|e| e.reason == Some(CommitReason::Max)) {
         cut.push(format!(
-            "propagation committed at its shortened max ({} ms)",
-            d.max_ms
+            "propagation committed on max at {} ms (max shortened to {} ms)",
+            e.at_ms, d.max_ms
         ));
     }
     let c = &r.straggler_counts;

@@ -123,7 +123,8 @@ impl CellConfig {
     /// Whether the cell means anything on its stack: the `kube` feature and `--deployment`
     /// need the real API, so on the model such a cell would only repeat its plain twin.
     pub fn runs_on_its_stack(&self) -> bool {
-        self.stack == Stack::Real || !(self.kube || self.deployment)
+        self.stack == Stack::Real
+            || !(self.kube || self.deployment || matches!(self.rollout, Rollout::Kubelet(_)))
     }
 
     /// A short name: `lameduck/iptables/sync1000ms/50.0ps/pool`; with several nodes
@@ -169,8 +170,12 @@ impl CellConfig {
                 self.shape.as_str()
             );
         }
-        if self.rollout == Rollout::Evict {
-            n.push_str("/evict");
+        match self.rollout {
+            Rollout::Evict => n.push_str("/evict"),
+            Rollout::Kubelet(stop) => {
+                let _ = write!(n, "/kubelet:{}", stop.name());
+            }
+            Rollout::Rolling => {}
         }
         if self.exec_hook && self.server == Server::Lameduck {
             n.push_str("/exec");

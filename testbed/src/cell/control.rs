@@ -71,7 +71,7 @@ async fn rollout_steps<S: Stack>(
     signals: &Signals,
 ) -> Result<Vec<String>, NetError> {
     let replicas = match config.rollout {
-        Rollout::Rolling => config.replicas.max(1),
+        Rollout::Rolling | Rollout::Kubelet(_) => config.replicas.max(1),
         Rollout::Evict => 1,
     };
     let creator = stack.pods(1);
@@ -102,6 +102,25 @@ async fn rollout_steps<S: Stack>(
     let (surge, unavailable) = match config.rollout {
         Rollout::Rolling => (1, 0),
         Rollout::Evict => (1, 1),
+        Rollout::Kubelet(stop) => {
+            // The kubelet stops the first Pod on its own; the others go on serving.
+            let victim = first[0].clone();
+            stack.kubelet_terminate(&victim, stop).await?;
+            let rest: Vec<String> = first[1..].to_vec();
+            tokio::time::timeout(stop.budget() + S::TAIL, async {
+                while !stack.gone(&victim) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                stack.wait_applied(&rest).await;
+            })
+            .await
+            .map_err(|_| {
+                NetError("the terminated Pod was not gone, or the rules did not settle".into())
+            })?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            stack.record("client_stopped", None, "");
+            return Ok(vec![victim]);
+        }
     };
     let deadline = config.grace * 4 + settle;
     let new = rolling_update(
@@ -216,6 +235,12 @@ pub(super) async fn deployment_rollout(
     let replicas = match config.rollout {
         Rollout::Rolling => config.replicas.max(1),
         Rollout::Evict => 1,
+        Rollout::Kubelet(stop) => {
+            return Err(NetError(format!(
+                "a termination by the kubelet ({}) is a cell of bare Pods: drop --deployment",
+                stop.name()
+            )))
+        }
     };
     r.create_deployment(replicas, template).await?;
     let started = signals.go();
@@ -244,7 +269,7 @@ pub(super) async fn deployment_rollout(
     warm_up(config, started).await;
     match config.rollout {
         Rollout::Rolling => r.roll_deployment(2).await?,
-        Rollout::Evict => r.evict(&first[0]).await?,
+        Rollout::Evict | Rollout::Kubelet(_) => r.evict(&first[0]).await?,
     }
     tokio::time::timeout(config.grace * 4 + settle, async {
         loop {

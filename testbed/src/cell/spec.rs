@@ -128,6 +128,76 @@ pub enum Rollout {
     Rolling,
     /// One replica, deleted while its replacement is created at the same moment.
     Evict,
+    /// The first of `replicas` Pods terminated by the kubelet itself, with no deletion (real
+    /// stack): the `DisruptionTarget` condition through the API, the `preStop` hook, SIGTERM,
+    /// SIGKILL when the budget ends whatever the Pod's grace, then the terminal phase.
+    Kubelet(KubeletStop),
+}
+
+/// A termination by the kubelet itself, and the budget it gives the Pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KubeletStop {
+    /// Graceful node shutdown, with the node's budget for the Pod.
+    NodeShutdown(Duration),
+    /// Node-pressure eviction at a soft threshold (`evictionMaxPodGracePeriod`).
+    SoftEviction(Duration),
+    /// Node-pressure eviction at a hard threshold: the kubelet's minimum, 2 s.
+    HardEviction,
+}
+
+impl KubeletStop {
+    /// The budget the Pod gets.
+    pub fn budget(self) -> Duration {
+        match self {
+            Self::NodeShutdown(d) | Self::SoftEviction(d) => d,
+            Self::HardEviction => Duration::from_secs(2),
+        }
+    }
+
+    /// The condition's message and the status `reason` the kubelet writes.
+    pub fn status(self) -> (&'static str, &'static str) {
+        match self {
+            Self::NodeShutdown(_) => (
+                "Pod was terminated in response to imminent node shutdown.",
+                "Terminated",
+            ),
+            Self::SoftEviction(_) | Self::HardEviction => (
+                "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi.",
+                "Evicted",
+            ),
+        }
+    }
+
+    /// `node-shutdown:15s`, `soft-eviction:10s`, `hard-eviction`.
+    pub fn name(self) -> String {
+        match self {
+            Self::NodeShutdown(d) => format!("node-shutdown:{}s", d.as_secs()),
+            Self::SoftEviction(d) => format!("soft-eviction:{}s", d.as_secs()),
+            Self::HardEviction => "hard-eviction".to_owned(),
+        }
+    }
+}
+
+impl std::str::FromStr for KubeletStop {
+    type Err = String;
+
+    /// `node-shutdown:15s`, `soft-eviction:10s`, `hard-eviction`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, raw) = s.split_once(':').unwrap_or((s, ""));
+        let budget = || {
+            lameduck_probe::flags::parse_duration(raw)
+                .map_err(|e| format!("--kubelet-stop {s:?}: the budget: {e}"))
+        };
+        match kind {
+            "node-shutdown" => Ok(Self::NodeShutdown(budget()?)),
+            "soft-eviction" => Ok(Self::SoftEviction(budget()?)),
+            "hard-eviction" if raw.is_empty() => Ok(Self::HardEviction),
+            _ => Err(format!(
+                "--kubelet-stop: expected node-shutdown:DUR, soft-eviction:DUR or hard-eviction, got {s:?}"
+            )),
+        }
+    }
 }
 
 /// What plays Kubernetes.

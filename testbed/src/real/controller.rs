@@ -377,6 +377,14 @@ impl crate::rollout::Stack for RealStack<'_> {
     fn logs_hint(&self) -> String {
         format!("see the logs in {}", self.dir.display())
     }
+
+    async fn kubelet_terminate(
+        &self,
+        name: &str,
+        stop: crate::cell::KubeletStop,
+    ) -> Result<(), NetError> {
+        self.real.kubelet_terminate(name, stop).await
+    }
 }
 
 /// The real stack's Pods for a rolling update: created from `template` as `pod-<first_new>`,

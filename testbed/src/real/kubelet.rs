@@ -121,7 +121,66 @@ impl Real {
         }
     }
 
-    pub(in crate::real) async fn patch_pod_status(&self, name: &str, status: serde_json::Value) {
+    /// Terminates Pod `name` on the kubelet's own account, as graceful node shutdown and
+    /// node-pressure eviction do: the `DisruptionTarget` condition (reason
+    /// `TerminationByKubelet`) and the status reason through the API, no deletion; then the
+    /// Pod's termination with `stop`'s budget: `preStop`, SIGTERM, SIGKILL at the budget,
+    /// the terminal phase.
+    pub(crate) async fn kubelet_terminate(
+        &self,
+        name: &str,
+        stop: crate::cell::KubeletStop,
+    ) -> Result<(), NetError> {
+        let tx = self
+            .deleters
+            .lock()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| NetError(format!("no Pod {name} runs on this node")))?;
+        self.kubelet_stops
+            .lock()
+            .unwrap()
+            .insert(name.to_owned(), (stop, rfc3339_now()));
+        let budget = stop.budget();
+        self.record(
+            "deleted",
+            Some(name),
+            format!(
+                "by the kubelet ({}): DisruptionTarget TerminationByKubelet, no deletion, budget {} ms",
+                stop.name(),
+                budget.as_millis()
+            ),
+        );
+        let last = self.last_status.lock().unwrap().get(name).cloned();
+        if let Some(status) = last {
+            self.patch_pod_status(name, status).await;
+        }
+        tx.send_replace(Some(budget));
+        Ok(())
+    }
+
+    pub(in crate::real) async fn patch_pod_status(
+        &self,
+        name: &str,
+        mut status: serde_json::Value,
+    ) {
+        self.last_status
+            .lock()
+            .unwrap()
+            .insert(name.to_owned(), status.clone());
+        let stop = self.kubelet_stops.lock().unwrap().get(name).cloned();
+        if let Some((stop, since)) = stop {
+            // A merge patch replaces the whole list: every write carries the condition.
+            let (message, reason) = stop.status();
+            if let Some(c) = status["conditions"].as_array_mut() {
+                c.push(json!({"type": "DisruptionTarget", "status": "True",
+                              "reason": "TerminationByKubelet", "message": message,
+                              "lastTransitionTime": since}));
+            }
+            status["reason"] = json!(reason);
+            status["message"] = json!(message);
+        }
         let api = Api::<Pod>::namespaced(self.kubelet.clone(), NAMESPACE);
         if let Err(e) = api
             .patch_status(
