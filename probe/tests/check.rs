@@ -1447,3 +1447,75 @@ fn a_prestop_exec_calling_a_drain_endpoint_is_judged_from_the_first_changed_answ
         run.notes()
     );
 }
+
+/// `--kill-after`: the kubelet's SIGKILL at a node shutdown's budget (8 s here), shorter than
+/// the 30 s grace the service was told. The example service planning for its grace is killed
+/// mid-drain and `exit` fails naming the budget; told the shortest grace it may get
+/// (`--shortest-grace 8s`, `LAMEDUCK_SHORTEST_GRACE`), it fits and passes.
+#[test]
+fn kill_after_a_budget_shorter_than_the_grace_fails_a_drain_planned_for_the_grace() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (shortest, expect) in [(false, "fail"), (true, "pass")] {
+        let dir = scratch(if shortest {
+            "kill-after-fitted"
+        } else {
+            "kill-after-killed"
+        });
+        let (mut service, mut flags) = service_setup(&dir);
+        service.extend(["--grace-period".into(), "30s".into()]);
+        if shortest {
+            service.extend(["--shortest-grace".into(), "8s".into()]);
+        }
+        flags.extend([
+            "--grace-period".into(),
+            "30s".into(),
+            "--kill-after".into(),
+            "8s".into(),
+        ]);
+        let run = check(&dir, &strs(&flags), &strs(&service));
+        assert_eq!(run.verdict("exit"), expect, "{}", run.table());
+        let table = run.table();
+        if shortest {
+            assert_eq!(run.out.status.code(), Some(0), "{table}");
+            assert!(
+                table.contains("of the 8.0 s --kill-after budget"),
+                "{table}"
+            );
+        } else {
+            assert_eq!(run.out.status.code(), Some(1), "{table}");
+            assert!(
+                table.contains("still running at the --kill-after budget (8.0 s)"),
+                "{table}"
+            );
+        }
+    }
+}
+
+/// `--kill-after` longer than the grace period means nothing: refused before the run.
+#[test]
+fn kill_after_longer_than_the_grace_is_refused() {
+    let out = Command::new(probe_bin())
+        .args([
+            "check",
+            "--target",
+            "127.0.0.1:1",
+            "--ready",
+            "http://127.0.0.1:1/readyz",
+            "--grace-period",
+            "10s",
+            "--kill-after",
+            "15s",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains(
+            "--kill-after (15000 ms) must be above zero and at most --grace-period (10000 ms)"
+        ),
+        "{err}"
+    );
+}

@@ -65,6 +65,10 @@ struct CheckFlags {
     /// terminationGracePeriodSeconds: SIGKILL this long after the stop [default: 30s]
     #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "STOP")]
     grace_period: Option<Duration>,
+    /// A budget shorter than the grace period: SIGKILL this long after the stop, as a node
+    /// shutdown or an eviction does to a Pod whatever its grace [default: the grace period]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "STOP")]
+    kill_after: Option<Duration>,
 
     /// Longest wait for the first 200 from --ready [default: 30s]
     #[arg(long, value_name = "DUR", value_parser = parse_duration, help_heading = "TIME")]
@@ -232,6 +236,17 @@ pub fn parse_check(args: &[String]) -> Result<Parsed<CheckArgs>, CliError> {
     } else {
         flags.prestop_sleep.map(PreStop::Sleep)
     };
+    let grace_period = flags.grace_period.unwrap_or(Duration::from_secs(30));
+    if let Some(k) = flags.kill_after {
+        if k.is_zero() || k > grace_period {
+            return fail(format!(
+                "--kill-after ({} ms) must be above zero and at most --grace-period ({} ms): it is \
+                 the shorter budget a node shutdown or an eviction gives",
+                k.as_millis(),
+                grace_period.as_millis()
+            ));
+        }
+    }
     Ok(Parsed::Args(CheckArgs {
         command: flags.command,
         pid_namespace: flags.pid_namespace,
@@ -241,7 +256,8 @@ pub fn parse_check(args: &[String]) -> Result<Parsed<CheckArgs>, CliError> {
         expect_readiness: flags.expect_readiness.unwrap_or(ExpectReadiness::Flip),
         prestop,
         stop_signal,
-        grace_period: flags.grace_period.unwrap_or(Duration::from_secs(30)),
+        grace_period,
+        kill_after: flags.kill_after,
         startup_timeout: flags.startup_timeout.unwrap_or(Duration::from_secs(30)),
         warmup: flags.warmup.unwrap_or(super::DEFAULT_WARMUP),
         drain_window: flags.drain_window.unwrap_or(Duration::from_secs(2)),

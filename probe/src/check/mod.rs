@@ -137,6 +137,8 @@ pub struct CheckArgs {
     pub stop_signal: String,
     /// `terminationGracePeriodSeconds`.
     pub grace_period: Duration,
+    /// A shorter budget (node shutdown, eviction): SIGKILL this long after the stop.
+    pub kill_after: Option<Duration>,
     /// How long the service may take to turn ready.
     pub startup_timeout: Duration,
     /// Traffic before the stop.
@@ -157,6 +159,13 @@ pub struct CheckArgs {
     pub json: Option<PathBuf>,
     /// `--junit FILE`.
     pub junit: Option<PathBuf>,
+}
+
+impl CheckArgs {
+    /// How long after the stop the SIGKILL comes: `--kill-after`, else the grace period.
+    pub fn kill_budget(&self) -> Duration {
+        self.kill_after.unwrap_or(self.grace_period)
+    }
 }
 
 /// One readiness or liveness poll.
@@ -205,7 +214,10 @@ pub(crate) struct Observed {
     disposition: Result<Disposition, String>,
     exit: Option<ExitView>,
     exited_at: Option<f64>,
+    /// When the SIGKILL comes, from the stop: the grace period, or `--kill-after`.
     grace_ms: f64,
+    /// What `grace_ms` is, for messages: "grace period" or "--kill-after budget".
+    kill_name: &'static str,
     drain_window_ms: f64,
     http: HttpVersion,
     ready_polls: Vec<Poll>,

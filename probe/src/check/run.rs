@@ -146,7 +146,7 @@ impl Inputs {
 fn traffic_for(args: &CheckArgs) -> ProbeConfig {
     let mut traffic = args.traffic.clone();
     traffic.duration = args.warmup + args.drain_window;
-    traffic.drain_wait = args.grace_period + AFTER_EXIT + Duration::from_secs(1);
+    traffic.drain_wait = args.kill_budget() + AFTER_EXIT + Duration::from_secs(1);
     traffic.progress = false;
     traffic
 }
@@ -169,7 +169,12 @@ impl Observed {
             disposition: Err("not read".to_owned()),
             exit: None,
             exited_at: None,
-            grace_ms: args.grace_period.as_secs_f64() * 1000.0,
+            grace_ms: args.kill_budget().as_secs_f64() * 1000.0,
+            kill_name: if args.kill_after.is_some() {
+                "--kill-after budget"
+            } else {
+                "grace period"
+            },
             drain_window_ms: args.drain_window.as_secs_f64() * 1000.0,
             http,
             ready_polls: Vec::new(),
@@ -286,7 +291,7 @@ async fn stop(
     inputs: &Inputs,
 ) -> Option<String> {
     let t0 = unix_now();
-    let kill_at = tokio::time::Instant::now() + args.grace_period;
+    let kill_at = tokio::time::Instant::now() + args.kill_budget();
     observed.t0 = Some(t0);
     // An exec hook's processes live until the service is gone, as in a container, and no
     // longer: `ran` holds their process group, SIGKILLed when it is dropped at the end of the

@@ -15,15 +15,17 @@ pub(crate) fn exit(o: &Observed) -> Contract {
         .exited_at
         .map(|e| {
             format!(
-                ", {:.0}% of the {:.1} s grace period",
+                ", {:.0}% of the {:.1} s {}",
                 (e - t0) / o.grace_ms * 100.0,
-                o.grace_ms / 1000.0
+                o.grace_ms / 1000.0,
+                o.kill_name
             )
         })
         .unwrap_or_default();
     if exit.killed_at_grace {
         return judge.fail(format!(
-            "still running at the grace period ({:.1} s): SIGKILLed at {}",
+            "still running at the {} ({:.1} s): SIGKILLed at {}",
+            o.kill_name,
             o.grace_ms / 1000.0,
             at(t0 + o.grace_ms, t0)
         ));

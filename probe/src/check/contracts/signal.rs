@@ -82,7 +82,8 @@ impl Reaction {
         let killed = o.exit.is_some_and(|e| e.killed_at_grace);
         let kill_note = if killed {
             format!(
-                "; still running at the grace period, SIGKILLed at {}",
+                "; still running at the {}, SIGKILLed at {}",
+                o.kill_name,
                 at(t0 + o.grace_ms, t0)
             )
         } else {
