@@ -398,3 +398,88 @@ fn a_fixed_policy_report_omits_what_it_did_not_measure() {
     let back: DrainReport = serde_json::from_value(json).unwrap();
     assert_eq!(back.propagation.evidence.unwrap().silence_ms, 7);
 }
+
+/// A drain given less than its grace (here a node shutdown's 15 s): `budget_shortened` names
+/// the source and the deadlines; nothing cut, it is information, and `grace_used` counts the
+/// shorter budget.
+#[test]
+fn a_shortened_budget_is_named_and_grace_used_counts_it() {
+    let mut r = base();
+    r.budget.deletion = Some(from_json(serde_json::json!({
+        "deletion_grace_ms": 15_000, "kill_at_ms": 15_000, "hard_ms": 14_500,
+        "quiesce_ms": 12_000, "max_ms": 7_500, "source": "node_shutdown"
+    })));
+    r.budget.remaining_ms = 11_800;
+    let a = advise(&r);
+    let s = a
+        .iter()
+        .find(|a| a.rule.as_str() == "budget_shortened")
+        .unwrap_or_else(|| panic!("{a:?}"));
+    assert_eq!(s.level, AdviceLevel::Info, "{}", s.message);
+    assert_eq!(s.observed, 15_000);
+    assert!(
+        s.message
+            .starts_with("the kubelet's node shutdown gave 15000 ms (node_shutdown)")
+            && s.message.ends_with("nothing was cut short"),
+        "{}",
+        s.message
+    );
+    let g = a.iter().find(|a| a.rule.as_str() == "grace_used").unwrap();
+    assert!(
+        g.message
+            .contains("21% of the 15000 ms node_shutdown budget"),
+        "{}",
+        g.message
+    );
+}
+
+/// What the shorter budget cut: a `max` commit, work at the quiesce deadline, a closer, and a
+/// `min` that could not fit — one warning that lists each with its number.
+#[test]
+fn what_a_shortened_budget_cut_is_a_warning_with_each_figure() {
+    let mut r = base();
+    r.budget.deletion = Some(from_json(serde_json::json!({
+        "deletion_grace_ms": 2_000, "kill_at_ms": 1_250, "hard_ms": 1_210,
+        "quiesce_ms": 1_000, "max_ms": 625, "source": "node_pressure_eviction"
+    })));
+    r.budget.used_ms = 1_150;
+    r.budget.remaining_ms = 100;
+    let mut stop = ev(EventKind::StoppedAccepting, 840);
+    stop.reason = Some(lameduck::CommitReason::Max);
+    r.timeline = vec![
+        ev(EventKind::DrainStarted, 0),
+        stop,
+        ev(EventKind::Done, 1_100),
+    ];
+    r.straggler_counts.requests = 2;
+    r.closers = vec![from_json(
+        serde_json::json!({"name": "db-pool", "took_ms": 100, "result": "timed_out"}),
+    )];
+    let a = advise(&r);
+    let s = a
+        .iter()
+        .find(|a| a.rule.as_str() == "budget_shortened")
+        .unwrap_or_else(|| panic!("{a:?}"));
+    assert_eq!(s.level, AdviceLevel::Warn);
+    for part in [
+        "node-pressure eviction gave 2000 ms",
+        "propagation committed on max at 840 ms (max shortened to 625 ms)",
+        "propagation min (2000 ms) did not fit before the shortened quiesce deadline (1000 ms)",
+        "2 request(s) and 0 task(s) still running at the quiesce deadline (1000 ms)",
+        "closer(s) `db-pool` timed_out",
+    ] {
+        assert!(s.message.contains(part), "{part:?} in {}", s.message);
+    }
+    // Headroom is judged against the shorter budget's own close time (210 ms), not 5 s.
+    let g = a
+        .iter()
+        .find(|a| a.rule.as_str() == "grace_headroom")
+        .unwrap();
+    assert_eq!(g.observed, 100);
+    assert!(
+        g.message
+            .contains("only 100 ms of the 1250 ms node_pressure_eviction budget"),
+        "{}",
+        g.message
+    );
+}

@@ -109,6 +109,14 @@ pub(super) fn shortened(cx: &Ctx<'_>) -> Option<Advice> {
             e.at_ms, d.max_ms
         ));
     }
+    let min = r.propagation.min_ms;
+    if min > d.quiesce_ms {
+        cut.push(format!(
+            "propagation min ({min} ms) did not fit before the shortened quiesce deadline ({} ms): \
+             lower min, or plan for this budget",
+            d.quiesce_ms
+        ));
+    }
     let c = &r.straggler_counts;
     if c.requests + c.tasks > 0 {
         cut.push(format!(
