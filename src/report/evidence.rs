@@ -458,9 +458,12 @@ impl EvidenceReport {
             (_, Some(WeakEvidence::NoConnectionData)) => {
                 "no connection counted (no server counts them here)".to_owned()
             }
+            // The rate is read from busy slots (λ̂ = −ln p̂_empty / slot): with no slot empty it
+            // is only the most that slots can show, so it is printed as the bound it is.
             (Some(r), _) => format!(
-                "{r:.2} {}/s ({} of {} slots empty, {} before the trigger; longest gap {} ms, \
+                "{}{r:.2} {}/s ({} of {} slots empty, {} before the trigger; longest gap {} ms, \
                  empty after empty {} ppm)",
+                if self.empty_slots == 0 { "at least " } else { "" },
                 if self.requests_seen {
                     "arrivals (connections or requests)"
                 } else {
@@ -686,5 +689,23 @@ mod tests {
             short.contains("1800 ms after its last new connection"),
             "{short}"
         );
+    }
+
+    /// A rate read from busy slots cannot show more than every slot busy: with none empty the
+    /// figure is the bound it is, "at least", so a reader who counted more is not misled.
+    #[test]
+    fn a_rate_from_slots_all_busy_is_printed_as_a_lower_bound() {
+        let mut r = held(pool_path(1_800, 2_700));
+        r.empty_slots = 0;
+        r.rate_per_1000s = Some(21_960);
+        let all_busy = r.describe();
+        assert!(
+            all_busy.contains(": at least 21.96 new connections/s (0 of 70 slots empty"),
+            "{all_busy}"
+        );
+        r.empty_slots = 20;
+        r.rate_per_1000s = Some(500);
+        let some_empty = r.describe();
+        assert!(some_empty.contains(": 0.50 new connections/s (20 of 70"), "{some_empty}");
     }
 }
