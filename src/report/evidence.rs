@@ -460,7 +460,8 @@ impl EvidenceReport {
             }
             // The rate is read from busy slots (λ̂ = −ln p̂_empty / slot): with no slot empty it
             // is only the most that slots can show, so it is printed as the bound it is.
-            (Some(r), _) => format!(
+            (Some(r), _) => {
+                format!(
                 "{}{r:.2} {}/s ({} of {} slots empty, {} before the trigger; longest gap {} ms, \
                  empty after empty {} ppm)",
                 if self.empty_slots == 0 { "at least " } else { "" },
@@ -474,7 +475,8 @@ impl EvidenceReport {
                 self.slots_observed,
                 self.longest_gap_ms.unwrap_or(0),
                 self.stay_empty_ppm.unwrap_or(0),
-            ),
+            )
+            }
             (None, _) => "no rate".to_owned(),
         }
     }
@@ -706,6 +708,9 @@ mod tests {
         r.empty_slots = 20;
         r.rate_per_1000s = Some(500);
         let some_empty = r.describe();
-        assert!(some_empty.contains(": 0.50 new connections/s (20 of 70"), "{some_empty}");
+        assert!(
+            some_empty.contains(": 0.50 new connections/s (20 of 70"),
+            "{some_empty}"
+        );
     }
 }

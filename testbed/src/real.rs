@@ -398,7 +398,9 @@ pub async fn start(
     }
     tokio::spawn(real.clone().scheduler_loop());
     if kube {
+        real.check_example_manifests(false).await?;
         real.apply_example_rbac().await?;
+        real.check_example_manifests(true).await?;
     }
     Ok(RealRun { real, plane })
 }

@@ -318,6 +318,168 @@ impl Real {
         Ok(())
     }
 
+    /// Checks `examples/k8s/` against this real kube-apiserver, by server-side dry runs that
+    /// leave nothing behind: `deployment.yaml` and `service.yaml` are accepted as written; a
+    /// Pod of the Deployment's template, as the ReplicaSet would create it, is admitted as
+    /// written (it names no ServiceAccount, so it needs none); the same Pod naming the
+    /// example's account is refused before `serviceaccount.yaml` is applied (the trap the
+    /// manifest's comment warns of: the check can fail) and admitted after. With the RBAC
+    /// applied (`rbac_applied`), the account may do what the `kube` feature does — get and
+    /// watch Pods, list and watch EndpointSlices, get Services, in its namespace — and
+    /// nothing else asked here: no Secrets, no writes, no other namespace.
+    pub async fn check_example_manifests(&self, rbac_applied: bool) -> Result<(), NetError> {
+        use k8s_openapi::api::apps::v1::Deployment;
+        const ACCOUNT: &str = "lameduck-example";
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let yaml = |text: &str| -> Result<serde_json::Value, NetError> {
+            serde_yaml::from_str(text).map_err(err("examples/k8s"))
+        };
+        let dep: Deployment =
+            serde_json::from_value(yaml(include_str!("../../../examples/k8s/deployment.yaml"))?)
+                .map_err(err("deployment.yaml"))?;
+        Api::<Deployment>::namespaced(self.admin.clone(), NAMESPACE)
+            .create(&dry, &dep)
+            .await
+            .map_err(err("deployment.yaml, a server-side dry run"))?;
+        let svc: Service =
+            serde_json::from_value(yaml(include_str!("../../../examples/k8s/service.yaml"))?)
+                .map_err(err("service.yaml"))?;
+        Api::<Service>::namespaced(self.admin.clone(), NAMESPACE)
+            .create(&dry, &svc)
+            .await
+            .map_err(err("service.yaml, a server-side dry run"))?;
+        let template = dep
+            .spec
+            .as_ref()
+            .map(|s| s.template.clone())
+            .ok_or_else(|| NetError("deployment.yaml has no template".into()))?;
+        let pod = |account: Option<&str>| {
+            let mut spec = template.spec.clone().unwrap_or_default();
+            spec.service_account_name = account.map(str::to_owned);
+            Pod {
+                metadata: kube::api::ObjectMeta {
+                    generate_name: Some("lameduck-example-".into()),
+                    labels: template.metadata.as_ref().and_then(|m| m.labels.clone()),
+                    ..Default::default()
+                },
+                spec: Some(spec),
+                status: None,
+            }
+        };
+        let pods = Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE);
+        pods.create(&dry, &pod(None)).await.map_err(err(
+            "a Pod of deployment.yaml's template as written (no ServiceAccount named), a dry run",
+        ))?;
+        match (rbac_applied, pods.create(&dry, &pod(Some(ACCOUNT))).await) {
+            (true, Err(e)) => {
+                return Err(NetError(format!(
+                    "a Pod naming {ACCOUNT} after serviceaccount.yaml was applied was refused: {e}"
+                )))
+            }
+            (false, Ok(_)) => {
+                return Err(NetError(format!(
+                    "a Pod naming {ACCOUNT} was admitted before serviceaccount.yaml was applied:                      this check cannot tell a missing account"
+                )))
+            }
+            _ => {}
+        }
+        if rbac_applied {
+            let may = |verb: &str, group: &str, resource: &str, ns: &str| {
+                (
+                    verb.to_owned(),
+                    group.to_owned(),
+                    resource.to_owned(),
+                    ns.to_owned(),
+                )
+            };
+            let checks = [
+                (may("get", "", "pods", NAMESPACE), true),
+                (may("watch", "", "pods", NAMESPACE), true),
+                (
+                    may("list", "discovery.k8s.io", "endpointslices", NAMESPACE),
+                    true,
+                ),
+                (
+                    may("watch", "discovery.k8s.io", "endpointslices", NAMESPACE),
+                    true,
+                ),
+                (may("get", "", "services", NAMESPACE), true),
+                (may("list", "", "secrets", NAMESPACE), false),
+                (may("update", "", "pods", NAMESPACE), false),
+                (
+                    may("patch", "discovery.k8s.io", "endpointslices", NAMESPACE),
+                    false,
+                ),
+                (may("get", "", "pods", "kube-system"), false),
+            ];
+            for ((verb, group, resource, ns), want) in checks {
+                let got = self.may(ACCOUNT, &verb, &group, &resource, &ns).await?;
+                if got != want {
+                    return Err(NetError(format!(
+                        "role.yaml: the example's account {} {verb} {resource} in {ns}",
+                        if got { "may" } else { "may not" }
+                    )));
+                }
+            }
+        }
+        self.record(
+            "manifests_checked",
+            None,
+            if rbac_applied {
+                "examples/k8s/: deployment and service accepted; a Pod of the template admitted \
+                 with and without the account; the Role allows the feature's reads and nothing \
+                 else asked"
+            } else {
+                "examples/k8s/: deployment and service accepted; a Pod of the template admitted \
+                 as written, and refused naming the account before it exists"
+            },
+        );
+        Ok(())
+    }
+
+    /// Whether ServiceAccount `account` of the cell's namespace may `verb` `resource` of
+    /// `group` in namespace `ns`, as the real authorizer (RBAC) says.
+    async fn may(
+        &self,
+        account: &str,
+        verb: &str,
+        group: &str,
+        resource: &str,
+        ns: &str,
+    ) -> Result<bool, NetError> {
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
+        let review = SubjectAccessReview {
+            metadata: Default::default(),
+            spec: SubjectAccessReviewSpec {
+                user: Some(format!("system:serviceaccount:{NAMESPACE}:{account}")),
+                groups: Some(vec![
+                    "system:serviceaccounts".into(),
+                    format!("system:serviceaccounts:{NAMESPACE}"),
+                    "system:authenticated".into(),
+                ]),
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(ns.to_owned()),
+                    verb: Some(verb.to_owned()),
+                    group: Some(group.to_owned()),
+                    resource: Some(resource.to_owned()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            status: None,
+        };
+        let answer = Api::<SubjectAccessReview>::all(self.admin.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(err("a SubjectAccessReview"))?;
+        Ok(answer.status.is_some_and(|s| s.allowed))
+    }
+
     /// Deletes Pod `name` through the API (its own grace period).
     pub async fn delete_pod(&self, name: &str) -> Result<(), NetError> {
         self.record("delete_requested", Some(name), "");
