@@ -178,6 +178,19 @@ impl ReadinessState {
         self.lock().checks.push(Check { name, f });
     }
 
+    /// Which semantics applied and why, for the `drain` line: under `auto`, by whom it asks.
+    fn why(&self, policy: ReadinessWhileDraining, who: &str) -> String {
+        if policy == ReadinessWhileDraining::Auto {
+            format!("policy auto, {who}")
+        } else if policy != self.policy {
+            "policy auto, every caller: the kubelet terminates this Pod without a deletion, \
+             so only its readiness probe takes it out of its EndpointSlices"
+                .to_owned()
+        } else {
+            format!("policy {}", policy.as_str())
+        }
+    }
+
     /// Readiness in `phase` as `caller` (described as `who`) sees it, with `evidence` (one line:
     /// what the propagation policy waits on or went on) as an informational line while
     /// draining.
@@ -213,16 +226,7 @@ impl ReadinessState {
         let policy = self.effective();
         // While Starting the gates decide; from then on the one rule.
         let phase_ready = phase == Phase::Starting || ready_in(phase, policy, caller);
-        // Under `auto`, say which semantics applied and why.
-        let why = if policy == ReadinessWhileDraining::Auto {
-            format!("policy auto, {who}")
-        } else if policy != self.policy {
-            "policy auto, every caller: the kubelet terminates this Pod without a deletion, \
-             so only its readiness probe takes it out of its EndpointSlices"
-                .to_owned()
-        } else {
-            format!("policy {}", policy.as_str())
-        };
+        let why = self.why(policy, who);
         if phase_ready && phase == Phase::Draining {
             lines.push(format!(
                 "[+]drain draining, ready until stopped_accepting ({why}: keeps kube-proxy's fallback to serving terminating endpoints)"

@@ -24,6 +24,7 @@ mod late;
 mod result;
 mod spec;
 
+pub use crate::rollout::KubeletStop;
 pub use config::*;
 use control::{control, control_real};
 pub use late::{ConnectFailure, LateArrival};

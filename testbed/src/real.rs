@@ -96,7 +96,7 @@ pub struct Real {
     deleters: Mutex<HashMap<String, watch::Sender<Option<Duration>>>>,
     /// Pods the kubelet terminates on its own, with the condition it wrote (kept in every
     /// later status write) and the status it last wrote for each Pod.
-    kubelet_stops: Mutex<HashMap<String, (crate::cell::KubeletStop, String)>>,
+    kubelet_stops: Mutex<HashMap<String, (crate::rollout::KubeletStop, String)>>,
     last_status: Mutex<HashMap<String, serde_json::Value>>,
     admin: kube::Client,
     kubelet: kube::Client,

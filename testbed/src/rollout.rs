@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use serde::Serialize;
+
 use crate::net::NetError;
 
 /// What a rolling update does to Pods.
@@ -81,15 +83,77 @@ pub(crate) trait Stack {
     fn logs_hint(&self) -> String;
     /// Terminates Pod `name` the way the kubelet does on its own (node shutdown, node-pressure
     /// eviction): only the real stack, whose kubelet this testbed plays, can.
-    async fn kubelet_terminate(
-        &self,
-        name: &str,
-        stop: crate::cell::KubeletStop,
-    ) -> Result<(), NetError> {
+    async fn kubelet_terminate(&self, name: &str, stop: KubeletStop) -> Result<(), NetError> {
         let _ = name;
         Err(NetError(format!(
             "a termination by the kubelet ({}) needs --stack real",
             stop.name()
         )))
+    }
+}
+
+/// A termination by the kubelet itself, and the budget it gives the Pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KubeletStop {
+    /// Graceful node shutdown, with the node's budget for the Pod.
+    NodeShutdown(Duration),
+    /// Node-pressure eviction at a soft threshold (`evictionMaxPodGracePeriod`).
+    SoftEviction(Duration),
+    /// Node-pressure eviction at a hard threshold: the kubelet's minimum, 2 s.
+    HardEviction,
+}
+
+impl KubeletStop {
+    /// The budget the Pod gets.
+    pub fn budget(self) -> Duration {
+        match self {
+            Self::NodeShutdown(d) | Self::SoftEviction(d) => d,
+            Self::HardEviction => Duration::from_secs(2),
+        }
+    }
+
+    /// The condition's message and the status `reason` the kubelet writes.
+    pub fn status(self) -> (&'static str, &'static str) {
+        match self {
+            Self::NodeShutdown(_) => (
+                "Pod was terminated in response to imminent node shutdown.",
+                "Terminated",
+            ),
+            Self::SoftEviction(_) | Self::HardEviction => (
+                "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi.",
+                "Evicted",
+            ),
+        }
+    }
+
+    /// `node-shutdown:15s`, `soft-eviction:10s`, `hard-eviction`.
+    pub fn name(self) -> String {
+        match self {
+            Self::NodeShutdown(d) => format!("node-shutdown:{}s", d.as_secs()),
+            Self::SoftEviction(d) => format!("soft-eviction:{}s", d.as_secs()),
+            Self::HardEviction => "hard-eviction".to_owned(),
+        }
+    }
+}
+
+impl std::str::FromStr for KubeletStop {
+    type Err = String;
+
+    /// `node-shutdown:15s`, `soft-eviction:10s`, `hard-eviction`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, raw) = s.split_once(':').unwrap_or((s, ""));
+        let budget = || {
+            lameduck_probe::flags::parse_duration(raw)
+                .map_err(|e| format!("--kubelet-stop {s:?}: the budget: {e}"))
+        };
+        match kind {
+            "node-shutdown" => Ok(Self::NodeShutdown(budget()?)),
+            "soft-eviction" => Ok(Self::SoftEviction(budget()?)),
+            "hard-eviction" if raw.is_empty() => Ok(Self::HardEviction),
+            _ => Err(format!(
+                "--kubelet-stop: expected node-shutdown:DUR, soft-eviction:DUR or hard-eviction, got {s:?}"
+            )),
+        }
     }
 }

@@ -237,16 +237,7 @@ pub fn parse_check(args: &[String]) -> Result<Parsed<CheckArgs>, CliError> {
         flags.prestop_sleep.map(PreStop::Sleep)
     };
     let grace_period = flags.grace_period.unwrap_or(Duration::from_secs(30));
-    if let Some(k) = flags.kill_after {
-        if k.is_zero() || k > grace_period {
-            return fail(format!(
-                "--kill-after ({} ms) must be above zero and at most --grace-period ({} ms): it is \
-                 the shorter budget a node shutdown or an eviction gives",
-                k.as_millis(),
-                grace_period.as_millis()
-            ));
-        }
-    }
+    kill_after_fits(flags.kill_after, grace_period)?;
     Ok(Parsed::Args(CheckArgs {
         command: flags.command,
         pid_namespace: flags.pid_namespace,
@@ -268,4 +259,18 @@ pub fn parse_check(args: &[String]) -> Result<Parsed<CheckArgs>, CliError> {
         json: flags.json,
         junit: flags.junit,
     }))
+}
+
+/// `--kill-after` is the shorter budget a node shutdown or an eviction gives: above zero, at
+/// most the grace period.
+fn kill_after_fits(kill_after: Option<Duration>, grace: Duration) -> Result<(), CliError> {
+    match kill_after {
+        Some(k) if k.is_zero() || k > grace => Err(CliError::new(format!(
+            "--kill-after ({} ms) must be above zero and at most --grace-period ({} ms): it is \
+             the shorter budget a node shutdown or an eviction gives",
+            k.as_millis(),
+            grace.as_millis()
+        ))),
+        _ => Ok(()),
+    }
 }

@@ -129,7 +129,7 @@ impl Real {
     pub(crate) async fn kubelet_terminate(
         &self,
         name: &str,
-        stop: crate::cell::KubeletStop,
+        stop: crate::rollout::KubeletStop,
     ) -> Result<(), NetError> {
         let tx = self
             .deleters
