@@ -102,7 +102,8 @@ impl Commitment {
         // cut it while they still did.
         let now = Instant::now();
         let Limits { max_at, cap_at } = limits();
-        if commit.reason == CommitReason::Max && now > max_at + Duration::from_millis(50) {
+        let past = commit.reason == CommitReason::Max || commit.kind == EvidenceKind::Confirmed;
+        if past && now > max_at + Duration::from_millis(50) {
             committed.past_max_ms = Some(now.saturating_duration_since(max_at).as_millis() as u64);
             committed.still_routed_at_cap =
                 now >= cap_at && evidence.routed_until(origin).is_some_and(|u| u > cap_at);

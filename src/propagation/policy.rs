@@ -34,6 +34,9 @@ pub(crate) enum Policy {
 pub(crate) enum Check {
     /// `max` is reached.
     Max,
+    /// Past `max`, every node's agent said its rules no longer route here: commit on their
+    /// word (`confirmed`), not on `max`, whatever is in flight.
+    ConfirmedPastMax,
     /// The window holds: commit on `kind` once nothing is in flight.
     Ready(EvidenceKind),
     /// Not before `until` (re-check then, or when the slices change).
@@ -260,6 +263,9 @@ impl Policy {
             };
             match self.check(origin, limits, evidence, seen, (link.hold(), say())) {
                 Check::Max => return Commit::new(CommitReason::Max, EvidenceKind::Max, held_since),
+                Check::ConfirmedPastMax => {
+                    return Commit::new(CommitReason::Quiet, EvidenceKind::Confirmed, held_since)
+                }
                 Check::Ready(kind) => {
                     if core.counter.is_drained() {
                         return Commit::new(CommitReason::Quiet, kind, held_since);
@@ -351,9 +357,13 @@ fn past_max(
     now: Instant,
     nodes: NodesSay,
 ) -> Check {
-    // Past the cap, or every node's proxy said it no longer routes here: nothing to outwait.
-    if now >= limits.cap_at || matches!(nodes, NodesSay::Confirmed(_)) {
+    // Past the cap: nothing more to outwait. Every node's proxy said it no longer routes
+    // here: the commit rests on their word.
+    if now >= limits.cap_at {
         return Check::Max;
+    }
+    if matches!(nodes, NodesSay::Confirmed(_)) {
+        return Check::ConfirmedPastMax;
     }
     if nodes == (NodesSay::Waiting { routed: true }) {
         // Asked again every poll; an answer that changes wakes the policy before that.

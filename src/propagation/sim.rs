@@ -125,7 +125,9 @@ pub fn drain(
                 now = now.max(max_at);
                 EvidenceKind::Max
             }
+            // The simulation has no node agents: nothing confirms.
             Check::Ready(kind) => kind,
+            Check::ConfirmedPastMax => EvidenceKind::Confirmed,
             Check::Wait { until } => {
                 now = until;
                 continue;

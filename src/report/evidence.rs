@@ -430,6 +430,10 @@ impl EvidenceReport {
             .as_ref()
             .map_or_else(String::new, |h| format!("; {}", h.describe()));
         let past = match (self.past_max_ms, self.still_routed_at_cap) {
+            (Some(ms), _) if self.kind == EvidenceKind::Confirmed => format!(
+                "; served {ms} ms past max until every node's agent said its rules no longer \
+                 route here"
+            ),
             (Some(ms), false) => format!(
                 "; served {ms} ms past max while new connections kept arriving, until they stopped"
             ),

@@ -142,8 +142,10 @@ impl DrainReport {
                 format!("waited to max ({max} ms): traffic or in-flight work never went quiet")
             }
             (EvidenceKind::Confirmed, _, _) => format!(
-                "committed when every node agent ({}) said its rules no longer route here",
-                e.nodes.len()
+                "committed when every node agent ({}) said its rules no longer route here{}",
+                e.nodes.len(),
+                e.past_max_ms
+                    .map_or(String::new(), |ms| format!(", {ms} ms past max ({max} ms)"))
             ),
             (EvidenceKind::Fallback, _, Some(w)) => format!(
                 "committed on the quiet_suffices_after fallback ({} ms): {}",
