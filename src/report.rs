@@ -86,7 +86,9 @@ impl Outcome {
 pub struct BudgetReport {
     /// The grace period (`terminationGracePeriodSeconds`), in milliseconds.
     pub grace_ms: u64,
-    /// Time from the first trigger to the end of the drain, in milliseconds.
+    /// Time from the first trigger to the exit, in milliseconds (to `done` in a report read
+    /// before the exit): a process that waits for its stop signal after a `preStop` drain
+    /// uses its grace until it exits.
     pub used_ms: u64,
     /// `grace_ms − used_ms` (0 if overrun); with a shorter budget (`deletion`), what was left
     /// until its kill (`deletion.kill_at_ms − used_ms`).

@@ -41,6 +41,7 @@ async fn phases_move_forward_in_order() {
     tokio::time::sleep(ms(600)).await;
     assert!(drain.phase() >= Phase::StoppedAccepting);
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     // A watch shows the latest phase, so the observer may skip some; what it sees is in order.
     let seen = seen.await.unwrap();
     assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
@@ -196,6 +197,7 @@ async fn later_triggers_do_not_move_the_origin() {
         t0 + drain.moments().budget().quiesce_deadline()
     );
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     assert_eq!(report.trigger, Some(Trigger::PreStop));
     let sig = report.event(EventKind::SignalReceived).unwrap();
     assert_eq!(sig.trigger, Some(Trigger::Sigterm));
@@ -543,6 +545,7 @@ async fn quiet_window_respects_min() {
         .unwrap();
     drain.start(Trigger::Api);
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     let e = report.event(EventKind::StoppedAccepting).unwrap();
     assert_eq!(e.reason, Some(CommitReason::Quiet));
     assert_eq!(e.at_ms, 3000);
@@ -602,6 +605,7 @@ async fn quiet_window_waits_for_in_flight_work() {
     assert_eq!(e.at_ms, 4000);
     // The report says the guard, not the silence, set the time: the window held at 1 s.
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     let hold = report
         .propagation
         .evidence
@@ -625,6 +629,7 @@ async fn default_policy_fits_short_grace_periods() {
         .unwrap();
     drain.start(Trigger::Api);
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     assert!(report.event(EventKind::StoppedAccepting).unwrap().at_ms <= 2000);
     assert_eq!(report.exit_code, 0);
 }
@@ -644,6 +649,7 @@ async fn in_flight_zero_waits_for_the_last_guard() {
     assert_eq!(drain.phase(), Phase::StoppedAccepting);
     drop(guard);
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     assert_eq!(report.event(EventKind::InFlightZero).unwrap().at_ms, 2000);
     assert_eq!(drain.counts().in_flight(), 0);
 }
@@ -689,6 +695,7 @@ async fn force_skips_the_waits_and_reports_forced() {
     assert!(drain.force());
     assert!(!drain.force());
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     assert_eq!(report.outcome, lameduck::report::Outcome::Forced);
     assert_eq!(report.exit_code, 1);
     assert!(report.budget.used_ms < 1000);
@@ -737,6 +744,7 @@ async fn readiness_through_a_drain(
     seen.push((drain.phase(), drain.readiness().is_ready()));
     drop(guard);
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     seen.push((drain.phase(), drain.readiness().is_ready()));
     assert_eq!(report.readiness_policy, policy);
     (seen, report)
@@ -812,6 +820,7 @@ async fn repeated_triggers_collapse_and_nothing_is_appended_after_done() {
     assert!(received.iter().all(|e| e.at_ms == 0));
 
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     let done = drain.moments().timeline();
     for _ in 0..1_000 {
         drain.start(Trigger::PreStop);
@@ -834,6 +843,7 @@ async fn the_status_timeline_is_capped_with_a_count_of_what_was_left_out() {
     }
     drain.start(Trigger::Api);
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     let full = report.timeline.len();
     assert!(full > lameduck::STATUS_TIMELINE_LIMIT);
     let status = drain.status();
@@ -928,6 +938,7 @@ async fn a_drain_before_the_process_ever_served_stops_accepting_at_once() {
     let t0 = Instant::now();
     assert!(drain.start(Trigger::Sigterm));
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     assert!(t0.elapsed() < ms(100), "{:?}", t0.elapsed());
     let stop = report
         .timeline
@@ -992,6 +1003,7 @@ async fn a_force_while_closing_aborts_the_closer_running_and_skips_the_rest() {
     closing_rx.await.unwrap();
     assert!(drain.force());
     let report = drain.drained().await;
+    common::assert_figures_fit(&report);
     assert_eq!(report.outcome, lameduck::report::Outcome::Forced);
     let closers: Vec<_> = report
         .closers

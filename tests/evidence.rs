@@ -65,6 +65,7 @@ async fn through_serve_steady_fresh_connections_commit_soon_after_they_stop() {
     assert!(drain.start(Trigger::Api));
     fresh(addr, 20, Duration::from_millis(50)).await;
     let report = within("the drain", drain.drained()).await;
+    common::assert_figures_fit(&report);
     let ev = report.propagation.evidence.clone().expect("evidence");
     assert_eq!(ev.kind, EvidenceKind::Confidence, "{}", report.to_json());
     assert!(ev.slots_observed >= 60, "{ev:?}");
@@ -145,6 +146,7 @@ async fn pooled_then_fresh(drain: &Drain, addr: SocketAddr) {
     );
     fresh(addr, 20, Duration::from_millis(50)).await;
     let report = within("the drain", drain.drained()).await;
+    common::assert_figures_fit(&report);
     let ev = report.propagation.evidence.clone().expect("evidence");
     assert!(ev.requests_seen, "{ev:?}");
     assert!(ev.slots_observed >= 60, "{ev:?}");
@@ -193,6 +195,7 @@ async fn through_serve_sparse_arrivals_wait_to_max() {
     fresh(addr, 8, Duration::from_secs(2)).await;
     assert!(drain.start(Trigger::Api));
     let report = within("the drain", drain.drained()).await;
+    common::assert_figures_fit(&report);
     let ev = report.propagation.evidence.clone().expect("evidence");
     assert_eq!(ev.kind, EvidenceKind::Max, "{}", report.to_json());
     assert_eq!(ev.max_reason, Some(MaxReason::NotEnoughEvidence));
@@ -230,6 +233,7 @@ async fn through_axum_serve_conn_meta_counts_the_rate() {
     assert!(drain.start(Trigger::Api));
     fresh(addr, 10, Duration::from_millis(50)).await;
     let report = within("the drain", drain.drained()).await;
+    common::assert_figures_fit(&report);
     let ev = report.propagation.evidence.clone().expect("evidence");
     assert_eq!(ev.kind, EvidenceKind::Confidence, "{}", report.to_json());
     assert_eq!(ev.weak, None);
@@ -262,6 +266,7 @@ async fn through_raw_axum_serve_no_rate_is_counted() {
     assert_eq!(ev.weak, Some(WeakEvidence::NoConnectionData));
     assert!(drain.force());
     let report = within("the drain", drain.drained()).await;
+    common::assert_figures_fit(&report);
     assert_eq!(report.after_flip.new_connections, 3);
     within("axum::serve to return", server)
         .await
@@ -411,6 +416,7 @@ async fn readiness_auto_knows_kubelet_by_probe_header_when_a_mesh_rewrites_its_u
         StatusCode::SERVICE_UNAVAILABLE
     );
     let report = within("the drain", drain.drained()).await;
+    common::assert_figures_fit(&report);
     let kubelet_rows: Vec<_> = report
         .probe_sources
         .sources
@@ -567,6 +573,7 @@ async fn a_pool_that_moves_away_does_not_prove_a_trickle_from_another_peer() {
         "the pool's connections were told to close"
     );
     let report = within("the drain", drain.drained()).await;
+    common::assert_figures_fit(&report);
     assert_eq!(lost_after, 0, "{}", report.to_json());
     let ev = report.propagation.evidence.clone().expect("evidence");
     let path = |peer: &str| {
@@ -636,6 +643,7 @@ async fn one_off_peers_beyond_the_table_never_let_a_dense_peer_prove_a_sparse_on
     tokio::time::sleep(Duration::from_millis(500)).await;
     let lost = trickle_from([127, 0, 0, 3], addr, 3, secs(2)).await;
     let report = within("the drain", drain.drained()).await;
+    common::assert_figures_fit(&report);
     assert_eq!(lost, 0, "{}", report.to_json());
     let ev = report.propagation.evidence.clone().expect("evidence");
     assert_eq!(ev.kind, EvidenceKind::Max, "{}", report.to_json());
@@ -684,6 +692,7 @@ async fn a_pooling_router_declared_per_request_commits_on_its_silence() {
     assert!(drain.start(Trigger::Api));
     within("the pool to move away", pool).await.unwrap();
     let report = within("the drain", drain.drained()).await;
+    common::assert_figures_fit(&report);
     let ev = report.propagation.evidence.clone().expect("evidence");
     assert_eq!(ev.kind, EvidenceKind::Confidence, "{}", report.to_json());
     assert_eq!(ev.per_request_peers, ["127.0.0.2"]);
@@ -712,6 +721,7 @@ async fn a_path_still_routed_at_max_is_served_past_it() {
     assert!(drain.start(Trigger::Api));
     let lost = trickle_from([127, 0, 0, 4], addr, 14, Duration::from_millis(500)).await;
     let report = within("the drain", drain.drained()).await;
+    common::assert_figures_fit(&report);
     assert_eq!(lost, 0, "{}", report.to_json());
     let ev = report.propagation.evidence.clone().expect("evidence");
     assert_eq!(ev.kind, EvidenceKind::Max, "{}", report.to_json());

@@ -448,9 +448,11 @@ fn drain(grace: Duration, propagation: Propagation, readiness: ReadinessWhileDra
 }
 
 async fn finished(d: &Drain) -> DrainReport {
-    tokio::time::timeout(Duration::from_secs(20), d.drained())
+    let r = tokio::time::timeout(Duration::from_secs(20), d.drained())
         .await
-        .expect("the drain finished")
+        .expect("the drain finished");
+    common::assert_figures_fit(&r);
+    r
 }
 
 /// Waits (bounded) for the watch's own startup gate, which opens once it has listed (or

@@ -3,6 +3,8 @@
 //! Each test re-runs this test binary as a child (selected with `--exact` and an environment
 //! variable), so the child is an ordinary process with the coordinator's default signal setup.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -275,6 +277,7 @@ fn wait_stderr(mut p: Proc, limit: Duration) -> (i32, Duration, DrainReport, Str
                 .find(|l| l.starts_with("{\"outcome\""))
                 .unwrap_or_else(|| panic!("no report on stderr: {err}"));
             let report: DrainReport = serde_json::from_str(json).unwrap();
+            common::assert_figures_fit(&report);
             assert_eq!(
                 err.lines()
                     .filter(|l| l.starts_with("{\"outcome\""))

@@ -157,6 +157,9 @@ impl Exit {
         };
         e.code = Some(report.exit_code);
         report.timeline.push(e);
+        // The budget as the exit leaves it: a process that waited for its stop signal after a
+        // preStop drain used the grace until now, not until Done.
+        refresh_budget(&mut report, deadlines);
         // The driver's claim, taken at Done, still holds: the watchdog cannot have this one.
         let until = self.sink_deadline(deadlines);
         self.emit(&mut report, true, until).await;
@@ -419,4 +422,19 @@ fn stop_signal_missing(stop: &str, waited_ms: u64) -> Advice {
              entrypoint forwarding signals? run the binary as PID 1 or use an init that forwards"
         ),
     )
+}
+
+/// Counts `report`'s budget to now (the exit) and redoes the advice that reads it, in place.
+fn refresh_budget(report: &mut DrainReport, deadlines: &Deadlines) {
+    use crate::report::AdviceRule::{BudgetShortened, GraceHeadroom, GraceUsed};
+    let reads_budget =
+        |r: crate::report::AdviceRule| matches!(r, GraceUsed | GraceHeadroom | BudgetShortened);
+    report.budget = deadlines.report();
+    report.advice.retain(|a| !reads_budget(a.rule));
+    let fresh = crate::report::rules::advise(report);
+    report
+        .advice
+        .extend(fresh.into_iter().filter(|a| reads_budget(a.rule)));
+    // Warnings first, as `advise` orders them; stable, so the rest keep their order.
+    report.advice.sort_by_key(|a| a.level);
 }

@@ -96,3 +96,88 @@ pub fn event_count(drain: &Drain, kind: EventKind) -> usize {
 pub fn is_phase(drain: &Drain, phase: Phase) -> bool {
     drain.phase() == phase
 }
+
+/// Every figure the report gives as a moment or a span of this drain fits inside it (issue
+/// 50: "no figure larger than the drain's own length where it claims to be part of it"): the
+/// timeline, the last new connection, the in-flight hold, the time served past `max`, the
+/// slice change, each node's answers, a shorter budget's deadlines in their order, the budget's
+/// own arithmetic, and every "at N ms" an advice line states. `slop_ms` covers the few
+/// milliseconds between the report's `used_ms` and its last events.
+pub fn assert_figures_fit(r: &lameduck::DrainReport) {
+    let slop = 200;
+    let used = r.budget.used_ms;
+    let within = |what: &str, ms: u64| {
+        assert!(
+            ms <= used + slop,
+            "{what} = {ms} ms, past the drain's own {used} ms: {}",
+            r.to_json()
+        );
+    };
+    for e in &r.timeline {
+        within(&format!("timeline {}", e.event.as_str()), e.at_ms);
+    }
+    if let Some(ms) = r.after_flip.last_new_connection_ms {
+        within("after_flip.last_new_connection_ms", ms);
+    }
+    if let Some(e) = &r.propagation.evidence {
+        if let Some(h) = &e.in_flight_hold {
+            within(
+                "in_flight_hold.since_ms + waited_ms",
+                h.since_ms + h.waited_ms,
+            );
+        }
+        if let Some(ms) = e.past_max_ms {
+            within("past_max_ms", ms);
+        }
+        if let Some(ms) = e
+            .endpoint_slice
+            .as_ref()
+            .and_then(|s| s.changed_at_ms)
+            .filter(|&ms| ms >= 0)
+        {
+            within("endpoint_slice.changed_at_ms", ms as u64);
+        }
+        for n in &e.nodes {
+            for (what, ms) in [
+                ("first_asked_ms", n.first_asked_ms),
+                ("last_answer_ms", n.last_answer_ms),
+                ("confirmed_at_ms", n.confirmed_at_ms),
+            ] {
+                if let Some(ms) = ms {
+                    within(&format!("nodes[{}].{what}", n.agent), ms);
+                }
+            }
+        }
+    }
+    let b = &r.budget;
+    match &b.deletion {
+        Some(d) => {
+            assert!(
+                d.max_ms <= d.quiesce_ms && d.quiesce_ms <= d.hard_ms && d.hard_ms <= d.kill_at_ms,
+                "a shorter budget's deadlines out of order: {d:?}"
+            );
+            assert!(d.kill_at_ms <= b.grace_ms, "{d:?}");
+            let left = d.kill_at_ms.saturating_sub(used);
+            // Each figure rounds down to its millisecond on its own.
+            assert!(b.remaining_ms.abs_diff(left) <= 1, "{b:?}");
+        }
+        None => {
+            let left = b.grace_ms.saturating_sub(used);
+            assert!(b.remaining_ms.abs_diff(left) <= 1, "{b:?}");
+        }
+    }
+    // "at N ms" in the advice is a moment of this drain.
+    for a in &r.advice {
+        let mut rest = a.message.as_str();
+        while let Some(i) = rest.find(" at ") {
+            rest = &rest[i + 4..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if !digits.is_empty() && rest[digits.len()..].starts_with(" ms") {
+                within(
+                    &format!("advice {}: \"at {digits} ms\"", a.rule),
+                    digits.parse().unwrap(),
+                );
+            }
+        }
+    }
+}
