@@ -3,7 +3,7 @@
 //! of connections, a bounded time to write the answer, one request per connection.
 //!
 //! `GET /v1/routes`: does this node still send new connections to me (the address the
-//! connection came from), and through which Services? One JSON object ([`Answer`]).
+//! connection came from), and through which Services? One JSON object ([`Answer`](crate::state::Answer)).
 //! `GET /healthz`: `ok` while the last read of the rules succeeded, 503 with the error
 //! otherwise. Anything else: 404, 405 or 400, and the connection closes.
 
