@@ -7,16 +7,19 @@
 //! keeps only the processes whose name contains it (to tighten one row's bound with more runs).
 //! Then the pools and many proxies, the many-peer rows, the most-recent-first pools
 //! (`lifo_pools`; with `SIM_DEBUG=1` each of their losses on evidence is printed with its
-//! path's evidence), the declared per-request routers and the pools declared by mistake.
-//! `SIM_TABLES=family,routers` (of `family`, `scenarios`, `lifo`, `routers`, `declared`) runs
-//! only those tables.
+//! path's evidence), the declared per-request routers, the pools declared by mistake, and
+//! Poisson paths through a proxy slower than `max` (`past-max`: served past it while their
+//! connections arrive; every commit there is at or past `max`, so its loss is the "lost at
+//! max" column). `SIM_TABLES=family,routers` (of `family`, `scenarios`, `lifo`, `routers`,
+//! `declared`, `past-max`) runs only those tables.
 
 #[path = "support/evidence_sim.rs"]
 mod sim;
 
 use sim::{
-    clopper_pearson, family, lifo_pools, many_peers, routers, scenarios, simulate, simulate_lifo,
-    simulate_lifo_declared, simulate_router, simulate_scenario, Phase, Summary,
+    clopper_pearson, family, lifo_pools, many_peers, past_max_held_to_epsilon, routers, scenarios,
+    simulate, simulate_lifo, simulate_lifo_declared, simulate_past_max, simulate_router,
+    simulate_scenario, Phase, Summary, PAST_MAX, PAST_MAX_RATES,
 };
 
 fn main() {
@@ -110,6 +113,30 @@ fn main() {
             continue;
         }
         let s = simulate_lifo_declared(pool, runs, seed ^ (0xdec1 << 16 | i as u64));
+        row(&name, "random", &s);
+    }
+    // Served past `max`: every commit here is at or past `max`, and a loss is a connection
+    // through the proxy after it, whatever the commit went on.
+    for (i, rate) in PAST_MAX_RATES
+        .into_iter()
+        .enumerate()
+        .filter(|_| table("past-max"))
+    {
+        let held = past_max_held_to_epsilon(rate);
+        let name = format!(
+            "Poisson {rate}/s, proxy {}–{} s late (past max; lost at max is the row's loss{})",
+            PAST_MAX.0,
+            PAST_MAX.1,
+            if held { "" } else { "; not held to ε" }
+        );
+        if !name.contains(filter.as_str()) {
+            continue;
+        }
+        let s = simulate_past_max(rate, runs, seed ^ (0x9a57 << 16 | i as u64));
+        let (lo, _) = clopper_pearson(s.lost + s.lost_at_max, s.runs);
+        if held && lo > 1e-3 {
+            broken.push(format!("{name} (random)"));
+        }
         row(&name, "random", &s);
     }
     if !broken.is_empty() {

@@ -1338,3 +1338,49 @@ pub(crate) fn run_router(router: &Router, rng: &mut Rng) -> Run {
 pub(crate) fn simulate_router(router: &Router, n: u64, seed: u64) -> Summary {
     simulate_runs(n, seed, |rng| run_router(router, rng))
 }
+
+// ---- A proxy slower than `max`: served past it while its connections keep arriving ----
+
+/// The proxy's delay for [`run_past_max`]: uniform in this range of seconds after the trigger,
+/// past `max` (15 s of the 30 s grace) and before the cap (the quiesce deadline less its
+/// reserve, 23 s).
+pub(crate) const PAST_MAX: (f64, f64) = (15.5, 22.0);
+
+/// The rates of [`run_past_max`]'s rows, per second.
+pub(crate) const PAST_MAX_RATES: [f64; 5] = [0.5, 1.0, 2.0, 5.0, 20.0];
+
+/// Whether a [`run_past_max`] row at `rate` is held to ε: below 1/s the silence past `max` is
+/// bounded at 10 s (so that one early connection does not hold a drain to the cap), which such
+/// a path shows by chance more often.
+pub(crate) fn past_max_held_to_epsilon(rate: f64) -> bool {
+    rate >= 1.0
+}
+
+/// One drain of Poisson fresh connections at `rate` per second (the share that lands here)
+/// through a proxy that stops routing here [`PAST_MAX`] after the trigger. Every loss here
+/// comes after a commit at or past `max`: the drain saw the connections arriving at `max` and
+/// served on until their silence said the proxy had stopped; a silence that came by chance
+/// ended it early.
+pub(crate) fn run_past_max(rate: f64, rng: &mut Rng) -> Run {
+    let trigger = rng.uniform(40.0, 70.0);
+    let stop = trigger + rng.uniform(PAST_MAX.0, PAST_MAX.1);
+    let mut times = Vec::new();
+    poisson(rng, rate, trigger - 60.0, stop, &mut times);
+    let out = times.iter().map(|&t| (t, 0, What::Fresh)).collect();
+    let o = drain_trace(out, trigger);
+    let commit = o.commit.as_secs_f64();
+    let lost_at = |c: f64| times.iter().any(|&t| t >= trigger + c);
+    Run {
+        proxy: stop - trigger,
+        commit,
+        kind: o.kind(),
+        rule: o.evidence.rule,
+        lost: lost_at(commit),
+        lost_sleep: lost_at(SLEEP),
+    }
+}
+
+/// Runs `n` drains of [`run_past_max`] at `rate`, seeded by `seed`.
+pub(crate) fn simulate_past_max(rate: f64, n: u64, seed: u64) -> Summary {
+    simulate_runs(n, seed, |rng| run_past_max(rate, rng))
+}

@@ -105,8 +105,10 @@ impl Commitment {
         let past = commit.reason == CommitReason::Max || commit.kind == EvidenceKind::Confirmed;
         if past && now > max_at + Duration::from_millis(50) {
             committed.past_max_ms = Some(now.saturating_duration_since(max_at).as_millis() as u64);
-            committed.still_routed_at_cap =
-                now >= cap_at && evidence.routed_until(origin).is_some_and(|u| u > cap_at);
+            committed.still_routed_at_cap = now >= cap_at
+                && evidence
+                    .routed_until(origin, cap_at)
+                    .is_some_and(|u| u >= cap_at);
         }
         if let Some(c) = &nodes {
             committed.nodes = c.report(origin, origin_unix_ms);

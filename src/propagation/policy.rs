@@ -165,7 +165,8 @@ impl Policy {
     /// At `max` a path whose new connections are still arriving is still routed here: `max`
     /// caps how long the policy guesses, it does not end a drain that can see it is still
     /// routed. So from `max` on it waits while some path's last new connection is recent for
-    /// that path ([`Evidence::routed_until`]), up to `limits.cap_at`.
+    /// that path ([`Evidence::routed_until`]: a silence it shows by chance less than once in
+    /// 1/ε drains), up to `limits.cap_at`.
     pub(crate) fn check(
         &self,
         origin: Instant,
@@ -371,7 +372,7 @@ fn past_max(
             until: (now + crate::propagation::confirm::POLL).min(limits.cap_at),
         };
     }
-    match evidence.routed_until(origin) {
+    match evidence.routed_until(origin, limits.cap_at) {
         Some(until) if until > now => Check::Wait {
             until: until.min(limits.cap_at),
         },
