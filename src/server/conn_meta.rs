@@ -50,6 +50,9 @@ pub(crate) struct ConnShared {
     /// Woken once when `proto` becomes known, so a connection task waiting to send GOAWAY
     /// learns it without polling.
     pub(crate) proto_known: Notify,
+    /// The connection task's question to the socket before it closes an idle HTTP/1
+    /// connection, answered by the socket's next read (`server::io::Peek`).
+    pub(crate) peek: AtomicU8,
     /// The arrival path the connection is counted on, open until this is dropped; `None`
     /// when no coordinator counted it (`axum::serve`'s own hook).
     path: Option<(&'static Core, PathId)>,
@@ -182,6 +185,7 @@ impl ConnMeta {
                 told: AtomicBool::new(false),
                 proto: AtomicU8::new(PROTO_UNKNOWN),
                 proto_known: Notify::new(),
+                peek: AtomicU8::new(0),
                 path,
             }),
             index: None,
@@ -283,6 +287,11 @@ impl ConnMeta {
 
     pub(crate) fn shared(&self) -> &ConnShared {
         &self.conn
+    }
+
+    /// The connection's shared state, owned: for the socket's wrapper.
+    pub(crate) fn shared_arc(&self) -> Arc<ConnShared> {
+        Arc::clone(&self.conn)
     }
 
     /// The connection, accepted before the drain, is told to close (its response says

@@ -4,7 +4,9 @@
 
 use std::future::Future;
 use std::pin::{pin, Pin};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response, Version};
 use http_body::Body;
@@ -13,13 +15,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::hot::guard::Core;
 use crate::work::closers::BoxError;
 
 use super::conn_meta::{ConnMeta, PROTO_H1, PROTO_H2, PROTO_UNKNOWN};
-use super::io::{Pending, WatchedIo};
+use super::io::{Peek, Pending, WatchedIo};
 
 #[derive(Clone)]
 pub(super) struct ConnTokens {
@@ -126,20 +129,40 @@ impl ConnTask {
                 () = meta.shared().proto_known.notified(), if stage.awaits_proto(proto) => {}
                 () = tokens.idle_close.cancelled(), if stage.draining && !stage.idle_closed => {
                     stage.idle_closed = true;
-                    if !stage.shutdown_sent {
-                        // HTTP/1: closes now if idle, after the current response if busy.
-                        conn.as_mut().graceful_shutdown();
-                        stage.note_shutdown_sent(meta.proto() == PROTO_H2, core, &meta);
-                    }
+                    stage.close_due = !stage.shutdown_sent;
+                }
+                () = tokio::time::sleep_until(stage.recheck_at.unwrap_or_else(Instant::now)), if stage.recheck_at.is_some() => {
+                    stage.recheck_at = None;
+                    stage.close_due = !stage.shutdown_sent;
                 }
                 () = tokens.deadline.cancelled(), if stage.draining => {
                     tracing::debug!(conn = meta.id(), "lameduck: quiesce deadline; force-closing connection");
                     break;
                 }
-                () = tokens.closing.cancelled(), if stage.idle_closed && meta.requests() == 0 => {
+                () = tokens.closing.cancelled(), if stage.idle_closed && meta.requests() == 0 && stage.recheck_at.is_none() => {
                     tracing::debug!(conn = meta.id(), "lameduck: no request head by the end of the drain; closing connection");
                     break;
                 }
+            }
+            if std::mem::take(&mut stage.close_due) {
+                // HTTP/1: closes now if idle, after the current response if busy. hyper closes
+                // an idle connection without reading, so first ask the socket whether a request
+                // is waiting unread; if one is, hyper reads and answers it (`Connection: close`,
+                // as every response while draining), and the close is asked again shortly.
+                let h2 = meta.proto() == PROTO_H2;
+                if !h2 {
+                    match request_waiting(conn.as_mut(), &meta, core).await {
+                        Waiting::Ended => break,
+                        Waiting::Yes => {
+                            tracing::debug!(conn = meta.id(), "lameduck: a request waits unread; closing after it");
+                            stage.recheck_at = Some(Instant::now() + RECHECK);
+                            continue;
+                        }
+                        Waiting::No => {}
+                    }
+                }
+                conn.as_mut().graceful_shutdown();
+                stage.note_shutdown_sent(h2, core, &meta);
             }
         }
         drop(stage);
@@ -151,7 +174,48 @@ impl ConnTask {
 fn watched_io(stream: TcpStream, core: &'static Core, meta: &ConnMeta) -> TokioIo<WatchedIo> {
     // Best effort: responses are small writes that should not wait for Nagle.
     let _ = stream.set_nodelay(true);
-    TokioIo::new(WatchedIo::new(stream, core, meta.id(), meta.peer()))
+    TokioIo::new(WatchedIo::new(
+        stream,
+        core,
+        (meta.id(), meta.peer()),
+        meta.shared_arc(),
+    ))
+}
+
+/// After a request found waiting at a close, when to ask again: hyper has read it by then
+/// (the socket's readiness is seen within a turn of the runtime), and is answering it.
+const RECHECK: Duration = Duration::from_millis(25);
+
+/// Whether a request waits unread in the socket (see [`Peek`]).
+enum Waiting {
+    Yes,
+    No,
+    /// The connection ended while asked.
+    Ended,
+}
+
+/// Asks the socket, through hyper's next read, whether bytes wait unread: polls the
+/// connection once (holding a guard, as every poll while draining), and hyper, idle, reads.
+/// Unanswered, hyper did not read: it is busy with a request, and its close waits for the
+/// response.
+async fn request_waiting<F>(mut conn: Pin<&mut F>, meta: &ConnMeta, core: &'static Core) -> Waiting
+where
+    F: Future,
+{
+    let peek = &meta.shared().peek;
+    // Relaxed: asked and answered on this task.
+    peek.store(Peek::ASKED, Ordering::Relaxed);
+    let ended = std::future::poll_fn(|cx| {
+        let _held = core.hold();
+        Poll::Ready(conn.as_mut().poll(cx).is_ready())
+    })
+    .await;
+    let answer = peek.swap(Peek::NONE, Ordering::Relaxed);
+    match answer {
+        _ if ended => Waiting::Ended,
+        Peek::WAITING => Waiting::Yes,
+        _ => Waiting::No,
+    }
 }
 
 /// How far a connection's staged shutdown has got.
@@ -164,6 +228,11 @@ struct Stage {
     draining: bool,
     shutdown_sent: bool,
     idle_closed: bool,
+    /// The listener closed (or a request found waiting then was given time): close the
+    /// connection once it is idle.
+    close_due: bool,
+    /// A request was waiting unread when the close came: ask again at this instant.
+    recheck_at: Option<Instant>,
     /// An HTTP/2 connection after its GOAWAY: in flight until it closes (see `Pending`).
     h2_closing: Option<Pending>,
 }
@@ -175,6 +244,8 @@ impl Stage {
             draining: accepted_while_draining,
             shutdown_sent: false,
             idle_closed: false,
+            close_due: false,
+            recheck_at: None,
             h2_closing: None,
         }
     }

@@ -17,6 +17,9 @@
 //! * The guard and the registry entry go away with the pending write, or with the socket
 //!   (force-close, peer reset, task aborted): the entry is removed before the guard, so a
 //!   waiter that sees zero in flight finds no stalled write left.
+//! * A read costs one relaxed load more than the socket's own: whether the connection task
+//!   asked ([`Peek`]) if a request is waiting unread in the socket before it closes an idle
+//!   HTTP/1 connection. Only that question, asked once per close, peeks at the socket.
 
 use std::io;
 use std::net::SocketAddr;
@@ -31,6 +34,28 @@ use tokio::net::TcpStream;
 use crate::hot::guard::{Core, InFlightGuard};
 use crate::hot::stall::StalledWrite;
 
+use super::conn_meta::ConnShared;
+
+/// The connection task's question to the socket, in `ConnShared::peek`: before it closes an
+/// idle HTTP/1 connection, is a request waiting in the socket that hyper has not read yet?
+/// hyper closes an idle connection without reading, so a request that arrived a moment
+/// before the close (its bytes in the socket, its readiness not yet seen, or the close
+/// branch polled first) was lost: "connection closed before message completed", 1 in 7,841
+/// once on the testbed. The socket answers at hyper's next read, which comes at the task's
+/// next poll of an idle connection; it peeks, so the bytes stay for hyper.
+pub(crate) struct Peek;
+
+impl Peek {
+    /// No question.
+    pub(crate) const NONE: u8 = 0;
+    /// Asked, not answered yet (hyper has not read since: it is not idle).
+    pub(crate) const ASKED: u8 = 1;
+    /// Bytes were waiting unread.
+    pub(crate) const WAITING: u8 = 2;
+    /// Nothing was waiting (or the peer closed its side).
+    pub(crate) const EMPTY: u8 = 3;
+}
+
 /// A TCP stream whose pending writes count as in-flight work. See the module docs.
 pub(crate) struct WatchedIo {
     io: TcpStream,
@@ -40,6 +65,8 @@ pub(crate) struct WatchedIo {
     /// Bytes written on the connection so far; a plain field, only this task writes it.
     written: u64,
     pending: Option<Pending>,
+    /// Where the connection task asks its [`Peek`] question.
+    shared: Arc<ConnShared>,
 }
 
 /// A write that could not complete at once (or, for [`Pending::after_goaway`], an HTTP/2
@@ -76,8 +103,8 @@ impl WatchedIo {
     pub(crate) fn new(
         io: TcpStream,
         core: &'static Core,
-        conn: u64,
-        peer: Option<SocketAddr>,
+        (conn, peer): (u64, Option<SocketAddr>),
+        shared: Arc<ConnShared>,
     ) -> Self {
         Self {
             io,
@@ -86,7 +113,19 @@ impl WatchedIo {
             peer,
             written: 0,
             pending: None,
+            shared,
         }
+    }
+
+    /// Answers the connection task's [`Peek`] question: peeks at one byte, without waiting.
+    #[cold]
+    #[inline(never)]
+    fn answer_peek(&self) {
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+        let waiting = matches!(socket2::SockRef::from(&self.io).peek(&mut byte), Ok(n) if n > 0);
+        let answer = if waiting { Peek::WAITING } else { Peek::EMPTY };
+        // Relaxed: asked and answered on the connection's own task.
+        self.shared.peek.store(answer, Ordering::Relaxed);
     }
 
     #[inline]
@@ -142,6 +181,9 @@ impl AsyncRead for WatchedIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.shared.peek.load(Ordering::Relaxed) == Peek::ASKED {
+            self.answer_peek();
+        }
         Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
