@@ -154,7 +154,10 @@ impl ConnTask {
                     match request_waiting(conn.as_mut(), &meta, core).await {
                         Waiting::Ended => break,
                         Waiting::Yes => {
-                            tracing::debug!(conn = meta.id(), "lameduck: a request waits unread; closing after it");
+                            tracing::debug!(
+                                conn = meta.id(),
+                                "lameduck: a request waits unread; closing after it"
+                            );
                             stage.recheck_at = Some(Instant::now() + RECHECK);
                             continue;
                         }
