@@ -108,12 +108,10 @@ impl ConnTask {
                 conn.as_mut().graceful_shutdown();
                 stage.note_shutdown_sent(true, core, &meta);
             }
-            // `select!` polls every enabled branch on each wake-up of this task — about once
-            // per request — and each poll of a `cancelled()` future locks its token. The stop
-            // and deadline tokens fire only after the drain token (the drain's order), so while
-            // Serving only the drain token is polled.
-            // While draining, each poll holds a guard (see the module docs), so the last frame
-            // of a body and a write that then stalls are never both uncounted.
+            // `select!` polls every enabled branch on each wake-up (about once per request), and
+            // each poll of a `cancelled()` future locks its token: while Serving only the drain
+            // token is polled (the others fire after it). While draining, each poll holds a
+            // guard (module docs): the last frame of a body and a stalled write are counted.
             let held = HeldWhilePolled {
                 fut: conn.as_mut(),
                 core: stage.draining.then_some(core),
@@ -131,10 +129,7 @@ impl ConnTask {
                     stage.idle_closed = true;
                     stage.close_due = !stage.shutdown_sent;
                 }
-                () = tokio::time::sleep_until(stage.recheck_at.unwrap_or_else(Instant::now)), if stage.recheck_at.is_some() => {
-                    stage.recheck_at = None;
-                    stage.close_due = !stage.shutdown_sent;
-                }
+                () = stage.recheck(), if stage.recheck_at.is_some() => {}
                 () = tokens.deadline.cancelled(), if stage.draining => {
                     tracing::debug!(conn = meta.id(), "lameduck: quiesce deadline; force-closing connection");
                     break;
@@ -144,28 +139,16 @@ impl ConnTask {
                     break;
                 }
             }
-            if std::mem::take(&mut stage.close_due) {
-                // HTTP/1: closes now if idle, after the current response if busy. hyper closes
-                // an idle connection without reading, so first ask the socket whether a request
-                // is waiting unread; if one is, hyper reads and answers it (`Connection: close`,
-                // as every response while draining), and the close is asked again shortly.
-                let h2 = meta.proto() == PROTO_H2;
-                if !h2 {
-                    match request_waiting(conn.as_mut(), &meta, core).await {
-                        Waiting::Ended => break,
-                        Waiting::Yes => {
-                            tracing::debug!(
-                                conn = meta.id(),
-                                "lameduck: a request waits unread; closing after it"
-                            );
-                            stage.recheck_at = Some(Instant::now() + RECHECK);
-                            continue;
-                        }
-                        Waiting::No => {}
-                    }
-                }
-                conn.as_mut().graceful_shutdown();
-                stage.note_shutdown_sent(h2, core, &meta);
+            if std::mem::take(&mut stage.close_due)
+                && close_when_idle(
+                    (conn.as_mut(), |c| c.graceful_shutdown()),
+                    &mut stage,
+                    &meta,
+                    core,
+                )
+                .await
+            {
+                break;
             }
         }
         drop(stage);
@@ -183,6 +166,37 @@ fn watched_io(stream: TcpStream, core: &'static Core, meta: &ConnMeta) -> TokioI
         (meta.id(), meta.peer()),
         meta.shared_arc(),
     ))
+}
+
+/// The listener closed: asks hyper to close the connection (HTTP/1: now if idle, after the
+/// current response if busy; HTTP/2: GOAWAY). hyper closes an idle HTTP/1 connection without
+/// reading, so first asks the socket whether a request is waiting unread; if one is, hyper
+/// reads and answers it (`Connection: close`, as every response while draining), and the close
+/// is asked again after [`RECHECK`]. `true`: the connection ended meanwhile.
+async fn close_when_idle<C: Future>(
+    (mut conn, shutdown): (Pin<&mut C>, impl FnOnce(Pin<&mut C>)),
+    stage: &mut Stage,
+    meta: &ConnMeta,
+    core: &'static Core,
+) -> bool {
+    let h2 = meta.proto() == PROTO_H2;
+    if !h2 {
+        match request_waiting(conn.as_mut(), meta, core).await {
+            Waiting::Ended => return true,
+            Waiting::Yes => {
+                tracing::debug!(
+                    conn = meta.id(),
+                    "lameduck: a request waits unread; closing after it"
+                );
+                stage.recheck_at = Some(Instant::now() + RECHECK);
+                return false;
+            }
+            Waiting::No => {}
+        }
+    }
+    shutdown(conn);
+    stage.note_shutdown_sent(h2, core, meta);
+    false
 }
 
 /// After a request found waiting at a close, when to ask again: hyper has read it by then
@@ -251,6 +265,15 @@ impl Stage {
             recheck_at: None,
             h2_closing: None,
         }
+    }
+
+    /// Resolves when a close put off for a request found waiting is due again.
+    async fn recheck(&mut self) {
+        if let Some(at) = self.recheck_at {
+            tokio::time::sleep_until(at).await;
+        }
+        self.recheck_at = None;
+        self.close_due = !self.shutdown_sent;
     }
 
     /// An HTTP/2 connection open before the drain started is owed its GOAWAY.
