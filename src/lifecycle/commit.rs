@@ -99,7 +99,7 @@ impl Commitment {
             });
         }
         // Served past `max` while new connections kept arriving: how long, and whether the cap
-        // cut it while they still did.
+        // cut it before their silence showed they had stopped.
         let now = Instant::now();
         let Limits { max_at, cap_at } = limits();
         let past = commit.reason == CommitReason::Max || commit.kind == EvidenceKind::Confirmed;

@@ -383,8 +383,10 @@ pub struct EvidenceReport {
     /// that can see it is still routed), in milliseconds. Absent when it committed by `max`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub past_max_ms: Option<u64>,
-    /// New connections were still arriving when the cap on serving past `max` came (the
-    /// quiesce deadline less what is in flight needs): it stopped accepting while routed.
+    /// The cap on serving past `max` (the quiesce deadline less what is in flight needs) came
+    /// before the silence of the path whose new connections kept arriving showed that it had
+    /// stopped (a silence it shows by chance less than once in 1/ε drains, at most 10 s): it
+    /// stopped accepting while that path may still have been routed here.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub still_routed_at_cap: bool,
     /// Each node agent asked ([`Propagation::node_agents`](crate::Propagation::node_agents)):
@@ -440,7 +442,7 @@ impl EvidenceReport {
             (Some(ms), true) => format!(
                 "; served {ms} ms past max while new connections kept arriving, and stopped \
                  accepting at the cap (the quiesce deadline less a reserve for what is in \
-                 flight) while they still did"
+                 flight) before their silence showed they had stopped"
             ),
             (None, _) => String::new(),
         };

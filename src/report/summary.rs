@@ -127,7 +127,8 @@ impl DrainReport {
                 "served {} ms past max ({max} ms) while new connections kept arriving{}",
                 e.past_max_ms.unwrap_or(0),
                 if e.still_routed_at_cap {
-                    ", and stopped accepting at the cap while they still did"
+                    ", and stopped accepting at the cap before their silence showed they had \
+                     stopped"
                 } else {
                     ""
                 }
