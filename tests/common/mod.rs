@@ -166,6 +166,60 @@ pub fn assert_figures_fit(r: &lameduck::DrainReport) {
             assert!(b.remaining_ms.abs_diff(left) <= 1, "{b:?}");
         }
     }
+    // The summary (`/dev/termination-log`, and the stderr line's headline): every "N ms" it
+    // prints is a moment or a span of this drain, but the settings it quotes (the grace, the
+    // budget, `max`, `min`, a fallback), wall-clock instants ("unix N ms"), a straggler's age
+    // and a task's run time, which may begin before the trigger. Its first line may be the first advice's, which quotes
+    // settings freely; its moments are checked with the advice below.
+    let first_advice = r
+        .advice
+        .first()
+        .map(|a| format!("{}: {}", a.level.as_str(), a.message));
+    let summary: String = r
+        .summary()
+        .lines()
+        .filter(|l| Some(*l) != first_advice.as_deref() && !l.starts_with("forced: "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut rest = summary.as_str();
+    let mut before = String::new();
+    while let Some(i) = rest.find(" ms") {
+        let head = &rest[..i];
+        let digits: String = head
+            .chars()
+            .rev()
+            .take_while(char::is_ascii_digit)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        before.push_str(&head[..head.len() - digits.len()]);
+        rest = &rest[i + 3..];
+        if digits.is_empty() {
+            continue;
+        }
+        // A span before the trigger ("N ms before the trigger", "at -N ms") is not in it.
+        if before.ends_with('-') || rest.starts_with(" before") {
+            before.push_str(&digits);
+            before.push_str(" ms");
+            continue;
+        }
+        let lead = before.trim_end_matches([' ', '(']);
+        let setting = [
+            "age", "after", "of", "budget", "max", "min", "fallback", "grace", "quiet", "window",
+            "unix",
+        ]
+        .iter()
+        .any(|w| lead.ends_with(w));
+        if !setting {
+            within(
+                &format!("summary: \"{}{digits} ms\"", &lead[lead.len().saturating_sub(40)..]),
+                digits.parse().unwrap(),
+            );
+        }
+        before.push_str(&digits);
+        before.push_str(" ms");
+    }
     // "at N ms" in the advice is a moment of this drain.
     for a in &r.advice {
         let mut rest = a.message.as_str();
