@@ -1322,6 +1322,12 @@ pub(crate) fn run_router(router: &Router, rng: &mut Rng) -> Run {
         }
     }
     let o = drain_trace_with(out, trigger, &path0_declared());
+    run_of(&o, &times, trigger, stop)
+}
+
+/// The run of a drain `o` triggered at `trigger` over arrivals at `times` through a proxy that
+/// stopped routing here at `stop` (seconds): a loss is an arrival at or after the commit.
+fn run_of(o: &Outcome, times: &[f64], trigger: f64, stop: f64) -> Run {
     let commit = o.commit.as_secs_f64();
     let lost_at = |c: f64| times.iter().any(|&t| t >= trigger + c);
     Run {
@@ -1367,17 +1373,7 @@ pub(crate) fn run_past_max(rate: f64, rng: &mut Rng) -> Run {
     let mut times = Vec::new();
     poisson(rng, rate, trigger - 60.0, stop, &mut times);
     let out = times.iter().map(|&t| (t, 0, What::Fresh)).collect();
-    let o = drain_trace(out, trigger);
-    let commit = o.commit.as_secs_f64();
-    let lost_at = |c: f64| times.iter().any(|&t| t >= trigger + c);
-    Run {
-        proxy: stop - trigger,
-        commit,
-        kind: o.kind(),
-        rule: o.evidence.rule,
-        lost: lost_at(commit),
-        lost_sleep: lost_at(SLEEP),
-    }
+    run_of(&drain_trace(out, trigger), &times, trigger, stop)
 }
 
 /// Runs `n` drains of [`run_past_max`] at `rate`, seeded by `seed`.

@@ -213,7 +213,10 @@ pub fn assert_figures_fit(r: &lameduck::DrainReport) {
         .any(|w| lead.ends_with(w));
         if !setting {
             within(
-                &format!("summary: \"{}{digits} ms\"", &lead[lead.len().saturating_sub(40)..]),
+                &format!(
+                    "summary: \"{}{digits} ms\"",
+                    &lead[lead.len().saturating_sub(40)..]
+                ),
                 digits.parse().unwrap(),
             );
         }
