@@ -472,26 +472,53 @@ async fn a_stream_that_holds_the_commit_is_named_in_the_evidence() {
 /// first — was lost ("connection closed before message completed", once in 7,841 on the
 /// testbed). Here a thread watches the drain's phase and writes a request on each of 32 idle
 /// keep-alive connections the moment the drain stops accepting, before `serve` closes its idle
-/// connections: every request must get its full answer, with `Connection: close`.
+/// connections: every request written while its connection was still open must get its full
+/// answer, with `Connection: close`. A connection the server had already closed when the
+/// thread came to it (its FIN already here: a request still on the wire, which no server can
+/// serve) is counted apart; a drain in which fewer than a quarter were still open is run
+/// again (up to five).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_waiting_unread_when_the_listener_closes_is_answered() {
+    const N: usize = 32;
+    // On a loaded machine the server may close every idle connection before the thread comes
+    // to them (nothing to test then): up to five drains, until one has a quarter written.
+    for attempt in 1..=5 {
+        let (written, answered, cut) = race_the_close(N).await;
+        if written < N / 4 {
+            println!("attempt {attempt}: only {written} of {N} still open when written; again");
+            continue;
+        }
+        assert_eq!(
+            answered,
+            written,
+            "requests cut at the close ({} of {N} closed before the thread came to them): \
+             {cut:?}",
+            N - written
+        );
+        return;
+    }
+    panic!("in five drains the server closed its idle connections before the thread wrote");
+}
+
+/// One drain of [`a_request_waiting_unread_when_the_listener_closes_is_answered`]: `n` idle
+/// keep-alive connections, a request written on each one still open the moment the drain
+/// stops accepting. Returns how many were written, how many of those were answered, and what
+/// the others read instead.
+async fn race_the_close(n: usize) -> (usize, usize, Vec<String>) {
     use std::io::Write;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    const N: usize = 32;
     const REQUEST: &[u8] = b"GET /conn HTTP/1.1\r\nhost: lameduck\r\n\r\n";
     let drain = drain(secs(6), Propagation::fixed(ms(300)));
     let (addr, server) = start_serve(&drain, Probe::default()).await;
     // Keep-alive connections, each with one request answered.
     let mut conns = Vec::new();
-    for _ in 0..N {
+    for _ in 0..n {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(REQUEST).await.unwrap();
         let head = read_response(&mut s).await;
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        let s = s.into_std().unwrap();
-        s.set_nonblocking(false).unwrap();
-        conns.push(s);
+        conns.push(s.into_std().unwrap());
     }
     let d = drain.clone();
     let writer = std::thread::spawn(move || {
@@ -500,19 +527,29 @@ async fn a_request_waiting_unread_when_the_listener_closes_is_answered() {
         while d.phase() < Phase::StoppedAccepting && std::time::Instant::now() < until {
             std::hint::spin_loop();
         }
+        // Each connection: is the server's FIN already here? If not, the request goes out.
+        let mut sent = Vec::new();
         for s in &mut conns {
-            s.write_all(REQUEST).unwrap();
+            s.set_nonblocking(true).unwrap();
+            let open = !matches!(s.peek(&mut [0u8]), Ok(0));
+            if open {
+                s.write_all(REQUEST).unwrap();
+            }
+            sent.push(open);
         }
-        conns
+        (conns, sent)
     });
     assert!(drain.start(Trigger::Api));
-    let conns = tokio::task::spawn_blocking(move || writer.join().unwrap())
+    let (conns, sent) = tokio::task::spawn_blocking(move || writer.join().unwrap())
         .await
         .unwrap();
+    let written = sent.iter().filter(|&&open| open).count();
     let mut answered = 0;
     let mut cut = Vec::new();
-    for s in conns {
-        s.set_nonblocking(true).unwrap();
+    for (s, open) in conns.into_iter().zip(sent) {
+        if !open {
+            continue;
+        }
         let mut s = tokio::net::TcpStream::from_std(s).unwrap();
         let head = within("an answer", read_response(&mut s)).await;
         let close = head.to_ascii_lowercase().contains("connection: close");
@@ -525,8 +562,8 @@ async fn a_request_waiting_unread_when_the_listener_closes_is_answered() {
             cut.push(head);
         }
     }
-    assert_eq!(answered, N, "requests cut at the close: {cut:?}");
     drained_clean(&drain, server).await;
+    (written, answered, cut)
 }
 
 /// One HTTP/1.1 response's head and body (by `content-length`), as text; what was read
