@@ -150,13 +150,13 @@ pub use peers::PER_REQUEST_PEERS_ENV;
 pub(crate) use window::Window;
 
 pub(crate) use crate::hot::observed::{slot_of, Arrivals, SLOT};
+use crate::hot::observed::{PathId, RING};
+use crate::report::{PathRouting, SilenceRule, WeakEvidence};
 
 /// The least and the most silence past `max` that ends a path's claim to be still routed
 /// here ([`Evidence::routed_until`]).
 pub(crate) const PAST_MAX_SILENCE: (Duration, Duration) =
     (Duration::from_millis(500), Duration::from_secs(10));
-use crate::hot::observed::{PathId, RING};
-use crate::report::{PathRouting, SilenceRule, WeakEvidence};
 
 /// How far back before the trigger the process is observed.
 pub(crate) const WINDOW: Duration = Duration::from_secs(30);
