@@ -181,30 +181,17 @@ pub fn assert_figures_fit(r: &lameduck::DrainReport) {
         .filter(|l| Some(*l) != first_advice.as_deref() && !l.starts_with("forced: "))
         .map(|l| format!("{l}\n"))
         .collect();
-    let mut rest = summary.as_str();
-    let mut before = String::new();
-    while let Some(i) = rest.find(" ms") {
-        let head = &rest[..i];
-        let digits: String = head
-            .chars()
-            .rev()
-            .take_while(char::is_ascii_digit)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        before.push_str(&head[..head.len() - digits.len()]);
-        rest = &rest[i + 3..];
-        if digits.is_empty() {
-            continue;
-        }
+    let mut from = 0;
+    while let Some(i) = summary[from..].find(" ms") {
+        let end = from + i;
+        from = end + 3;
+        let lead = summary[..end].trim_end_matches(|c: char| c.is_ascii_digit());
+        let digits = &summary[lead.len()..end];
         // A span before the trigger ("N ms before the trigger", "at -N ms") is not in it.
-        if before.ends_with('-') || rest.starts_with(" before") {
-            before.push_str(&digits);
-            before.push_str(" ms");
+        if digits.is_empty() || lead.ends_with('-') || summary[from..].starts_with(" before") {
             continue;
         }
-        let lead = before.trim_end_matches([' ', '(']);
+        let lead = lead.trim_end_matches([' ', '(']);
         let setting = [
             "age", "after", "of", "budget", "max", "min", "fallback", "grace", "quiet", "window",
             "unix",
@@ -212,16 +199,16 @@ pub fn assert_figures_fit(r: &lameduck::DrainReport) {
         .iter()
         .any(|w| lead.ends_with(w));
         if !setting {
+            let shown = lead
+                .char_indices()
+                .rev()
+                .nth(39)
+                .map_or(lead, |(i, _)| &lead[i..]);
             within(
-                &format!(
-                    "summary: \"{}{digits} ms\"",
-                    &lead[lead.len().saturating_sub(40)..]
-                ),
+                &format!("summary: \"{shown} {digits} ms\""),
                 digits.parse().unwrap(),
             );
         }
-        before.push_str(&digits);
-        before.push_str(" ms");
     }
     // "at N ms" in the advice is a moment of this drain.
     for a in &r.advice {
