@@ -20,6 +20,7 @@ use bytes::Bytes;
 use http_body_util::Empty;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use lameduck::AdminBuilder;
 use lameduck::{Drain, Phase, Propagation, Signals, Trigger};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::field::{Field, Visit};
@@ -92,14 +93,15 @@ async fn one_drain() -> Sample {
     drain.readiness().mark_serving();
     let closer_at = Arc::new(Mutex::new(None));
     let slot = closer_at.clone();
-    drain.on_close("probe", move || {
+    drain.work().on_close("probe", move || {
         *slot.lock().unwrap() = Some(Instant::now());
         async { Ok::<_, std::io::Error>(()) }
     });
 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(axum::serve(listener, drain.admin().router()).into_future());
+    let server =
+        tokio::spawn(axum::serve(listener, AdminBuilder::new(&drain).router()).into_future());
     let stream = TcpStream::connect(addr).await.unwrap();
     stream.set_nodelay(true).unwrap();
     let (mut client, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -120,7 +122,7 @@ async fn one_drain() -> Sample {
     assert_eq!(get(&mut client, "/readyz").await, 503);
     let readyz_503 = trigger.elapsed();
 
-    drain.reached(Phase::StoppedAccepting).await;
+    drain.moments().reached(Phase::StoppedAccepting).await;
     // Let the driver park in its wait for zero, so the drop below is what wakes it.
     tokio::time::sleep(Duration::from_millis(1)).await;
     *IN_FLIGHT_ZERO.lock().unwrap() = None;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::http::HeaderName;
 use axum::routing::get;
 use axum::Router;
+use lameduck::AdminBuilder;
 use lameduck::{Drain, DrainReport, Propagation, Signals};
 use lameduck_probe::correlate::{correlate, ExternalEvent, ReportView};
 use lameduck_probe::{ConnectionMode, Probe, ProbeConfig, ProbeResult};
@@ -93,7 +94,7 @@ async fn start_backend(name: &'static str, naive: bool) -> Backend {
         .termination_log(None)
         .build()
         .expect("valid settings");
-    let admin_server = drain.admin().serve(admin);
+    let admin_server = AdminBuilder::new(&drain).serve(admin);
     tasks.push(tokio::spawn(async move {
         let _ = admin_server.await;
     }));

@@ -21,6 +21,7 @@ mod slow;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use lameduck::AdminBuilder;
 use lameduck::{Drain, Propagation};
 use slow::{SlowClient, SlowServer};
 use tonic::service::Routes;
@@ -58,7 +59,7 @@ async fn serve(
         .build()?;
 
     // The health service follows the drain: NOT_SERVING from the trigger on.
-    let (_reporter, health) = drain.grpc_health([slow::SERVICE]);
+    let (_reporter, health) = lameduck::grpc::health(&drain, [slow::SERVICE]);
     let app = Routes::new(health)
         .add_service(SlowServer)
         .prepare()
@@ -66,7 +67,7 @@ async fn serve(
         .layer(drain.layer());
 
     let admin = tokio::net::TcpListener::bind(addr("ADMIN_ADDR", "127.0.0.1:9090")).await?;
-    tokio::spawn(drain.admin().serve(admin));
+    tokio::spawn(AdminBuilder::new(&drain).serve(admin));
 
     let listener = tokio::net::TcpListener::bind(grpc_addr).await?;
     println!("gRPC on {grpc_addr}; Ctrl-C or GET /drain on the admin port starts the drain");

@@ -31,14 +31,14 @@ async fn main() -> Result<DrainReport, Box<dyn std::error::Error>> {
 
     // Registered first, closed last: after the consumer has ended (or been aborted).
     let b = broker.clone();
-    drain.on_close("broker", move || async move {
+    drain.work().on_close("broker", move || async move {
         b.close();
         Ok::<_, std::io::Error>(())
     });
 
     let (b, in_hand) = (broker.clone(), Arc::new(Mutex::new(None::<Message>)));
     let (rb, rin_hand) = (broker.clone(), in_hand.clone());
-    drain.tasks().spawn_with_recovery(
+    drain.work().spawn_with_recovery(
         "orders-consumer",
         move |cx| async move {
             loop {

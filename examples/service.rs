@@ -33,6 +33,7 @@ use lameduck::{parse_duration, Drain, Propagation};
 #[path = "common/app.rs"]
 mod app;
 use app::app;
+use lameduck::AdminBuilder;
 
 struct Args {
     listen: SocketAddr,
@@ -264,16 +265,18 @@ async fn run(args: Args) -> ExitCode {
 
     // A buffer that must be flushed before exit: counted until it returns (the sleep stands
     // for the write).
-    let stop = drain.stopped_accepting();
-    drain.spawn("flush-buffer", async move {
+    let stop = drain.moments().stopped_accepting();
+    drain.work().spawn("flush-buffer", async move {
         stop.cancelled().await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     });
     if args.stuck_task {
-        drain.spawn("stuck-task", std::future::pending::<()>());
+        drain
+            .work()
+            .spawn("stuck-task", std::future::pending::<()>());
     }
     // Closed after the requests and tasks that use it (the sleep stands for the pool's close).
-    drain.tasks().on_close_with(
+    drain.work().on_close_with(
         "db-pool",
         lameduck::CloseOptions::new().timeout(Duration::from_secs(2)),
         || async {
@@ -305,7 +308,7 @@ async fn run(args: Args) -> ExitCode {
     ready(&listener, &admin);
     // The admin listener is not behind the drain layer and lives until the process exits;
     // `run` returns only once every `/drain` caller has its answer.
-    tokio::spawn(drain.admin().serve(admin));
+    tokio::spawn(AdminBuilder::new(&drain).serve(admin));
     let app = app(&args.instance).layer(
         drain
             .layer()

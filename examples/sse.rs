@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use lameduck::AdminBuilder;
 use lameduck::{Drain, Propagation, Trigger};
 use ticks::EventStream;
 
@@ -71,7 +72,7 @@ async fn serve(
 ) -> Result<ExitCode, Box<dyn std::error::Error + Send + Sync>> {
     let drain = drain()?;
     let admin = tokio::net::TcpListener::bind(admin).await?;
-    tokio::spawn(drain.admin().serve(admin));
+    tokio::spawn(AdminBuilder::new(&drain).serve(admin));
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("events on http://{addr}/events; Ctrl-C or GET /drain on the admin port drains");
@@ -158,7 +159,10 @@ async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         tokio::time::sleep(Duration::from_secs(2)).await;
         println!("-- draining the first replica");
         first.start(Trigger::Api);
-        first.reached(lameduck::Phase::StoppedAccepting).await;
+        first
+            .moments()
+            .reached(lameduck::Phase::StoppedAccepting)
+            .await;
         println!("-- first replica stopped accepting");
         let report = first.drained().await;
         println!(

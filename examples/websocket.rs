@@ -57,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!("-- draining replica A ({a_addr})");
     a.start(Trigger::Api);
-    a.reached(Phase::StoppedAccepting).await;
+    a.moments().reached(Phase::StoppedAccepting).await;
     println!("-- replica A stopped accepting; its sockets are being closed");
     for c in clients {
         c.await??;

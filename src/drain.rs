@@ -2,9 +2,10 @@
 //!
 //! # Invariants
 //!
-//! * `Drain` is a cheap handle over `Arc<Inner>`: the readiness part, the driver (which owns
-//!   the tasks, the closers and the exit holds) and the signal settings. Each part owns its
-//!   state and its lock; the handle holds no state of its own.
+//! * `Drain` is a cheap handle over `Arc<Inner>`: the readiness part, the driver (the
+//!   lifecycle: phases, deadlines, the exit holds), the work (tasks and closers, shared with
+//!   the driver) and the signal settings. Each part owns its state and its lock; the handle
+//!   holds no state of its own, and the handles it returns are clones of the parts.
 //! * The hot-path counter lives in a leaked [`Core`] so that request guards need no reference
 //!   count (see `guard.rs`); add-ons reach it through [`Drain::core`] only.
 //! * Dependencies point down: this module uses the parts, no part uses it.
@@ -12,7 +13,6 @@
 use std::sync::Arc;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::drain::signal::{Receipt, Signals};
 use crate::hot::guard::{Core, InFlightGuard};
@@ -20,6 +20,7 @@ use crate::lifecycle::{Driver, Status};
 use crate::readiness::{Caller, ReadinessState};
 use crate::report::DrainReport;
 use crate::vocab::phase::{unix_ms_now, Phase, Trigger};
+use crate::work::Work;
 
 #[cfg(feature = "admin")]
 mod admin;
@@ -34,18 +35,16 @@ pub(crate) mod metrics;
 mod moments;
 mod ready;
 pub(crate) mod signal;
-mod tasks;
-mod work;
 
 pub use builder::{DrainBuilder, PROXY_LABEL_ENV};
 pub use counts::Counts;
 pub use moments::Moments;
 pub use ready::{Readiness, StartupGate};
-pub use tasks::Tasks;
 
 pub(crate) struct Inner {
-    readiness: ReadinessState,
+    readiness: Arc<ReadinessState>,
     driver: Arc<Driver>,
+    work: Work,
     signals: Signals,
 }
 
@@ -53,16 +52,20 @@ pub(crate) struct Inner {
 /// background tasks and `main`.
 ///
 /// It holds the lifecycle [`Phase`], counts in-flight work ([`enter`](Self::enter), the HTTP
-/// layer), tracks named background tasks ([`spawn`](Self::spawn)), and on the first trigger
+/// layer), tracks named background tasks ([`work`](Self::work)), and on the first trigger
 /// drives the drain: readiness flip, propagation window, stop accepting, wait for zero or the
 /// quiesce deadline, close resources in reverse order, emit the [`DrainReport`].
 ///
-/// What most services call is on `Drain` itself; the rest is grouped by job on small handles
-/// that borrow it: [`readiness`](Self::readiness) (startup gates, checks, what `/readyz`
-/// answers), [`tasks`](Self::tasks) (cancel-on-drain tasks, recovery actions, closers with
-/// options), [`moments`](Self::moments) (the three tokens, the deadlines, the budget, the
-/// timeline), [`counts`](Self::counts) (requests, connections, tasks) and, with the `metrics`
-/// feature, `metrics`.
+/// `Drain` keeps the lifecycle: build, trigger ([`start`](Self::start), [`force`](Self::force),
+/// signals), wait ([`drained`](Self::drained), [`run`](Self::run)) and report, plus the hot
+/// path's [`enter`](Self::enter) and the HTTP layer (`layer`, feature `http`). The rest are parts,
+/// each an owned handle (a cheap clone, `'static`, to keep where it is used):
+/// [`readiness`](Self::readiness) (startup gates, checks, what `/readyz` answers),
+/// [`work`](Self::work) (background tasks and resource closers),
+/// [`moments`](Self::moments) (the three tokens, the deadlines, the budget, the timeline, phase
+/// changes) and [`counts`](Self::counts) (requests, connections, tasks). The add-ons are built
+/// from a `&Drain`: `AdminBuilder::new` (feature `admin`), `StreamStop::new` (`http`),
+/// `Metrics::new` (`metrics`), `grpc::health` (`grpc`).
 ///
 /// # Examples
 ///
@@ -129,26 +132,18 @@ impl Drain {
         self.inner.driver.progress().phase()
     }
 
-    /// Resolves once the phase is `phase` or later.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    pub async fn reached(&self, phase: Phase) {
-        let mut rx = self.inner.driver.progress().subscribe();
-        // The sender lives in `self`, so the channel cannot close while we wait.
-        let _ = rx.wait_for(|p| *p >= phase).await;
-    }
-
     /// The drain's moments: the tokens of `drain_started`, `stopped_accepting` and
     /// `deadline_exceeded`, the deadlines, the budget, the timeline so far, phase changes.
-    pub fn moments(&self) -> Moments<'_> {
-        Moments::new(self)
+    pub fn moments(&self) -> Moments {
+        Moments::new(Arc::clone(&self.inner.driver))
     }
 
     /// Readiness: startup gates, readiness checks, what `/readyz` answers, the policy.
-    pub fn readiness(&self) -> Readiness<'_> {
-        Readiness::new(self)
+    pub fn readiness(&self) -> Readiness {
+        Readiness::new(
+            Arc::clone(&self.inner.readiness),
+            Arc::clone(&self.inner.driver),
+        )
     }
 
     /// Counts one unit of in-flight work until the returned guard is dropped.
@@ -183,25 +178,13 @@ impl Drain {
     }
 
     /// What the drain counts: requests in flight, open connections, background tasks.
-    pub fn counts(&self) -> Counts<'_> {
-        Counts::new(self)
+    pub fn counts(&self) -> Counts {
+        Counts::new(Arc::clone(&self.inner.driver))
     }
 
-    /// Background work beyond [`spawn`](Self::spawn) and [`on_close`](Self::on_close):
-    /// cancel-on-drain tasks, recovery actions, closers with options.
-    pub fn tasks(&self) -> Tasks<'_> {
-        Tasks::new(self)
-    }
-
-    /// `true` from the first trigger on.
-    pub fn is_draining(&self) -> bool {
-        self.core().counter.is_draining()
-    }
-
-    /// A token that fires at `stopped_accepting`: listeners close, streams should end. The
-    /// same token as [`Moments::stopped_accepting`], kept here for an axum app's
-    /// `with_graceful_shutdown`, which wants this moment, not `drain_started`: load balancers
-    /// still send new work while the drain propagates.
+    /// The background work: named tasks the drain waits for (must-finish, cancellable, with a
+    /// recovery action) and the resource closers it runs after them, in reverse order. An owned
+    /// handle: keep a clone where the work is made.
     ///
     /// # Examples
     ///
@@ -210,16 +193,16 @@ impl Drain {
     /// # async fn main() {
     /// # let drain = lameduck::Drain::builder().signals(lameduck::Signals::none())
     /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
-    /// use lameduck::{Phase, Trigger};
+    /// use lameduck::Trigger;
     ///
-    /// let stop = drain.stopped_accepting();
+    /// drain.work().spawn("flush", async { /* upload what is buffered */ });
+    /// drain.work().on_close("database", || async { Ok::<_, std::io::Error>(()) });
     /// drain.start(Trigger::Api);
-    /// stop.cancelled().await; // after the propagation policy committed
-    /// assert!(drain.phase() >= Phase::StoppedAccepting);
+    /// assert_eq!(drain.drained().await.closers[0].name, "database");
     /// # }
     /// ```
-    pub fn stopped_accepting(&self) -> CancellationToken {
-        self.inner.driver.tokens.stop.clone()
+    pub fn work(&self) -> Work {
+        self.inner.work.clone()
     }
 
     /// Starts the drain. Returns `true` only for the call that started it; later calls are
@@ -260,8 +243,9 @@ impl Drain {
     /// [`ReadinessWhileDraining::Auto`](crate::ReadinessWhileDraining::Auto) while draining).
     pub fn status(&self) -> Status {
         let phase = self.phase();
-        let ready = self.readiness().is_ready();
-        let for_kubelet = self.readiness_for(Caller::Kubelet).ready;
+        let readiness = self.readiness();
+        let ready = readiness.is_ready();
+        let for_kubelet = readiness.readiness_for(Caller::Kubelet).ready;
         self.inner.driver.status(phase, ready, for_kubelet)
     }
 
@@ -276,7 +260,7 @@ impl Drain {
     ///
     /// Cancel safe.
     pub async fn drained(&self) -> DrainReport {
-        self.reached(Phase::Done).await;
+        self.moments().reached(Phase::Done).await;
         self.report()
             .expect("the report is stored before the phase turns Done")
     }

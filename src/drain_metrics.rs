@@ -60,7 +60,7 @@
 //! let scrape = {
 //!     let drain = drain.clone();
 //!     move || {
-//!         drain.metrics().record(); // gauges reflect this instant, not the last event
+//!         lameduck::Metrics::new(&drain).record(); // gauges reflect this instant, not the last event
 //!         render() // your exporter's text
 //!     }
 //! };
@@ -76,7 +76,7 @@
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), lameduck::ConfigError> {
 //! let drain = lameduck::Drain::builder().build()?;
-//! let updater = drain.metrics().spawn_updater(Duration::from_secs(10)); // ends at Done
+//! let updater = lameduck::Metrics::new(&drain).spawn_updater(Duration::from_secs(10)); // ends at Done
 //! # updater.abort();
 //! # Ok(()) }
 //! ```
@@ -93,7 +93,7 @@
 # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 let handle = lameduck::drain_metrics::prometheus_builder().install_recorder()?;
 let drain = lameduck::Drain::builder().build()?;
-let admin: axum::Router = drain.admin().prometheus(handle).router();
+let admin: axum::Router = lameduck::AdminBuilder::new(&drain).prometheus(handle).router();
 # Ok(()) }
 ```
 "#
@@ -243,7 +243,7 @@ fn seconds(ms: u64) -> f64 {
 /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let handle = lameduck::drain_metrics::prometheus_builder().install_recorder()?;
 /// let drain = lameduck::Drain::builder().build()?;
-/// let admin: axum::Router = drain.admin().prometheus(handle).router();
+/// let admin: axum::Router = lameduck::AdminBuilder::new(&drain).prometheus(handle).router();
 /// # Ok(()) }
 /// ```
 #[cfg(feature = "prometheus")]

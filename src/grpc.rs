@@ -1,7 +1,7 @@
 //! gRPC integration: the standard health service (`grpc.health.v1.Health`, from tonic-health)
 //! kept in step with the drain.
 //!
-//! [`Drain::grpc_health`] returns a [`HealthReporter`] and a health service:
+//! [`health`] returns a [`HealthReporter`] and a health service:
 //!
 //! | Phase | `Check` / `Watch` status of `""` and each named service |
 //! |---|---|
@@ -19,7 +19,7 @@
 //!
 //! `Watch` streams never end on their own, so under [`Drain::layer`] each one would count as
 //! in flight until the quiesce deadline cut it. They end at `stopped_accepting`, like any other
-//! long-lived stream ([`Drain::stream_stop`]): the watcher reconnects, to another replica.
+//! long-lived stream ([`StreamStop::new`]): the watcher reconnects, to another replica.
 //!
 //! For a gRPC service on Kubernetes, see the [tonic guide](crate::guide::tonic).
 
@@ -45,67 +45,65 @@ use crate::server::StreamStop;
 use crate::vocab::phase::Phase;
 use crate::vocab::phase::ReadinessWhileDraining;
 
-impl Drain {
-    /// The standard gRPC health service, with its status following this drain: `NOT_SERVING`
-    /// while Starting, `SERVING` while Serving, `NOT_SERVING` from the drain's start (or from
-    /// `stopped_accepting` under
-    /// [`ReadinessWhileDraining::ServingUntilStop`](crate::ReadinessWhileDraining::ServingUntilStop)).
-    ///
-    /// The overall status (service name `""`) and every name in `services` (fully qualified,
-    /// e.g. `"helloworld.Greeter"`, or `<S as tonic::server::NamedService>::NAME`) follow the
-    /// phase. `Watch` streams end at `stopped_accepting` after a last `NOT_SERVING`, so they do
-    /// not hold the drain until its deadline. The returned [`HealthReporter`] sets statuses by
-    /// hand in between (a dependency is down); the next phase change overwrites them.
-    ///
-    /// A task spawned here keeps the statuses up to date; it ends at `stopped_accepting`.
-    /// See the [module docs](crate::grpc) for the table and the [tonic guide](crate::guide::tonic).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use lameduck::Drain;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let drain = Drain::builder().build().unwrap();
-    /// let (_reporter, health) = drain.grpc_health(["helloworld.Greeter"]);
-    /// let routes = tonic::service::Routes::new(health).prepare();
-    /// // Serve it (and the real services) behind the drain layer:
-    /// let app = routes.into_axum_router().layer(drain.layer());
-    /// # let _ = app;
-    /// // let listener = tokio::net::TcpListener::bind("0.0.0.0:50051").await?;
-    /// // tokio::spawn(lameduck::serve(listener, app, &drain));
-    /// # }
-    /// ```
-    ///
-    /// # Panics
-    ///
-    /// Outside a Tokio runtime (it spawns the task that follows the phase).
-    pub fn grpc_health<I, N>(&self, services: I) -> (HealthReporter, HealthServer<DrainHealth>)
-    where
-        I: IntoIterator<Item = N>,
-        N: Into<String>,
-    {
-        let reporter = HealthReporter::new();
-        let mut names: Vec<String> = vec![String::new()];
-        for name in services {
-            let name = name.into();
-            if !names.contains(&name) {
-                names.push(name);
-            }
+/// The standard gRPC health service, with its status following `drain`: `NOT_SERVING`
+/// while Starting, `SERVING` while Serving, `NOT_SERVING` from the drain's start (or from
+/// `stopped_accepting` under
+/// [`ReadinessWhileDraining::ServingUntilStop`]).
+///
+/// The overall status (service name `""`) and every name in `services` (fully qualified,
+/// e.g. `"helloworld.Greeter"`, or `<S as tonic::server::NamedService>::NAME`) follow the
+/// phase. `Watch` streams end at `stopped_accepting` after a last `NOT_SERVING`, so they do
+/// not hold the drain until its deadline. The returned [`HealthReporter`] sets statuses by
+/// hand in between (a dependency is down); the next phase change overwrites them.
+///
+/// A task spawned here keeps the statuses up to date; it ends at `stopped_accepting`.
+/// See the [module docs](crate::grpc) for the table and the [tonic guide](crate::guide::tonic).
+///
+/// # Examples
+///
+/// ```
+/// use lameduck::Drain;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let drain = Drain::builder().build().unwrap();
+/// let (_reporter, health) = lameduck::grpc::health(&drain, ["helloworld.Greeter"]);
+/// let routes = tonic::service::Routes::new(health).prepare();
+/// // Serve it (and the real services) behind the drain layer:
+/// let app = routes.into_axum_router().layer(drain.layer());
+/// # let _ = app;
+/// // let listener = tokio::net::TcpListener::bind("0.0.0.0:50051").await?;
+/// // tokio::spawn(lameduck::serve(listener, app, &drain));
+/// # }
+/// ```
+///
+/// # Panics
+///
+/// Outside a Tokio runtime (it spawns the task that follows the phase).
+pub fn health<I, N>(drain: &Drain, services: I) -> (HealthReporter, HealthServer<DrainHealth>)
+where
+    I: IntoIterator<Item = N>,
+    N: Into<String>,
+{
+    let reporter = HealthReporter::new();
+    let mut names: Vec<String> = vec![String::new()];
+    for name in services {
+        let name = name.into();
+        if !names.contains(&name) {
+            names.push(name);
         }
-        tokio::spawn(follow_phase(
-            self.moments().subscribe(),
-            self.readiness().policy(),
-            reporter.clone(),
-            names,
-        ));
-        let service = DrainHealth {
-            inner: HealthService::from_health_reporter(reporter.clone()),
-            drain: self.clone(),
-        };
-        (reporter, HealthServer::new(service))
     }
+    tokio::spawn(follow_phase(
+        drain.moments().subscribe(),
+        drain.readiness().policy(),
+        reporter.clone(),
+        names,
+    ));
+    let service = DrainHealth {
+        inner: HealthService::from_health_reporter(reporter.clone()),
+        drain: drain.clone(),
+    };
+    (reporter, HealthServer::new(service))
 }
 
 /// gRPC health goes by `User-Agent` only: kubelet's gRPC probe sends `kube-probe/…`.
@@ -150,7 +148,7 @@ async fn follow_phase(
 }
 
 /// The `grpc.health.v1.Health` implementation returned (inside a [`HealthServer`]) by
-/// [`Drain::grpc_health`].
+/// [`health`].
 ///
 /// `Check` answers from the statuses the reporter holds; `Watch` streams end at
 /// `stopped_accepting` (see [`WatchUntilStop`]).
@@ -188,7 +186,7 @@ impl Health for DrainHealth {
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         // Taken before the inner call, so a watch opened just before the stop still ends.
-        let stop = self.drain.stream_stop();
+        let stop = StreamStop::new(&self.drain);
         let caller = caller_of(&request);
         // The statuses held are kubelet's view: a caller that sees "not serving" from the
         // trigger gets its own NOT_SERVING then (see `WatchUntilStop`).

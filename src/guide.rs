@@ -54,7 +54,7 @@ pub mod worker {}
     doc = "[prestop-blocking]: crate::admin::prestop_blocking"
 )]
 #[cfg_attr(feature = "http", doc = "[serve]: crate::serve")]
-#[cfg_attr(feature = "http", doc = "[stream-stop]: crate::Drain::stream_stop")]
+#[cfg_attr(feature = "http", doc = "[stream-stop]: crate::StreamStop::new")]
 #[cfg_attr(
     feature = "http",
     doc = "[max-connections]: crate::Serve::max_connections"

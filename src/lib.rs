@@ -21,8 +21,8 @@
 //!     # .signals(Signals::none()).report_to_stderr(false)
 //!     .build()?;
 //!
-//! drain.spawn("flush-uploads", async { /* must finish before exit */ });
-//! drain.on_close("database", || async { Ok::<_, std::io::Error>(()) });
+//! drain.work().spawn("flush-uploads", async { /* must finish before exit */ });
+//! drain.work().on_close("database", || async { Ok::<_, std::io::Error>(()) });
 //!
 //! # drain.start(Trigger::Api);
 //! let report = drain.run().await; // waits for the stop signal (or /drain), then drains
@@ -50,10 +50,10 @@
 //! | axum, hyper or any tower service, and can hand over the accept loop (recommended) | [`serve`] + [`Drain::layer`]; `.connect_info()` for `ConnectInfo` extractors | [`guide::axum`] (which one) |
 //! | axum, keeping axum's own accept loop | [`axum_serve`] + [`Drain::layer`] | [`guide::axum`] |
 //! | your own hyper accept loop | [`Drain::layer`] + [`ConnMeta`] + the tokens | [`guide::hyper`] |
-//! | tonic (gRPC) | [`Drain::layer`] + [`Drain::grpc_health`] | [`guide::tonic`] |
-//! | server-sent events, WebSockets, watches | [`Drain::stream_stop`], [`StreamStop::wrap`], a guard per socket | `examples/sse.rs`, `examples/websocket.rs` |
-//! | queue consumers, pollers, cron-style workers (no HTTP) | [`Tasks::spawn_cancellable`] | [`guide::worker`] |
-//! | Kubernetes probes and `preStop` | [`Drain::admin`]`().serve(listener)` | [`guide::kubernetes`] |
+//! | tonic (gRPC) | [`Drain::layer`] + [`grpc::health`] | [`guide::tonic`] |
+//! | server-sent events, WebSockets, watches | [`StreamStop::new`], [`StreamStop::wrap`], a guard per socket | `examples/sse.rs`, `examples/websocket.rs` |
+//! | queue consumers, pollers, cron-style workers (no HTTP) | [`Work::spawn_cancellable`] | [`guide::worker`] |
+//! | Kubernetes probes and `preStop` | [`AdminBuilder::new`]`(&drain).serve(listener)` | [`guide::kubernetes`] |
 //!
 //! Each guide opens with the `Cargo.toml` lines it needs. An item that needs a feature this
 //! build of the docs leaves out links to the table below.
@@ -65,8 +65,8 @@
 //! | `http` | yes | [`DrainLayer`] (tower middleware), [`ConnMeta`], the [`serve`] accept loop and [`StreamStop`] — on hyper 1 and hyper-util |
 //! | `axum` | yes | [`axum_serve`]: `axum::serve` with [`ConnMeta`], the stop token and the deadline bound, in one call; implies `http` |
 //! | `admin` | yes | the admin router (`/livez`, `/readyz`, `/drain`, `/status`) on axum, and the [`prestop`] helper; implies `axum` |
-//! | `grpc` | no | [`Drain::grpc_health`]: the standard gRPC health service (tonic-health) following the drain; implies `http` |
-//! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Drain::metrics` (`Metrics::record`, `Metrics::spawn_updater`) |
+//! | `grpc` | no | [`grpc::health`]: the standard gRPC health service (tonic-health) following the drain; implies `http` |
+//! | `metrics` | no | gauges, histograms and counters of the drain through the `metrics` facade (bring your own exporter); `Metrics::new` (`Metrics::record`, `Metrics::spawn_updater`) |
 //! | `kube` | no | [`EndpointWatch`]: watches this Pod and its EndpointSlices (kube-rs 2.0, rustls on ring, k8s-openapi without a Kubernetes version of its own: your binary picks it); propagation waits for the slices plus a proxy allowance, the deletion's grace shrinks the deadlines, each endpoint change is in the timeline. Without it, the report's `endpoint_slice_unused` says so |
 //! | `prometheus` | no | `GET /metrics` on the admin router (`AdminBuilder::prometheus`) in Prometheus text format, and `drain_metrics::prometheus_builder`; no HTTP listener or TLS of its own; implies `metrics` and `admin` |
 //!
@@ -79,7 +79,7 @@
 // docs build without broken links in every feature set.
 #![cfg_attr(
     not(feature = "http"),
-    doc = "[`serve`]: crate#feature-flags\n[`Drain::layer`]: crate#feature-flags\n[`ConnMeta`]: crate#feature-flags\n[`guide::hyper`]: crate#feature-flags\n[`Drain::stream_stop`]: crate#feature-flags\n[`StreamStop::wrap`]: crate#feature-flags\n[`DrainLayer`]: crate#feature-flags\n[`StreamStop`]: crate#feature-flags"
+    doc = "[`serve`]: crate#feature-flags\n[`Drain::layer`]: crate#feature-flags\n[`ConnMeta`]: crate#feature-flags\n[`guide::hyper`]: crate#feature-flags\n[`StreamStop::new`]: crate#feature-flags\n[`StreamStop::wrap`]: crate#feature-flags\n[`DrainLayer`]: crate#feature-flags\n[`StreamStop`]: crate#feature-flags"
 )]
 #![cfg_attr(
     not(feature = "axum"),
@@ -87,12 +87,12 @@
 )]
 #![cfg_attr(
     not(feature = "grpc"),
-    doc = "[`Drain::grpc_health`]: crate#feature-flags\n[`guide::tonic`]: crate#feature-flags"
+    doc = "[`grpc::health`]: crate#feature-flags\n[`guide::tonic`]: crate#feature-flags"
 )]
 #![cfg_attr(not(feature = "kube"), doc = "[`EndpointWatch`]: crate#feature-flags")]
 #![cfg_attr(
     not(feature = "admin"),
-    doc = "[`Drain::admin`]: crate#feature-flags\n[`prestop`]: crate#feature-flags"
+    doc = "[`AdminBuilder::new`]: crate#feature-flags\n[`prestop`]: crate#feature-flags"
 )]
 // On docs.rs, `doc_cfg` labels every item behind a feature with it (no per-item attribute).
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -144,9 +144,7 @@ pub use self::server::{
 };
 #[cfg(feature = "metrics")]
 pub use drain::metrics::Metrics;
-pub use drain::{
-    Counts, Drain, DrainBuilder, Moments, Readiness, StartupGate, Tasks, PROXY_LABEL_ENV,
-};
+pub use drain::{Counts, Drain, DrainBuilder, Moments, Readiness, StartupGate, PROXY_LABEL_ENV};
 pub use lifecycle::{Status, STATUS_TIMELINE_LIMIT};
 pub use vocab::budget::{
     parse_duration, Budget, GRACE_PERIOD_ENV, MAX_GRACE_PERIOD, MIN_GRACE_PERIOD,
@@ -170,6 +168,7 @@ pub use report::DrainReport;
 pub use vocab::phase::ReadinessWhileDraining;
 pub use vocab::phase::{CommitReason, Event, EventKind, Phase, Trigger};
 pub use work::tasks::TaskContext;
+pub use work::Work;
 
 #[cfg(feature = "admin")]
 pub use admin::{prestop, prestop_blocking, AdminBuilder, PrestopError, PrestopOptions};

@@ -31,8 +31,7 @@ use tokio::time::Instant;
 use crate::hot::guard::{Core, Site};
 use crate::report::{CloserResult, DrainReport, EvidenceReport, Outcome};
 use crate::vocab::phase::{unix_ms_now, CommitReason, Event, EventKind, Phase, Trigger};
-use crate::work::closers::Closers;
-use crate::work::tasks::{TaskContext, Tasks};
+use crate::work::Work;
 
 mod after_flip;
 mod commit;
@@ -75,26 +74,27 @@ pub(crate) struct Driver {
     pub(crate) tokens: Tokens,
     forced: AtomicBool,
     exit: Exit,
-    pub(crate) tasks: Tasks,
-    pub(crate) closers: Closers,
+    /// The tasks and closers; the handle's clones share them.
+    pub(crate) work: Work,
 }
 
 impl Driver {
     pub(crate) fn new(core: &'static Core, s: Settings) -> Self {
         let commitment = Commitment::new(s.policy);
-        let tasks = Tasks::default();
+        let deadlines = Deadlines::new(s.budget, commitment.max(), s.hurry_lead, s.shortest_grace);
+        let tokens = Tokens::default();
+        let work = Work::new(tokens.task_context(deadlines.task_deadline()));
         Self {
             core,
             plain: core.plain(),
-            progress: Progress::new(core, s.observer, tasks.tracker.clone()),
+            progress: Progress::new(core, s.observer, work.tasks().tracker.clone()),
             state: Lifecycle::new(s.readiness, s.probe_sources, s.proxy_label),
-            deadlines: Deadlines::new(s.budget, commitment.max(), s.hurry_lead, s.shortest_grace),
+            deadlines,
             commitment,
-            tokens: Tokens::default(),
+            tokens,
             forced: AtomicBool::new(false),
             exit: Exit::new(s.sinks),
-            tasks,
-            closers: Closers::default(),
+            work,
         }
     }
 
@@ -130,10 +130,6 @@ impl Driver {
         let mut e = self.state.event(kind);
         e.detail = detail.map(str::to_owned);
         self.push(e);
-    }
-
-    pub(crate) fn task_context(&self) -> TaskContext {
-        self.tokens.task_context(self.deadlines.task_deadline())
     }
 
     fn is_forced(&self) -> bool {
@@ -324,7 +320,7 @@ impl Driver {
         }
         self.progress.set(Phase::StoppedAccepting);
         self.tokens.stop.cancel();
-        self.tasks.tracker.close();
+        self.work.tasks().tracker.close();
     }
 
     /// Step 3: waits for zero (requests and tasks), or the quiesce deadline, where what is
@@ -342,8 +338,8 @@ impl Driver {
                 self.push_now(EventKind::InFlightZero, detail);
             };
             let tasks = async {
-                self.tasks.tracker.wait().await;
-                let detail = work_ended(self.tasks.last_ended(), stopped, origin);
+                self.work.tasks().tracker.wait().await;
+                let detail = work_ended(self.work.tasks().last_ended(), stopped, origin);
                 self.push_now(EventKind::TasksDone, Some(&detail));
             };
             let both = async { tokio::join!(requests, tasks) };
@@ -360,10 +356,11 @@ impl Driver {
         if self.is_forced() {
             // What the force cuts is named, as at the deadline (unless the deadline came first).
             if !deadline_hit {
-                stragglers = stragglers::collect(self.core, &self.tasks, Instant::now(), origin);
+                stragglers =
+                    stragglers::collect(self.core, self.work.tasks(), Instant::now(), origin);
             }
             self.tokens.deadline.cancel();
-            self.tasks.abort_all();
+            self.work.tasks().abort_all();
         }
         (stragglers, deadline_hit)
     }
@@ -372,12 +369,12 @@ impl Driver {
     /// recover (by the hard deadline) before they are aborted.
     async fn cut_at_deadline(&self, origin: Instant) -> stragglers::Cut {
         let at = self.deadlines.quiesce(origin);
-        let mut stragglers = stragglers::collect(self.core, &self.tasks, at, origin);
+        let mut stragglers = stragglers::collect(self.core, self.work.tasks(), at, origin);
         let detail = format!("{} stragglers", stragglers.counts.total());
         self.push_now(EventKind::DeadlineExceeded, Some(&detail));
         self.tokens.deadline.cancel();
         let hard = self.deadlines.hard(origin);
-        stragglers::recover(&mut stragglers.named, &self.tasks, hard).await;
+        stragglers::recover(&mut stragglers.named, self.work.tasks(), hard).await;
         stragglers
     }
 
@@ -389,7 +386,10 @@ impl Driver {
             e.detail = Some(r.result.to_string());
             self.push(e);
         };
-        self.closers.run(hard, &self.tokens.force, closed).await
+        self.work
+            .closers()
+            .run(hard, &self.tokens.force, closed)
+            .await
     }
 
     /// Step 5: the Done event, the report, its emission, then the phase.
@@ -421,7 +421,7 @@ impl Driver {
             budget: self.deadlines.report(),
             propagation: self.commitment.report(),
             stragglers,
-            tasks: self.tasks.ended(),
+            tasks: self.work.tasks().ended(),
             closers,
         })
     }
@@ -448,14 +448,14 @@ impl Driver {
             return;
         };
         let now = Instant::now();
-        let stragglers = stragglers::collect(self.core, &self.tasks, now, origin.at);
+        let stragglers = stragglers::collect(self.core, self.work.tasks(), now, origin.at);
         let mut e = origin.event_at(EventKind::Done, now);
         e.detail = Some("forced: runtime starved".to_owned());
         // Not through `push`: its log line may go to the very stderr that stalls.
         self.state.push_last(e);
         self.forced.store(true, Ordering::Release);
         // Those not yet taken by the driver never ran.
-        let closers = self.closers.skipped_by_force();
+        let closers = self.work.closers().skipped_by_force();
         let report = self.build_report(origin.at, (Outcome::Forced, stragglers, closers));
         let (used, hard) = (now - origin.at, self.deadlines.budget().hard_deadline());
         let exit = origin.event_at(EventKind::Exit, now);

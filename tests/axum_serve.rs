@@ -28,7 +28,7 @@ async fn serve_axum(drain: &Drain, app: axum::Router) -> (SocketAddr, JoinHandle
         listener,
         app.into_make_service_with_connect_info::<ConnMeta>(),
     )
-    .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
+    .with_graceful_shutdown(drain.moments().stopped_accepting().cancelled_owned())
     .into_future();
     let deadline = drain.moments().deadline_exceeded();
     drain.readiness().mark_serving();

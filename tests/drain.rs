@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{ms, quiet_builder};
+use lameduck::AdminBuilder;
 use lameduck::{
     CommitReason, ConfigError, Drain, EventKind, Phase, Propagation, ReadinessWhileDraining,
     Trigger,
@@ -496,7 +497,7 @@ fn stop_signal_from_the_environment() {
 
 /// The `stopped_accepting` event, once the drain has committed.
 async fn stopped_accepting(drain: &Drain) -> lameduck::Event {
-    drain.reached(Phase::StoppedAccepting).await;
+    drain.moments().reached(Phase::StoppedAccepting).await;
     drain
         .moments()
         .timeline()
@@ -689,7 +690,7 @@ async fn dropping_an_unfinished_future_releases_the_guard() {
 async fn force_skips_the_waits_and_reports_forced() {
     let drain = quiet_builder().build().unwrap();
     let _stuck = drain.enter();
-    drain.spawn("flush", std::future::pending::<()>());
+    drain.work().spawn("flush", std::future::pending::<()>());
     drain.start(Trigger::Sigint);
     tokio::time::sleep(ms(100)).await;
     assert!(drain.force());
@@ -839,7 +840,9 @@ async fn the_status_timeline_is_capped_with_a_count_of_what_was_left_out() {
         .unwrap();
     // Closers are the one thing that adds events per registration.
     for i in 0..200 {
-        drain.on_close(format!("c{i}"), || async { Ok::<_, std::io::Error>(()) });
+        drain
+            .work()
+            .on_close(format!("c{i}"), || async { Ok::<_, std::io::Error>(()) });
     }
     drain.start(Trigger::Api);
     let report = drain.drained().await;
@@ -871,7 +874,7 @@ async fn admin_floods_keep_the_timeline_and_bodies_bounded() {
         .unwrap();
     drain.readiness().mark_serving();
     let (listener, addr) = common::bind().await;
-    let router = drain.admin().without_token().router();
+    let router = AdminBuilder::new(&drain).without_token().router();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
 
     // 10 000 over HTTP (the 50 000-trigger case runs in-process above); enough to show no
@@ -981,7 +984,7 @@ async fn status_shows_both_readiness_answers_under_auto() {
         (json["ready"].clone(), json["ready_for_kubelet"].clone()),
         (false.into(), true.into())
     );
-    drain.reached(Phase::StoppedAccepting).await;
+    drain.moments().reached(Phase::StoppedAccepting).await;
     let s = drain.status();
     assert!(!s.ready && !s.ready_for_kubelet, "{s:?}");
 }
@@ -992,9 +995,11 @@ async fn a_force_while_closing_aborts_the_closer_running_and_skips_the_rest() {
         .propagation(Propagation::fixed(ms(100)))
         .build()
         .unwrap();
-    drain.on_close("db-pool", || async { Ok::<(), std::io::Error>(()) });
+    drain
+        .work()
+        .on_close("db-pool", || async { Ok::<(), std::io::Error>(()) });
     let (closing_tx, closing_rx) = tokio::sync::oneshot::channel();
-    drain.on_close("exporter", move || async move {
+    drain.work().on_close("exporter", move || async move {
         let _ = closing_tx.send(());
         std::future::pending::<Result<(), std::io::Error>>().await
     });

@@ -14,6 +14,7 @@ use common::{bind, h1, secs, send1, text, within};
 use http::{Request, StatusCode};
 use http_body_util::Empty;
 use lameduck::report::{EvidenceKind, MaxReason, WeakEvidence};
+use lameduck::AdminBuilder;
 use lameduck::{
     CommitReason, ConnMeta, Drain, EventKind, Phase, Propagation, ReadinessWhileDraining, Trigger,
 };
@@ -250,7 +251,7 @@ async fn through_raw_axum_serve_no_rate_is_counted() {
     let drain = common::drain(secs(60), Propagation::default().max(secs(40)));
     drain.readiness().mark_serving();
     let (listener, addr) = bind().await;
-    let stop = drain.stopped_accepting();
+    let stop = drain.moments().stopped_accepting();
     let server = tokio::spawn(
         axum::serve(
             listener,
@@ -298,7 +299,7 @@ async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_a
     assert_eq!(drain.readiness().policy(), ReadinessWhileDraining::Auto);
     drain.readiness().mark_serving();
     let (listener, addr) = bind().await;
-    let admin = drain.admin().without_token().router();
+    let admin = AdminBuilder::new(&drain).without_token().router();
     tokio::spawn(async move { axum::serve(listener, admin).await.unwrap() });
 
     let kubelet = Some("kube-probe/1.31");
@@ -326,7 +327,11 @@ async fn readiness_auto_keeps_kubelet_ready_until_stop_and_flips_everyone_else_a
         "the checks ran before the commit"
     );
 
-    within("stopped_accepting", drain.reached(Phase::StoppedAccepting)).await;
+    within(
+        "stopped_accepting",
+        drain.moments().reached(Phase::StoppedAccepting),
+    )
+    .await;
     let (status, body) = readyz(addr, kubelet).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     within("the drain", drain.drained()).await;
@@ -354,7 +359,7 @@ async fn readiness_auto_knows_kubelet_by_probe_header_when_a_mesh_rewrites_its_u
     let drain = common::drain(secs(30), Propagation::fixed(secs(2)));
     drain.readiness().mark_serving();
     let (listener, addr) = bind().await;
-    let admin = drain.admin().without_token().router();
+    let admin = AdminBuilder::new(&drain).without_token().router();
     tokio::spawn(async move { axum::serve(listener, admin).await.unwrap() });
     // What a mesh's agent forwards: kubelet's probe with its own User-Agent, and the probe's
     // `httpHeaders`.
@@ -410,7 +415,11 @@ async fn readiness_auto_knows_kubelet_by_probe_header_when_a_mesh_rewrites_its_u
         "load_balancer"
     );
 
-    within("stopped_accepting", drain.reached(Phase::StoppedAccepting)).await;
+    within(
+        "stopped_accepting",
+        drain.moments().reached(Phase::StoppedAccepting),
+    )
+    .await;
     assert_eq!(
         get_with(addr, "/readyz", &knative).await.0,
         StatusCode::SERVICE_UNAVAILABLE

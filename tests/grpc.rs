@@ -63,7 +63,7 @@ fn quiet_window(max: Duration) -> Propagation {
 /// Serves the slow service and the health service, behind the layer, on 127.0.0.1.
 async fn start(drain: &Drain) -> (SocketAddr, JoinHandle<()>) {
     let (listener, addr) = bind().await;
-    let (_reporter, health) = drain.grpc_health([slow::SERVICE]);
+    let (_reporter, health) = lameduck::grpc::health(drain, [slow::SERVICE]);
     let app = Routes::new(health)
         .add_service(SlowServer)
         .prepare()

@@ -69,7 +69,7 @@ fn the_three_first_programs_are_in_the_guides() {
     program(
         &axum,
         &[
-            "drain.admin().serve(",
+            "AdminBuilder::new(&drain).serve(",
             "spawn_cancellable(",
             "on_close(",
             "lameduck::serve(",
@@ -93,7 +93,11 @@ fn the_three_first_programs_are_in_the_guides() {
     let worker = rust_blocks("src/docs/worker.md");
     let w = program(
         &worker,
-        &["drain.admin().serve(", "spawn_cancellable(", "drain.run()"],
+        &[
+            "AdminBuilder::new(&drain).serve(",
+            "spawn_cancellable(",
+            "drain.run()",
+        ],
     );
     assert!(
         !w.contains("layer()"),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use axum::routing::get;
 use common::*;
 use lameduck::report::{Outcome, Straggler};
+use lameduck::AdminBuilder;
 use lameduck::{DrainReport, EventKind, Phase, Propagation, Trigger};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -137,7 +138,11 @@ async fn in_flight_zero_waits_until_a_slow_reader_has_the_whole_response() {
     })
     .await;
     assert!(drain.start(Trigger::Api));
-    within("stopped accepting", drain.reached(Phase::StoppedAccepting)).await;
+    within(
+        "stopped accepting",
+        drain.moments().reached(Phase::StoppedAccepting),
+    )
+    .await;
 
     // Half the body read: more than the kernel can hold is still in the server's hands.
     let mut head_done = false;
@@ -502,8 +507,7 @@ async fn raw_get(addr: std::net::SocketAddr, target: &str) -> Option<(u16, Strin
 async fn admin_server(drain: &lameduck::Drain, cap: usize) -> std::net::SocketAddr {
     let (listener, addr) = bind().await;
     tokio::spawn(
-        drain
-            .admin()
+        AdminBuilder::new(drain)
             .without_token()
             .max_connections(cap)
             // Longer than the test: only the cap's eviction can free a slot.
@@ -521,7 +525,7 @@ async fn probes_answer_under_a_slowloris_and_busy_answers_are_not_evicted() {
 
     // A preStop caller waiting for the drain: busy, never evicted.
     let waiter = tokio::spawn(async move { raw_get(addr, "/drain?wait=drained").await });
-    eventually("drain started", || drain.is_draining()).await;
+    eventually("drain started", || drain.phase().is_draining()).await;
 
     let mut loris = slowloris(addr, 40).await;
     let mut silent = Vec::new();
@@ -642,8 +646,7 @@ async fn the_admin_header_read_timeout_closes_slow_heads() {
     let drain = drain(secs(30), Propagation::fixed(ms(300)));
     let (listener, addr) = bind().await;
     tokio::spawn(
-        drain
-            .admin()
+        AdminBuilder::new(&drain)
             .header_read_timeout(Duration::from_millis(300))
             .serve(listener),
     );

@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use lameduck::report::Outcome;
+use lameduck::StreamStop;
 use lameduck::{EventKind, Phase, Propagation, Trigger};
 
 #[tokio::test]
@@ -236,14 +237,16 @@ async fn spread_stream_stops_fire_within_the_window() {
     let drain = drain(secs(6), Propagation::fixed(ms(200)));
     drain.readiness().mark_serving();
     let window = Duration::from_millis(600);
-    let stops: Vec<_> = (0..5).map(|_| drain.stream_stop().spread(window)).collect();
+    let stops: Vec<_> = (0..5)
+        .map(|_| StreamStop::new(&drain).spread(window))
+        .collect();
     let mut offsets: Vec<_> = stops.iter().map(|s| s.offset()).collect();
     assert!(offsets.iter().all(|o| *o < window));
     offsets.sort();
     offsets.dedup();
     assert_eq!(offsets.len(), 5, "each stream gets its own offset");
 
-    let before = drain.stream_stop();
+    let before = StreamStop::new(&drain);
     assert!(drain.start(Trigger::Api));
     within("unspread stop", before).await;
     assert!(drain.phase() >= Phase::StoppedAccepting);
@@ -313,7 +316,7 @@ async fn a_custom_accept_loop_with_for_request_gives_the_evidence_its_requests()
     let service = drain.layer().layer(hello);
     let (listener, addr) = bind().await;
     drain.readiness().mark_serving();
-    let (stop, counted) = (drain.stopped_accepting(), drain.clone());
+    let (stop, counted) = (drain.moments().stopped_accepting(), drain.clone());
     let server = tokio::spawn(async move {
         let builder = auto::Builder::new(TokioExecutor::new());
         loop {

@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use lameduck::parse_duration;
+use lameduck::AdminBuilder;
 use yaml_rust2::{Yaml, YamlLoader};
 
 const DEPLOYMENT: &str = include_str!("../examples/k8s/deployment.yaml");
@@ -342,7 +343,10 @@ async fn the_manifest_requests_work_against_the_admin_router() {
         lameduck::Propagation::fixed(Duration::from_millis(50)),
     );
     drain.readiness().mark_serving();
-    let router = drain.admin().token(m.admin_token()).unwrap().router();
+    let router = AdminBuilder::new(&drain)
+        .token(m.admin_token())
+        .unwrap()
+        .router();
     let (listener, addr) = common::bind().await;
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
 

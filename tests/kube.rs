@@ -19,6 +19,7 @@ use hyper::body::Frame;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use lameduck::report::{AdviceRule, AllowanceSource, BudgetSource, EvidenceKind, MaxReason};
+use lameduck::AdminBuilder;
 use lameduck::{
     Drain, DrainReport, EndpointWatch, EventKind, Phase, Propagation, ReadinessWhileDraining,
     Trigger,
@@ -578,7 +579,7 @@ async fn a_short_deletion_grace_shrinks_the_deadlines() {
         .unwrap();
     cluster.watching().await;
     // A task that never ends: the quiesce deadline, not the configured 24 s, cuts it.
-    d.spawn("stuck", std::future::pending::<()>());
+    d.work().spawn("stuck", std::future::pending::<()>());
     let origin = tokio::time::Instant::now();
     ready(&d).await;
     d.start(Trigger::Api);
@@ -651,9 +652,9 @@ async fn kubelet_termination(
     .start(&d)
     .unwrap();
     cluster.watching().await;
-    d.spawn("stuck", std::future::pending::<()>());
+    d.work().spawn("stuck", std::future::pending::<()>());
     let (listener, admin) = common::bind().await;
-    let router = d.admin().without_token().router();
+    let router = AdminBuilder::new(&d).without_token().router();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     ready(&d).await;
     // The condition first, then the kubelet's SIGTERM.

@@ -16,6 +16,8 @@ use lameduck::drain_metrics::{
     BACKGROUND_TASKS, DRAIN_DURATION_SECONDS, IN_FLIGHT_REQUESTS, OBSERVED_PROPAGATION_SECONDS,
     OPEN_CONNECTIONS, PHASE, REQUESTS_AFTER_FLIP_TOTAL,
 };
+use lameduck::AdminBuilder;
+use lameduck::Metrics;
 use lameduck::{DrainBuilder, Phase, Propagation, Trigger};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -192,11 +194,11 @@ fn gauges_follow_every_phase_of_a_drain() {
         assert_eq!(Reading::take(&snap).gauge(PHASE), 1.0, "serving");
 
         let (finish_task, task_may_end) = tokio::sync::oneshot::channel::<()>();
-        drain.spawn("flush", async {
+        drain.work().spawn("flush", async {
             let _ = task_may_end.await;
         });
         let (finish_closer, closer_may_end) = tokio::sync::oneshot::channel::<()>();
-        drain.on_close("db", || async {
+        drain.work().on_close("db", || async {
             let _ = closer_may_end.await;
             Ok::<_, std::io::Error>(())
         });
@@ -207,14 +209,18 @@ fn gauges_follow_every_phase_of_a_drain() {
         let r = Reading::take(&snap);
         assert_eq!(r.gauges(), (2.0, 2.0, 1.0, 0.0), "draining");
 
-        bounded("stopped_accepting", drain.reached(Phase::StoppedAccepting)).await;
+        bounded(
+            "stopped_accepting",
+            drain.moments().reached(Phase::StoppedAccepting),
+        )
+        .await;
         let r = Reading::take(&snap);
         assert_eq!(r.gauges(), (3.0, 2.0, 1.0, 0.0), "stopped_accepting");
 
         drop(first);
         drop(second);
         finish_task.send(()).unwrap();
-        bounded("closing", drain.reached(Phase::Closing)).await;
+        bounded("closing", drain.moments().reached(Phase::Closing)).await;
         let r = Reading::take(&snap);
         assert_eq!(r.gauges(), (4.0, 0.0, 0.0, 0.0), "closing");
         assert_eq!(
@@ -304,11 +310,13 @@ fn metrics_record_samples_the_counters_now() {
         let _ = Reading::take(&snap);
 
         let guards: Vec<_> = (0..3).map(|_| drain.enter()).collect();
-        drain.spawn("sleeper", tokio::time::sleep(Duration::from_secs(3600)));
+        drain
+            .work()
+            .spawn("sleeper", tokio::time::sleep(Duration::from_secs(3600)));
         // No event since: the gauges were not touched.
         assert_eq!(Reading::take(&snap).gauge(IN_FLIGHT_REQUESTS), 0.0);
 
-        drain.metrics().record();
+        Metrics::new(&drain).record();
         let r = Reading::take(&snap);
         assert_eq!(r.gauges(), (1.0, 3.0, 1.0, 0.0));
         assert_eq!(
@@ -317,7 +325,7 @@ fn metrics_record_samples_the_counters_now() {
         );
 
         drop(guards);
-        drain.metrics().record();
+        Metrics::new(&drain).record();
         assert_eq!(Reading::take(&snap).gauge(IN_FLIGHT_REQUESTS), 0.0);
     });
 }
@@ -329,7 +337,7 @@ fn the_updater_samples_periodically_and_ends_at_done() {
     paused(&recorder, async {
         let drain = builder().build().unwrap();
         drain.readiness().mark_serving();
-        let updater = drain.metrics().spawn_updater(Duration::from_secs(1));
+        let updater = Metrics::new(&drain).spawn_updater(Duration::from_secs(1));
         let guard = drain.enter();
         let _ = Reading::take(&snap);
 
@@ -451,7 +459,13 @@ mod prometheus {
                 .build()
                 .unwrap();
             drain.readiness().mark_serving();
-            let addr = serve(drain.admin().without_token().prometheus(handle).router()).await;
+            let addr = serve(
+                AdminBuilder::new(&drain)
+                    .without_token()
+                    .prometheus(handle)
+                    .router(),
+            )
+            .await;
 
             // Two requests in flight and no event since: the scrape itself samples them.
             let guards = [drain.enter(), drain.enter()];
@@ -527,7 +541,7 @@ mod prometheus {
             .unwrap();
         rt.block_on(async {
             let drain = builder().build().unwrap();
-            let addr = serve(drain.admin().without_token().router()).await;
+            let addr = serve(AdminBuilder::new(&drain).without_token().router()).await;
             let (status, _, _) = call(addr, Method::GET, "/metrics").await;
             assert_eq!(status, StatusCode::NOT_FOUND);
             let (status, _, _) = call(addr, Method::GET, "/livez").await;

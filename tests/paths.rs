@@ -43,7 +43,7 @@ async fn after_drain_counts_are_split_by_traffic_path() {
         .route("/", get(|| async { "ok" }))
         .layer(drain.layer());
     let server = tokio::spawn(lameduck::serve(listener, app.with_state(()), &drain));
-    within("serving", drain.reached(Phase::Serving)).await;
+    within("serving", drain.moments().reached(Phase::Serving)).await;
 
     let counts = tokio::task::spawn_blocking({
         let drain = drain.clone();
@@ -108,7 +108,7 @@ async fn junk_labels_sent_first_do_not_push_the_real_routes_into_other() {
         .route("/", get(|| async { "ok" }))
         .layer(drain.layer());
     let server = tokio::spawn(lameduck::serve(listener, app.with_state(()), &drain));
-    within("serving", drain.reached(Phase::Serving)).await;
+    within("serving", drain.moments().reached(Phase::Serving)).await;
     drain.start(Trigger::Api);
 
     let sent = tokio::task::spawn_blocking(move || {

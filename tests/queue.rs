@@ -68,7 +68,7 @@ fn spawn_consumer(
     obey_hurry: bool,
 ) {
     let (work, rec) = (q.clone(), q.clone());
-    drain.tasks().spawn_with_recovery(
+    drain.work().spawn_with_recovery(
         "queue-consumer",
         move |ctx| async move {
             loop {

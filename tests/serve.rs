@@ -283,7 +283,11 @@ async fn refusal_mode_answers_503_with_retry_after_after_stop() {
         StatusCode::OK
     );
 
-    within("stopped accepting", drain.reached(Phase::StoppedAccepting)).await;
+    within(
+        "stopped accepting",
+        drain.moments().reached(Phase::StoppedAccepting),
+    )
+    .await;
     let (mut late, late_conn) = h1(addr).await;
     let (status, headers, _) = text(send1(&mut late, "/conn").await).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);

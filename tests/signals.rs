@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lameduck::report::Outcome;
+use lameduck::AdminBuilder;
 use lameduck::{Drain, DrainReport, EventKind, Phase, Propagation, Signals, StopSignal, Trigger};
 
 const CHILD_ENV: &str = "LAMEDUCK_SIGNAL_CHILD";
@@ -77,9 +78,11 @@ fn child_main(scenario: &str) -> ! {
             "report-file-closers" => {
                 // A report of about 3 KiB: a 4 KiB pipe takes it once, not twice.
                 for i in 0..4 {
-                    drain.on_close(format!("closer-{i}-{}", "x".repeat(120)), || async {
-                        Ok::<(), std::io::Error>(())
-                    });
+                    drain
+                        .work()
+                        .on_close(format!("closer-{i}-{}", "x".repeat(120)), || async {
+                            Ok::<(), std::io::Error>(())
+                        });
                 }
             }
             #[cfg(feature = "admin")]
@@ -88,7 +91,7 @@ fn child_main(scenario: &str) -> ! {
                 let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
                     .await
                     .unwrap();
-                tokio::spawn(drain.admin().without_token().serve(listener));
+                tokio::spawn(AdminBuilder::new(&drain).without_token().serve(listener));
             }
             #[cfg(feature = "admin")]
             "young-serve" => {
@@ -102,22 +105,28 @@ fn child_main(scenario: &str) -> ! {
                 tokio::spawn(lameduck::serve(listener, app, &drain));
             }
             "stuck-task" => {
-                drain.spawn("stuck-task", std::future::pending::<()>());
+                drain
+                    .work()
+                    .spawn("stuck-task", std::future::pending::<()>());
             }
             "stuck-request" => held = Some(drain.enter()),
             "node-shutdown" => {
                 // Work that never ends on its own, and closers that must run after it.
                 held = Some(drain.enter());
-                drain.spawn("flush", std::future::pending::<()>());
+                drain.work().spawn("flush", std::future::pending::<()>());
                 for name in ["db-pool", "exporter"] {
-                    drain.on_close(name, || async { Ok::<(), std::io::Error>(()) });
+                    drain
+                        .work()
+                        .on_close(name, || async { Ok::<(), std::io::Error>(()) });
                 }
             }
             "stuck-request-closers" => {
                 held = Some(drain.enter());
-                drain.spawn("flush", std::future::pending::<()>());
+                drain.work().spawn("flush", std::future::pending::<()>());
                 for name in ["db-pool", "exporter"] {
-                    drain.on_close(name, || async { Ok::<(), std::io::Error>(()) });
+                    drain
+                        .work()
+                        .on_close(name, || async { Ok::<(), std::io::Error>(()) });
                 }
             }
             "starved" | "starved-stalled-stderr" => {
@@ -150,7 +159,7 @@ fn child_main(scenario: &str) -> ! {
         // Tells the parent the drain started, a synchronisation point for its next signal.
         let started = drain.clone();
         tokio::spawn(async move {
-            started.reached(Phase::Draining).await;
+            started.moments().reached(Phase::Draining).await;
             println!("DRAINING");
         });
         if scenario == "prestop" {

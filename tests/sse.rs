@@ -26,7 +26,11 @@ async fn replica(propagation: Propagation, window: Duration) -> (Drain, std::net
             .conn_meta_on_every_request(),
     );
     // `serve` marks the replica started when it first runs; until then it is not ready.
-    within("the replica to serve", drain.reached(Phase::Serving)).await;
+    within(
+        "the replica to serve",
+        drain.moments().reached(Phase::Serving),
+    )
+    .await;
     (drain, addr)
 }
 
@@ -47,7 +51,7 @@ async fn stream_ends_cleanly_at_stopped_accepting_and_resumes_on_another_replica
     // A must-finish task keeps replica A up after its stream ends, as a process with other work
     // would be; released at the end.
     let (release, held) = oneshot::channel::<()>();
-    a.spawn("other-work", async move {
+    a.work().spawn("other-work", async move {
         let _ = held.await;
     });
 

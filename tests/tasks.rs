@@ -20,13 +20,13 @@ fn builder() -> lameduck::DrainBuilder {
 #[tokio::test(start_paused = true)]
 async fn a_must_finish_task_delays_closing() {
     let drain = builder().build().unwrap();
-    drain.spawn("upload-flush", async {
+    drain.work().spawn("upload-flush", async {
         tokio::time::sleep(secs(3)).await;
     });
     assert_eq!(drain.counts().tasks(), 1);
     let closed_at = Arc::new(Mutex::new(None));
     let c = closed_at.clone();
-    drain.on_close("bucket", move || async move {
+    drain.work().on_close("bucket", move || async move {
         *c.lock().unwrap() = Some(Instant::now());
         Ok::<_, std::io::Error>(())
     });
@@ -62,7 +62,7 @@ async fn tasks_done_says_when_the_last_task_ended_before_the_stop() {
         .build()
         .unwrap();
     drain.start(Trigger::Api);
-    drain.spawn("batch", async {
+    drain.work().spawn("batch", async {
         tokio::time::sleep(ms(986)).await;
     });
     let report = drain.drained().await;
@@ -93,7 +93,7 @@ async fn a_cancellable_task_sees_its_token_at_drain_start() {
     let stopped_at = Arc::new(Mutex::new(None));
     let st = stopped_at.clone();
     drain
-        .tasks()
+        .work()
         .spawn_cancellable("queue-consumer", move |ctx| async move {
             ctx.drain_started().cancelled().await;
             *st.lock().unwrap() = Some(Instant::now());
@@ -116,17 +116,17 @@ async fn closers_run_in_reverse_order_and_failures_do_not_stop_the_next() {
     let drain = builder().build().unwrap();
     let ran = Arc::new(Mutex::new(Vec::new()));
     let r = ran.clone();
-    drain.on_close("postgres", move || async move {
+    drain.work().on_close("postgres", move || async move {
         r.lock().unwrap().push("postgres");
         Ok::<_, std::io::Error>(())
     });
     let r = ran.clone();
-    drain.on_close("cache", move || async move {
+    drain.work().on_close("cache", move || async move {
         r.lock().unwrap().push("cache");
         Err::<(), _>(std::io::Error::other("connection reset"))
     });
     let r = ran.clone();
-    drain.on_close("metrics", move || async move {
+    drain.work().on_close("metrics", move || async move {
         r.lock().unwrap().push("metrics");
         if true {
             panic!("closer bug");
@@ -134,7 +134,7 @@ async fn closers_run_in_reverse_order_and_failures_do_not_stop_the_next() {
         Ok::<_, std::io::Error>(())
     });
     let r = ran.clone();
-    drain.tasks().on_close_with(
+    drain.work().on_close_with(
         "queue",
         lameduck::CloseOptions::new().timeout(Duration::from_millis(300)),
         move || async move {
@@ -185,12 +185,12 @@ async fn closers_run_in_reverse_order_and_failures_do_not_stop_the_next() {
 async fn a_slow_closer_cannot_take_the_time_of_the_one_registered_before_it() {
     let drain = builder().build().unwrap();
     // Registered first, so closed last: the pool everything else used.
-    drain.on_close("db-pool", || async {
+    drain.work().on_close("db-pool", || async {
         tokio::time::sleep(Duration::from_millis(50)).await;
         Ok::<_, std::io::Error>(())
     });
     // Registered second, so closed first, and it hangs.
-    drain.on_close("exporter", || async {
+    drain.work().on_close("exporter", || async {
         std::future::pending::<()>().await;
         Ok::<_, std::io::Error>(())
     });
@@ -220,11 +220,11 @@ async fn a_slow_closer_cannot_take_the_time_of_the_one_registered_before_it() {
 async fn a_critical_closer_keeps_its_time_after_a_long_explicit_timeout() {
     let drain = builder().build().unwrap();
     drain
-        .tasks()
+        .work()
         .on_close_with("db-pool", CloseOptions::new().critical(), || async {
             Ok::<_, std::io::Error>(())
         });
-    drain.tasks().on_close_with(
+    drain.work().on_close_with(
         "exporter",
         CloseOptions::new().timeout(Duration::from_secs(3600)),
         || async {
@@ -243,10 +243,12 @@ async fn a_critical_closer_keeps_its_time_after_a_long_explicit_timeout() {
 async fn a_task_that_never_ends_is_a_straggler_and_the_drain_still_finishes() {
     let drain = builder().build().unwrap();
     // grace 10 s: margin 333 ms, close 1666 ms → quiesce at 8001 ms, hard at 9667 ms.
-    drain.spawn("stuck-export", std::future::pending::<()>());
+    drain
+        .work()
+        .spawn("stuck-export", std::future::pending::<()>());
     let closer_ran = Arc::new(Mutex::new(false));
     let c = closer_ran.clone();
-    drain.on_close("db", move || async move {
+    drain.work().on_close("db", move || async move {
         *c.lock().unwrap() = true;
         Ok::<_, std::io::Error>(())
     });
@@ -286,7 +288,7 @@ async fn a_request_still_in_flight_at_the_deadline_is_a_straggler() {
 #[tokio::test(start_paused = true)]
 async fn a_panicking_task_is_recorded_and_does_not_take_the_coordinator_down() {
     let drain = builder().build().unwrap();
-    drain.spawn("bad-job", async {
+    drain.work().spawn("bad-job", async {
         tokio::time::sleep(Duration::from_millis(10)).await;
         panic!("boom");
     });
@@ -307,7 +309,7 @@ async fn recovery_runs_for_an_unfinished_task_before_it_is_aborted() {
     let queue = Arc::new(Mutex::new(Vec::<u32>::new()));
     let hurried = Arc::new(Mutex::new(None));
     let (h, q) = (hurried.clone(), queue.clone());
-    drain.tasks().spawn_with_recovery(
+    drain.work().spawn_with_recovery(
         "consumer",
         move |ctx| async move {
             ctx.hurry().cancelled().await;
@@ -338,8 +340,10 @@ async fn recovery_runs_for_an_unfinished_task_before_it_is_aborted() {
 #[tokio::test(start_paused = true)]
 async fn the_report_round_trips_and_holds_every_event() {
     let drain = builder().build().unwrap();
-    drain.on_close("db", || async { Ok::<_, std::io::Error>(()) });
-    drain.spawn("short", async {
+    drain
+        .work()
+        .on_close("db", || async { Ok::<_, std::io::Error>(()) });
+    drain.work().spawn("short", async {
         tokio::time::sleep(Duration::from_millis(50)).await;
     });
     drain.start(Trigger::PreStop);
@@ -403,7 +407,7 @@ async fn the_termination_summary_is_capped_and_written_to_the_log_path() {
         .unwrap();
     // 300 closers with long names: far more than 4096 bytes of summary.
     for i in 0..300 {
-        drain.on_close(
+        drain.work().on_close(
             format!("resource-with-a-long-descriptive-name-{i:04}"),
             || async { Ok::<_, std::io::Error>(()) },
         );
@@ -437,7 +441,7 @@ async fn a_missing_termination_log_is_not_an_error() {
 async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
     let drain = builder().drain_on_task_panic(true).build().unwrap();
     drain.readiness().mark_serving();
-    drain.spawn("exporter", async {
+    drain.work().spawn("exporter", async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         panic!("lost the connection");
     });
@@ -451,7 +455,8 @@ async fn a_panicking_task_starts_the_drain_when_asked_and_only_then() {
     // Without the setting the panic is recorded and nothing starts.
     let calm = builder().build().unwrap();
     calm.readiness().mark_serving();
-    calm.spawn("exporter", async { panic!("lost the connection") });
+    calm.work()
+        .spawn("exporter", async { panic!("lost the connection") });
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(calm.phase(), Phase::Serving);
     calm.start(Trigger::Api);
@@ -484,9 +489,9 @@ async fn the_report_says_what_path_it_measured() {
 #[tokio::test(start_paused = true)]
 async fn spawn_hands_back_tokios_handle_with_the_output_the_panic_and_the_abort() {
     let drain = builder().build().unwrap();
-    let answer = drain.spawn("compute", async { 6 * 7 });
+    let answer = drain.work().spawn("compute", async { 6 * 7 });
     assert_eq!(answer.await.unwrap(), 42);
-    let boom = drain.spawn("boom", async {
+    let boom = drain.work().spawn("boom", async {
         if drain_never_ends() {
             panic!("boom");
         }
@@ -496,9 +501,9 @@ async fn spawn_hands_back_tokios_handle_with_the_output_the_panic_and_the_abort(
         "the handle reports the panic"
     );
     let stuck = drain
-        .tasks()
+        .work()
         .spawn_cancellable("stuck", |_ctx| std::future::pending::<()>());
-    let named = drain.tasks().spawn_cancellable("stops", |ctx| async move {
+    let named = drain.work().spawn_cancellable("stops", |ctx| async move {
         ctx.drain_started().cancelled().await;
         ctx.stopped_accepting().cancelled().await;
         "stopped"
@@ -539,7 +544,7 @@ async fn a_worker_without_http_is_not_told_about_connections() {
         .build()
         .unwrap();
     drain
-        .tasks()
+        .work()
         .spawn_cancellable("consumer", |ctx| async move {
             ctx.drain_started().cancelled().await;
         });

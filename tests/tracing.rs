@@ -67,7 +67,9 @@ async fn a_drain_is_a_handful_of_info_events_with_fields() {
         .propagation(Propagation::fixed(Duration::from_millis(300)))
         .build()
         .unwrap();
-    drain.on_close("db", || async { Ok::<_, std::io::Error>(()) });
+    drain
+        .work()
+        .on_close("db", || async { Ok::<_, std::io::Error>(()) });
     let guard = drain.enter();
     drain.start(Trigger::Sigterm);
     tokio::time::sleep(Duration::from_millis(500)).await;

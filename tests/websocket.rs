@@ -18,7 +18,11 @@ async fn replica(spread: Duration) -> (Drain, std::net::SocketAddr) {
     let (listener, addr) = bind().await;
     let app = ws::router(&drain, Duration::from_millis(20), spread);
     tokio::spawn(lameduck::serve(listener, app, &drain));
-    within("the replica to serve", drain.reached(Phase::Serving)).await;
+    within(
+        "the replica to serve",
+        drain.moments().reached(Phase::Serving),
+    )
+    .await;
     (drain, addr)
 }
 
@@ -46,7 +50,11 @@ async fn sockets_get_going_away_at_stopped_accepting_and_reconnect_elsewhere() {
 
     let triggered = Instant::now();
     assert!(a.start(Trigger::Api));
-    within("A stops accepting", a.reached(Phase::StoppedAccepting)).await;
+    within(
+        "A stops accepting",
+        a.moments().reached(Phase::StoppedAccepting),
+    )
+    .await;
     let stopped = Instant::now();
     // Sockets keep the drain from in-flight zero until they are closed.
     assert!(

@@ -23,6 +23,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use lameduck::StreamStop;
 use lameduck::{ConnMeta, Drain};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
@@ -76,7 +77,9 @@ async fn events(
     };
     // Ends the stream at stopped_accepting (plus this stream's share of the window): after load
     // balancers stopped sending here, so the client's reconnection lands on another replica.
-    let stream = state.drain.stream_stop().spread(state.window).wrap(ticks);
+    let stream = StreamStop::new(&state.drain)
+        .spread(state.window)
+        .wrap(ticks);
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
 

@@ -44,7 +44,7 @@ async fn upgrade(State(ctx): State<Ctx>, ws: WebSocketUpgrade) -> Response {
     // a task of its own. Holding a guard there keeps it counted as in flight, so the drain
     // waits for the Close handshake instead of exiting under it.
     let guard = ctx.drain.enter();
-    let stop = ctx.drain.stream_stop().spread(ctx.spread);
+    let stop = StreamStop::new(&ctx.drain).spread(ctx.spread);
     ws.on_upgrade(move |socket| session(socket, ctx.every, stop, guard))
 }
 

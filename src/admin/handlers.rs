@@ -137,7 +137,7 @@ pub(super) async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Out
     // An answer is owed from now on: `Drain::run` does not return before the response body
     // holding this token is handed to the server (or the caller went away).
     let owed = s.drain.exit_holds().token();
-    let reached = s.drain.reached(target);
+    let reached = s.drain.moments().reached(target);
     // The drain is driven by its own task: giving up the wait (or the client going away)
     // never stops it.
     let on_time = match timeout.and_then(deadline_after) {
@@ -175,7 +175,7 @@ pub(super) async fn prometheus_metrics(State(s): State<Arc<AdminState>>, req: Re
     };
     // Sample now: between lifecycle events the gauges hold their last sample, and a scrape
     // should see this instant.
-    s.drain.metrics().record();
+    crate::Metrics::new(&s.drain).record();
     // Without the exporter's own listener nobody else runs its upkeep.
     handle.run_upkeep();
     let mut res = text(StatusCode::OK, handle.render());

@@ -1,6 +1,6 @@
 //! The admin listener: probes, the `preStop` drain endpoint, status, and a `preStop` client.
 //!
-//! `drain.admin().router()` ([`Drain::admin`]) builds an [`axum::Router`] for a **separate**
+//! `lameduck::AdminBuilder::new(&drain).router()` ([`AdminBuilder::new`]) builds an [`axum::Router`] for a **separate**
 //! listener that kubelet and operators talk to. It is not the service's traffic port and must
 //! not be in the Kubernetes Service.
 //!
@@ -36,7 +36,7 @@
 //! is trimmed: what kubelet's `httpGet` headers, `curl` and the bundled [`prestop`] client send
 //! verbatim. The router and the client check the same rule, and a token that breaks it is
 //! refused at startup, naming what is wrong, never the value: [`AdminBuilder::token`] returns
-//! an error, and so does [`Drain::builder`]'s `build` for `LAMEDUCK_ADMIN_TOKEN`.
+//! an error, and so does [`Drain::builder`](crate::Drain::builder)'s `build` for `LAMEDUCK_ADMIN_TOKEN`.
 //!
 //! # Serving it
 //!
@@ -49,10 +49,10 @@
 //! and a connection cap (64) that evicts the connection that owes least (idle, or a head or a
 //! body still arriving; never one whose client's bytes are not read yet), so slowloris
 //! connections, bodies that never come and connection floods cannot lock the probes out; and
-//! [`Drain::run`] does not return before every `/drain?wait=…` caller got its answer, fully
+//! [`Drain::run`](crate::Drain::run) does not return before every `/drain?wait=…` caller got its answer, fully
 //! written (bounded by the hard deadline), while connections that owe nothing close at once
 //! and never hold the exit.
-//! The router alone (`drain.admin().router()`) can be served by `axum::serve` too, without the
+//! The router alone (`lameduck::AdminBuilder::new(&drain).router()`) can be served by `axum::serve` too, without the
 //! timeout and the cap; `run` then waits until each `/drain` answer is handed to axum, not
 //! until it is written.
 //!
@@ -62,7 +62,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let drain = Drain::builder().build()?;
 //! let listener = tokio::net::TcpListener::bind("0.0.0.0:9901").await?;
-//! tokio::spawn(drain.admin().serve(listener));
+//! tokio::spawn(lameduck::AdminBuilder::new(&drain).serve(listener));
 //! # Ok(()) }
 //! ```
 //!
@@ -108,25 +108,3 @@ pub use prestop::{prestop, prestop_blocking, PrestopError, PrestopOptions};
 pub use query::Wait;
 pub use router::AdminBuilder;
 pub use serve::{AdminServe, DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_MAX_CONNECTIONS};
-
-use crate::drain::Drain;
-
-impl Drain {
-    /// A builder for the admin router, to set the token or the body limit.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # fn demo() -> Result<(), lameduck::ConfigError> {
-    /// let drain = lameduck::Drain::builder().build()?;
-    /// let admin: axum::Router = drain
-    ///     .admin()
-    ///     .token("s3cr3t-t0ken")?
-    ///     .body_limit(256)
-    ///     .router();
-    /// # Ok(()) }
-    /// ```
-    pub fn admin(&self) -> AdminBuilder {
-        AdminBuilder::new(self.clone())
-    }
-}

@@ -38,7 +38,7 @@ enum TokenSetting {
     Off,
 }
 
-/// Builds the admin router: [`Drain::admin`](crate::Drain::admin) → settings →
+/// Builds the admin router: [`AdminBuilder::new`](crate::AdminBuilder::new) → settings →
 /// [`router`](Self::router).
 ///
 /// # Examples
@@ -46,7 +46,7 @@ enum TokenSetting {
 /// ```
 /// # fn demo() -> Result<(), lameduck::ConfigError> {
 /// let drain = lameduck::Drain::builder().build()?;
-/// let admin: axum::Router = drain.admin().token("s3cr3t-t0ken")?.router();
+/// let admin: axum::Router = lameduck::AdminBuilder::new(&drain).token("s3cr3t-t0ken")?.router();
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -81,9 +81,22 @@ impl fmt::Debug for AdminBuilder {
 }
 
 impl AdminBuilder {
-    pub(crate) fn new(drain: Drain) -> Self {
+    /// A builder for `drain`'s admin router, to set the token or the body limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn demo() -> Result<(), lameduck::ConfigError> {
+    /// let drain = lameduck::Drain::builder().build()?;
+    /// let admin: axum::Router = lameduck::AdminBuilder::new(&drain)
+    ///     .token("s3cr3t-t0ken")?
+    ///     .body_limit(256)
+    ///     .router();
+    /// # Ok(()) }
+    /// ```
+    pub fn new(drain: &Drain) -> Self {
         Self {
-            drain,
+            drain: drain.clone(),
             token: TokenSetting::FromEnv,
             body_limit: DEFAULT_BODY_LIMIT,
             header_read_timeout: super::DEFAULT_ADMIN_HEADER_READ_TIMEOUT,
@@ -150,7 +163,7 @@ impl AdminBuilder {
     /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// let handle = lameduck::drain_metrics::prometheus_builder().install_recorder()?;
     /// let drain = lameduck::Drain::builder().build()?;
-    /// let admin: axum::Router = drain.admin().prometheus(handle).router();
+    /// let admin: axum::Router = lameduck::AdminBuilder::new(&drain).prometheus(handle).router();
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "prometheus")]
@@ -209,7 +222,7 @@ impl AdminBuilder {
     /// async fn main() -> Result<lameduck::DrainReport, Box<dyn std::error::Error>> {
     ///     let drain = lameduck::Drain::builder().build()?;
     ///     let admin = tokio::net::TcpListener::bind("0.0.0.0:9901").await?;
-    ///     tokio::spawn(drain.admin().serve(admin));
+    ///     tokio::spawn(lameduck::AdminBuilder::new(&drain).serve(admin));
     ///     // ... serve the app ...
     ///     Ok(drain.run().await) // once every admin answer is written; exits with its code
     /// }

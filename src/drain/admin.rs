@@ -59,6 +59,7 @@ impl Drain {
             .record()
             .probe_sources()
             .record(probe, phase == Phase::Draining);
-        self.readiness_in(phase, probe.caller(), &probe.describe())
+        self.readiness()
+            .readiness_in(phase, probe.caller(), &probe.describe())
     }
 }

@@ -22,7 +22,7 @@ use crate::vocab::phase::{unix_ms_now, Trigger};
 /// `proxy_label` (see [`DrainBuilder::proxy_label`]).
 pub const PROXY_LABEL_ENV: &str = "LAMEDUCK_PROXY_LABEL";
 
-/// Builds a [`Drain`]. Every setting has a default; [`build`](Self::build) validates them.
+/// Builds a [`Drain`](crate::Drain). Every setting has a default; [`build`](Self::build) validates them.
 /// # Examples
 ///
 /// ```
@@ -111,7 +111,7 @@ impl DrainBuilder {
         self
     }
 
-    /// Which OS signals [`Drain::run`] listens to. Default [`Signals::default`], with the
+    /// Which OS signals [`Drain::run`](crate::Drain::run) listens to. Default [`Signals::default`], with the
     /// stop signal from env `LAMEDUCK_STOP_SIGNAL` (else SIGTERM).
     pub fn signals(mut self, s: Signals) -> Self {
         self.signals = Some(s);
@@ -167,7 +167,7 @@ impl DrainBuilder {
     }
 
     /// Start the drain (trigger `task_panic`) when a background task started with
-    /// [`Drain::spawn`] and friends panics: a process whose must-finish work died is better
+    /// [`Work::spawn`](crate::Work::spawn) and friends panics: a process whose must-finish work died is better
     /// replaced than left serving half-broken. Default `false`: the panic is recorded in the
     /// report (`tasks`) and the process goes on.
     ///
@@ -184,7 +184,7 @@ impl DrainBuilder {
     ///     # .signals(Signals::none()).report_to_stderr(false).termination_log(None)
     ///     .build()
     ///     .unwrap();
-    /// drain.spawn("exporter", async { panic!("lost the connection") });
+    /// drain.work().spawn("exporter", async { panic!("lost the connection") });
     /// let report = drain.drained().await;
     /// assert_eq!(report.trigger, Some(Trigger::TaskPanic));
     /// assert_eq!(report.tasks[0].result, TaskResult::Panicked);
@@ -291,7 +291,7 @@ impl DrainBuilder {
         if self.drain_on_task_panic {
             // Weak: the hook lives in the driver it would otherwise keep alive.
             let weak = Arc::downgrade(&driver);
-            driver.tasks.set_on_panic(Arc::new(move |name: &str| {
+            driver.work.tasks().set_on_panic(Arc::new(move |name: &str| {
                 if let Some(driver) = weak.upgrade() {
                     tracing::warn!(task = %name, "lameduck: a task panicked; starting the drain");
                     driver.start(Trigger::TaskPanic, Instant::now(), unix_ms_now(), false);
@@ -302,7 +302,8 @@ impl DrainBuilder {
         driver.progress().observe();
         Ok(Drain {
             inner: Arc::new(Inner {
-                readiness: ReadinessState::new(self.readiness),
+                readiness: Arc::new(ReadinessState::new(self.readiness)),
+                work: driver.work.clone(),
                 driver,
                 signals,
             }),

@@ -1,11 +1,14 @@
 //! What the drain is waiting for, counted now: requests, connections, background tasks.
 
-use super::Drain;
+use std::sync::Arc;
 
-/// The work a [`Drain`] counts: requests in flight, open connections, background tasks.
+use crate::lifecycle::Driver;
+
+/// The work a [`Drain`](crate::Drain) counts: requests in flight, open connections, background tasks.
 ///
-/// Returned by [`Drain::counts`]; it borrows the drain, and each method reads its count when
-/// called (a request count is one atomic load). [`Drain::status`] carries the same three in
+/// Returned by [`Drain::counts`](crate::Drain::counts): a cheap clone, `'static`, that owns
+/// what it counts. Each method reads its count when
+/// called (a request count is one atomic load). [`Drain::status`](crate::Drain::status) carries the same three in
 /// one snapshot, with the rest of `/status`.
 ///
 /// # Examples
@@ -20,28 +23,28 @@ use super::Drain;
 /// assert_eq!(drain.counts().connections(), 0); // none on `lameduck::serve` listeners
 /// assert_eq!(drain.counts().tasks(), 0);
 /// ```
-#[derive(Clone, Copy, Debug)]
-pub struct Counts<'a> {
-    drain: &'a Drain,
+#[derive(Clone, Debug)]
+pub struct Counts {
+    driver: Arc<Driver>,
 }
 
-impl<'a> Counts<'a> {
-    pub(super) fn new(drain: &'a Drain) -> Self {
-        Self { drain }
+impl Counts {
+    pub(super) fn new(driver: Arc<Driver>) -> Self {
+        Self { driver }
     }
 
     /// Requests (guards) in flight now.
     pub fn in_flight(&self) -> usize {
-        self.drain.core().counter.count()
+        self.driver.core.counter.count()
     }
 
     /// Open connections on `lameduck::serve` listeners.
     pub fn connections(&self) -> usize {
-        self.drain.inner.driver.progress().connections()
+        self.driver.progress().connections()
     }
 
     /// Background tasks still running.
     pub fn tasks(&self) -> usize {
-        self.drain.inner.driver.tasks.len()
+        self.driver.work.running()
     }
 }

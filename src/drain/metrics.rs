@@ -3,37 +3,40 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use super::Drain;
+use crate::lifecycle::Driver;
 use crate::lifecycle::Observer;
 use crate::vocab::phase::Phase;
-
-impl Drain {
-    /// The drain's metrics: sample them now, or on a period.
-    pub fn metrics(&self) -> Metrics<'_> {
-        Metrics { drain: self }
-    }
-}
 
 /// The drain's metrics (feature `metrics`): [`record`](Self::record) samples them now,
 /// [`spawn_updater`](Self::spawn_updater) on a period. The metrics themselves are listed in
 /// [`drain_metrics`](crate::drain_metrics).
 ///
-/// Returned by [`Drain::metrics`]; it borrows the drain.
+/// Built with [`Metrics::new`]: a cheap clone, `'static`, that owns what it samples.
 ///
 /// # Examples
 ///
 /// ```
 /// # fn demo() -> Result<(), lameduck::ConfigError> {
 /// let drain = lameduck::Drain::builder().build()?;
-/// drain.metrics().record(); // every gauge, from the counters now
+/// lameduck::Metrics::new(&drain).record(); // every gauge, from the counters now
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Copy, Debug)]
-pub struct Metrics<'a> {
-    drain: &'a Drain,
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    driver: Arc<Driver>,
 }
 
-impl Metrics<'_> {
+impl Metrics {
+    /// The metrics of `drain`.
+    pub fn new(drain: &Drain) -> Self {
+        Self {
+            driver: Arc::clone(&drain.inner.driver),
+        }
+    }
+
     /// Sets every gauge (`lameduck_in_flight_requests`, `lameduck_open_connections`,
     /// `lameduck_background_tasks`, `lameduck_phase`) and the
     /// `lameduck_requests_after_flip_total` counters from the coordinator's counters now.
@@ -51,11 +54,11 @@ impl Metrics<'_> {
     /// # fn demo() -> Result<(), lameduck::ConfigError> {
     /// let drain = lameduck::Drain::builder().build()?;
     /// let _guard = drain.enter();
-    /// drain.metrics().record(); // lameduck_in_flight_requests = 1
+    /// lameduck::Metrics::new(&drain).record(); // lameduck_in_flight_requests = 1
     /// # Ok(()) }
     /// ```
     pub fn record(&self) {
-        crate::drain_metrics::Recorder.sampled(&self.drain.inner.driver.progress().sample());
+        crate::drain_metrics::Recorder.sampled(&self.driver.progress().sample());
     }
 
     /// Spawns a task that calls [`record`](Self::record) every `period`, for
@@ -76,7 +79,7 @@ impl Metrics<'_> {
     /// let drain = lameduck::Drain::builder()
     ///     # .signals(lameduck::Signals::none()).report_to_stderr(false)
     ///     .build()?;
-    /// let updater = drain.metrics().spawn_updater(Duration::from_secs(5));
+    /// let updater = lameduck::Metrics::new(&drain).spawn_updater(Duration::from_secs(5));
     ///
     /// drain.start(lameduck::Trigger::Api);
     /// drain.drained().await;
@@ -92,18 +95,20 @@ impl Metrics<'_> {
             !period.is_zero(),
             "the metrics updater's period must not be zero"
         );
-        let drain = self.drain.clone();
+        let metrics = self.clone();
+        let done = self.driver.progress().subscribe();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             // After a stall, one sample is enough: a burst of catch-up samples says nothing new.
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let done = drain.reached(Phase::Done);
+            let mut done = done;
+            let done = done.wait_for(|p| *p >= Phase::Done);
             tokio::pin!(done);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => drain.metrics().record(),
-                    () = &mut done => {
-                        drain.metrics().record();
+                    _ = tick.tick() => metrics.record(),
+                    _ = &mut done => {
+                        metrics.record();
                         return;
                     }
                 }
@@ -197,7 +202,7 @@ mod tests {
             core.observed().note_request(true);
 
             // Mid-drain sample: the totals so far, without any per-request recording.
-            drain.metrics().record();
+            crate::Metrics::new(&drain).record();
             let r = Reading::take(&snap);
             let new = r.get(
                 MetricKind::Counter,

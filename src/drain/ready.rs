@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use super::Drain;
-use crate::readiness::{Caller, ReadinessAnswer};
+use crate::lifecycle::Driver;
+use crate::readiness::{Caller, ReadinessAnswer, ReadinessState};
 use crate::vocab::phase::Phase;
 use crate::vocab::phase::ReadinessWhileDraining;
 
@@ -14,7 +14,7 @@ use crate::vocab::phase::ReadinessWhileDraining;
 #[derive(Debug)]
 #[must_use = "readiness stays false until the gate is opened"]
 pub struct StartupGate {
-    drain: Drain,
+    readiness: Readiness,
     index: usize,
     opened: bool,
 }
@@ -23,9 +23,9 @@ impl StartupGate {
     /// Opens the gate. When it was the last closed one, the phase moves to Serving.
     pub fn open(mut self) {
         self.opened = true;
-        let name = self.drain.inner.readiness.open_gate(self.index);
+        let name = self.readiness.state.open_gate(self.index);
         tracing::info!(gate = %name, "lameduck: startup gate opened");
-        self.drain.maybe_serving();
+        self.readiness.maybe_serving();
     }
 }
 
@@ -33,17 +33,17 @@ impl Drop for StartupGate {
     fn drop(&mut self) {
         if !self.opened {
             tracing::warn!(
-                gate = %self.drain.inner.readiness.gate_name(self.index),
+                gate = %self.readiness.state.gate_name(self.index),
                 "lameduck: startup gate dropped without open(); readiness stays false"
             );
         }
     }
 }
 
-/// Readiness on a [`Drain`]: startup gates, readiness checks, and what `/readyz` answers.
+/// Readiness on a [`Drain`](crate::Drain): startup gates, readiness checks, and what `/readyz` answers.
 ///
-/// Returned by [`Drain::readiness`]; it borrows the drain, so take a new one where you need
-/// it.
+/// Returned by [`Drain::readiness`](crate::Drain::readiness). It owns what it reads (the gates and checks, and the
+/// lifecycle's phase): a cheap clone, `'static`, to keep where readiness is decided.
 ///
 /// # Examples
 ///
@@ -60,19 +60,20 @@ impl Drop for StartupGate {
 /// assert!(drain.readiness().is_ready());
 /// # }
 /// ```
-#[derive(Clone, Copy, Debug)]
-pub struct Readiness<'a> {
-    drain: &'a Drain,
+#[derive(Clone, Debug)]
+pub struct Readiness {
+    state: Arc<ReadinessState>,
+    driver: Arc<Driver>,
 }
 
-impl<'a> Readiness<'a> {
-    pub(super) fn new(drain: &'a Drain) -> Self {
-        Self { drain }
+impl Readiness {
+    pub(super) fn new(state: Arc<ReadinessState>, driver: Arc<Driver>) -> Self {
+        Self { state, driver }
     }
 
     /// A startup gate named `name`. Readiness is false until every gate is opened.
     ///
-    /// Create every gate before the phase can turn Serving — before [`Drain::run`] or the
+    /// Create every gate before the phase can turn Serving — before [`Drain::run`](crate::Drain::run) or the
     /// server starts — since opening the last closed gate (or starting with none) makes the
     /// service ready.
     /// # Examples
@@ -93,20 +94,19 @@ impl<'a> Readiness<'a> {
     ///     // ... load the cache ...
     ///     cache.open();
     /// });
-    /// drain.reached(Phase::Serving).await;
+    /// drain.moments().reached(Phase::Serving).await;
     /// assert!(drain.readiness().is_ready());
     /// # }
     /// ```
     pub fn startup_gate(&self, name: impl Into<String>) -> StartupGate {
-        let drain = self.drain;
         let name = name.into();
-        let index = drain.inner.readiness.add_gate(name.clone());
-        drain.inner.driver.record().note_gate();
-        if drain.phase() != Phase::Starting {
+        let index = self.state.add_gate(name.clone());
+        self.driver.record().note_gate();
+        if self.driver.progress().phase() != Phase::Starting {
             tracing::warn!(gate = %name, "lameduck: startup gate created after startup; it only affects readiness reporting");
         }
         StartupGate {
-            drain: drain.clone(),
+            readiness: self.clone(),
             index,
             opened: false,
         }
@@ -141,16 +141,16 @@ impl<'a> Readiness<'a> {
         F: Fn() -> Result<(), E> + Send + Sync + 'static,
         E: Into<crate::work::closers::BoxError>,
     {
-        self.drain.inner.readiness.add_check(
+        self.state.add_check(
             name.into(),
             Arc::new(move || check().map_err(|e| e.into().to_string())),
         );
     }
 
     /// Marks startup complete if no gate is closed (Starting → Serving). Called by
-    /// [`Drain::run`], by `serve`, and when the last gate opens.
+    /// [`Drain::run`](crate::Drain::run), by `serve`, and when the last gate opens.
     pub fn mark_serving(&self) {
-        self.drain.maybe_serving();
+        self.maybe_serving();
     }
 
     /// `true` when `/readyz` answers 200 to callers other than kubelet's probe (see
@@ -162,35 +162,35 @@ impl<'a> Readiness<'a> {
     /// Readiness with its reason and every check, as a caller other than kubelet's probe sees
     /// it (see [`ReadinessWhileDraining::Auto`]).
     pub fn answer(&self) -> ReadinessAnswer {
-        self.drain.readiness_for(Caller::Other)
+        self.readiness_for(Caller::Other)
     }
 
     /// The readiness policy in force.
     pub fn policy(&self) -> ReadinessWhileDraining {
-        self.drain.inner.readiness.policy()
+        self.state.policy()
     }
 }
 
-impl Drain {
+impl Readiness {
     fn maybe_serving(&self) {
-        if self.inner.readiness.all_gates_open() {
-            self.inner.driver.progress().mark_serving();
+        if self.state.all_gates_open() {
+            self.driver.progress().mark_serving();
         }
     }
 
     /// Readiness as `caller` sees it: `/readyz` passes who asked.
     pub(crate) fn readiness_for(&self, caller: Caller) -> ReadinessAnswer {
-        self.readiness_in(self.phase(), caller, caller.describe())
+        self.readiness_in(self.driver.progress().phase(), caller, caller.describe())
     }
 
     /// Readiness in `phase` as `caller` (described as `who`) sees it, with the propagation
     /// evidence once draining.
-    pub(super) fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> ReadinessAnswer {
+    pub(crate) fn readiness_in(&self, phase: Phase, caller: Caller, who: &str) -> ReadinessAnswer {
         let evidence = if phase >= Phase::Draining {
-            self.inner.driver.evidence_now().map(|e| e.describe())
+            self.driver.evidence_now().map(|e| e.describe())
         } else {
             None
         };
-        self.inner.readiness.evaluate(phase, caller, who, evidence)
+        self.state.evaluate(phase, caller, who, evidence)
     }
 }

@@ -266,7 +266,7 @@ impl EndpointWatch {
         );
         let drain = drain.clone();
         tokio::spawn(async move {
-            let done = drain.reached(Phase::Done);
+            let done = drain.moments().reached(Phase::Done);
             tokio::select! {
                 () = self.run(&drain, pod, namespace, &mut gate) => {}
                 () = done => {}

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use crate::hot::guard::Core;
 use crate::report::{Straggler, StragglerCounts, StragglerKind};
-use crate::work::tasks::Tasks;
+use crate::work::tasks::TaskSet;
 
 /// What was cut: the named stragglers (at most [`Straggler::NAMED_PER_KIND`] of each kind,
 /// the oldest) and the counts of all.
@@ -18,7 +18,7 @@ pub(super) struct Cut {
 
 /// Everything still running at `now`: described requests, responses stalled on a slow
 /// reader, undescribed guards, and tasks.
-pub(super) fn collect(core: &Core, tasks: &Tasks, now: Instant, origin: Instant) -> Cut {
+pub(super) fn collect(core: &Core, tasks: &TaskSet, now: Instant, origin: Instant) -> Cut {
     let mut cut = in_flight_work(core, now, origin, Straggler::NAMED_PER_KIND);
     let (running, total) = tasks.oldest_running(Straggler::NAMED_PER_KIND);
     cut.counts.add(StragglerKind::Task, total as u64);
@@ -76,7 +76,7 @@ pub(super) fn in_flight_work(core: &Core, now: Instant, origin: Instant, keep: u
 
 /// Lets the tasks cut at the deadline recover (by `hard`, the hard deadline) before they are
 /// aborted, and notes each recovery on its straggler (those named).
-pub(super) async fn recover(stragglers: &mut [Straggler], tasks: &Tasks, hard: Instant) {
+pub(super) async fn recover(stragglers: &mut [Straggler], tasks: &TaskSet, hard: Instant) {
     for (name, result) in tasks.recover_and_abort(hard).await {
         let task = |s: &&mut Straggler| {
             s.kind == StragglerKind::Task && s.name == name && s.recovery.is_none()

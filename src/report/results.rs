@@ -136,7 +136,7 @@ pub struct TaskEnd {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct CloserResult {
-    /// The name given to [`Drain::on_close`](crate::Drain::on_close).
+    /// The name given to [`Work::on_close`](crate::Work::on_close).
     pub name: String,
     /// How long it took, in milliseconds.
     pub took_ms: u64,

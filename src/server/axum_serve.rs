@@ -42,7 +42,7 @@ use crate::server::ConnMeta;
 /// * Marks startup complete ([`Readiness::mark_serving`](crate::Readiness::mark_serving)) when
 ///   it starts.
 /// * Keeps accepting while Draining; stops accepting at `stopped_accepting`
-///   ([`Drain::stopped_accepting`]), when axum closes its listener and idle connections and sends
+///   ([`Moments::stopped_accepting`](crate::Moments::stopped_accepting)), when axum closes its listener and idle connections and sends
 ///   HTTP/2 connections a GOAWAY.
 /// * Attaches a [`ConnMeta`] per connection, so the [`DrainLayer`](crate::DrainLayer) counts
 ///   requests on new versus reused connections and new connections feed the propagation
@@ -120,7 +120,7 @@ pub fn serve(listener: TcpListener, router: Router, drain: &Drain) -> AxumServe 
     let router = router.with_state(());
     let core = drain.core();
     let server = axum::serve(listener, WithConnMeta { router, core })
-        .with_graceful_shutdown(drain.stopped_accepting().cancelled_owned())
+        .with_graceful_shutdown(drain.moments().stopped_accepting().cancelled_owned())
         .into_future();
     let deadline = drain.moments().deadline_exceeded();
     AxumServe {

@@ -106,7 +106,7 @@ impl Drain {
 /// A `101 Switching Protocols` response ends the HTTP exchange: its guard is released with its
 /// empty body, so an upgraded connection (a WebSocket) is no longer counted. Take a guard with
 /// [`Drain::enter`] in the task that serves the socket, and end that task with
-/// [`Drain::stream_stop`].
+/// [`StreamStop::new`](crate::StreamStop::new).
 ///
 /// # Options
 ///

@@ -31,42 +31,11 @@ fn spread_fraction(n: u64) -> f64 {
     (n as f64 * PHI_FRAC).fract()
 }
 
-impl Drain {
-    /// A future that resolves at `stopped_accepting`: end a long-lived stream now.
-    ///
-    /// Wrap a body or a `Stream` with [`StreamStop::wrap`] to end it cleanly at that moment;
-    /// [`StreamStop::spread`] spreads the ends of many streams over a window.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use lameduck::{Drain, Propagation, Signals, Trigger};
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// let drain = Drain::builder()
-    ///     .propagation(Propagation::fixed(Duration::from_secs(2)))
-    ///     .signals(Signals::none())
-    ///     .report_to_stderr(false)
-    ///     .build()
-    ///     .unwrap();
-    /// let stop = drain.stream_stop();
-    /// drain.start(Trigger::Api);
-    /// stop.await; // two seconds later, at stopped_accepting
-    /// assert!(drain.phase() >= lameduck::Phase::StoppedAccepting);
-    /// # }
-    /// ```
-    pub fn stream_stop(&self) -> StreamStop {
-        StreamStop::new(self)
-    }
-}
-
 pin_project! {
     /// Resolves when a long-lived stream should end: at `stopped_accepting`, plus this
     /// stream's offset when [`spread`](Self::spread).
     ///
-    /// Created by [`Drain::stream_stop`].
+    /// Created by [`StreamStop::new`].
     ///
     /// # Cancel safety
     ///
@@ -96,10 +65,36 @@ pin_project! {
 }
 
 impl StreamStop {
-    fn new(drain: &Drain) -> Self {
+    /// A future that resolves at `stopped_accepting`: end a long-lived stream now.
+    ///
+    /// Wrap a body or a `Stream` with [`StreamStop::wrap`] to end it cleanly at that moment;
+    /// [`StreamStop::spread`] spreads the ends of many streams over a window.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lameduck::{Drain, Propagation, Signals, Trigger};
+    /// use lameduck::StreamStop;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let drain = Drain::builder()
+    ///     .propagation(Propagation::fixed(Duration::from_secs(2)))
+    ///     .signals(Signals::none())
+    ///     .report_to_stderr(false)
+    ///     .build()
+    ///     .unwrap();
+    /// let stop = lameduck::StreamStop::new(&drain);
+    /// drain.start(Trigger::Api);
+    /// stop.await; // two seconds later, at stopped_accepting
+    /// assert!(drain.phase() >= lameduck::Phase::StoppedAccepting);
+    /// # }
+    /// ```
+    pub fn new(drain: &Drain) -> Self {
         Self {
             state: StopState::Waiting {
-                stopped: drain.stopped_accepting().cancelled_owned(),
+                stopped: drain.moments().stopped_accepting().cancelled_owned(),
             },
             offset: Duration::ZERO,
             drain: drain.clone(),
@@ -128,7 +123,7 @@ impl StreamStop {
     ///     .build()
     ///     .unwrap();
     /// // One per stream; thousands of them end spread over 10 s instead of all at once.
-    /// let stops: Vec<_> = (0..3).map(|_| drain.stream_stop().spread(Duration::from_secs(10))).collect();
+    /// let stops: Vec<_> = (0..3).map(|_| lameduck::StreamStop::new(&drain).spread(Duration::from_secs(10))).collect();
     /// assert!(stops.iter().all(|s| s.offset() < Duration::from_secs(10)));
     /// drain.start(Trigger::Api);
     /// for stop in stops {
@@ -171,7 +166,7 @@ impl StreamStop {
     ///         }
     ///     });
     ///     let stream = as_stream(rx); // any `futures_core::Stream` of events
-    ///     let stream = drain.stream_stop().spread(Duration::from_secs(5)).wrap(stream);
+    ///     let stream = lameduck::StreamStop::new(&drain).spread(Duration::from_secs(5)).wrap(stream);
     ///     Response::new(Body::from_stream(stream))
     /// }
     /// # fn as_stream<T>(rx: tokio::sync::mpsc::Receiver<T>) -> impl futures_core::Stream<Item = T> + Send + 'static

@@ -89,7 +89,7 @@ impl Closers {
     }
 }
 
-/// How a resource closer is bounded: [`Tasks::on_close_with`](crate::Tasks::on_close_with).
+/// How a resource closer is bounded: [`Work::on_close_with`](crate::Work::on_close_with).
 ///
 /// By default a closer gets a fair share of what is left of the close budget when its turn
 /// comes (what is left before the hard deadline, divided by the closers still to run). A
@@ -109,7 +109,7 @@ impl Closers {
 /// # let _ = (pool, exporter);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[must_use = "options do nothing until passed to `Tasks::on_close_with`"]
+#[must_use = "options do nothing until passed to `Work::on_close_with`"]
 pub struct CloseOptions {
     timeout: Option<Duration>,
     critical: bool,

@@ -63,7 +63,7 @@ impl TaskContext {
     /// #     .report_to_stderr(false).termination_log(None).build().unwrap();
     /// use lameduck::{Phase, Trigger};
     ///
-    /// let moments = drain.tasks().spawn_cancellable("pusher", |cx| async move {
+    /// let moments = drain.work().spawn_cancellable("pusher", |cx| async move {
     ///     cx.drain_started().cancelled().await; // stop taking new subscribers
     ///     cx.stopped_accepting().cancelled().await; // now end the open streams
     ///     "ended"
@@ -130,15 +130,15 @@ struct Unfinished {
 pub(crate) type OnPanic = Arc<dyn Fn(&str) + Send + Sync>;
 
 #[derive(Default)]
-pub(crate) struct Tasks {
+pub(crate) struct TaskSet {
     pub(crate) tracker: TaskTracker,
     registry: Arc<Mutex<Registry>>,
     on_panic: std::sync::OnceLock<OnPanic>,
 }
 
-impl std::fmt::Debug for Tasks {
+impl std::fmt::Debug for TaskSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tasks")
+        f.debug_struct("TaskSet")
             .field("tracker", &self.tracker)
             .field("registry", &self.registry)
             .field("on_panic", &self.on_panic.get().is_some())
@@ -198,7 +198,7 @@ impl Drop for TaskEndGuard {
     }
 }
 
-impl Tasks {
+impl TaskSet {
     /// Sets what happens when a task panics (once; later calls are ignored).
     pub(crate) fn set_on_panic(&self, f: OnPanic) {
         let _ = self.on_panic.set(f);

@@ -52,7 +52,7 @@ async fn drain_waits_for_the_whole_drain_by_default() {
     let addr = serve_with_token(&drain).await;
     let guard = drain.enter();
     let pending = tokio::spawn(drain_call(addr, "/drain"));
-    drain.reached(Phase::StoppedAccepting).await;
+    drain.moments().reached(Phase::StoppedAccepting).await;
     drop(guard);
     let a = within("the /drain answer", pending).await.unwrap();
     assert_eq!(a.status, StatusCode::OK);

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::common::{bind, ms, quiet_builder, secs, within, PATIENCE};
 use crate::TOKEN;
+use lameduck::AdminBuilder;
 
 /// What kubelet's HTTP prober sends (Go's client, keep-alives off).
 fn kubelet_request(path: &str) -> String {
@@ -75,7 +76,7 @@ async fn body_never_comes(addr: SocketAddr, target: &str, body: Pending, token: 
 }
 
 fn admin(drain: &Drain, token: bool) -> lameduck::admin::AdminBuilder {
-    let b = drain.admin();
+    let b = AdminBuilder::new(drain);
     if token {
         b.token(TOKEN).unwrap()
     } else {
@@ -147,8 +148,7 @@ async fn a_drain_body_that_never_comes_is_refused_in_time_and_changes_nothing() 
     drain.readiness().mark_serving();
     let (listener, addr) = bind().await;
     tokio::spawn(
-        drain
-            .admin()
+        AdminBuilder::new(&drain)
             .without_token()
             .header_read_timeout(ms(300))
             .serve(listener),
@@ -239,8 +239,7 @@ impl HeldAdmin {
                 drain.readiness().mark_serving();
                 let (listener, addr) = bind().await;
                 tokio::spawn(
-                    drain
-                        .admin()
+                    AdminBuilder::new(&drain)
                         .without_token()
                         .max_connections(cap)
                         .serve(listener),

@@ -28,6 +28,7 @@ use lameduck::{Drain, DrainBuilder, Phase, Propagation, Status};
 use tokio::net::TcpStream;
 
 use common::{bind, ms, quiet_builder, secs, text, within};
+use lameduck::AdminBuilder;
 
 pub(crate) const TOKEN: &str = "s3cr3t-t0ken";
 
@@ -57,12 +58,12 @@ pub(crate) async fn serve(router: Router) -> SocketAddr {
 
 /// Serves `drain`'s admin router with the test token.
 pub(crate) async fn serve_with_token(drain: &Drain) -> SocketAddr {
-    serve(drain.admin().token(TOKEN).unwrap().router()).await
+    serve(AdminBuilder::new(drain).token(TOKEN).unwrap().router()).await
 }
 
 /// Serves `drain`'s admin router with no token.
 pub(crate) async fn serve_open(drain: &Drain) -> SocketAddr {
-    serve(drain.admin().without_token().router()).await
+    serve(AdminBuilder::new(drain).without_token().router()).await
 }
 
 pub(crate) struct Answer {

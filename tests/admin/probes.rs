@@ -31,7 +31,7 @@ async fn livez_answers_ok_through_the_whole_lifecycle() {
     let guard = drain.enter();
     drain.start(Trigger::Api);
     check(get(addr, "/livez").await);
-    drain.reached(Phase::StoppedAccepting).await;
+    drain.moments().reached(Phase::StoppedAccepting).await;
     check(get(addr, "/livez").await);
     seen.push(drain.phase());
     drop(guard);
@@ -143,7 +143,7 @@ async fn readyz_stays_ready_until_stop_under_serving_until_stop() {
     if drain.phase() == Phase::Draining {
         assert_eq!((a.status, a.body.as_str()), (StatusCode::OK, "ok"));
     }
-    drain.reached(Phase::StoppedAccepting).await;
+    drain.moments().reached(Phase::StoppedAccepting).await;
     let a = get(addr, "/readyz").await;
     assert_eq!(
         (a.status, a.body.as_str()),
@@ -195,7 +195,7 @@ async fn status_reports_phase_counts_and_timeline() {
     assert_eq!((head.status, head.body.as_str()), (StatusCode::OK, ""));
 
     drain.start(Trigger::Api);
-    drain.reached(Phase::StoppedAccepting).await;
+    drain.moments().reached(Phase::StoppedAccepting).await;
     let s = get(addr, "/status").await.json();
     assert_eq!(s.phase, Phase::StoppedAccepting);
     assert_eq!(s.trigger, Some(Trigger::Api));

@@ -6,6 +6,7 @@ use lameduck::admin::{prestop, PrestopOptions};
 use lameduck::Phase;
 
 use crate::{drain_call, empty, get, request, send, serve, serve_with_token, serving, TOKEN};
+use lameduck::AdminBuilder;
 
 #[tokio::test]
 async fn token_is_required_accepted_and_rejected() {
@@ -59,7 +60,7 @@ async fn a_token_no_request_could_carry_is_refused_by_the_builder() {
         ("s3cr3t\tt0ken", "holds a tab at character 7"),
         ("s3crét-t0ken", "holds a non-ASCII character at character 5"),
     ] {
-        let e = drain.admin().token(token).unwrap_err();
+        let e = AdminBuilder::new(&drain).token(token).unwrap_err();
         let said = e.to_string();
         assert!(e.is_parse(), "{token:?}: {said}");
         assert!(
@@ -88,7 +89,7 @@ async fn the_router_and_the_prestop_client_agree_on_every_accepted_token() {
         "  padded-by-a-secret-file\n",
     ] {
         let drain = serving();
-        let addr = serve(drain.admin().token(token).unwrap().router()).await;
+        let addr = serve(AdminBuilder::new(&drain).token(token).unwrap().router()).await;
         let options = PrestopOptions {
             token: Some(token.to_owned()),
             wait: lameduck::admin::Wait::None,
@@ -102,7 +103,7 @@ async fn the_router_and_the_prestop_client_agree_on_every_accepted_token() {
     // Over the longest, both refuse: the builder, and the client before it sends anything.
     let drain = serving();
     let longer = "x".repeat(4097);
-    assert!(drain.admin().token(longer.as_str()).is_err());
+    assert!(AdminBuilder::new(&drain).token(longer.as_str()).is_err());
     let addr = serve_with_token(&drain).await;
     let options = PrestopOptions {
         token: Some(longer),
@@ -118,7 +119,7 @@ async fn token_defaults_to_the_environment() {
     // The only test that touches this variable; every other router sets its token explicitly.
     std::env::set_var(lameduck::admin::ADMIN_TOKEN_ENV, format!("  {TOKEN}\n"));
     let drain = serving();
-    let addr = serve(drain.admin().router()).await;
+    let addr = serve(AdminBuilder::new(&drain).router()).await;
     let options = PrestopOptions::from_env();
     std::env::remove_var(lameduck::admin::ADMIN_TOKEN_ENV);
     assert_eq!(options.token.as_deref(), Some(TOKEN));

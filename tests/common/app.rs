@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{bind, eventually, h1, has_event, send1, text, within};
+use lameduck::StreamStop;
 
 /// A response body fed by a channel: it ends when the sender is dropped.
 pub struct ChannelBody(pub mpsc::Receiver<Bytes>);
@@ -138,7 +139,7 @@ pub fn app(drain: &Drain, probe: Probe) -> axum::Router {
         with_conn(conn_id(&req), AxBody::new(endless()).into_response())
     }
     async fn events(State(st): State<AppState>, req: AxRequest) -> axum::response::Response {
-        let body = st.drain.stream_stop().wrap(endless());
+        let body = StreamStop::new(&st.drain).wrap(endless());
         with_conn(conn_id(&req), AxBody::new(body).into_response())
     }
     use axum::response::IntoResponse;

@@ -115,11 +115,11 @@ fn connection_builder(
 async fn listener_closes(drain: &Drain, keep_listening: bool) {
     if keep_listening {
         tokio::select! {
-            () = drain.reached(Phase::Closing) => {}
+            () = drain.moments().reached(Phase::Closing) => {}
             () = drain.moments().deadline_exceeded().cancelled_owned() => {}
         }
     } else {
-        drain.stopped_accepting().cancelled_owned().await;
+        drain.moments().stopped_accepting().cancelled_owned().await;
     }
 }
 
@@ -189,7 +189,7 @@ impl<S> Connections<S> {
         self.tracker.close();
         tokio::select! {
             () = self.tracker.wait() => {}
-            () = self.drain.reached(Phase::Closing) => {
+            () = self.drain.moments().reached(Phase::Closing) => {
                 // Nothing is in flight any more: connections still waiting for a first request
                 // head (slowloris, or a client that connected and went quiet) hold nothing.
                 self.tokens.closing.cancel();
