@@ -4,7 +4,9 @@
 Checks, over every `impl Drain` block in the given source tree (all features counted):
 - at most LIMIT public methods on `Drain` (default 15);
 - no `inner.driver` chain outside the handle's own module (`drain.rs`, `drain/`): a part is
-  reached through the handle that owns it, not through the coordinator's insides.
+  reached through the handle that owns it, not through the coordinator's insides;
+- one type per name in the tree (structs, enums, traits, unions, type aliases; associated
+  types aside): two `Registry` or two `Tasks` read as one thing and are not.
 
 Prints what it counted and every fault; exits 1 on a fault.
 
@@ -23,6 +25,7 @@ spec.loader.exec_module(long_functions)
 IMPL = re.compile(r'^impl\s+Drain\s*\{')
 PUB_FN = re.compile(r'^    pub\s+(const\s+)?(async\s+)?fn\s+(\w+)')
 CHAIN = re.compile(r'\binner\s*\.\s*driver\b')
+TYPE = re.compile(r'^\s*(pub(\([^)]*\))?\s+)?(struct|enum|trait|union)\s+(\w+)|^(pub(\([^)]*\))?\s+)?type\s+(\w+)')
 
 
 def public_methods(path):
@@ -53,7 +56,7 @@ def main(argv):
     if len(argv) != 1:
         sys.exit(__doc__)
     src = argv[0]
-    methods, chains = [], []
+    methods, chains, types = [], [], {}
     for root, _, files in os.walk(src):
         for name in sorted(files):
             if not name.endswith('.rs'):
@@ -62,11 +65,13 @@ def main(argv):
             rel = os.path.relpath(path, src)
             methods += [(m, f'{rel}:{line}') for m, line in public_methods(path)]
             in_handle = rel == 'drain.rs' or rel.startswith('drain' + os.sep)
-            if not in_handle:
-                code = long_functions.code_only(open(path, encoding='utf-8').read())
-                for k, text in enumerate(code.split('\n')):
-                    if CHAIN.search(text):
-                        chains.append(f'{rel}:{k + 1}')
+            code = long_functions.code_only(open(path, encoding='utf-8').read())
+            for k, text in enumerate(code.split('\n')):
+                if not in_handle and CHAIN.search(text):
+                    chains.append(f'{rel}:{k + 1}')
+                m = TYPE.match(text)
+                if m:
+                    types.setdefault(m.group(4) or m.group(7), []).append(f'{rel}:{k + 1}')
     print(f'Drain: {len(methods)} public methods (limit {limit}): '
           + ', '.join(m for m, _ in sorted(methods)))
     faults = 0
@@ -78,6 +83,11 @@ def main(argv):
     for at in chains:
         faults += 1
         print(f'`inner.driver` outside the handle module: {at}')
+    print(f'{len(types)} type names')
+    for name, where in sorted(types.items()):
+        if len(where) > 1:
+            faults += 1
+            print(f'type name `{name}` defined {len(where)} times: ' + ', '.join(where))
     return 1 if faults else 0
 
 

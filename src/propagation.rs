@@ -88,11 +88,11 @@ const DEFAULT_MIN: Duration = Duration::from_secs(1);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Propagation {
-    kind: Kind,
+    kind: PropagationMode,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Kind {
+enum PropagationMode {
     Quiet {
         quiet: Option<Duration>,
         min: Option<Duration>,
@@ -115,7 +115,7 @@ enum Kind {
 impl Default for Propagation {
     fn default() -> Self {
         Self {
-            kind: Kind::Quiet {
+            kind: PropagationMode::Quiet {
                 quiet: None,
                 min: None,
                 max: None,
@@ -133,7 +133,7 @@ impl Propagation {
     /// until set.
     pub fn quiet(quiet: Duration) -> Self {
         Self {
-            kind: Kind::Quiet {
+            kind: PropagationMode::Quiet {
                 quiet: Some(quiet),
                 min: None,
                 max: None,
@@ -149,8 +149,8 @@ impl Propagation {
     /// refuses it there.
     pub fn min(mut self, d: Duration) -> Self {
         match &mut self.kind {
-            Kind::Quiet { min, .. } => *min = Some(d),
-            Kind::Fixed { misplaced, .. } => *misplaced = Some("min"),
+            PropagationMode::Quiet { min, .. } => *min = Some(d),
+            PropagationMode::Fixed { misplaced, .. } => *misplaced = Some("min"),
         }
         self
     }
@@ -159,8 +159,8 @@ impl Propagation {
     /// refuses it there.
     pub fn max(mut self, d: Duration) -> Self {
         match &mut self.kind {
-            Kind::Quiet { max, .. } => *max = Some(d),
-            Kind::Fixed { misplaced, .. } => *misplaced = Some("max"),
+            PropagationMode::Quiet { max, .. } => *max = Some(d),
+            PropagationMode::Fixed { misplaced, .. } => *misplaced = Some("max"),
         }
         self
     }
@@ -195,8 +195,8 @@ impl Propagation {
     /// ```
     pub fn quiet_suffices_after(mut self, d: Duration) -> Self {
         match &mut self.kind {
-            Kind::Quiet { fallback, .. } => *fallback = Some(d),
-            Kind::Fixed { misplaced, .. } => *misplaced = Some("quiet_suffices_after"),
+            PropagationMode::Quiet { fallback, .. } => *fallback = Some(d),
+            PropagationMode::Fixed { misplaced, .. } => *misplaced = Some("quiet_suffices_after"),
         }
         self
     }
@@ -218,8 +218,8 @@ impl Propagation {
     /// ```
     pub fn miss_probability(mut self, epsilon: f64) -> Self {
         match &mut self.kind {
-            Kind::Quiet { epsilon_bits, .. } => *epsilon_bits = Some(epsilon.to_bits()),
-            Kind::Fixed { misplaced, .. } => *misplaced = Some("miss_probability"),
+            PropagationMode::Quiet { epsilon_bits, .. } => *epsilon_bits = Some(epsilon.to_bits()),
+            PropagationMode::Fixed { misplaced, .. } => *misplaced = Some("miss_probability"),
         }
         self
     }
@@ -263,10 +263,10 @@ impl Propagation {
         S: Into<String>,
     {
         match &mut self.kind {
-            Kind::Quiet { per_request, .. } => {
+            PropagationMode::Quiet { per_request, .. } => {
                 *per_request = Some(peers.into_iter().map(Into::into).collect());
             }
-            Kind::Fixed { misplaced, .. } => *misplaced = Some("per_request_peers"),
+            PropagationMode::Fixed { misplaced, .. } => *misplaced = Some("per_request_peers"),
         }
         self
     }
@@ -306,10 +306,10 @@ impl Propagation {
         S: Into<String>,
     {
         match &mut self.kind {
-            Kind::Quiet { agents: a, .. } => {
+            PropagationMode::Quiet { agents: a, .. } => {
                 *a = Some(agents.into_iter().map(Into::into).collect())
             }
-            Kind::Fixed { misplaced, .. } => *misplaced = Some("node_agents"),
+            PropagationMode::Fixed { misplaced, .. } => *misplaced = Some("node_agents"),
         }
         self
     }
@@ -317,7 +317,7 @@ impl Propagation {
     /// Commit exactly `d` after the trigger, whatever the traffic.
     pub fn fixed(d: Duration) -> Self {
         Self {
-            kind: Kind::Fixed {
+            kind: PropagationMode::Fixed {
                 delay: d,
                 misplaced: None,
             },
@@ -340,14 +340,14 @@ impl Propagation {
     pub(crate) fn resolve(&self, budget: &Budget, env: Env<'_>) -> Result<Policy, ConfigError> {
         let window = budget.quiesce_deadline();
         match &self.kind {
-            Kind::Fixed {
+            PropagationMode::Fixed {
                 misplaced: Some(setting),
                 ..
             } => Err(ConfigError::propagation(format!(
                 "{setting} does not apply to Propagation::fixed, which commits at its one delay \
                  whatever the evidence: remove it, or use the default policy"
             ))),
-            &Kind::Fixed { delay: d, .. } => {
+            &PropagationMode::Fixed { delay: d, .. } => {
                 if d > window {
                     return Err(ConfigError::propagation(format!(
                         "fixed propagation delay ({}) is past the quiesce deadline ({} after the trigger): \
@@ -358,7 +358,7 @@ impl Propagation {
                 }
                 Ok(Policy::Fixed(d))
             }
-            Kind::Quiet {
+            PropagationMode::Quiet {
                 quiet,
                 min,
                 max,

@@ -77,21 +77,21 @@ struct Gate {
     open: bool,
 }
 
-struct Check {
+struct ReadinessCheck {
     name: String,
     f: Arc<CheckFn>,
 }
 
 #[derive(Default)]
-struct Registry {
+struct ReadinessRegistry {
     gates: Vec<Gate>,
-    checks: Vec<Check>,
+    checks: Vec<ReadinessCheck>,
 }
 
 /// The readiness part of a coordinator: its policy, gates and checks.
 pub(crate) struct ReadinessState {
     policy: ReadinessWhileDraining,
-    registry: Mutex<Registry>,
+    registry: Mutex<ReadinessRegistry>,
     /// The kubelet terminates this Pod without a deletion (node shutdown, node-pressure
     /// eviction; feature `kube`): no `terminating` condition will take it out of its slices,
     /// only its readiness probe can, so under `Auto` kubelet's probe too sees "not ready"
@@ -111,7 +111,7 @@ impl ReadinessState {
     pub(crate) fn new(policy: ReadinessWhileDraining) -> Self {
         Self {
             policy,
-            registry: Mutex::new(Registry::default()),
+            registry: Mutex::new(ReadinessRegistry::default()),
             kubelet_terminates: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -142,7 +142,7 @@ impl ReadinessState {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReadinessRegistry> {
         // Every write is one push or one flag: a panic elsewhere leaves the registry whole.
         self.registry.locked()
     }
@@ -175,7 +175,7 @@ impl ReadinessState {
     }
 
     pub(crate) fn add_check(&self, name: String, f: Arc<CheckFn>) {
-        self.lock().checks.push(Check { name, f });
+        self.lock().checks.push(ReadinessCheck { name, f });
     }
 
     /// Which semantics applied and why, for the `drain` line: under `auto`, by whom it asks.

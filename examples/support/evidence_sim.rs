@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use lameduck::__private::evidence_sim::{drain, Arrival, Outcome, What};
+use lameduck::__private::evidence_sim::{drain, Arrival, DrainOutcome, What};
 use lameduck::report::{EvidenceKind, SilenceRule};
 use lameduck::Propagation;
 
@@ -829,7 +829,7 @@ fn pool_trace(
 
 /// The default policy's drain over `out` (seconds, path, what; in any order), triggered at
 /// `trigger` seconds, with a 30 s grace.
-fn drain_trace(out: Vec<(f64, u16, What)>, trigger: f64) -> Outcome {
+fn drain_trace(out: Vec<(f64, u16, What)>, trigger: f64) -> DrainOutcome {
     drain_trace_with(out, trigger, &Propagation::default())
 }
 
@@ -838,7 +838,7 @@ fn drain_trace_with(
     mut out: Vec<(f64, u16, What)>,
     trigger: f64,
     propagation: &Propagation,
-) -> Outcome {
+) -> DrainOutcome {
     out.sort_by(|a, b| a.0.total_cmp(&b.0));
     let arrivals: Vec<Arrival> = out
         .iter()
@@ -1327,7 +1327,7 @@ pub(crate) fn run_router(router: &Router, rng: &mut Rng) -> Run {
 
 /// The run of a drain `o` triggered at `trigger` over arrivals at `times` through a proxy that
 /// stopped routing here at `stop` (seconds): a loss is an arrival at or after the commit.
-fn run_of(o: &Outcome, times: &[f64], trigger: f64, stop: f64) -> Run {
+fn run_of(o: &DrainOutcome, times: &[f64], trigger: f64, stop: f64) -> Run {
     let commit = o.commit.as_secs_f64();
     let lost_at = |c: f64| times.iter().any(|&t| t >= trigger + c);
     Run {

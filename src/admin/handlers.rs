@@ -20,7 +20,7 @@ use crate::vocab::phase::Trigger;
 mod admission;
 
 use admission::BodyUse;
-pub(super) use admission::{AdminState, Outcome, Refusal, Token};
+pub(super) use admission::{AdminRefusal, AdminState, HandlerOutcome, Token};
 
 pub use crate::vocab::token::ADMIN_TOKEN_ENV;
 
@@ -30,7 +30,7 @@ const MAX_TIMEOUT_LEN: usize = 32;
 const PROBE_METHODS: &[Method] = &[Method::GET, Method::HEAD];
 const DRAIN_METHODS: &[Method] = &[Method::GET, Method::POST];
 
-pub(super) async fn livez(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+pub(super) async fn livez(State(s): State<Arc<AdminState>>, req: Request) -> HandlerOutcome {
     let parts = s
         .admit(req, "/livez", PROBE_METHODS, "GET, HEAD", BodyUse::Ignore)
         .await?;
@@ -44,7 +44,7 @@ pub(super) async fn livez(State(s): State<Arc<AdminState>>, req: Request) -> Out
     }
 }
 
-pub(super) async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+pub(super) async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> HandlerOutcome {
     let parts = s
         .admit(req, "/readyz", PROBE_METHODS, "GET, HEAD", BodyUse::Ignore)
         .await?;
@@ -79,7 +79,7 @@ pub(super) async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Ou
     }
 }
 
-pub(super) async fn status(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+pub(super) async fn status(State(s): State<Arc<AdminState>>, req: Request) -> HandlerOutcome {
     let parts = s
         .admit(req, "/status", PROBE_METHODS, "GET, HEAD", BodyUse::Ignore)
         .await?;
@@ -87,7 +87,7 @@ pub(super) async fn status(State(s): State<Arc<AdminState>>, req: Request) -> Ou
     Ok(status_json(StatusCode::OK, &s.drain))
 }
 
-pub(super) async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+pub(super) async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> HandlerOutcome {
     let parts = s
         .admit(req, "/drain", DRAIN_METHODS, "GET, POST", BodyUse::Read)
         .await?;
@@ -161,7 +161,10 @@ pub(super) async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Out
 }
 
 #[cfg(feature = "prometheus")]
-pub(super) async fn prometheus_metrics(State(s): State<Arc<AdminState>>, req: Request) -> Outcome {
+pub(super) async fn prometheus_metrics(
+    State(s): State<Arc<AdminState>>,
+    req: Request,
+) -> HandlerOutcome {
     let parts = s
         .admit(req, "/metrics", PROBE_METHODS, "GET, HEAD", BodyUse::Ignore)
         .await?;
@@ -264,18 +267,18 @@ fn no_wait_seat(
     res
 }
 
-fn bad_request(msg: impl Into<String>) -> Refusal {
+fn bad_request(msg: impl Into<String>) -> AdminRefusal {
     // Messages quote decoded client input, which may hold line breaks: keep the answer one line.
     let msg: String = msg
         .into()
         .chars()
         .map(|c| if c.is_control() { '?' } else { c })
         .collect();
-    Refusal::BadRequest(msg)
+    AdminRefusal::BadRequest(msg)
 }
 
-fn unauthorized(msg: impl Into<String>) -> Refusal {
-    Refusal::Unauthorized(msg.into())
+fn unauthorized(msg: impl Into<String>) -> AdminRefusal {
+    AdminRefusal::Unauthorized(msg.into())
 }
 
 #[cfg(test)]

@@ -71,8 +71,10 @@ mod slots;
 mod waiters;
 
 pub(crate) use owed::Held;
-use owed::{Busy, Reading};
-use slots::{Admission, Slot, Slots, DELIVERY_WAIT, FRESH_WAIT, OWED, READING, STUCK_DELIVERY};
+use owed::{Busy, OwedReading};
+use slots::{
+    AdminSlots, Admission, Slot, DELIVERY_WAIT, FRESH_WAIT, OWED, READING, STUCK_DELIVERY,
+};
 pub(crate) use waiters::WaitSeats;
 
 /// The admin server's default HTTP/1 header-read timeout: probes send their head at once.
@@ -143,7 +145,7 @@ async fn run(
     // what a hostile peer holds open.
     builder.http2().max_concurrent_streams(ADMIN_H2_STREAMS);
     let exiting = drain.exit_holds().exiting().clone();
-    let slots = Arc::new(Slots::default());
+    let slots = Arc::new(AdminSlots::default());
     let seats = WaitSeats::for_cap(cap);
     let mut acceptor = Acceptor::new(listener, "admin ");
     let mut stop = pin!(exiting.cancelled());
@@ -192,7 +194,7 @@ async fn serve_conn(
     stream: TcpStream,
     router: Router,
     slot: Arc<Slot>,
-    slots: Arc<Slots>,
+    slots: Arc<AdminSlots>,
     seats: Arc<WaitSeats>,
     drain: Drain,
 ) {
@@ -203,7 +205,7 @@ async fn serve_conn(
         counted.note_request(&req);
         req.extensions_mut().insert(Arc::clone(&seats));
         let busy = Busy::new(Arc::clone(&counted));
-        let req = req.map(|body| Reading::new(body, Arc::clone(&counted)));
+        let req = req.map(|body| OwedReading::new(body, Arc::clone(&counted)));
         let mut router = router.clone();
         async move {
             let res = tower_service::Service::call(&mut router, req).await?;
@@ -314,7 +316,7 @@ struct Watched<'a, F> {
     conn: Pin<&'a mut F>,
     wake: &'a Arc<ReadWake>,
     waker: &'a Waker,
-    slots: &'a Slots,
+    slots: &'a AdminSlots,
 }
 
 impl<F: Future> Future for Watched<'_, F> {

@@ -95,13 +95,13 @@ mod loom_model {
 
     /// Shared state of one model run: the counter, the wake-up, and how many times "zero while
     /// draining" was reported (so we can check it is never reported spuriously).
-    struct Model {
+    struct CounterModel {
         counter: Counter,
         zero: Notify,
         fired: AtomicUsize,
     }
 
-    impl Model {
+    impl CounterModel {
         fn leave(&self) {
             if self.counter.leave() {
                 self.fired.fetch_add(1, Ordering::Relaxed);
@@ -123,8 +123,8 @@ mod loom_model {
         }
     }
 
-    fn model() -> Arc<Model> {
-        Arc::new(Model {
+    fn model() -> Arc<CounterModel> {
+        Arc::new(CounterModel {
             counter: Counter::new(),
             zero: Notify::new(),
             fired: AtomicUsize::new(0),

@@ -36,9 +36,9 @@ use crate::vocab::sync::MutexExt;
 mod http;
 mod registry;
 
-use registry::Registry;
 #[cfg(feature = "http")]
 pub(crate) use registry::RequestInfo;
+use registry::RequestRegistry;
 
 /// The hot-path block, leaked once per coordinator (`size_of::<Core>()` is checked below).
 #[derive(Debug)]
@@ -47,7 +47,7 @@ pub(crate) struct Core {
     zero: Notify,
     /// What the drain observes beside the count (`observed.rs`).
     observed: Observed,
-    requests: Mutex<Registry>,
+    requests: Mutex<RequestRegistry>,
     /// The site of guards taken outside the HTTP layer; set by [`Core::leak`].
     plain: OnceLock<&'static Site>,
     /// The lifecycle's phase (`Phase as u8`), mirrored here by the driver where it changes, so
@@ -97,7 +97,7 @@ impl Core {
             counter: Counter::new(),
             zero: Notify::new(),
             observed: Observed::new(),
-            requests: Mutex::new(Registry::default()),
+            requests: Mutex::new(RequestRegistry::default()),
             plain: OnceLock::new(),
             phase: AtomicU8::new(Phase::Starting as u8),
         }));

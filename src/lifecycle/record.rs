@@ -93,7 +93,7 @@ pub(super) struct Draft {
 }
 
 #[derive(Debug, Default)]
-struct State {
+struct RecordState {
     origin: Option<Origin>,
     trigger: Option<Trigger>,
     /// Every event of the drain, appended only through its `push`.
@@ -118,7 +118,7 @@ struct State {
 /// The drain's record, behind one lock, and the facts its report states.
 #[derive(Debug)]
 pub(crate) struct Lifecycle {
-    state: Mutex<State>,
+    state: Mutex<RecordState>,
     readiness: ReadinessWhileDraining,
     /// Who called `/readyz` and how each was classified (the readiness part writes it).
     probe_sources: SourceTable,
@@ -154,7 +154,7 @@ impl Lifecycle {
         &self.probe_sources
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, RecordState> {
         self.state.locked()
     }
 

@@ -123,7 +123,7 @@ pub(crate) struct Early {
     pub(crate) detail: String,
 }
 
-struct State {
+struct LinkState {
     source: Source,
     /// The configured allowance, or the default when not `configured`.
     allowance: Duration,
@@ -134,7 +134,7 @@ struct State {
 }
 
 pub(crate) struct Link {
-    state: Mutex<State>,
+    state: Mutex<LinkState>,
     generation: watch::Sender<u64>,
     /// Lock order: `state`, then `startup`'s own lock, never the other way.
     startup: Startup,
@@ -156,7 +156,7 @@ impl Link {
             Source::NotBuilt
         };
         Self {
-            state: Mutex::new(State {
+            state: Mutex::new(LinkState {
                 source,
                 allowance: Duration::ZERO,
                 configured: false,
@@ -169,7 +169,7 @@ impl Link {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {
         self.state.locked()
     }
 
@@ -198,7 +198,7 @@ impl Link {
     }
 
     /// The allowance in force and where it came from.
-    fn allowance(&self, st: &State) -> (Duration, AllowanceSource) {
+    fn allowance(&self, st: &LinkState) -> (Duration, AllowanceSource) {
         if st.configured {
             return (st.allowance, AllowanceSource::Configured);
         }

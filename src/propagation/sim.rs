@@ -22,14 +22,14 @@ use crate::vocab::error::ConfigError;
 /// What one simulated drain committed on.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
-pub struct Outcome {
+pub struct DrainOutcome {
     /// When the policy committed, after the trigger.
     pub commit: Duration,
     /// The evidence as the report would show it at the commit.
     pub evidence: EvidenceReport,
 }
 
-impl Outcome {
+impl DrainOutcome {
     /// What the commit went on.
     pub fn kind(&self) -> EvidenceKind {
         self.evidence.kind
@@ -81,7 +81,7 @@ pub fn drain(
     trigger: Duration,
     propagation: &Propagation,
     grace: Duration,
-) -> Result<Outcome, ConfigError> {
+) -> Result<DrainOutcome, ConfigError> {
     let budget = Budget::resolve(Some(grace), None, None, None)?;
     let policy = propagation.resolve(&budget, Default::default())?;
     let Policy::Quiet {
@@ -134,7 +134,7 @@ pub fn drain(
             }
         };
         let last = feed.last_connection.unwrap_or(origin).max(origin);
-        return Ok(Outcome {
+        return Ok(DrainOutcome {
             commit: now - origin,
             evidence: evidence.report(kind, now.saturating_duration_since(last)),
         });

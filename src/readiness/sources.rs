@@ -41,12 +41,12 @@ pub const KNATIVE_PROBE_HEADER: &str = "k-kubelet-probe";
 /// and the driver (which reads it into `/status` and the report).
 #[derive(Debug, Default)]
 pub(crate) struct SourceTable {
-    seen: Mutex<Seen>,
+    seen: Mutex<SourcesSeen>,
 }
 
 /// The rows, and beside each its eviction weight (the sketch's over-estimate of its calls).
 #[derive(Debug, Default)]
-struct Seen {
+struct SourcesSeen {
     table: ProbeSources,
     #[cfg(feature = "admin")]
     weights: Vec<u64>,

@@ -68,9 +68,9 @@ fn step_deadline(until: Instant, cap: Duration) -> Instant {
 }
 
 /// A write running on its own thread, and when it started.
-struct Pending(std::sync::mpsc::Receiver<std::io::Result<()>>, Instant);
+struct PendingWrite(std::sync::mpsc::Receiver<std::io::Result<()>>, Instant);
 
-impl Pending {
+impl PendingWrite {
     /// Starts `write` on a plain thread named `name`.
     fn start(
         name: &str,
@@ -123,7 +123,7 @@ pub(crate) fn stderr_bounded(text: String, wait: Duration) -> Result<(), String>
     if STDERR_STALLED.load(Ordering::Relaxed) {
         return Err("stderr: skipped, an earlier write stalled".to_owned());
     }
-    let pending = Pending::start("lameduck-stderr", move || {
+    let pending = PendingWrite::start("lameduck-stderr", move || {
         let mut err = std::io::stderr().lock();
         err.write_all(text.as_bytes()).and_then(|()| err.flush())
     })
@@ -238,7 +238,7 @@ impl Sinks {
                 ))
             } else {
                 let (p, text) = (path.clone(), report.summary());
-                Pending::start("lameduck-termlog", move || {
+                PendingWrite::start("lameduck-termlog", move || {
                     write_termination_log(&p, &text, first)
                 })
                 .map_err(Failure::Failed)
@@ -329,14 +329,19 @@ impl Sinks {
     }
 
     /// Starts writing the report file, unless it stalled before.
-    fn start_file(&self, path: &Path, text: String, deadline: Instant) -> Result<Pending, Failure> {
+    fn start_file(
+        &self,
+        path: &Path,
+        text: String,
+        deadline: Instant,
+    ) -> Result<PendingWrite, Failure> {
         if self.state.file_stalled.load(Ordering::Relaxed) {
             return Err(Failure::Failed(
                 "skipped, an earlier write stalled".to_owned(),
             ));
         }
         let path = path.to_owned();
-        Pending::start("lameduck-report", move || {
+        PendingWrite::start("lameduck-report", move || {
             write_report_file(&path, &text, deadline, rename)
         })
         .map_err(Failure::Failed)

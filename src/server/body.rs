@@ -38,7 +38,7 @@ pin_project! {
         R: Refusal,
     {
         #[pin]
-        kind: Kind<B, R>,
+        kind: BodyKind<B, R>,
         guard: Option<InFlightGuard>,
         line: N,
     }
@@ -46,7 +46,7 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<B, R>
+    enum BodyKind<B, R>
     where
         R: Refusal,
     {
@@ -66,7 +66,7 @@ impl<B, N, R: Refusal> DrainBody<B, N, R> {
     #[inline]
     pub(crate) fn new(body: B, guard: Option<InFlightGuard>, line: N) -> Self {
         Self {
-            kind: Kind::Inner { body },
+            kind: BodyKind::Inner { body },
             guard,
             line,
         }
@@ -74,7 +74,7 @@ impl<B, N, R: Refusal> DrainBody<B, N, R> {
 
     pub(crate) fn empty(guard: Option<InFlightGuard>, line: N, refused: R::Refused) -> Self {
         Self {
-            kind: Kind::Empty { refused },
+            kind: BodyKind::Empty { refused },
             guard,
             line,
         }
@@ -104,16 +104,16 @@ impl<B: Body, N: Naming, R: Refusal> Body for DrainBody<B, N, R> {
     #[inline]
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
-            Kind::Empty { .. } => true,
+            BodyKind::Inner { body } => body.is_end_stream(),
+            BodyKind::Empty { .. } => true,
         }
     }
 
     #[inline]
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
-            Kind::Empty { .. } => SizeHint::with_exact(0),
+            BodyKind::Inner { body } => body.size_hint(),
+            BodyKind::Empty { .. } => SizeHint::with_exact(0),
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::hot::guard::Core;
 use crate::work::closers::BoxError;
 
 use super::conn_meta::{ConnMeta, PROTO_H1, PROTO_H2, PROTO_UNKNOWN};
-use super::io::{Peek, Pending, WatchedIo};
+use super::io::{Peek, WatchedIo, WritePending};
 
 #[derive(Clone)]
 pub(super) struct ConnTokens {
@@ -250,8 +250,8 @@ struct Stage {
     close_due: bool,
     /// A request was waiting unread when the close came: ask again at this instant.
     recheck_at: Option<Instant>,
-    /// An HTTP/2 connection after its GOAWAY: in flight until it closes (see `Pending`).
-    h2_closing: Option<Pending>,
+    /// An HTTP/2 connection after its GOAWAY: in flight until it closes (see `WritePending`).
+    h2_closing: Option<WritePending>,
 }
 
 impl Stage {
@@ -298,7 +298,7 @@ impl Stage {
         self.shutdown_sent = true;
         meta.note_told();
         if h2 {
-            self.h2_closing = Some(Pending::after_goaway(core, meta.id(), meta.peer()));
+            self.h2_closing = Some(WritePending::after_goaway(core, meta.id(), meta.peer()));
         }
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! # Invariants
 //!
-//! * A write is *pending* from the first `poll_write` that returned `Pending` until a
+//! * A write is *pending* from the first `poll_write` that returned `WritePending` until a
 //!   `poll_flush` (or `poll_shutdown`) returns `Ready`: hyper and h2 flush the socket only once
 //!   their own buffer is empty, so that is the moment every response byte was accepted by the
 //!   kernel. While pending, the connection holds exactly one [`InFlightGuard`] (taken with
@@ -64,19 +64,19 @@ pub(crate) struct WatchedIo {
     peer: Option<SocketAddr>,
     /// Bytes written on the connection so far; a plain field, only this task writes it.
     written: u64,
-    pending: Option<Pending>,
+    pending: Option<WritePending>,
     /// Where the connection task asks its [`Peek`] question.
     shared: Arc<ConnShared>,
 }
 
 /// A write that could not complete at once (or, for [`Pending::after_goaway`], an HTTP/2
 /// connection finishing its streams): the guard, and (once draining) the straggler entry.
-pub(crate) struct Pending {
+pub(crate) struct WritePending {
     entry: Option<Arc<StalledWrite>>,
     guard: InFlightGuard,
 }
 
-impl Pending {
+impl WritePending {
     /// Counts an HTTP/2 connection that was sent GOAWAY as in flight until it closes: hyper
     /// closes it once every stream has sent everything, including data queued behind the
     /// peer's flow-control window, which the socket never sees. Only called while draining.
@@ -89,7 +89,7 @@ impl Pending {
     }
 }
 
-impl Drop for Pending {
+impl Drop for WritePending {
     fn drop(&mut self) {
         // Unregister before the guard leaves (a field, dropped after this), so whoever sees
         // zero in flight sees no stalled write.
@@ -149,7 +149,7 @@ impl WatchedIo {
     #[cold]
     fn stalled(&mut self) {
         let core = self.core;
-        let pending = self.pending.get_or_insert_with(|| Pending {
+        let pending = self.pending.get_or_insert_with(|| WritePending {
             entry: None,
             guard: core.hold(),
         });

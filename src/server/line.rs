@@ -24,7 +24,7 @@ use super::conn_meta::ConnMeta;
 pub(crate) mod sealed {
     use super::InFlightGuard;
 
-    pub trait Sealed: Copy + Send + Sync + Unpin + 'static {
+    pub trait SealedLine: Copy + Send + Sync + Unpin + 'static {
         /// What travels with a request that arrived while Serving.
         fn capture<B>(req: &http::Request<B>) -> Self;
         /// Describes the guard from the capture if nobody described it yet (the drain has
@@ -40,7 +40,7 @@ pub(crate) mod sealed {
 /// ([`Unnamed`], the default) or its method and path ([`RequestLine`]).
 ///
 /// Sealed: implemented by these two types only.
-pub trait Naming: sealed::Sealed {}
+pub trait Naming: sealed::SealedLine {}
 
 /// Keeps nothing of requests that arrive while Serving (the default): one that is still in
 /// flight at the quiesce deadline is listed as an "undescribed guard".
@@ -50,7 +50,7 @@ pub trait Naming: sealed::Sealed {}
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Unnamed;
 
-impl sealed::Sealed for Unnamed {
+impl sealed::SealedLine for Unnamed {
     #[inline(always)]
     fn capture<B>(_: &http::Request<B>) -> Self {
         // Nothing read: not even the path, whose char-boundary check the compiler could not
@@ -84,7 +84,7 @@ pub struct RequestLine {
     truncated: bool,
 }
 
-impl sealed::Sealed for RequestLine {
+impl sealed::SealedLine for RequestLine {
     #[inline]
     fn capture<B>(req: &http::Request<B>) -> Self {
         Self::new(req.method(), req.uri().path())

@@ -10,7 +10,7 @@ use std::convert::Infallible;
 pub(crate) mod sealed {
     use std::fmt;
 
-    pub trait Sealed: Copy + Send + Sync + Unpin + 'static {
+    pub trait SealedRefusal: Copy + Send + Sync + Unpin + 'static {
         /// The marker a refused response's future and body hold: uninhabited
         /// ([`Infallible`](std::convert::Infallible)) for a layer that never refuses.
         type Refused: Copy + Send + Sync + Unpin + fmt::Debug + 'static;
@@ -25,7 +25,7 @@ pub(crate) mod sealed {
 /// [`refuse_after_stop`](crate::DrainLayer::refuse_after_stop)).
 ///
 /// Sealed: implemented by these two types only.
-pub trait Refusal: sealed::Sealed {}
+pub trait Refusal: sealed::SealedRefusal {}
 
 /// Serves every request, whatever the phase (the default): a request that still arrives after
 /// `stopped_accepting` is in-flight work, and refusing it would lose it for a client that does
@@ -33,7 +33,7 @@ pub trait Refusal: sealed::Sealed {}
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ServeAfterStop;
 
-impl sealed::Sealed for ServeAfterStop {
+impl sealed::SealedRefusal for ServeAfterStop {
     type Refused = Infallible;
     const REFUSED: Option<Infallible> = None;
 }
@@ -46,7 +46,7 @@ impl Refusal for ServeAfterStop {}
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RefuseAfterStop;
 
-impl sealed::Sealed for RefuseAfterStop {
+impl sealed::SealedRefusal for RefuseAfterStop {
     type Refused = ();
     const REFUSED: Option<()> = Some(());
 }

@@ -23,12 +23,12 @@ use std::fmt;
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct ConfigError {
-    kind: Kind,
+    kind: ConfigErrorKind,
     message: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+enum ConfigErrorKind {
     Budget,
     Propagation,
     Env,
@@ -38,52 +38,52 @@ enum Kind {
 impl ConfigError {
     pub(crate) fn budget(message: impl Into<String>) -> Self {
         Self {
-            kind: Kind::Budget,
+            kind: ConfigErrorKind::Budget,
             message: message.into(),
         }
     }
 
     pub(crate) fn propagation(message: impl Into<String>) -> Self {
         Self {
-            kind: Kind::Propagation,
+            kind: ConfigErrorKind::Propagation,
             message: message.into(),
         }
     }
 
     pub(crate) fn env(message: impl Into<String>) -> Self {
         Self {
-            kind: Kind::Env,
+            kind: ConfigErrorKind::Env,
             message: message.into(),
         }
     }
 
     pub(crate) fn parse(message: impl Into<String>) -> Self {
         Self {
-            kind: Kind::Parse,
+            kind: ConfigErrorKind::Parse,
             message: message.into(),
         }
     }
 
     /// `true` if the grace period, safety margin and close budget do not fit together.
     pub fn is_budget(&self) -> bool {
-        self.kind == Kind::Budget
+        self.kind == ConfigErrorKind::Budget
     }
 
     /// `true` if the propagation policy's numbers are inconsistent (e.g. `min` above `max`).
     pub fn is_propagation(&self) -> bool {
-        self.kind == Kind::Propagation
+        self.kind == ConfigErrorKind::Propagation
     }
 
     /// `true` if an environment variable (e.g. `LAMEDUCK_GRACE_PERIOD`) could not be used.
     pub fn is_env(&self) -> bool {
-        self.kind == Kind::Env
+        self.kind == ConfigErrorKind::Env
     }
 
     /// `true` if a string could not be parsed: a duration (see [`parse_duration`](crate::parse_duration)),
     /// a name (a `LAMEDUCK_*` variable, `str::parse` of a setting, `/drain`'s query), or an
     /// admin token given to `AdminBuilder::token`.
     pub fn is_parse(&self) -> bool {
-        self.kind == Kind::Parse
+        self.kind == ConfigErrorKind::Parse
     }
 }
 

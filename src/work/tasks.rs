@@ -132,7 +132,7 @@ pub(crate) type OnPanic = Arc<dyn Fn(&str) + Send + Sync>;
 #[derive(Default)]
 pub(crate) struct TaskSet {
     pub(crate) tracker: TaskTracker,
-    registry: Arc<Mutex<Registry>>,
+    registry: Arc<Mutex<TaskRegistry>>,
     on_panic: std::sync::OnceLock<OnPanic>,
 }
 
@@ -147,7 +147,7 @@ impl std::fmt::Debug for TaskSet {
 }
 
 #[derive(Debug, Default)]
-struct Registry {
+struct TaskRegistry {
     next_id: u64,
     running: BTreeMap<u64, Running>,
     /// Tasks that panicked or were aborted (completed ones are not kept).
@@ -161,7 +161,7 @@ struct Registry {
 /// nothing to record), after a caught panic, or when the task is aborted and its future dropped
 /// mid-way (the default, `Aborted`). Holds the tracker's count until then.
 struct TaskEndGuard {
-    registry: Arc<Mutex<Registry>>,
+    registry: Arc<Mutex<TaskRegistry>>,
     id: u64,
     on_panic: Option<OnPanic>,
     outcome: Option<TaskResult>,

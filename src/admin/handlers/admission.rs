@@ -31,11 +31,11 @@ pub(in crate::admin) struct AdminState {
     pub(in crate::admin) prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
-pub(in crate::admin) type Outcome = Result<Response, Refusal>;
+pub(in crate::admin) type HandlerOutcome = Result<Response, AdminRefusal>;
 
 /// A request refused before anything changed: a 4xx with a one-line message.
 #[derive(Debug)]
-pub(in crate::admin) enum Refusal {
+pub(in crate::admin) enum AdminRefusal {
     NotAllowed {
         message: String,
         allow: &'static str,
@@ -47,24 +47,24 @@ pub(in crate::admin) enum Refusal {
     BadRequest(String),
 }
 
-impl IntoResponse for Refusal {
+impl IntoResponse for AdminRefusal {
     fn into_response(self) -> Response {
         match self {
-            Refusal::NotAllowed { message, allow } => {
+            AdminRefusal::NotAllowed { message, allow } => {
                 let mut res = text(StatusCode::METHOD_NOT_ALLOWED, message);
                 res.headers_mut()
                     .insert(header::ALLOW, HeaderValue::from_static(allow));
                 res
             }
-            Refusal::TooLarge(message) => text(StatusCode::PAYLOAD_TOO_LARGE, message),
-            Refusal::BodyTimeout(message) => {
+            AdminRefusal::TooLarge(message) => text(StatusCode::PAYLOAD_TOO_LARGE, message),
+            AdminRefusal::BodyTimeout(message) => {
                 let mut res = text(StatusCode::REQUEST_TIMEOUT, message);
                 // The rest of the body may still come: the connection cannot be reused.
                 res.headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
                 res
             }
-            Refusal::Unauthorized(message) => {
+            AdminRefusal::Unauthorized(message) => {
                 let mut res = text(StatusCode::UNAUTHORIZED, message);
                 res.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
@@ -72,7 +72,7 @@ impl IntoResponse for Refusal {
                 );
                 res
             }
-            Refusal::BadRequest(message) => text(StatusCode::BAD_REQUEST, message),
+            AdminRefusal::BadRequest(message) => text(StatusCode::BAD_REQUEST, message),
         }
     }
 }
@@ -98,10 +98,10 @@ impl AdminState {
         allowed: &[Method],
         allow: &'static str,
         body_use: BodyUse,
-    ) -> Result<Parts, Refusal> {
+    ) -> Result<Parts, AdminRefusal> {
         let (parts, body) = req.into_parts();
         if !allowed.contains(&parts.method) {
-            return Err(Refusal::NotAllowed {
+            return Err(AdminRefusal::NotAllowed {
                 message: format!(
                     "method {} is not allowed on {route}: use {allow}",
                     shorten(parts.method.as_str())
@@ -120,8 +120,8 @@ impl AdminState {
         Ok(parts)
     }
 
-    pub(super) fn too_large(&self) -> Refusal {
-        Refusal::TooLarge(format!(
+    pub(super) fn too_large(&self) -> AdminRefusal {
+        AdminRefusal::TooLarge(format!(
             "request body over the admin limit of {} bytes: \
              admin routes take no body, parameters go in the query string",
             self.body_limit
@@ -130,13 +130,13 @@ impl AdminState {
 
     /// Reads and drops the body, refusing it past the size limit or when it has not arrived
     /// within the body-read timeout.
-    pub(super) async fn read_body(&self, body: Body) -> Result<(), Refusal> {
+    pub(super) async fn read_body(&self, body: Body) -> Result<(), AdminRefusal> {
         let read = Limited::new(body, self.body_limit).collect();
         match tokio::time::timeout(self.body_read_timeout, read).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(self.too_large()),
             Ok(Err(_)) => Err(bad_request("could not read the request body")),
-            Err(_) => Err(Refusal::BodyTimeout(format!(
+            Err(_) => Err(AdminRefusal::BodyTimeout(format!(
                 "the request body did not arrive within {} ms: \
                  admin routes take no body, send none",
                 self.body_read_timeout.as_millis()
@@ -144,7 +144,7 @@ impl AdminState {
         }
     }
 
-    pub(super) fn authorize(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+    pub(super) fn authorize(&self, headers: &HeaderMap) -> Result<(), AdminRefusal> {
         let expected = match &self.token {
             Token::Open => return Ok(()),
             Token::Invalid(why) => {

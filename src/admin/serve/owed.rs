@@ -1,6 +1,6 @@
 //! The admin server's per-request accounting: a request owes an answer ([`Busy`]) from the
 //! handler's call until the handler has returned it, except while the handler waits for the
-//! request body ([`Reading`]); the answer is then being delivered ([`Delivering`]) until its
+//! request body ([`OwedReading`]); the answer is then being delivered ([`Delivering`]) until its
 //! body is handed to hyper ([`Held`]), which only the peer can delay (a full socket, an
 //! HTTP/2 flow-control window it keeps shut).
 
@@ -59,13 +59,13 @@ impl Drop for Busy {
 /// A request body that, while a handler waits for it, takes its request out of the busy
 /// count: a client that sent a head and withholds its body is owed nothing yet, so it can be
 /// evicted at the cap and closed at exit.
-pub(super) struct Reading {
+pub(super) struct OwedReading {
     inner: Incoming,
     slot: Arc<Slot>,
     waiting: bool,
 }
 
-impl Reading {
+impl OwedReading {
     pub(super) fn new(inner: Incoming, slot: Arc<Slot>) -> Self {
         Self {
             inner,
@@ -87,7 +87,7 @@ impl Reading {
     }
 }
 
-impl http_body::Body for Reading {
+impl http_body::Body for OwedReading {
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -115,7 +115,7 @@ impl http_body::Body for Reading {
     }
 }
 
-impl Drop for Reading {
+impl Drop for OwedReading {
     fn drop(&mut self) {
         self.set_waiting(false);
     }

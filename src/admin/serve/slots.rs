@@ -1,5 +1,5 @@
 //! The admin connections as the cap sees them: one [`Slot`] per open connection, and the
-//! [`Slots`] that admit a new one by evicting the connection that owes least.
+//! [`AdminSlots`] that admit a new one by evicting the connection that owes least.
 
 use super::*;
 
@@ -91,7 +91,7 @@ impl Slot {
     /// An answer is being computed or written: the connection is neither evicted nor closed at
     /// exit before it is out.
     pub(super) fn is_busy(&self) -> bool {
-        // Acquire: pairs with the Release of `Busy` and `Reading`, so a request that started
+        // Acquire: pairs with the Release of `Busy` and `OwedReading`, so a request that started
         // (or finished its body) is seen by the cap's eviction check.
         let v = self.owed.load(Ordering::Acquire);
         (v & (READING - 1)) > (v >> 32)
@@ -187,13 +187,13 @@ pub(super) enum Admission {
 pub(super) const FRESH_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
-pub(super) struct Slots {
+pub(super) struct AdminSlots {
     pub(super) open: Mutex<Vec<Arc<Slot>>>,
     /// A connection read what its client sent, or closed: room may have appeared.
     pub(super) changed: Notify,
 }
 
-impl Slots {
+impl AdminSlots {
     /// Makes room for `slot`, evicting the connection that owes least: first an idle
     /// keep-alive connection (it had its answers), then one that has not delivered a request
     /// head, then one whose answers wait for its peer to take them, oldest first. Never a busy

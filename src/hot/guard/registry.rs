@@ -24,7 +24,7 @@ pub(crate) struct RequestInfo {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Registry {
+pub(super) struct RequestRegistry {
     /// The description behind each entry site, by the site's slot.
     pub(super) entries: Vec<Option<RequestInfo>>,
     /// The entry sites, by slot: leaked once each, reused (only the HTTP layer describes

@@ -42,7 +42,7 @@ mod kube;
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
-struct State {
+struct StartupState {
     listed_at: Option<Instant>,
     before: Vec<IpAddr>,
     left_out: Vec<IpAddr>,
@@ -54,11 +54,11 @@ struct State {
 pub(crate) struct Startup {
     /// Cheap gate for the accept hook: `false` once nothing more can be measured.
     measuring: AtomicBool,
-    state: Mutex<State>,
+    state: Mutex<StartupState>,
 }
 
 impl Startup {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, StartupState> {
         self.state.locked()
     }
 

@@ -2,7 +2,7 @@
 //! in the table of probe sources.
 
 use super::super::Caller;
-use super::{Seen, SourceTable};
+use super::{SourceTable, SourcesSeen};
 use crate::report::{ProbeClass, ProbeSource};
 use crate::vocab::sync::MutexExt;
 
@@ -136,7 +136,7 @@ impl SourceTable {
         // Every write is a push, an increment or a row replaced whole: a panic elsewhere leaves
         // the table consistent.
         let mut seen = self.seen.locked();
-        let Seen { table, weights } = &mut *seen;
+        let SourcesSeen { table, weights } = &mut *seen;
         let header = caller.header.map(str::to_owned);
         let row = table.sources.iter().position(|s| {
             s.classified_as == caller.class && s.user_agent == caller.agent && s.header == header
