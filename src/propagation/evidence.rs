@@ -403,20 +403,13 @@ impl Evidence {
         }
     }
 
-    /// The path that sets the commit: the first that cannot say (in the order too few
-    /// slots, too many peers, a new path, kept connections, too sparse), else the one whose
-    /// proof comes last.
+    /// The path that sets the commit: the first that cannot say (in
+    /// `WeakEvidence::BINDING_ORDER`), else the one whose proof comes last.
     pub(crate) fn binding(&self) -> Option<&PathFit> {
         let origin = self.origin?;
         let base = self.window.as_ref()?.base;
         let counted = || self.fits.iter().filter(|f| f.counts());
-        for w in [
-            WeakEvidence::TooFewSlots,
-            WeakEvidence::TooManyPeers,
-            WeakEvidence::NewPath,
-            WeakEvidence::KeptConnections,
-            WeakEvidence::TooSparse,
-        ] {
+        for w in WeakEvidence::BINDING_ORDER {
             if let Some(f) = counted().find(|f| f.weak(self.max) == Some(w)) {
                 return Some(f);
             }

@@ -7,6 +7,12 @@ use serde::{Deserialize, Serialize};
 ///
 /// In JSON: `no_connection_data`, `too_few_slots`, `too_sparse`, `new_path`,
 /// `kept_connections`, `too_many_peers`.
+///
+/// A new reason touches three files: this one (the variant, its place in `ALL` and
+/// `BINDING_ORDER`, its [`cause`](Self::cause)), the path fit that finds it
+/// (`propagation/evidence/path.rs`), and its advice if it has its own
+/// (`report/rules/evidence.rs`); the names check and the evidence's choice of the binding path
+/// read the lists here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -186,6 +192,39 @@ impl PathEvidence {
 }
 
 impl WeakEvidence {
+    /// Every reason, each at its [`place`](Self::place).
+    pub(crate) const ALL: [Self; 6] = [
+        Self::NoConnectionData,
+        Self::TooFewSlots,
+        Self::TooManyPeers,
+        Self::NewPath,
+        Self::KeptConnections,
+        Self::TooSparse,
+    ];
+
+    /// The reasons a single path can have, in the order they bind the commit: the first path
+    /// that cannot say, in this order, is the one the evidence reports.
+    pub(crate) const BINDING_ORDER: [Self; 5] = [
+        Self::TooFewSlots,
+        Self::TooManyPeers,
+        Self::NewPath,
+        Self::KeptConnections,
+        Self::TooSparse,
+    ];
+
+    /// Its index in [`ALL`](Self::ALL). Exhaustive: a new reason does not compile until it has
+    /// a place, and the check below fails until `ALL` holds it there.
+    const fn place(self) -> usize {
+        match self {
+            Self::NoConnectionData => 0,
+            Self::TooFewSlots => 1,
+            Self::TooManyPeers => 2,
+            Self::NewPath => 3,
+            Self::KeptConnections => 4,
+            Self::TooSparse => 5,
+        }
+    }
+
     /// The name as it appears in JSON.
     pub fn as_str(self) -> &'static str {
         crate::vocab::names::of(&self)
@@ -224,6 +263,23 @@ impl WeakEvidence {
         }
     }
 }
+
+// `ALL` holds every reason at its place, and `BINDING_ORDER` only reasons from `ALL`, once each.
+const _: () = {
+    let mut i = 0;
+    while i < WeakEvidence::ALL.len() {
+        assert!(WeakEvidence::ALL[i].place() == i);
+        i += 1;
+    }
+    let mut seen = [false; WeakEvidence::ALL.len()];
+    let mut k = 0;
+    while k < WeakEvidence::BINDING_ORDER.len() {
+        let at = WeakEvidence::BINDING_ORDER[k].place();
+        assert!(!seen[at]);
+        seen[at] = true;
+        k += 1;
+    }
+};
 
 /// What the propagation policy went on when it committed (or, while draining, what it waits
 /// for).
