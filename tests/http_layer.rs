@@ -5,6 +5,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -337,36 +339,63 @@ async fn a_custom_accept_loop_with_for_request_gives_the_evidence_its_requests()
             tokio::spawn(conn);
         }
     });
-    // 4 kept connections, one request each every 30 ms: about 133 a second, for 16.5 s.
+    // 4 kept connections, one request each every 30 ms: about 133 a second, for 16.5 s, then
+    // the drain; each client stops at the answer that tells its connection to close.
+    let triggered = Arc::new(AtomicBool::new(false));
+    let started = std::time::Instant::now();
     let mut clients = Vec::new();
     for _ in 0..4 {
+        let triggered = Arc::clone(&triggered);
         clients.push(tokio::spawn(async move {
             let (mut sender, _conn) = h1(addr).await;
-            let until = std::time::Instant::now() + ms(16_500);
-            let mut sent = 0u32;
+            let until = std::time::Instant::now() + ms(25_000);
+            let (mut before, mut sent) = (0u32, 0u32);
             while std::time::Instant::now() < until && sent < 1_000 {
-                let res = send1(&mut sender, "/").await;
+                if sender.ready().await.is_err() {
+                    break; // closed after the drain's `Connection: close`
+                }
+                let Ok(res) = sender.send_request(get("/")).await else {
+                    break;
+                };
                 res.into_body().collect().await.unwrap();
                 sent += 1;
+                if !triggered.load(Ordering::SeqCst) {
+                    before += 1;
+                }
                 tokio::time::sleep(ms(30)).await;
             }
-            sent
+            before
         }));
     }
+    tokio::time::sleep(ms(16_500)).await;
+    triggered.store(true, Ordering::SeqCst);
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(drain.start(Trigger::Api));
     let mut sent = 0;
     for c in clients {
-        sent += c.await.unwrap();
+        sent += within("client", c).await.unwrap();
     }
-    assert!(drain.start(Trigger::Api));
+    let client_rate = f64::from(sent) / elapsed;
+    // The requests per second the report counted, once every connection handed in its last
+    // second (at its close, after the drain's `Connection: close`).
     let ev = within("evidence", async {
         loop {
-            if let Some(ev) = drain.status().evidence {
+            if let Some(ev) = drain.status().evidence.filter(|ev| {
+                ev.requests_per_1000s
+                    .is_some_and(|r| r as f64 / 1000.0 >= client_rate * 0.9)
+            }) {
                 return ev;
             }
             tokio::time::sleep(ms(50)).await;
         }
     })
     .await;
+    let counted = ev.requests_per_1000s.unwrap() as f64 / 1000.0;
+    assert!(
+        (counted - client_rate).abs() <= client_rate * 0.1,
+        "counted {counted:.1}/s over {:?} s, the clients sent {client_rate:.1}/s ({sent} in {elapsed:.1} s): {ev:?}",
+        ev.counted_seconds
+    );
     assert!(ev.requests_seen, "{ev:?}");
     // Every 250 ms slot held requests: the rate is bounded by the slots, not 0.03.
     let rate = ev.rate_per_s().unwrap_or(0.0);

@@ -29,8 +29,10 @@ mod arrivals;
 mod http;
 
 #[cfg(test)]
-pub(crate) use arrivals::PATHS;
-pub(crate) use arrivals::{slot_of, Arrivals, PathId, RING, SLOT};
+pub(crate) use arrivals::{PATHS, SECONDS};
+pub(crate) use arrivals::{
+    second_tag, slot_of, Arrivals, PathId, RequestTally, RING, SLOT, SLOTS_PER_SECOND,
+};
 
 /// Counters of what arrived after the drain started (the readiness flip under the default
 /// policy): the observed propagation.

@@ -288,8 +288,14 @@ impl Evidence {
                 }
                 None => continue,
             };
-            let fit = PathFit { last_new, ..fit };
-            fits.push(fit);
+            let counted = arrivals.requests_in(path, w.seconds());
+            let read = self.fits.iter().find(|f| f.path == path);
+            let requests_before = counted.max(read.map_or(0, |f| f.requests_before));
+            fits.push(PathFit {
+                last_new,
+                requests_before,
+                ..fit
+            });
         }
         self.fits = fits;
     }
@@ -324,6 +330,7 @@ impl Evidence {
             fresh: None,
             declared: false,
             last_new: None,
+            requests_before: 0,
         }
     }
 
@@ -400,6 +407,7 @@ impl Evidence {
             fresh,
             declared,
             last_new: None,
+            requests_before: 0,
         }
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Check, Limits, Policy, Propagation, Seen};
-use crate::hot::observed::PathId;
+use crate::hot::observed::{second_tag, PathId};
 use crate::propagation::confirm::NodesSay;
 use crate::propagation::evidence::{slot_of, Arrivals, Evidence, Window};
 use crate::propagation::link::Hold;
@@ -221,6 +221,7 @@ impl<'a> Feed<'a> {
                 }
                 What::Request => {
                     rows.note_request(path, slot);
+                    rows.count_requests(path, second_tag(slot), 1);
                     if at >= origin {
                         // A kept connection's first request after the trigger: told to close,
                         // and kept alive (a pool's).

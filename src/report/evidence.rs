@@ -127,6 +127,11 @@ pub struct PathEvidence {
     /// λ̂ of the fit that set the path's silence, in arrivals per 1000 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_per_1000s: Option<u64>,
+    /// Its requests per 1000 s, counted, over the whole seconds of the window before the
+    /// trigger (`EvidenceReport::counted_seconds`); `None` when no request was counted (a
+    /// server that counts only connections, or none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_1000s: Option<u64>,
     /// The silence the path needs, in milliseconds (see [`EvidenceReport::t_conf_ms`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub t_conf_ms: Option<u64>,
@@ -392,6 +397,15 @@ pub struct EvidenceReport {
     /// λ̂ = −ln p̂ / slot, the equivalent Poisson rate, in arrivals per 1000 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_per_1000s: Option<u64>,
+    /// Requests per 1000 s of every path, counted (not inferred from busy slots), over the
+    /// `counted_seconds` whole seconds of the window before the trigger; `None` when no
+    /// request was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_1000s: Option<u64>,
+    /// The whole seconds of the window before the trigger that `requests_per_1000s` is
+    /// counted over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counted_seconds: Option<u64>,
     /// â, the estimated chance that an empty slot follows an empty slot, in millionths: near
     /// p̂ for independent arrivals, near 1 for traffic that pauses for many slots at a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -537,9 +551,21 @@ impl EvidenceReport {
                 self.slots_observed,
                 self.longest_gap_ms.unwrap_or(0),
                 self.stay_empty_ppm.unwrap_or(0),
-            )
+            ) + &self.describe_counted()
             }
-            (None, _) => "no rate".to_owned(),
+            (None, _) => "no rate".to_owned() + &self.describe_counted(),
+        }
+    }
+
+    /// The requests counted over the window's whole seconds, where the busy slots give only a
+    /// bound or a rate of arrivals of either kind.
+    fn describe_counted(&self) -> String {
+        match (self.requests_per_1000s, self.counted_seconds) {
+            (Some(r), Some(s)) => format!(
+                "; {:.2} requests/s counted over the {s} s before the trigger",
+                r as f64 / 1000.0
+            ),
+            _ => String::new(),
         }
     }
 
@@ -693,6 +719,7 @@ mod tests {
             kept_reused: Some(1),
             kept_alive: 0,
             rate_per_1000s: Some(500),
+            requests_per_1000s: None,
             t_conf_ms: Some(900),
             weak: None,
             declared_per_request: false,
@@ -712,6 +739,8 @@ mod tests {
             empty_slots: 20,
             requests_seen: false,
             rate_per_1000s: Some(500),
+            requests_per_1000s: None,
+            counted_seconds: None,
             p_empty_ppm: None,
             stay_empty_ppm: None,
             longest_gap_ms: None,

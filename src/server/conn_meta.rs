@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::hot::guard::Core;
-use crate::hot::observed::PathId;
+use crate::hot::observed::{PathId, RequestTally};
 
 /// A connection that closed while Serving after at most this many requests was a fresh
 /// connection (the propagation evidence's rate of new connections); one that carried more
@@ -56,6 +56,8 @@ pub(crate) struct ConnShared {
     /// The arrival path the connection is counted on, open until this is dropped; `None`
     /// when no coordinator counted it (`axum::serve`'s own hook).
     path: Option<(&'static Core, PathId)>,
+    /// Its requests not yet handed in to the path's requests per second.
+    tally: RequestTally,
 }
 
 impl Drop for ConnShared {
@@ -64,7 +66,9 @@ impl Drop for ConnShared {
             let told = self.told.load(Ordering::Relaxed);
             // A fresh connection carries a request or a few; one that carried more was a
             // pool's, closed by its owner when idle: its opening was no arrival of a rate.
-            let few = self.requests.load(Ordering::Relaxed) <= FRESH_REQUESTS;
+            let requests = self.requests.load(Ordering::Relaxed);
+            let few = requests <= FRESH_REQUESTS;
+            self.tally.close(core.observed().arrivals(), path, requests);
             core.observed()
                 .connection_ended(path, self.accepted_at, told, few);
         }
@@ -187,6 +191,7 @@ impl ConnMeta {
                 proto_known: Notify::new(),
                 peek: AtomicU8::new(0),
                 path,
+                tally: RequestTally::default(),
             }),
             index: None,
         }
@@ -202,10 +207,19 @@ impl ConnMeta {
     /// estimator the same arrivals `serve` does. A clock read and one relaxed load, a write
     /// only for the first request of a 250 ms slot.
     pub fn for_request(&self) -> Self {
+        let index = self.next_request_index();
+        self.note_arrival(index);
+        self.with_index(index)
+    }
+
+    /// Counts the request of index `index` in the propagation evidence, on the connection's
+    /// path (nothing when no coordinator counted the connection).
+    #[inline]
+    pub(crate) fn note_arrival(&self, index: u64) {
         if let Some((core, path)) = self.conn.path {
-            core.observed().note_request_arrival(path);
+            core.observed()
+                .note_request_arrival(path, &self.conn.tally, index);
         }
-        self.with_index(self.next_request_index())
     }
 
     /// Counts one more request on the connection; returns its index.

@@ -361,9 +361,10 @@ where
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         let index = self.meta.next_request_index();
         // The propagation evidence: requests, not only new connections, say how often this
-        // process is picked (a pooling proxy opens few connections). A clock read and one
-        // relaxed load, and a write only for the first request of a 250 ms slot.
-        self.core.observed().note_request_arrival(self.meta.path());
+        // process is picked (a pooling proxy opens few connections). A clock read and two
+        // relaxed loads; a write only for the first request of a 250 ms slot, and a hand-in
+        // of the connection's requests once a second.
+        self.meta.note_arrival(index);
         if index == 0 {
             let proto = if req.version() == Version::HTTP_2 {
                 PROTO_H2

@@ -38,6 +38,19 @@ pub(crate) const SLOT: Duration = Duration::from_millis(250);
 /// it. Also how long a peer without an open connection keeps its row after its last arrival.
 pub(crate) const RING: usize = 128;
 
+/// Slots in a second, the bucket of the request counts.
+pub(crate) const SLOTS_PER_SECOND: u64 = 4;
+/// Seconds of request counts kept per path: the evidence window (at most a ring-turn, 32 s)
+/// and as long again, in which kept connections still hand in what they counted before the
+/// trigger.
+pub(crate) const SECONDS: usize = 64;
+
+/// The tag of the second `slot` is in: the second + 1 (0 = never written).
+#[inline]
+pub(crate) fn second_tag(slot: u64) -> u32 {
+    (slot / SLOTS_PER_SECOND + 1) as u32
+}
+
 /// Paths the arrival evidence tells apart: one row per live peer address, up to `PATHS − 1`
 /// of them, and one row, [`PathId::OTHER`], for the rest (and for connections of no known
 /// peer).
@@ -60,6 +73,52 @@ impl PathId {
 
     pub(crate) fn index(self) -> usize {
         usize::from(self.0)
+    }
+}
+
+/// A connection's requests not yet handed in to its path's counts, as `tag << 32 | index`:
+/// the second (see [`second_tag`]) and the index of its first request in that second. Its
+/// connection's requests are noted one at a time (HTTP/1) or from its one connection task
+/// (HTTP/2), so only one writer touches it.
+///
+/// Per request, one relaxed load and a compare; once a second, the requests of the second
+/// before are added to the path's count of it ([`Arrivals::count_requests`]).
+#[derive(Debug, Default)]
+pub(crate) struct RequestTally(AtomicU64);
+
+impl RequestTally {
+    /// Notes the request of index `index` (the connection's requests before it), in `slot`.
+    #[inline]
+    pub(crate) fn note(&self, arrivals: &Arrivals, path: PathId, slot: u64, index: u64) {
+        let tag = second_tag(slot);
+        let mark = self.0.load(Ordering::Relaxed);
+        if (mark >> 32) as u32 != tag {
+            self.hand_in(arrivals, path, mark, (tag, index));
+        }
+    }
+
+    /// The first request of a new second: hands in the requests of the second before.
+    #[cold]
+    #[inline(never)]
+    fn hand_in(&self, arrivals: &Arrivals, path: PathId, mark: u64, (tag, index): (u32, u64)) {
+        Self::add(arrivals, path, mark, index);
+        self.0.store(
+            u64::from(tag) << 32 | u64::from(index as u32),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The connection closed after `requests` requests: hands in what is left.
+    pub(crate) fn close(&self, arrivals: &Arrivals, path: PathId, requests: u64) {
+        Self::add(arrivals, path, self.0.load(Ordering::Relaxed), requests);
+    }
+
+    /// Adds the requests from the mark's index up to `end` to the mark's second.
+    fn add(arrivals: &Arrivals, path: PathId, mark: u64, end: u64) {
+        let (held, n) = ((mark >> 32) as u32, (end as u32).wrapping_sub(mark as u32));
+        if held != 0 && n != 0 {
+            arrivals.count_requests(path, held, n);
+        }
     }
 }
 
@@ -246,6 +305,24 @@ impl Arrivals {
         if !self.requests_seen.load(Ordering::Relaxed) {
             self.requests_seen.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Adds `n` requests of `path` to the second tagged `tag` (see [`second_tag`]): once per
+    /// connection and second, by its [`RequestTally`].
+    pub(crate) fn count_requests(&self, path: PathId, tag: u32, n: u32) {
+        self.rows[path.index()].requests[tag as usize % SECONDS].add(tag, n);
+    }
+
+    /// The requests of `path` counted in the seconds `seconds` (a second whose bucket a later
+    /// one took over reads as 0: ask within [`SECONDS`] of them).
+    pub(crate) fn requests_in(&self, path: PathId, seconds: std::ops::Range<u64>) -> u64 {
+        let row = &self.rows[path.index()];
+        seconds
+            .map(|s| {
+                let tag = (s + 1) as u32;
+                u64::from(row.requests[tag as usize % SECONDS].read(tag))
+            })
+            .sum()
     }
 
     /// A connection of `path` closed: the last thing it writes on the row, which may then go

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
-use super::{slot_of, Observed, PathId};
+use super::{slot_of, Observed, PathId, RequestTally};
 use crate::vocab::sync::MutexExt;
 
 impl Observed {
@@ -63,13 +63,16 @@ impl Observed {
         }
     }
 
-    /// Counts a request of `path` in the arrival ring: the clock read, and one relaxed load
-    /// of the ring entry of the slot (a write only for the first request of a slot).
+    /// Counts the request of index `index` on its connection (whose `tally` it is) on `path`:
+    /// in the arrival ring, the clock read and one relaxed load of the slot's entry (a write
+    /// only for the first request of a slot); in the path's requests per second, one relaxed
+    /// load of the tally (a hand-in once a second).
     #[inline]
     // `serve`'s per-connection service and `ConnMeta::for_request` only
-    pub(crate) fn note_request_arrival(&self, path: PathId) {
+    pub(crate) fn note_request_arrival(&self, path: PathId, tally: &RequestTally, index: u64) {
         let slot = slot_of(self.base, Instant::now());
         self.arrivals.note_request(path, slot);
+        tally.note(&self.arrivals, path, slot, index);
     }
 
     /// Connection data is counted from now on (the accept loop starts).

@@ -49,6 +49,9 @@ pub(crate) struct PathFit {
     /// The last new connection of the path after the trigger (`last` is that too, but for a
     /// declared path, whose `last` is its last arrival of any kind).
     pub(crate) last_new: Option<Instant>,
+    /// Its requests counted in the window's whole seconds (the most any check read: a second's
+    /// count only grows, until a later second takes its bucket over).
+    pub(crate) requests_before: u64,
 }
 
 impl PathFit {

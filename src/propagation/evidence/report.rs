@@ -10,6 +10,7 @@ impl Evidence {
     fn paths_shown(&self) -> Vec<PathEvidence> {
         let ms = |d: Duration| d.as_millis() as u64;
         let now = tokio::time::Instant::now();
+        let per_1000s = self.per_1000s();
         let mut paths: Vec<PathEvidence> = self
             .fits
             .iter()
@@ -31,6 +32,7 @@ impl Evidence {
                     kept_alive: f.kept,
                     rate_per_1000s: (f.routing != PathRouting::New)
                         .then(|| (shown.rate() * 1000.0).round() as u64),
+                    requests_per_1000s: per_1000s(f.requests_before),
                     t_conf_ms: f.required().map(|(t, _, _)| ms(t)),
                     weak: f.weak(self.max),
                     declared_per_request: f.declared,
@@ -44,6 +46,19 @@ impl Evidence {
                 .cmp(&(a.active_slots + u64::from(a.new_after_trigger)))
         });
         paths
+    }
+
+    /// Turns a count over the window's whole seconds into requests per 1000 s; `None` with no
+    /// request counted or no whole second.
+    fn per_1000s(&self) -> impl Fn(u64) -> Option<u64> {
+        let seconds = self.counted_seconds().filter(|_| self.requests_seen);
+        move |n| seconds.map(|s| n * 1000 / s)
+    }
+
+    /// The whole seconds of the window the request counts cover, if any.
+    fn counted_seconds(&self) -> Option<u64> {
+        let seconds = self.window.as_ref()?.seconds();
+        Some(seconds.end.saturating_sub(seconds.start)).filter(|&s| s > 0)
     }
 
     pub(crate) fn report(&self, kind: EvidenceKind, silence: Duration) -> EvidenceReport {
@@ -83,6 +98,8 @@ impl Evidence {
             requests_seen: self.requests_seen,
             p_empty_ppm: e.map(|e| ppm(e.p_empty())),
             rate_per_1000s: e.map(|e| (e.rate() * 1000.0).round() as u64),
+            requests_per_1000s: self.per_1000s()(self.fits.iter().map(|f| f.requests_before).sum()),
+            counted_seconds: self.counted_seconds(),
             stay_empty_ppm: e.map(|e| ppm(e.stay_empty())),
             longest_gap_ms: e.map(|e| e.longest_gap * ms(SLOT)),
             epsilon_ppm: ppm(self.epsilon),

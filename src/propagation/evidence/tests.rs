@@ -1,7 +1,7 @@
 use super::fit::Slots;
 use super::path::{gamma_lower_quantile, pool_silence};
 use super::*;
-use crate::hot::observed::{PathId, PATHS};
+use crate::hot::observed::{PathId, PATHS, SECONDS};
 
 /// The fit of `pattern` (`#` busy, `.` empty), all before the trigger, with max 15 s.
 fn fit(pattern: &str) -> Estimate {
@@ -125,6 +125,43 @@ fn a_request_marks_its_slot_and_a_connection_wins_over_it() {
     a.note_request(P, 7 + RING as u64);
     a.note_request(P, 7);
     assert_eq!(seen(&a, 7 + RING as u64), (true, false));
+}
+
+#[test]
+fn a_connection_hands_in_its_requests_once_a_second_and_at_its_close() {
+    use crate::hot::observed::RequestTally;
+    let a = Arrivals::new();
+    let (one, two) = (RequestTally::default(), RequestTally::default());
+    // Slots 8..12 are second 2, 12..16 second 3. Connection one: 3 requests in second 2, 2 in
+    // second 3; connection two: 4 in second 2, then it closes.
+    let mut n1 = 0;
+    for slot in [8, 9, 9, 12, 15] {
+        one.note(&a, P, slot, n1);
+        n1 += 1;
+    }
+    for (i, slot) in [8u64, 10, 11, 11].into_iter().enumerate() {
+        two.note(&a, P, slot, i as u64);
+    }
+    // Second 2 of connection two is handed in only at its close; one's second 3 not yet.
+    assert_eq!(a.requests_in(P, 2..3), 3);
+    two.close(&a, P, 4);
+    assert_eq!(a.requests_in(P, 2..3), 7);
+    assert_eq!(a.requests_in(P, 3..4), 0);
+    one.close(&a, P, n1);
+    assert_eq!(a.requests_in(P, 2..4), 9);
+    // A bucket taken over by a later second reads 0 for the earlier, and a late hand-in for
+    // the earlier second is dropped, not added to the later.
+    let later = RequestTally::default();
+    later.note(&a, P, 12 + 4 * SECONDS as u64, 0); // second 3 + SECONDS: second 3's bucket
+    later.close(&a, P, 6);
+    let (third, its_later) = (3..4, 3 + SECONDS as u64..4 + SECONDS as u64);
+    assert_eq!(a.requests_in(P, third.clone()), 0);
+    assert_eq!(a.requests_in(P, its_later.clone()), 6);
+    let stale = RequestTally::default();
+    stale.note(&a, P, 13, 0); // second 3, long after
+    stale.close(&a, P, 5);
+    assert_eq!(a.requests_in(P, third), 0);
+    assert_eq!(a.requests_in(P, its_later), 6);
 }
 
 fn ip(i: u32) -> Option<std::net::IpAddr> {

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::{fit, slot_of, Arrivals, SLOT, WINDOW_SLOTS};
 use crate::hot::observed::PathId;
-use crate::hot::observed::RING;
+use crate::hot::observed::{RING, SLOTS_PER_SECOND};
 
 /// One path's slots in the window before the trigger.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -119,5 +119,11 @@ impl Window {
 
     pub(super) fn slots(&self) -> u64 {
         self.trigger_slot - self.first
+    }
+
+    /// The whole seconds of the window, the buckets of the request counts (the trigger's own
+    /// second, partly after it, left out).
+    pub(super) fn seconds(&self) -> std::ops::Range<u64> {
+        self.first.div_ceil(SLOTS_PER_SECOND)..self.trigger_slot / SLOTS_PER_SECOND
     }
 }

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::{OPEN_BITS, OPEN_MASK, RING, TAKING};
+use super::{OPEN_BITS, OPEN_MASK, RING, SECONDS, TAKING};
 use crate::vocab::sync::MutexExt;
 
 /// A row's owner and the connections open on it, in one word: `key << 24 | open`. The key
@@ -133,6 +133,10 @@ pub(super) struct Row {
     /// connection does when they were told to close or closed: kept alive by a client that
     /// reuses them (a pool), which opens new ones when its own demand needs them.
     pub(super) kept: AtomicU32,
+    /// Requests per second, as the connections hand them in (each once per second it was
+    /// busy in): what the path's rate of requests was, where the ring only says which slots
+    /// were busy.
+    pub(super) requests: [SecondCount; SECONDS],
 }
 
 impl Row {
@@ -148,6 +152,7 @@ impl Row {
             told_us: AtomicU64::new(0),
             left: AtomicU32::new(0),
             kept: AtomicU32::new(0),
+            requests: std::array::from_fn(|_| SecondCount::new()),
         }
     }
 
@@ -170,6 +175,9 @@ impl Row {
         for e in &self.ring {
             e.store(0, Ordering::Relaxed);
         }
+        for c in &self.requests {
+            c.clear();
+        }
         for c in [&self.after, &self.told, &self.left, &self.kept] {
             c.store(0, Ordering::Relaxed);
         }
@@ -180,6 +188,58 @@ impl Row {
         *self.peer.locked() = Some(ip);
         self.owner.hand_to(key);
         true
+    }
+}
+
+/// The requests of a path counted in one second: `tag << 32 | count`, the tag the second + 1
+/// (0: never written).
+///
+/// # Invariants (modelled with loom)
+///
+/// * No count is lost: two connections handing in the same second both land (a
+///   compare-exchange, retried).
+/// * A bucket holds one second: a newer second takes it over (its count starts afresh), and a
+///   hand-in for an older second than the one it holds is dropped, not added to the newer.
+#[derive(Debug)]
+pub(super) struct SecondCount(crate::hot::loom::AtomicU64);
+
+impl SecondCount {
+    pub(super) fn new() -> Self {
+        Self(crate::hot::loom::AtomicU64::new(0))
+    }
+
+    /// Adds `n` requests to the second tagged `tag`.
+    pub(super) fn add(&self, tag: u32, n: u32) {
+        use crate::hot::loom::Ordering::Relaxed;
+        let mut held = self.0.load(Relaxed);
+        loop {
+            let next = match ((held >> 32) as u32).cmp(&tag) {
+                std::cmp::Ordering::Equal => {
+                    (held & !0xffff_ffff) | u64::from((held as u32).saturating_add(n))
+                }
+                std::cmp::Ordering::Less => u64::from(tag) << 32 | u64::from(n),
+                std::cmp::Ordering::Greater => return,
+            };
+            match self.0.compare_exchange_weak(held, next, Relaxed, Relaxed) {
+                Ok(_) => return,
+                Err(now) => held = now,
+            }
+        }
+    }
+
+    /// The count of the second tagged `tag`, or 0 if the bucket holds another.
+    pub(super) fn read(&self, tag: u32) -> u32 {
+        let held = self.0.load(crate::hot::loom::Ordering::Relaxed);
+        if (held >> 32) as u32 == tag {
+            held as u32
+        } else {
+            0
+        }
+    }
+
+    /// Empty, for a new owner of the row.
+    pub(super) fn clear(&self) {
+        self.0.store(0, crate::hot::loom::Ordering::Relaxed);
     }
 }
 
@@ -264,6 +324,34 @@ mod loom_model {
                 assert_eq!(owner.key(), OLD);
                 assert_eq!(owner.open(), 0);
             }
+        });
+    }
+
+    #[test]
+    fn loom_model_a_second_count_loses_no_request_and_keeps_one_second() {
+        use super::SecondCount;
+        loom::model(|| {
+            // Two connections hand in the same second: both counts land.
+            let c = Arc::new(SecondCount::new());
+            let (a, b) = (Arc::clone(&c), Arc::clone(&c));
+            let one = thread::spawn(move || a.add(7, 2));
+            let two = thread::spawn(move || b.add(7, 3));
+            one.join().unwrap();
+            two.join().unwrap();
+            assert_eq!(c.read(7), 5, "a count was lost");
+        });
+        loom::model(|| {
+            // An older second and a newer one race for the bucket: the newer holds it, with
+            // its own count only, whichever came first.
+            let c = Arc::new(SecondCount::new());
+            c.add(7, 1);
+            let (a, b) = (Arc::clone(&c), Arc::clone(&c));
+            let old = thread::spawn(move || a.add(7, 2));
+            let new = thread::spawn(move || b.add(8, 5));
+            old.join().unwrap();
+            new.join().unwrap();
+            assert_eq!(c.read(8), 5, "the newer second's count is not its own");
+            assert_eq!(c.read(7), 0, "the bucket still holds the older second");
         });
     }
 }
