@@ -135,7 +135,9 @@ async fn through_axum_serve_a_kept_connection_is_counted_and_holds_the_drain() {
 async fn pooled_then_fresh(drain: &Drain, addr: SocketAddr) {
     // Like a proxy that keeps its backend connection: 16 s of requests every 50 ms on one
     // connection.
+    let started = std::time::Instant::now();
     assert_eq!(pooled(addr, 320, Duration::from_millis(50)).await, 320);
+    let client_rate = 320.0 / started.elapsed().as_secs_f64();
     // The pool goes on across the trigger: its next response says `Connection: close`, and
     // its next requests come on fresh connections for 1 s, then stop.
     let pool = tokio::spawn(pooled(addr, 100, Duration::from_millis(50)));
@@ -161,6 +163,13 @@ async fn pooled_then_fresh(drain: &Drain, addr: SocketAddr) {
     );
     assert_eq!(ev.paths.len(), 1, "{}", report.to_json());
     assert_eq!(ev.paths[0].kept_alive, 1, "{}", report.to_json());
+    // Its requests were counted, not only the busy slots: the rate it sent at, within 10 %.
+    let counted = ev.requests_per_1000s.expect("requests counted") as f64 / 1000.0;
+    assert!(
+        (counted - client_rate).abs() <= client_rate * 0.1,
+        "counted {counted:.2}/s, sent {client_rate:.2}/s: {}",
+        report.to_json()
+    );
     let stop = report.event(EventKind::StoppedAccepting).unwrap();
     assert!(stop.at_ms >= 6000, "{}", report.to_json());
     assert!(
