@@ -28,11 +28,11 @@ mod arrivals;
 #[cfg(feature = "http")]
 mod http;
 
-#[cfg(test)]
-pub(crate) use arrivals::{PATHS, SECONDS};
 pub(crate) use arrivals::{
     second_tag, slot_of, Arrivals, PathId, RequestTally, RING, SLOT, SLOTS_PER_SECOND,
 };
+#[cfg(test)]
+pub(crate) use arrivals::{PATHS, SECONDS};
 
 /// Counters of what arrived after the drain started (the readiness flip under the default
 /// policy): the observed propagation.
