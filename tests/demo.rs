@@ -9,24 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The `demo` example, built by `cargo test --all-features` next to this test binary.
-fn demo_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("demo");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo test --all-features` (or `cargo build --example demo`) first",
-        bin.display()
-    );
-    bin
-}
-
 /// A directory of the test's own, removed however the test ends.
 struct Scratch(PathBuf);
 
@@ -52,7 +34,7 @@ fn row(out: &str, title: &str, label: &str) -> u64 {
 fn the_demo_loses_nothing_and_every_figure_of_its_drain_fits_it() {
     let dir = Scratch(std::env::temp_dir().join(format!("lameduck-demo-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
-    let mut child = Command::new(demo_bin())
+    let mut child = Command::new(common::example_bin("demo"))
         .current_dir(&dir.0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -660,24 +660,6 @@ async fn the_admin_header_read_timeout_closes_slow_heads() {
 
 // ---- /drain callers at exit, through the example service ----
 
-/// The `service` example, built by `cargo test --all-features` next to this test binary.
-fn service_bin() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("service");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo test --all-features` (or `cargo build --example service`) first",
-        bin.display()
-    );
-    bin
-}
-
 struct Service(std::process::Child);
 
 impl Drop for Service {
@@ -708,7 +690,7 @@ async fn prestop_repeats(admin: std::net::SocketAddr) -> Option<u64> {
 async fn every_waiting_drain_caller_is_answered_before_the_process_exits() {
     use std::io::BufRead;
 
-    let mut child = std::process::Command::new(service_bin())
+    let mut child = std::process::Command::new(common::example_bin("service"))
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -803,7 +785,7 @@ fn service_with_fd_limit(limit: u32) -> (Service, std::net::SocketAddr, std::net
     let mut child = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
-        .arg(service_bin())
+        .arg(common::example_bin("service"))
         .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
         .env_remove("LAMEDUCK_ADMIN_TOKEN")
         .env_remove("LAMEDUCK_GRACE_PERIOD")
@@ -887,7 +869,7 @@ fn service_ready_after(prelude: &str, keep_stderr: bool) -> Result<Service, Stri
     let mut child = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!("{prelude}\nexec \"$0\" \"$@\""))
-        .arg(service_bin())
+        .arg(common::example_bin("service"))
         .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
         // A drain of about 2 s: no traffic to measure, so it waits to `--max`.
         .args([

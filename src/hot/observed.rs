@@ -27,10 +27,10 @@ use crate::vocab::sync::MutexExt;
 mod arrivals;
 #[cfg(feature = "http")]
 mod http;
+#[cfg(feature = "http")]
+pub(crate) use http::RequestTally;
 
-pub(crate) use arrivals::{
-    second_tag, slot_of, Arrivals, PathId, RequestTally, RING, SLOT, SLOTS_PER_SECOND,
-};
+pub(crate) use arrivals::{second_tag, slot_of, Arrivals, PathId, RING, SLOT, SLOTS_PER_SECOND};
 #[cfg(test)]
 pub(crate) use arrivals::{PATHS, SECONDS};
 

@@ -103,6 +103,24 @@ pub fn is_phase(drain: &Drain, phase: Phase) -> bool {
 /// slice change, each node's answers, a shorter budget's deadlines in their order, the budget's
 /// own arithmetic, and every "at N ms" an advice line states. `slop_ms` covers the few
 /// milliseconds between the report's `used_ms` and its last events.
+/// The example `name`, built by `cargo test --all-features` next to the test binary.
+pub fn example_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo test --all-features` (or `cargo build --example {name}`) first",
+        bin.display()
+    );
+    bin
+}
+
 pub fn assert_figures_fit(r: &lameduck::DrainReport) {
     let slop = 200;
     let used = r.budget.used_ms;

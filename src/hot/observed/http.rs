@@ -3,11 +3,11 @@
 //! after the drain started.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
-use super::{slot_of, Observed, PathId, RequestTally};
+use super::{second_tag, slot_of, Arrivals, Observed, PathId};
 use crate::vocab::sync::MutexExt;
 
 impl Observed {
@@ -135,5 +135,51 @@ impl Observed {
             .paths
             .locked()
             .note(label, on_new_connection);
+    }
+}
+
+/// A connection's requests not yet handed in to its path's counts, as `tag << 32 | index`:
+/// the second (see [`second_tag`](super::second_tag)) and the index of its first request in that second. Its
+/// connection's requests are noted one at a time (HTTP/1) or from its one connection task
+/// (HTTP/2), so only one writer touches it.
+///
+/// Per request, one relaxed load and a compare; once a second, the requests of the second
+/// before are added to the path's count of it ([`Arrivals::count_requests`]).
+#[derive(Debug, Default)]
+pub(crate) struct RequestTally(AtomicU64);
+
+impl RequestTally {
+    /// Notes the request of index `index` (the connection's requests before it), in `slot`.
+    #[inline]
+    pub(crate) fn note(&self, arrivals: &Arrivals, path: PathId, slot: u64, index: u64) {
+        let tag = second_tag(slot);
+        let mark = self.0.load(Ordering::Relaxed);
+        if (mark >> 32) as u32 != tag {
+            self.hand_in(arrivals, path, mark, (tag, index));
+        }
+    }
+
+    /// The first request of a new second: hands in the requests of the second before.
+    #[cold]
+    #[inline(never)]
+    fn hand_in(&self, arrivals: &Arrivals, path: PathId, mark: u64, (tag, index): (u32, u64)) {
+        Self::add(arrivals, path, mark, index);
+        self.0.store(
+            u64::from(tag) << 32 | u64::from(index as u32),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The connection closed after `requests` requests: hands in what is left.
+    pub(crate) fn close(&self, arrivals: &Arrivals, path: PathId, requests: u64) {
+        Self::add(arrivals, path, self.0.load(Ordering::Relaxed), requests);
+    }
+
+    /// Adds the requests from the mark's index up to `end` to the mark's second.
+    fn add(arrivals: &Arrivals, path: PathId, mark: u64, end: u64) {
+        let (held, n) = ((mark >> 32) as u32, (end as u32).wrapping_sub(mark as u32));
+        if held != 0 && n != 0 {
+            arrivals.count_requests(path, held, n);
+        }
     }
 }

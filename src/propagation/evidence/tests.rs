@@ -1,7 +1,7 @@
 use super::fit::Slots;
 use super::path::{gamma_lower_quantile, pool_silence};
 use super::*;
-use crate::hot::observed::{PathId, PATHS, SECONDS};
+use crate::hot::observed::{PathId, PATHS};
 
 /// The fit of `pattern` (`#` busy, `.` empty), all before the trigger, with max 15 s.
 fn fit(pattern: &str) -> Estimate {
@@ -127,9 +127,10 @@ fn a_request_marks_its_slot_and_a_connection_wins_over_it() {
     assert_eq!(seen(&a, 7 + RING as u64), (true, false));
 }
 
+#[cfg(feature = "http")] // the tally is the HTTP side's
 #[test]
 fn a_connection_hands_in_its_requests_once_a_second_and_at_its_close() {
-    use crate::hot::observed::RequestTally;
+    use crate::hot::observed::{RequestTally, SECONDS};
     let a = Arrivals::new();
     let (one, two) = (RequestTally::default(), RequestTally::default());
     // Slots 8..12 are second 2, 12..16 second 3. Connection one: 3 requests in second 2, 2 in
