@@ -32,7 +32,9 @@ pub(crate) use http::RequestTally;
 
 pub(crate) use arrivals::{second_tag, slot_of, Arrivals, PathId, RING, SLOT, SLOTS_PER_SECOND};
 #[cfg(test)]
-pub(crate) use arrivals::{PATHS, SECONDS};
+pub(crate) use arrivals::PATHS;
+#[cfg(all(test, feature = "http"))]
+pub(crate) use arrivals::SECONDS;
 
 /// Counters of what arrived after the drain started (the readiness flip under the default
 /// policy): the observed propagation.
