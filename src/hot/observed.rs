@@ -30,11 +30,11 @@ mod http;
 #[cfg(feature = "http")]
 pub(crate) use http::RequestTally;
 
-pub(crate) use arrivals::{second_tag, slot_of, Arrivals, PathId, RING, SLOT, SLOTS_PER_SECOND};
 #[cfg(test)]
 pub(crate) use arrivals::PATHS;
 #[cfg(all(test, feature = "http"))]
 pub(crate) use arrivals::SECONDS;
+pub(crate) use arrivals::{second_tag, slot_of, Arrivals, PathId, RING, SLOT, SLOTS_PER_SECOND};
 
 /// Counters of what arrived after the drain started (the readiness flip under the default
 /// policy): the observed propagation.
@@ -67,8 +67,9 @@ pub(crate) struct Observed {
     /// The last new request or connection while draining.
     last_activity: AtomicU64,
     /// The drain start; 0 = not draining. Lets the HTTP layer tell, without a lock, whether a
-    /// connection was accepted before or after the drain.
-    #[cfg(feature = "http")]
+    /// connection was accepted before or after the drain. The same block with or without the
+    /// HTTP side: only its reader is compiled with it.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     drain_started: AtomicU64,
     connections: AtomicUsize,
     after_flip: AfterFlip,
@@ -85,7 +86,6 @@ impl Observed {
         Self {
             base: Instant::now(),
             last_activity: AtomicU64::new(0),
-            #[cfg(feature = "http")]
             drain_started: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
             after_flip: AfterFlip::default(),
@@ -160,7 +160,6 @@ impl Observed {
         // Release, before the flag is set: a reader that Acquire-loads a non-zero stamp sees a
         // consistent instant. Readers that learned about the drain from the flag alone may
         // still see 0 for a moment and must treat that as "unknown".
-        #[cfg(feature = "http")]
         self.drain_started
             .store(self.stamp(Instant::now()), Ordering::Release);
     }
