@@ -96,18 +96,16 @@ impl Metrics {
             "the metrics updater's period must not be zero"
         );
         let metrics = self.clone();
-        let done = self.driver.progress().subscribe();
+        let done = super::Moments::new(Arc::clone(&self.driver)).reached(Phase::Done);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             // After a stall, one sample is enough: a burst of catch-up samples says nothing new.
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut done = done;
-            let done = done.wait_for(|p| *p >= Phase::Done);
             tokio::pin!(done);
             loop {
                 tokio::select! {
                     _ = tick.tick() => metrics.record(),
-                    _ = &mut done => {
+                    () = &mut done => {
                         metrics.record();
                         return;
                     }
