@@ -183,7 +183,30 @@ impl Drop for ControlPlane {
             }
         }
         self.limits.clear();
+        // etcd's write-ahead log preallocates 64 MB and its database grows: ~120 MB a cell,
+        // gigabytes over a test run, which once filled CI's disk. The cell's logs stay.
+        if let Some((_, etcd)) = self.procs.iter_mut().find(|(n, _)| n == "etcd") {
+            for _ in 0..50 {
+                if !matches!(etcd.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
     }
+}
+
+/// The first line of a component's log that says why it stopped: a Go panic's message or a
+/// structured log entry at level panic/fatal (etcd), or a klog `F` line. A stack trace's last
+/// 15 lines name only frames; this names the cause (e.g. "no space left on device").
+fn first_fatal_line(log: &str) -> Option<&str> {
+    log.lines().find(|l| {
+        l.starts_with("panic: ")
+            || l.contains("\"level\":\"panic\"")
+            || l.contains("\"level\":\"fatal\"")
+            || (l.starts_with('F') && l.as_bytes().get(1).is_some_and(u8::is_ascii_digit))
+    })
 }
 
 impl ControlPlane {
@@ -406,7 +429,10 @@ impl ControlPlane {
                 let tail: Vec<&str> = log.lines().rev().take(15).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
                 return Err(NetError(format!(
-                    "{name} exited ({status}); the end of its log:\n{}",
+                    "{name} exited ({status}){}; the end of its log:\n{}",
+                    first_fatal_line(&log)
+                        .map(|l| format!(", first fatal line: {l}"))
+                        .unwrap_or_default(),
                     tail.join("\n")
                 )));
             }

@@ -52,3 +52,27 @@ fn metrics_parse() {
 fn dechunks() {
     assert_eq!(dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), "abcde");
 }
+
+/// A component that dies names its cause, not only the stack's last frames: etcd's
+/// structured panic, a Go runtime panic and a klog fatal line are each found.
+#[test]
+fn a_dead_components_fatal_line_is_found() {
+    let etcd = "{\"level\":\"warn\",\"msg\":\"slow\"}\n\
+        {\"level\":\"panic\",\"msg\":\"failed to create WAL\",\"error\":\"no space left on device\"}\n\
+        panic: failed to create WAL\n\tgo.etcd.io/etcd/server/v3/etcdserver/bootstrap.go:171\n";
+    assert_eq!(
+        first_fatal_line(etcd),
+        Some(
+            "{\"level\":\"panic\",\"msg\":\"failed to create WAL\",\"error\":\"no space left on device\"}"
+        )
+    );
+    assert_eq!(
+        first_fatal_line("I1206 ok\npanic: runtime error\ngoroutine 1\n"),
+        Some("panic: runtime error")
+    );
+    assert_eq!(
+        first_fatal_line("I1206 12:00 ok\nF1206 12:00 server.go:1] bind: address in use\n"),
+        Some("F1206 12:00 server.go:1] bind: address in use")
+    );
+    assert_eq!(first_fatal_line("I1206 fine\nFoo bar\n"), None);
+}
