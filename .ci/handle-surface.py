@@ -3,6 +3,9 @@
 
 Checks, over every `impl Drain` block in the given source tree (all features counted):
 - at most LIMIT public methods on `Drain` (default 15);
+- no crate-private method on `Drain` but `core` (the hot block's accessor): an add-on is
+  handed a seam of its own when built (`AdminSeam`, `ServeSeam`, `WatchSeam` in `drain/`),
+  not a `pub(crate)` method on the handle that every module can call;
 - no `inner.driver` chain outside the handle's own module (`drain.rs`, `drain/`): a part is
   reached through the handle that owns it, not through the coordinator's insides;
 - one type per name in the tree (structs, enums, traits, unions, type aliases; associated
@@ -24,12 +27,14 @@ spec.loader.exec_module(long_functions)
 
 IMPL = re.compile(r'^impl\s+Drain\s*\{')
 PUB_FN = re.compile(r'^    pub\s+(const\s+)?(async\s+)?fn\s+(\w+)')
+CRATE_FN = re.compile(r'^    pub\((crate|super|in [^)]*)\)\s+(const\s+)?(async\s+)?fn\s+(\w+)')
+SEAMS_ALLOWED = {'core'}
 CHAIN = re.compile(r'\binner\s*\.\s*driver\b')
 TYPE = re.compile(r'^\s*(pub(\([^)]*\))?\s+)?(struct|enum|trait|union)\s+(\w+)|^(pub(\([^)]*\))?\s+)?type\s+(\w+)')
 
 
-def public_methods(path):
-    """(name, line) of each public method in the file's `impl Drain` blocks."""
+def methods_of(path, pattern, group):
+    """(name, line) of each method matching `pattern` in the file's `impl Drain` blocks."""
     lines = long_functions.code_only(open(path, encoding='utf-8').read()).split('\n')
     found, i = [], 0
     while i < len(lines):
@@ -38,9 +43,9 @@ def public_methods(path):
             continue
         depth, j = 0, i
         while j < len(lines):
-            m = PUB_FN.match(lines[j])
+            m = pattern.match(lines[j])
             if m and depth == 1:
-                found.append((m.group(3), j + 1))
+                found.append((m.group(group), j + 1))
             depth += lines[j].count('{') - lines[j].count('}')
             if depth == 0 and j > i:
                 break
@@ -56,14 +61,16 @@ def main(argv):
     if len(argv) != 1:
         sys.exit(__doc__)
     src = argv[0]
-    methods, chains, types = [], [], {}
+    methods, seams, chains, types = [], [], [], {}
     for root, _, files in os.walk(src):
         for name in sorted(files):
             if not name.endswith('.rs'):
                 continue
             path = os.path.join(root, name)
             rel = os.path.relpath(path, src)
-            methods += [(m, f'{rel}:{line}') for m, line in public_methods(path)]
+            methods += [(m, f'{rel}:{line}') for m, line in methods_of(path, PUB_FN, 3)]
+            seams += [(m, f'{rel}:{line}') for m, line in methods_of(path, CRATE_FN, 4)
+                      if m not in SEAMS_ALLOWED]
             in_handle = rel == 'drain.rs' or rel.startswith('drain' + os.sep)
             code = long_functions.code_only(open(path, encoding='utf-8').read())
             for k, text in enumerate(code.split('\n')):
@@ -80,6 +87,9 @@ def main(argv):
         print(f'too many public methods on Drain: {len(methods)} > {limit}')
         for m, at in methods:
             print(f'  {m}  {at}')
+    for m, at in seams:
+        faults += 1
+        print(f'crate-private method `{m}` on Drain ({at}): give the add-on a seam of its own')
     for at in chains:
         faults += 1
         print(f'`inner.driver` outside the handle module: {at}')

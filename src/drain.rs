@@ -8,6 +8,10 @@
 //!   holds no state of its own, and the handles it returns are clones of the parts.
 //! * The hot-path counter lives in a leaked [`Core`] so that request guards need no reference
 //!   count (see `guard.rs`); add-ons reach it through [`Drain::core`] only.
+//! * The add-ons are handed the parts they write to when built, each a seam of its own —
+//!   [`AdminSeam`] (admin router and server), [`ServeSeam`] (`serve`'s accept loop),
+//!   [`WatchSeam`] (the Kubernetes watch) — not crate-private methods on the handle.
+//!   `.ci/handle-surface.py` fails on any such method but `core`.
 //! * Dependencies point down: this module uses the parts, no part uses it.
 
 use std::sync::Arc;
@@ -40,6 +44,13 @@ pub use builder::{DrainBuilder, PROXY_LABEL_ENV};
 pub use counts::Counts;
 pub use moments::Moments;
 pub use ready::{Readiness, StartupGate};
+
+#[cfg(feature = "admin")]
+pub(crate) use admin::AdminSeam;
+#[cfg(feature = "http")]
+pub(crate) use http::ServeSeam;
+#[cfg(feature = "kube")]
+pub(crate) use kube::WatchSeam;
 
 pub(crate) struct Inner {
     readiness: Arc<ReadinessState>,

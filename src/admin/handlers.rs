@@ -13,7 +13,7 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::query::{shorten, Params, Wait};
-use crate::drain::Drain;
+use crate::drain::{AdminSeam, Drain};
 use crate::vocab::budget::parse_duration;
 use crate::vocab::phase::Trigger;
 
@@ -57,7 +57,7 @@ pub(super) async fn readyz(State(s): State<Arc<AdminState>>, req: Request) -> Ha
         get(crate::readiness::KNATIVE_PROBE_HEADER),
         get(crate::readiness::PROBE_HEADER),
     );
-    let r = s.drain.readiness_for_probe(&probe);
+    let r = s.seam.readiness_for_probe(&probe);
     let code = if r.ready {
         StatusCode::OK
     } else {
@@ -133,10 +133,10 @@ pub(super) async fn drain(State(s): State<Arc<AdminState>>, req: Request) -> Han
         },
         _ => None,
     };
-    s.drain.say_weak_wait(wait.as_str());
+    s.seam.say_weak_wait(wait.as_str());
     // An answer is owed from now on: `Drain::run` does not return before the response body
     // holding this token is handed to the server (or the caller went away).
-    let owed = s.drain.exit_holds().token();
+    let owed = s.seam.exit_holds().token();
     let reached = s.drain.moments().reached(target);
     // The drain is driven by its own task: giving up the wait (or the client going away)
     // never stops it.

@@ -23,7 +23,7 @@ use super::handlers::prometheus_metrics;
 use super::handlers::{
     drain, livez, not_found, readyz, status, AdminState, Token, ADMIN_TOKEN_ENV,
 };
-use crate::drain::Drain;
+use crate::drain::{AdminSeam, Drain};
 use crate::vocab::error::ConfigError;
 
 /// Bodies are not used by any admin route; this only bounds what a confused client can make
@@ -228,13 +228,13 @@ impl AdminBuilder {
     /// }
     /// ```
     pub fn serve(self, listener: tokio::net::TcpListener) -> super::AdminServe {
-        let drain = self.drain.clone();
+        let seam = AdminSeam::new(&self.drain);
         let header_read_timeout = self.header_read_timeout;
         let max_connections = self.max_connections;
         super::AdminServe::new(
             listener,
             self.router(),
-            drain,
+            seam,
             header_read_timeout,
             max_connections,
         )
@@ -265,6 +265,7 @@ impl AdminBuilder {
             Token::Invalid(why) => say_unusable(why),
         }
         let state = Arc::new(AdminState {
+            seam: AdminSeam::new(&self.drain),
             drain: self.drain,
             token,
             body_limit: self.body_limit,

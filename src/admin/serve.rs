@@ -61,7 +61,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::drain::Drain;
+use crate::drain::AdminSeam;
 use crate::report::{Straggler, StragglerKind};
 use crate::server::accept::Acceptor;
 use crate::vocab::sync::MutexExt;
@@ -96,7 +96,7 @@ impl AdminServe {
     pub(crate) fn new(
         listener: TcpListener,
         router: Router,
-        drain: Drain,
+        seam: AdminSeam,
         header_read_timeout: Duration,
         max_connections: usize,
     ) -> Self {
@@ -104,7 +104,7 @@ impl AdminServe {
             inner: Box::pin(run(
                 listener,
                 router,
-                drain,
+                seam,
                 header_read_timeout,
                 max_connections.max(1),
             )),
@@ -132,7 +132,7 @@ const ADMIN_H2_STREAMS: u32 = 8;
 async fn run(
     listener: TcpListener,
     router: Router,
-    drain: Drain,
+    seam: AdminSeam,
     header_read_timeout: Duration,
     cap: usize,
 ) -> io::Result<()> {
@@ -144,7 +144,7 @@ async fn run(
     // Probes and `/drain` calls send a request or two per connection; more streams are only
     // what a hostile peer holds open.
     builder.http2().max_concurrent_streams(ADMIN_H2_STREAMS);
-    let exiting = drain.exit_holds().exiting().clone();
+    let exiting = seam.exit_holds().exiting().clone();
     let slots = Arc::new(AdminSlots::default());
     let seats = WaitSeats::for_cap(cap);
     let mut acceptor = Acceptor::new(listener, "admin ");
@@ -182,9 +182,9 @@ async fn run(
             slot,
             Arc::clone(&slots),
             Arc::clone(&seats),
-            drain.clone(),
+            seam.clone(),
         );
-        drain.exit_holds().spawn(conn);
+        seam.exit_holds().spawn(conn);
     }
     Ok(())
 }
@@ -196,10 +196,10 @@ async fn serve_conn(
     slot: Arc<Slot>,
     slots: Arc<AdminSlots>,
     seats: Arc<WaitSeats>,
-    drain: Drain,
+    seam: AdminSeam,
 ) {
     let _ = stream.set_nodelay(true);
-    let exiting = drain.exit_holds().exiting().clone();
+    let exiting = seam.exit_holds().exiting().clone();
     let counted = Arc::clone(&slot);
     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         counted.note_request(&req);
@@ -254,12 +254,12 @@ async fn serve_conn(
                 // Finishes the answer (and writes it out), then closes; a peer that does not
                 // take it does not hold the exit.
                 conn.as_mut().graceful_shutdown();
-                cut = Some(drain.exit_holds().deliver_by().unwrap_or_else(|| {
+                cut = Some(seam.exit_holds().deliver_by().unwrap_or_else(|| {
                     (Instant::now() + DELIVERY_WAIT, DELIVERY_WAIT)
                 }));
             }
             () = sleep_until_some(cut.map(|(at, _)| at)) => {
-                note_cut_at_exit(&drain, &slot, cut.map_or(DELIVERY_WAIT, |(_, w)| w));
+                note_cut_at_exit(&seam, &slot, cut.map_or(DELIVERY_WAIT, |(_, w)| w));
                 break;
             }
         }
@@ -269,13 +269,13 @@ async fn serve_conn(
 
 /// The exit's wait for `slot`'s answer is over: names the connection, for the last report, if
 /// its answer is still owed.
-fn note_cut_at_exit(drain: &Drain, slot: &Slot, waited: Duration) {
+fn note_cut_at_exit(seam: &AdminSeam, slot: &Slot, waited: Duration) {
     if slot.owes() {
         tracing::warn!(
             peer = %slot.peer,
             "lameduck: admin answer not taken by its peer at exit; connection cut"
         );
-        drain.exit_holds().note_cut(slot.cut_at_exit(waited));
+        seam.exit_holds().note_cut(slot.cut_at_exit(waited));
     }
 }
 

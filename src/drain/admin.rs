@@ -1,20 +1,41 @@
-//! What the admin endpoint needs of the handle (feature `admin`).
+//! The admin endpoint's seam (feature `admin`): the part of the coordinator the router and
+//! its server are handed when built — the exit holds, the probe-source table and the weak
+//! evidence a `/drain` caller waits on. What else they do goes through the public handle.
 
-use super::Drain;
-use crate::lifecycle::ExitHolds;
+use std::sync::Arc;
+
+use super::{Drain, Readiness};
+use crate::lifecycle::{Driver, ExitHolds};
 use crate::readiness::sources::classify::ProbeCaller;
 use crate::readiness::ReadinessAnswer;
 use crate::vocab::phase::Phase;
 
-impl Drain {
+/// What the admin router and [`AdminServe`](crate::admin::AdminServe) reach beyond the public
+/// handle. Built from it by [`AdminBuilder::new`](crate::AdminBuilder::new), owned by the
+/// router's state and the server.
+#[derive(Clone)]
+pub(crate) struct AdminSeam {
+    driver: Arc<Driver>,
+    readiness: Readiness,
+}
+
+impl AdminSeam {
+    /// The parts of `drain` the admin endpoint reaches.
+    pub(crate) fn new(drain: &Drain) -> Self {
+        Self {
+            driver: Arc::clone(&drain.inner.driver),
+            readiness: drain.readiness(),
+        }
+    }
+
     /// Says, once per call, that a `/drain` caller is about to wait on weak evidence: the
     /// propagation policy cannot commit before `max`, so the answer comes `max` after the
     /// trigger. A tracing event, and one stderr line when no subscriber would print it.
     pub(crate) fn say_weak_wait(&self, wait: &str) {
-        if self.phase() >= Phase::StoppedAccepting {
+        if self.driver.progress().phase() >= Phase::StoppedAccepting {
             return;
         }
-        let driver = &self.inner.driver;
+        let driver = &self.driver;
         let Some(e) = driver.evidence_now() else {
             return;
         };
@@ -47,19 +68,18 @@ impl Drain {
 
     /// Answers owed to admin callers before the process exits.
     pub(crate) fn exit_holds(&self) -> &ExitHolds {
-        self.inner.driver.exit().holds()
+        self.driver.exit().holds()
     }
 
     /// Readiness as a classified `/readyz` caller sees it; the caller is counted in the table
     /// of probe sources.
     pub(crate) fn readiness_for_probe(&self, probe: &ProbeCaller) -> ReadinessAnswer {
-        let phase = self.phase();
-        self.inner
-            .driver
+        let phase = self.driver.progress().phase();
+        self.driver
             .record()
             .probe_sources()
             .record(probe, phase == Phase::Draining);
-        self.readiness()
+        self.readiness
             .readiness_in(phase, probe.caller(), &probe.describe())
     }
 }

@@ -1,12 +1,33 @@
-//! What the accept loop and the layers (feature `http`) tell the handle: each connection,
-//! and the accept loop's own timeouts.
+//! The accept loop's seam (feature `http`): the part of the coordinator `serve` is handed
+//! when it starts — where each connection and the loop's own timeouts are recorded.
+
+use std::sync::Arc;
 
 use super::Drain;
+use crate::hot::guard::Core;
+use crate::lifecycle::Driver;
 
-impl Drain {
+/// What `lameduck::serve`'s accept loop writes to beyond the hot block: the report's server
+/// settings and the startup measurement of the proxies' delay. Built from the handle when
+/// the loop starts, owned by it.
+#[derive(Clone)]
+pub(crate) struct ServeSeam {
+    core: &'static Core,
+    driver: Arc<Driver>,
+}
+
+impl ServeSeam {
+    /// The parts of `drain` the accept loop writes to.
+    pub(crate) fn new(drain: &Drain) -> Self {
+        Self {
+            core: drain.core(),
+            driver: Arc::clone(&drain.inner.driver),
+        }
+    }
+
     /// Records the accept loop's timeouts for the report (`server`).
     pub(crate) fn note_server(&self, server: crate::report::ServerReport) {
-        self.inner.driver.record().note_server(server);
+        self.driver.record().note_server(server);
     }
 
     /// A new connection was accepted: counts it in its path's arrival rate, and as activity
@@ -16,7 +37,7 @@ impl Drain {
         &self,
         peer: Option<std::net::SocketAddr>,
     ) -> (bool, crate::hot::observed::PathId) {
-        let core = self.core();
+        let core = self.core;
         let path = core.observed().note_arrival(peer.map(|p| p.ip()));
         let draining = core.counter.is_draining();
         if draining {
@@ -24,11 +45,7 @@ impl Drain {
         } else {
             // The startup measurement of the proxies' delay (feature `kube`); one relaxed
             // load once it is over.
-            self.inner
-                .driver
-                .deadlines()
-                .link()
-                .note_startup_connection(peer);
+            self.driver.deadlines().link().note_startup_connection(peer);
         }
         (draining, path)
     }

@@ -192,7 +192,7 @@ mod tests {
             // A request on a connection from before the drain, then a new connection with two.
             core.observed().note_request(false);
             assert!(
-                drain
+                crate::drain::ServeSeam::new(&drain)
                     .note_connection(Some("10.0.0.7:40000".parse().unwrap()))
                     .0
             );

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tokio::time::Instant;
 
-use crate::drain::Drain;
+use crate::drain::WatchSeam;
 use crate::propagation::link::{Kill, Routing, Source};
 use crate::report::BudgetSource;
 use crate::vocab::phase::unix_ms_now;
@@ -200,7 +200,7 @@ impl Model {
         self.pod_synced && self.slices_synced
     }
 
-    pub(super) fn on_pod(&mut self, drain: &Drain, e: WatchEvent<Pod>) {
+    pub(super) fn on_pod(&mut self, seam: &WatchSeam, e: WatchEvent<Pod>) {
         match e {
             WatchEvent::Init => self.pods_listing = true,
             WatchEvent::InitDone => {
@@ -208,12 +208,12 @@ impl Model {
                 self.pod_synced = true;
                 self.failures.remove("pods");
             }
-            WatchEvent::InitApply(p) | WatchEvent::Apply(p) => self.apply_pod(drain, &p),
+            WatchEvent::InitApply(p) | WatchEvent::Apply(p) => self.apply_pod(seam, &p),
             WatchEvent::Delete(_) => {}
         }
     }
 
-    fn apply_pod(&mut self, drain: &Drain, p: &Pod) {
+    fn apply_pod(&mut self, seam: &WatchSeam, p: &Pod) {
         if p.metadata.name.as_deref() != Some(self.pod.as_str()) {
             return;
         }
@@ -244,7 +244,7 @@ impl Model {
                  deadlines shrink to fit (report budget.deletion)",
                 grace.as_secs()
             );
-            self.tighten_to(drain, kill_unix, grace, BudgetSource::Deletion, detail);
+            self.tighten_to(seam, kill_unix, grace, BudgetSource::Deletion, detail);
         } else if let Some((source, grace, since, message)) = self.terminations.of(p) {
             // The kubelet's own termination sets no deletion: its budget is the configured
             // one, counted from the condition (whole seconds, so the kill is planned up to a
@@ -256,9 +256,9 @@ impl Model {
                  fit (report budget.deletion)",
                 grace.as_millis()
             );
-            self.tighten_to(drain, kill_unix, grace, source, detail);
-            if drain.kubelet_terminates() {
-                drain.record_external(
+            self.tighten_to(seam, kill_unix, grace, source, detail);
+            if seam.kubelet_terminates() {
+                seam.record_external(
                     EventKind::ReadinessFlipped,
                     None,
                     format!(
@@ -280,7 +280,7 @@ impl Model {
     /// millisecond off and read as a new one.
     fn tighten_to(
         &mut self,
-        drain: &Drain,
+        seam: &WatchSeam,
         kill_unix: i64,
         grace: Duration,
         source: BudgetSource,
@@ -294,8 +294,8 @@ impl Model {
         let now_unix = unix_ms_now() as i64;
         let by_clock = now + Duration::from_millis((kill_unix - now_unix).max(0) as u64);
         let at = by_clock.min(now + grace);
-        if drain.tighten(Kill { at, grace, source }) {
-            drain.record_external(
+        if seam.tighten(Kill { at, grace, source }) {
+            seam.record_external(
                 EventKind::BudgetTightened,
                 None,
                 detail,
@@ -332,7 +332,7 @@ impl Model {
         }
     }
 
-    pub(super) fn on_error(&mut self, drain: &Drain, what: &'static str, e: &watcher::Error) {
+    pub(super) fn on_error(&mut self, seam: &WatchSeam, what: &'static str, e: &watcher::Error) {
         use watcher::Error as E;
         let api = |err: &::kube::Error| {
             match err {
@@ -360,7 +360,7 @@ impl Model {
         };
         tracing::warn!(what, reason = %reason, "lameduck: the Kubernetes API is not usable as evidence");
         self.failures.insert(what, reason.clone());
-        drain.link().set_source(Source::Unavailable(reason));
+        seam.link().set_source(Source::Unavailable(reason));
     }
 
     fn conditions_in(&self, slice: &Slice) -> Option<Conditions> {
@@ -400,14 +400,14 @@ impl Model {
 
     /// Compares with what was last published: records each change, and hands the routing
     /// state to the link.
-    pub(super) fn publish(&mut self, drain: &Drain) {
+    pub(super) fn publish(&mut self, seam: &WatchSeam) {
         if !self.synced() {
             return;
         }
         let now = Instant::now();
         let unix = unix_ms_now();
         let first_sync = !self.first_sync_done;
-        self.record_changes(drain, now, unix);
+        self.record_changes(seam, now, unix);
         self.first_sync_done = true;
 
         let pnra: Vec<String> = self
@@ -433,12 +433,12 @@ impl Model {
         if routed && !self.listed_seen {
             self.listed_seen = true;
             if first_sync {
-                drain.link().startup().unmeasurable(
+                seam.link().startup().unmeasurable(
                     "the slices already listed this Pod ready when the watch first read them"
                         .to_owned(),
                 );
             } else {
-                drain.link().startup().listed(now);
+                seam.link().startup().listed(now);
             }
         }
         match (routed, self.unrouted_since) {
@@ -450,7 +450,7 @@ impl Model {
             .iter()
             .map(|(name, svc)| format!("{name} ({})", svc.as_deref().unwrap_or("no service label")))
             .collect();
-        let link = drain.link();
+        let link = seam.link();
         link.set_routing(Routing {
             slices,
             unrouted_since: self.unrouted_since,
@@ -470,7 +470,7 @@ impl Model {
 
     /// Each slice's conditions for this Pod against what was last published: a change is an
     /// event (from the second sync on: the first only learns the state).
-    fn record_changes(&mut self, drain: &Drain, now: Instant, unix: u64) {
+    fn record_changes(&mut self, seam: &WatchSeam, now: Instant, unix: u64) {
         let record = self.first_sync_done;
         let mut names: BTreeSet<String> = self.slices.keys().cloned().collect();
         names.extend(self.mine.keys().cloned());
@@ -497,7 +497,7 @@ impl Model {
                     (Some(_), None) => format!("service {svc}: slice deleted"),
                     (None, None) => unreachable!("only changes are recorded"),
                 };
-                drain.record_external(
+                seam.record_external(
                     EventKind::EndpointChanged,
                     Some(name.clone()),
                     detail,

@@ -16,9 +16,9 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::model::{Model, Terminations};
-use crate::drain::{Drain, StartupGate};
+use crate::drain::{Drain, StartupGate, WatchSeam};
 use crate::propagation::link::Source;
-use crate::vocab::phase::Phase;
+use crate::vocab::phase::{Phase, ReadinessWhileDraining};
 
 /// The default proxy allowance: time granted to proxies after the EndpointSlice shows this
 /// endpoint not ready, before propagation may commit, when nothing was measured at startup
@@ -237,7 +237,8 @@ impl EndpointWatch {
     ///
     /// Outside a tokio runtime.
     pub fn start(self, drain: &Drain) -> Result<(), KubeError> {
-        let link = drain.link();
+        let seam = WatchSeam::new(drain);
+        let link = seam.link();
         let (pod, namespace) = match (self.pod.clone(), self.namespace.clone()) {
             (Some(p), Some(n)) => (p, n),
             (p, _) => {
@@ -264,19 +265,31 @@ impl EndpointWatch {
             (drain.phase() == Phase::Starting)
                 .then(|| drain.readiness().startup_gate("endpoint-watch")),
         );
-        let drain = drain.clone();
+        let policy = drain.readiness().policy();
+        let done = drain.moments().reached(Phase::Done);
         tokio::spawn(async move {
-            let done = drain.moments().reached(Phase::Done);
+            let watched = WatchTask {
+                seam: &seam,
+                policy,
+                pod,
+                namespace,
+            };
             tokio::select! {
-                () = self.run(&drain, pod, namespace, &mut gate) => {}
+                () = self.run(watched, &mut gate) => {}
                 () = done => {}
             }
         });
         Ok(())
     }
 
-    async fn run(self, drain: &Drain, pod: String, namespace: String, gate: &mut FirstList) {
-        let link = drain.link();
+    async fn run(self, watched: WatchTask<'_>, gate: &mut FirstList) {
+        let WatchTask {
+            seam,
+            policy,
+            pod,
+            namespace,
+        } = watched;
+        let link = seam.link();
         let client = match self.client {
             Some(c) => c,
             None => match tokio::time::timeout(self.api_timeout, Client::try_default()).await {
@@ -304,16 +317,16 @@ impl EndpointWatch {
         let slice_events = watcher::watcher(slices, watcher::Config::default()).default_backoff();
         tokio::pin!(pod_events, slice_events);
 
-        let mut model = Model::new(pod, drain.readiness().policy(), self.terminations);
+        let mut model = Model::new(pod, policy, self.terminations);
         let api_deadline = tokio::time::sleep(self.api_timeout);
         tokio::pin!(api_deadline);
         let mut timed_out = false;
         loop {
             tokio::select! {
                 e = pod_events.next() => match e {
-                    Some(Ok(e)) => model.on_pod(drain, e),
+                    Some(Ok(e)) => model.on_pod(seam, e),
                     Some(Err(e)) => {
-                        model.on_error(drain, "pods", &e);
+                        model.on_error(seam, "pods", &e);
                         gate.open_if(model.failed());
                         continue;
                     }
@@ -322,7 +335,7 @@ impl EndpointWatch {
                 e = slice_events.next() => match e {
                     Some(Ok(e)) => model.on_slice(e),
                     Some(Err(e)) => {
-                        model.on_error(drain, "endpointslices", &e);
+                        model.on_error(seam, "endpointslices", &e);
                         gate.open_if(model.failed());
                         continue;
                     }
@@ -343,12 +356,21 @@ impl EndpointWatch {
                 }
             }
             model.lookup_services(&services).await;
-            model.publish(drain);
+            model.publish(seam);
             // After the first publish: the watch has seen the slices as they were before
             // this Pod could be ready, so the listing it waits for is one it will see.
             gate.open_if(model.synced());
         }
     }
+}
+
+/// What the watch's task is given: the seam it writes to, the readiness policy its model
+/// reads, and the Pod it watches.
+struct WatchTask<'a> {
+    seam: &'a WatchSeam,
+    policy: ReadinessWhileDraining,
+    pod: String,
+    namespace: String,
 }
 
 /// The `endpoint-watch` startup gate: open once the watch has listed, failed or timed out,

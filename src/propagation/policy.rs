@@ -472,7 +472,8 @@ mod tests {
             tokio::time::sleep(every).await;
             // Accepted and closed at once, from one peer (connections of no known peer share
             // a row that proves nothing).
-            let (_, path) = d.note_connection(Some("198.18.0.9:40000".parse().unwrap()));
+            let (_, path) = crate::drain::ServeSeam::new(&d)
+                .note_connection(Some("198.18.0.9:40000".parse().unwrap()));
             d.core().observed().arrivals().closed(path);
         }
         let origin = Instant::now();

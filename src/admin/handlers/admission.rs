@@ -23,6 +23,8 @@ impl Token {
 
 pub(in crate::admin) struct AdminState {
     pub(in crate::admin) drain: Drain,
+    /// What the handlers reach beyond the public handle.
+    pub(in crate::admin) seam: AdminSeam,
     pub(in crate::admin) token: Token,
     pub(in crate::admin) body_limit: usize,
     /// How long `/drain` waits for its request body; past it, `408`.

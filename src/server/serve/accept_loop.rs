@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use super::bound::ConnectionBound;
 use super::Setup;
-use crate::drain::Drain;
+use crate::drain::{Drain, ServeSeam};
 use crate::server::accept::Acceptor;
 use crate::server::conn_meta::ConnMeta;
 use crate::server::connection::{ConnTask, ConnTokens};
@@ -65,6 +65,7 @@ where
         tokens,
         tracker: TaskTracker::new(),
         service,
+        seam: ServeSeam::new(&drain),
         drain,
     };
     let mut acceptor = Acceptor::new(listener, "");
@@ -84,7 +85,7 @@ where
 /// accepted connection counts in the arrival rate (the evidence).
 fn announce_start(drain: &Drain, header_read_timeout: Option<Duration>) {
     drain.readiness().mark_serving();
-    drain.note_server(crate::report::ServerReport {
+    ServeSeam::new(drain).note_server(crate::report::ServerReport {
         header_read_timeout_ms: header_read_timeout.map(|t| t.as_millis() as u64),
     });
     drain.core().observed().observe_arrivals();
@@ -146,6 +147,8 @@ struct Connections<S> {
     tokens: ConnTokens,
     tracker: TaskTracker,
     service: S,
+    /// Where each connection is recorded.
+    seam: ServeSeam,
     drain: Drain,
 }
 
@@ -164,7 +167,7 @@ impl<S> Connections<S> {
         B::Data: Send,
         B::Error: Into<BoxError>,
     {
-        let (after_drain, path) = self.drain.note_connection(Some(peer));
+        let (after_drain, path) = self.seam.note_connection(Some(peer));
         let meta = ConnMeta::counted(Some(peer), Some(after_drain), self.drain.core(), path);
         let conn = ConnTask::new(self.drain.core(), meta, self.tokens.clone());
         let svc = TowerToHyperService::new(self.service.clone());

@@ -1,6 +1,6 @@
 //! The rule, driven with synthetic arrivals on the paused clock.
 //!
-//! Arrivals go through `Drain::note_connection`, the accept loop's own hook: counted in
+//! Arrivals go through `ServeSeam::note_connection`, the accept loop's own hook: counted in
 //! the ring while Serving, and as new connections once draining; each closes at once.
 
 use super::*;
@@ -18,7 +18,7 @@ const PEER: Option<std::net::SocketAddr> = Some(std::net::SocketAddr::new(
 
 /// A connection from [`PEER`], accepted and closed at once (its row is free to age out).
 fn connect(d: &Drain) {
-    let (_, path) = d.note_connection(PEER);
+    let (_, path) = crate::drain::ServeSeam::new(d).note_connection(PEER);
     d.core().observed().arrivals().closed(path);
 }
 
