@@ -174,26 +174,26 @@ impl Drop for ControlPlane {
         // A cgroup can go once its processes are gone: reap them first.
         if !self.limits.is_empty() {
             for (_, child) in &mut self.procs {
-                for _ in 0..50 {
-                    if !matches!(child.try_wait(), Ok(None)) {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                reap(child);
             }
         }
         self.limits.clear();
         // etcd's write-ahead log preallocates 64 MB and its database grows: ~120 MB a cell,
         // gigabytes over a test run, which once filled CI's disk. The cell's logs stay.
         if let Some((_, etcd)) = self.procs.iter_mut().find(|(n, _)| n == "etcd") {
-            for _ in 0..50 {
-                if !matches!(etcd.try_wait(), Ok(None)) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            reap(etcd);
         }
         let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
+    }
+}
+
+/// Waits up to a second for a killed child to exit (and reaps it).
+fn reap(child: &mut tokio::process::Child) {
+    for _ in 0..50 {
+        if !matches!(child.try_wait(), Ok(None)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
